@@ -1,0 +1,94 @@
+"""The Runtime interface: start, stop, list and follow job attempts on one node."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from fleet.models import Exit, Mount
+
+#: where the Docker runtime mounts a job's checkpoint directory
+CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
+LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    job_id: str
+    attempt: int
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    gpus: tuple[str, ...] = ()
+    #: add a Docker device request for ``gpus`` (real GPUs only; simulated ones get the env vars)
+    gpu_devices: bool = False
+    cpus: float | None = None
+    memory: int | None = None
+    shm_size: int | None = None
+    mounts: tuple[Mount, ...] = ()
+    checkpoint_dir: Path | None = None
+    #: checkpoint to resume from, relative to ``checkpoint_dir``
+    resume_from: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"fleet-{self.job_id}-{self.attempt}"
+
+    def fleet_env(self, checkpoint_dir: str | None) -> dict[str, str]:
+        """The job's env plus what fleet promises every attempt: ids, GPUs, checkpoint paths."""
+        visible = ",".join(self.gpus)
+        env = dict(self.env)
+        env.update(
+            FLEET_JOB_ID=self.job_id,
+            FLEET_ATTEMPT=str(self.attempt),
+            NVIDIA_VISIBLE_DEVICES=visible or "void",
+            CUDA_VISIBLE_DEVICES=visible,
+        )
+        if checkpoint_dir:
+            env["FLEET_CHECKPOINT_DIR"] = checkpoint_dir
+            if self.resume_from:
+                env["FLEET_RESUME_FROM"] = f"{checkpoint_dir}/{self.resume_from}"
+        return env
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    job_id: str
+    attempt: int
+    running: bool
+    exit: Exit | None = None
+
+
+class Runtime(Protocol):
+    name: str
+
+    def start(self, spec: LaunchSpec) -> None:
+        """Start the attempt; a no-op if it already exists. Raises LaunchError (ImageNotFound, ...)."""
+        ...
+
+    def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``. Returns once the attempt no longer runs."""
+        ...
+
+    def attempts(self) -> list[AttemptStatus]:
+        """Every attempt this runtime holds on this node, running or exited and not yet removed."""
+        ...
+
+    def remove(self, job_id: str, attempt: int) -> None: ...
+
+    def pids(self) -> set[int]:
+        """Host pids of every process fleet started on this node (to tell foreign GPU users apart)."""
+        ...
+
+    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[tuple[str, str]]:
+        """(cursor, line) pairs after ``cursor``, following until the attempt ends."""
+        ...
+
+    def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
+        """Call ``on_exit(job_id, attempt)`` from a background thread whenever an attempt ends."""
+        ...
+
+    def close(self) -> None: ...

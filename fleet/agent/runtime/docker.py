@@ -1,0 +1,200 @@
+"""Attempts as Docker containers, through the Docker Engine API (docker-py).
+
+Containers are named ``fleet-<job>-<attempt>`` and labelled with job, attempt and node, so a
+restarted agent finds its own by label. Never privileged; ``no-new-privileges``; ``init=True`` so
+signals reach the job and zombies are reaped. Exits are seen through Docker events, and the
+agent's periodic reconcile lists containers by label in case an event was missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import psutil
+from docker.errors import APIError, DockerException, ImageNotFound as DockerImageNotFound, NotFound
+from docker.types import DeviceRequest, Mount
+
+from fleet.agent.runtime.base import (
+    CONTAINER_CHECKPOINT_DIR, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE, AttemptStatus, LaunchSpec,
+)  # fmt: skip
+from fleet.errors import ImageNotFound, LaunchError, RuntimeUnavailable
+from fleet.log import event
+from fleet.models import Exit
+
+log = logging.getLogger("fleet.agent.docker")
+MiB = 1 << 20
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(self, node: str, pull: str = "missing", client: Any = None) -> None:
+        self.node = node
+        self.pull = pull
+        try:
+            self.client = client or docker.from_env(timeout=30)
+            self.client.ping()
+        except DockerException as exc:
+            raise RuntimeUnavailable(f"Docker daemon not reachable: {exc}") from exc
+        self._events: Any = None
+
+    def _filters(self, **extra: str) -> dict[str, Any]:
+        labels = [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]
+        return {"label": labels}
+
+    def _container(self, job_id: str, attempt: int) -> Any:
+        found = self.client.containers.list(
+            all=True, filters=self._filters(**{LABEL_JOB: job_id, LABEL_ATTEMPT: str(attempt)})
+        )
+        return found[0] if found else None
+
+    # -- start -----------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> None:
+        try:
+            container = self._container(spec.job_id, spec.attempt) or self._create(spec)
+            if container.status == "created":
+                container.start()
+        except DockerImageNotFound as exc:
+            raise ImageNotFound(f"image {spec.image!r} not found on node {self.node}") from exc
+        except APIError as exc:
+            raise LaunchError(f"docker refused to start the container: {exc.explanation or exc}") from exc
+        except DockerException as exc:
+            raise LaunchError(f"docker failed: {exc}", retryable=True) from exc
+
+    def _ensure_image(self, image: str) -> None:
+        try:
+            self.client.images.get(image)
+            return
+        except DockerImageNotFound:
+            if self.pull == "never":
+                raise
+        try:
+            event(log, "image_pull", image=image, node=self.node)
+            self.client.images.pull(image)
+        except DockerException as exc:
+            raise ImageNotFound(f"image {image!r} not found on node {self.node} and pull failed: "
+                                f"{getattr(exc, 'explanation', None) or exc}") from exc  # fmt: skip
+
+    def _create(self, spec: LaunchSpec) -> Any:
+        self._ensure_image(spec.image)
+        checkpoint = CONTAINER_CHECKPOINT_DIR if spec.checkpoint_dir else None
+        mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
+        if spec.checkpoint_dir:
+            mounts.append(Mount(CONTAINER_CHECKPOINT_DIR, str(spec.checkpoint_dir), type="bind"))
+        devices = [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
+        return self.client.containers.create(
+            spec.image,
+            list(spec.command),
+            name=spec.name,
+            labels={LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(spec.attempt), LABEL_NODE: self.node},
+            environment=spec.fleet_env(checkpoint),
+            init=True,
+            privileged=False,
+            security_opt=["no-new-privileges"],
+            mounts=mounts,
+            device_requests=devices,
+            mem_limit=spec.memory,
+            memswap_limit=spec.memory,
+            nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
+            shm_size=spec.shm_size,
+        )
+
+    # -- observe ---------------------------------------------------------------------
+
+    def attempts(self) -> list[AttemptStatus]:
+        return [self._status(c) for c in self.client.containers.list(all=True, filters=self._filters())]
+
+    def _status(self, container: Any) -> AttemptStatus:
+        labels = container.labels
+        job_id, attempt = labels[LABEL_JOB], int(labels[LABEL_ATTEMPT])
+        state = container.attrs["State"]
+        if state.get("Running") or container.status in ("created", "restarting"):
+            return AttemptStatus(job_id, attempt, True)
+        code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+        if oom:
+            limit = container.attrs["HostConfig"].get("Memory") or 0
+            reason = f"OOMKilled (memory limit {limit // MiB} MiB)" if limit else "OOMKilled"
+        elif state.get("Error"):
+            reason = f"container error: {state['Error']}"
+        else:
+            reason = f"exited with code {code}"
+        return AttemptStatus(job_id, attempt, False, Exit(code=code, oom=oom, reason=reason))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for container in self.client.containers.list(filters=self._filters()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(container.attrs["State"]["Pid"])
+                found.update(p.pid for p in [root, *root.children(recursive=True)])
+        return found
+
+    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[tuple[str, str]]:
+        container = self._container(job_id, attempt)
+        if container is None:
+            return
+        since = float(cursor) if cursor else None
+        pending = b""
+        for chunk in container.logs(stream=True, follow=True, timestamps=True, since=since):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                stamp, _, text = raw.decode(errors="replace").partition(" ")
+                yield str(_epoch(stamp)), text
+        if pending:
+            stamp, _, text = pending.decode(errors="replace").partition(" ")
+            yield str(_epoch(stamp)), text
+
+    def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
+        threading.Thread(target=self._watch, args=(on_exit, stop), name="docker-events", daemon=True).start()
+
+    def _watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                filters = {"type": "container", "event": "die", **self._filters()}
+                self._events = self.client.events(decode=True, filters=filters)
+                for ev in self._events:
+                    labels = ev.get("Actor", {}).get("Attributes", {})
+                    if LABEL_JOB in labels:
+                        on_exit(labels[LABEL_JOB], int(labels[LABEL_ATTEMPT]))
+            except Exception as exc:  # the reconcile loop covers the gap; keep watching
+                if not stop.is_set():
+                    event(log, "docker_events_lost", logging.WARNING, error=exc)
+                    stop.wait(1.0)
+
+    # -- stop ------------------------------------------------------------------------
+
+    def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+        container = self._container(job_id, attempt)
+        if container is not None and container.status in ("running", "created", "restarting"):
+            with contextlib.suppress(NotFound):
+                container.stop(timeout=max(int(grace_s), 0))
+
+    def remove(self, job_id: str, attempt: int) -> None:
+        container = self._container(job_id, attempt)
+        if container is not None:
+            with contextlib.suppress(NotFound):
+                container.remove(force=True)
+
+    def close(self) -> None:
+        if self._events is not None:
+            with contextlib.suppress(Exception):
+                self._events.close()
+        self.client.close()
+
+
+def _epoch(stamp: str) -> float:
+    """Seconds since the epoch from Docker's RFC 3339 nano timestamp (``2026-11-21T18:47:00.123456789Z``)."""
+    from datetime import datetime
+
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        base = datetime.fromisoformat(head + "+00:00").timestamp()
+    except ValueError:
+        return time.time()
+    return base + float(f"0.{frac[:6] or 0}")

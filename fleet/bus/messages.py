@@ -1,0 +1,66 @@
+"""Message schemas and queue names. A payload that does not match its schema is dead-lettered."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONTROLLER_QUEUE = "fleet.controller"
+
+
+def node_queue(node: str) -> str:
+    """The queue a node's agent consumes (dramatiq queue names allow letters, digits, '.', '_', '-')."""
+    return "fleet.node." + re.sub(r"[^A-Za-z0-9_.-]", "_", node)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: dramatiq actor name, fixed per message type
+    actor: str = ""
+
+
+class Launch(Message):
+    """controller -> agent: start job J attempt A on these GPUs."""
+
+    actor: str = "launch"
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    gpus: list[str]
+
+
+class Stop(Message):
+    """controller/client -> agent: stop job J attempt A (cancel, drain), with a grace period."""
+
+    actor: str = "stop"
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    reason: str
+    grace_s: float = Field(default=10.0, ge=0)
+
+
+class JobSubmitted(Message):
+    """client -> controller: a job was queued; run a scheduling pass."""
+
+    actor: str = "job_submitted"
+    job_id: str = Field(min_length=1)
+
+
+class AttemptUpdate(Message):
+    """agent -> controller: an attempt started or exited (the state is already in Redis)."""
+
+    actor: str = "attempt_update"
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    node: str
+    phase: str = Field(pattern="^(started|exited)$")
+    exit_code: int | None = None
+    oom: bool = False
+    reason: str = ""
+
+
+class NodeChanged(Message):
+    """agent/operator -> controller: a node joined, freed GPUs or changed state."""
+
+    actor: str = "node_changed"
+    node: str = Field(min_length=1)

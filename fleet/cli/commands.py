@@ -1,0 +1,304 @@
+"""User and operator commands: submit, jobs, show, logs, wait, cancel, nodes, cordon, uncordon."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet.cli.output import ago, emit_json, size, stamp, table
+from fleet.client import Client
+from fleet.errors import SpecError
+from fleet.models import Job, JobSpec, JobState, Node
+
+EXIT_FOR_STATE = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.CANCELLED: 6}
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.redis_url, config=args.config)
+
+
+def _output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("submit", help="queue a job; prints its id", description="Queue a job; prints its id.")
+    p.add_argument("-f", "--file", help="job spec YAML/JSON (flags override its fields)")
+    p.add_argument("--name")
+    p.add_argument("--image", help="container image (default: the fleet's default_image)")
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--cpus", type=float)
+    p.add_argument("--memory", help="memory limit, e.g. 16g")
+    p.add_argument("--shm-size", help="shared memory size, e.g. 2g")
+    p.add_argument("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
+    p.add_argument("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40g")
+    p.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
+    p.add_argument("--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--label", action="append", default=[], metavar="K=V")
+    p.add_argument("--tenant")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:rw]",
+                   help="bind mount (read-only unless :rw); only under the operator's allowed_mounts")
+    p.add_argument("--id", dest="job_id", help="job id to use; resubmitting the same id and spec is a no-op")
+    p.add_argument("--wait", action="store_true", help="wait for the job and exit with its result code")
+    _output(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    p.set_defaults(handler=submit)
+
+    p = sub.add_parser("jobs", help="list jobs, newest first")
+    p.add_argument("--state", type=str.upper, choices=[s.value for s in JobState])
+    p.add_argument("--limit", type=int, default=100)
+    _output(p)
+    p.set_defaults(handler=jobs)
+
+    p = sub.add_parser("show", help="one job: spec, state, node, GPUs, attempts and history")
+    p.add_argument("job")
+    _output(p)
+    p.set_defaults(handler=show)
+
+    p = sub.add_parser("logs", help="a job's output (latest attempt unless --attempt)")
+    p.add_argument("job")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the attempt ends")
+    p.add_argument("--attempt", type=int)
+    p.set_defaults(handler=logs)
+
+    p = sub.add_parser("wait", help="wait for a job; exit 0 SUCCEEDED, 1 FAILED, 6 CANCELLED, 4 timeout")
+    p.add_argument("job")
+    p.add_argument("--timeout", type=float, help="seconds (default: forever)")
+    _output(p)
+    p.set_defaults(handler=wait)
+
+    p = sub.add_parser("cancel", help="cancel a job (its container is stopped, its GPUs freed)")
+    p.add_argument("job")
+    _output(p)
+    p.set_defaults(handler=cancel)
+
+    p = sub.add_parser("nodes", help="nodes with state, heartbeat and GPUs; `nodes show NODE` for one")
+    p.add_argument("action", nargs="?", choices=["show"])
+    p.add_argument("node", nargs="?")
+    _output(p)
+    p.set_defaults(handler=nodes)
+
+    p = sub.add_parser("cordon", help="no new jobs on a node; running jobs are untouched")
+    p.add_argument("node")
+    p.add_argument("--reason", default="")
+    _output(p)
+    p.set_defaults(handler=cordon)
+
+    p = sub.add_parser("uncordon", help="let a cordoned node take jobs again")
+    p.add_argument("node")
+    _output(p)
+    p.set_defaults(handler=uncordon)
+
+
+# -- submit ------------------------------------------------------------------------------
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _mounts(values: list[str]) -> list[dict[str, Any]]:
+    mounts = []
+    for item in values:
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise SpecError(f"--mount {item!r}: expected SRC:DST or SRC:DST:rw")
+        mounts.append({"source": parts[0], "target": parts[1], "read_only": parts[2:] != ["rw"]})
+    return mounts
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    data: dict[str, Any] = {}
+    if args.file:
+        text = Path(args.file).read_text()
+        loaded = yaml.safe_load(text)
+        if not isinstance(loaded, dict):
+            raise SpecError(f"{args.file}: expected a mapping of job spec fields")
+        data.update(loaded)
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    flags = {
+        "name": args.name, "image": args.image, "gpus": args.gpus, "cpus": args.cpus, "memory": args.memory,
+        "shm_size": args.shm_size, "gpu_model": args.gpu_model, "min_gpu_memory": args.min_gpu_memory,
+        "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
+        "command": command or None,
+    }  # fmt: skip
+    data.update({k: v for k, v in flags.items() if v is not None})
+    data["env"] = {**data.get("env", {}), **_pairs(args.env, "--env")}
+    data["labels"] = {**data.get("labels", {}), **_pairs(args.label, "--label")}
+    data["mounts"] = [*data.get("mounts", []), *_mounts(args.mount)]
+    if "name" not in data and data.get("command"):
+        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(data["command"][0])).name)[:63].strip("-.") or "job"
+    return JobSpec.parse(data)
+
+
+def submit(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    client = _client(args)
+    handle = client.submit(spec, job_id=args.job_id)
+    _warn_unplaceable(client, spec)
+    if args.wait:
+        job = handle.wait()
+        _print_job_line(job, args.output)
+        return EXIT_FOR_STATE[job.state]
+    if args.output == "json":
+        emit_json(handle.status())
+    else:
+        print(handle.id)
+    return 0
+
+
+def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
+    if not spec.gpus:
+        return
+    largest = max((len(n.gpus) for n in client.nodes() if n.alive), default=0)
+    if spec.gpus > largest:
+        print(
+            f"fleet: warning: no live node has {spec.gpus} GPUs (largest: {largest}); "
+            "the job stays QUEUED until one joins (`fleet show` says why)",
+            file=sys.stderr,
+        )
+
+
+# -- read ---------------------------------------------------------------------------------
+
+
+def jobs(args: argparse.Namespace) -> int:
+    found = _client(args).jobs(args.state, args.limit)
+    if args.output == "json":
+        emit_json(found)
+        return 0
+    rows = [
+        (j.id, j.state.value, j.spec.gpus, j.node, j.attempt, ago(j.created_at), _short(j.reason, 60))
+        for j in found
+    ]
+    table(["ID", "STATE", "GPUS", "NODE", "ATTEMPT", "SUBMITTED", "REASON"], rows)
+    return 0
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def show(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = client.get(args.job)
+    history = client.history(args.job)
+    if args.output == "json":
+        emit_json({**job.model_dump(mode="json"), "history": [e.model_dump(mode="json") for e in history]})
+        return 0
+    spec = job.spec
+    print(f"Job:        {job.id}  ({spec.name}, tenant {spec.tenant})")
+    print(f"State:      {job.state.value}  {job.reason}")
+    print(f"Image:      {spec.image}")
+    print(f"Command:    {' '.join(spec.command)}")
+    print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
+          f"shm={size(spec.shm_size)} priority={spec.priority}")  # fmt: skip
+    print(f"Node:       {job.node or '-'}")
+    print(f"GPUs:       {', '.join(job.gpus) or '-'}")
+    print(f"Attempts:   {job.attempt} (failures {job.failures} of {spec.max_attempts} allowed, "
+          f"infrastructure requeues {job.infra_requeues})")  # fmt: skip
+    print(f"Exit code:  {job.exit_code if job.exit_code is not None else '-'}")
+    print(f"Checkpoint: {job.checkpoint or '-'}")
+    print("History:")
+    table(["  TIME", "STATE", "ATTEMPT", "NODE", "REASON"],
+          [(f"  {stamp(e.at)}", e.state, e.attempt, e.node, e.reason) for e in history])  # fmt: skip
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    lines = client.follow_logs(args.job, args.attempt) if args.follow else client.logs(args.job, args.attempt)
+    for line in lines:
+        print(line.line, flush=args.follow)
+    return 0
+
+
+def _print_job_line(job: Job, output: str) -> None:
+    if output == "json":
+        emit_json(job)
+    else:
+        print(f"{job.id} {job.state.value}: {job.reason}")
+
+
+def wait(args: argparse.Namespace) -> int:
+    job = _client(args).wait(args.job, args.timeout)
+    _print_job_line(job, args.output)
+    return EXIT_FOR_STATE[job.state]
+
+
+def cancel(args: argparse.Namespace) -> int:
+    job = _client(args).cancel(args.job)
+    _print_job_line(job, args.output)
+    return 0
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+
+def nodes(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.action == "show":
+        if not args.node:
+            raise SpecError("usage: fleet nodes show NODE")
+        return _show_node(client.node(args.node), args.output)
+    found = client.nodes()
+    if args.output == "json":
+        emit_json(found)
+        return 0
+    rows = [
+        (n.name, n.state.value, ago(n.heartbeat_at), f"{len(n.gpus) - _unavailable(n)}/{len(n.gpus)}",
+         n.runtime, n.gpu_backend, _short(n.reason, 50))
+        for n in found
+    ]  # fmt: skip
+    table(["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKEND", "REASON"], rows)
+    for n in found:
+        _gpu_rows(n)
+    return 0
+
+
+def _unavailable(node: Node) -> int:
+    return sum(1 for g in node.gpus if g.uuid in node.claims or g.busy or not g.healthy)
+
+
+def _gpu_rows(node: Node) -> None:
+    if not node.gpus:
+        return
+    print(f"\n{node.name}:")
+    rows = []
+    for g in node.gpus:
+        holder = node.claims.get(g.uuid)
+        status = f"claimed by {holder}" if holder else g.busy or ("free" if g.healthy else g.health)
+        rows.append((f"  {g.index}", g.uuid, g.model, size(g.memory_total), size(g.memory_used), status))
+    table(["  IDX", "UUID", "MODEL", "MEMORY", "USED", "STATUS"], rows)
+
+
+def _show_node(node: Node, output: str) -> int:
+    if output == "json":
+        emit_json(node)
+        return 0
+    print(f"Node:      {node.name}")
+    print(f"State:     {node.state.value}  {node.reason}")
+    print(f"Heartbeat: {ago(node.heartbeat_at)}")
+    print(f"Capacity:  {node.cpus} CPUs, {size(node.memory)} memory; runtime {node.runtime}, GPUs {node.gpu_backend}")
+    _gpu_rows(node)
+    return 0
+
+
+def cordon(args: argparse.Namespace) -> int:
+    return _show_node(_client(args).cordon(args.node, args.reason), args.output)
+
+
+def uncordon(args: argparse.Namespace) -> int:
+    return _show_node(_client(args).uncordon(args.node), args.output)

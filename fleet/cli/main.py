@@ -1,0 +1,48 @@
+"""``fleet``: submit and follow jobs, inspect nodes, run the services.
+
+Exit codes: 0 ok (``wait``: SUCCEEDED); 1 job FAILED or other error; 2 bad input (spec, config,
+usage); 3 no such job or node; 4 ``wait`` timed out; 5 Redis unreachable; 6 job CANCELLED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fleet import __version__
+from fleet.cli import commands, services
+from fleet.errors import FleetError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet",
+        description="A serverless-style job queue for your own GPU fleet.",
+        epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found, 4 timeout, "
+        "5 Redis unreachable, 6 job cancelled. Start here: `fleet up`.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleet {__version__}")
+    parser.add_argument("--config", help="fleet.toml (default: $FLEET_CONFIG)")
+    parser.add_argument("--redis-url", help="Redis holding the fleet's state (default: $FLEET_REDIS_URL)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.register(sub)
+    services.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except FleetError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

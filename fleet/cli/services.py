@@ -1,0 +1,83 @@
+"""The long-running services (``fleet controller``, ``fleet agent``) and ``fleet up``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from fleet import log
+from fleet.bus import Bus
+from fleet.config import Settings, load_settings
+from fleet.keys import Keys
+from fleet.state import JobStore, NodeStore, connect
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("controller", help="run the controller service (scheduling, failure detection)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(handler=controller)
+
+    p = sub.add_parser("agent", help="run the node agent service (GPUs, containers, heartbeats)")
+    p.add_argument("--node-name", help="this node's name (default: hostname)")
+    p.add_argument("--runtime", choices=["auto", "docker", "process"])
+    p.add_argument("--gpus", choices=["auto", "nvml", "simulated"], help="GPU inventory backend")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(handler=agent)
+
+    p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
+    p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
+    p.add_argument("--runtime", choices=["auto", "docker", "process"], default="auto")
+    p.add_argument("--state-dir", help="keep Redis data, checkpoints and agent state here (default: a temp dir)")
+    p.add_argument("--demo", action="store_true", help="submit example jobs, show them finish, then stop")
+    p.set_defaults(handler=up)
+
+
+def _stores(settings: Settings) -> tuple[JobStore, NodeStore, Bus]:
+    client, keys = connect(settings), Keys(settings.key_prefix)
+    return JobStore(client, keys), NodeStore(client, keys), Bus(settings)
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def controller(args: argparse.Namespace) -> int:
+    from fleet.controller.service import Controller
+
+    log.setup(args.log_level)
+    settings = load_settings(args.config, redis_url=args.redis_url)
+    jobs, nodes, bus = _stores(settings)
+    service = Controller(settings, jobs, nodes, bus)
+    _stop_on_signals(service.stop_event)
+    service.run()
+    return 0
+
+
+def agent(args: argparse.Namespace) -> int:
+    from fleet.agent.gpus import open_inventory
+    from fleet.agent.runtime import open_runtime
+    from fleet.agent.service import Agent
+
+    log.setup(args.log_level)
+    settings = load_settings(args.config, redis_url=args.redis_url)
+    overrides = {"node_name": args.node_name, "runtime": args.runtime, "gpus": args.gpus}
+    settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
+    jobs, nodes, bus = _stores(settings)
+    service = Agent(settings, jobs, nodes, bus, open_inventory(settings.agent), open_runtime(settings.agent))
+    _stop_on_signals(service.stop_event)
+    service.run()
+    return 0
+
+
+def up(args: argparse.Namespace) -> int:
+    from fleet.local import LocalFleet
+
+    with LocalFleet(gpus=args.gpus, runtime=args.runtime, state_dir=args.state_dir,
+                    redis_url=args.redis_url) as fleet:  # fmt: skip
+        if args.demo:
+            return fleet.demo()
+        fleet.serve()
+    return 0

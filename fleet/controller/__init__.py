@@ -1,0 +1,1 @@
+"""The controller: leader election, scheduling passes and failure detection."""

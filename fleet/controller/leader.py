@@ -1,0 +1,23 @@
+"""Leader lease in Redis: SET NX PX plus a fencing token that every placement is checked against."""
+
+from __future__ import annotations
+
+import redis
+
+from fleet.keys import Keys
+from fleet.state.connection import load_scripts, translated
+
+
+class LeaderLease:
+    def __init__(self, client: redis.Redis, keys: Keys, controller_id: str, ttl_s: float) -> None:
+        self.keys, self.controller_id, self.ttl_ms = keys, controller_id, int(ttl_s * 1000)
+        self._script = load_scripts(client)["leader"]
+        #: "<controller id>:<token>" while this controller leads, else ""
+        self.value = ""
+
+    @translated
+    def renew(self) -> bool:
+        """Acquire or renew; True while this controller is the leader."""
+        self.value = str(self._script(keys=[self.keys.leader, self.keys.leader_token],
+                                      args=[self.controller_id, self.ttl_ms, self.value]))  # fmt: skip
+        return bool(self.value)

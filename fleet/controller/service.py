@@ -1,0 +1,145 @@
+"""The controller service: the only place that decides placement.
+
+One controller holds the leader lease and runs a scheduling pass on every relevant message
+(submit, exit, node joined) and periodically; the others wait to take over. The periodic
+reconcile requeues the jobs of nodes whose lease expired (without spending their retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, JobSubmitted, Launch, NodeChanged, node_queue
+from fleet.config import Settings
+from fleet.controller import snapshot
+from fleet.controller.leader import LeaderLease
+from fleet.errors import FleetError
+from fleet.lifecycle import INFRA, RetryPolicy, decide
+from fleet.log import event
+from fleet.models import Exit, JobState
+from fleet.scheduler import Plan, schedule
+from fleet.state import JobStore, NodeStore
+
+log = logging.getLogger("fleet.controller")
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: JobStore,
+        nodes: NodeStore,
+        bus: Bus,
+        clock: Callable[[], float] = time.time,
+        controller_id: str | None = None,
+    ) -> None:
+        self.settings, self.cfg = settings, settings.controller
+        self.jobs, self.nodes, self.bus, self.clock = jobs, nodes, bus, clock
+        self.id = controller_id or uuid.uuid4().hex[:8]
+        self.lease = LeaderLease(jobs.redis, jobs.keys, self.id, self.cfg.leader_lease_s)
+        self.policy = RetryPolicy(settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues)
+        self.stop_event = threading.Event()
+        self._wake = threading.Event()
+        self._worker: Any = None
+
+    def run(self) -> None:
+        event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
+        for schema in (JobSubmitted, AttemptUpdate, NodeChanged):
+            self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
+        next_reconcile = 0.0
+        renew_every = self.cfg.leader_lease_s / 3
+        next_renew = 0.0
+        try:
+            while not self.stop_event.is_set():
+                if time.monotonic() >= next_renew:
+                    self._guarded(self._lead)
+                    next_renew = time.monotonic() + renew_every
+                if self.lease.value:
+                    if time.monotonic() >= next_reconcile:
+                        self._guarded(self.reconcile)
+                        next_reconcile = time.monotonic() + self.cfg.schedule_interval_s
+                    self._guarded(self.schedule_pass)
+                self._wake.wait(min(renew_every, self.cfg.schedule_interval_s))
+                self._wake.clear()
+        finally:
+            self._follow()
+            event(log, "controller_stop", id=self.id)
+
+    def on_message(self, msg: Any) -> None:
+        self._wake.set()
+
+    def _lead(self) -> None:
+        was = bool(self.lease.value)
+        try:
+            leading = self.lease.renew()
+        except FleetError:
+            self.lease.value = ""
+            raise
+        finally:
+            if was and not self.lease.value:
+                event(log, "leadership_lost", id=self.id)
+                self._follow()
+        if leading and not was:
+            event(log, "leadership_acquired", id=self.id, lease=self.lease.value)
+            self._worker = self.bus.worker(CONTROLLER_QUEUE, self.cfg.worker_threads)
+
+    def _follow(self) -> None:
+        if self._worker is not None:
+            self._worker.stop(timeout=2000)
+            self._worker = None
+
+    def _guarded(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except FleetError as exc:
+            event(log, f"{step.__name__}_failed", logging.WARNING, error=exc)
+        except Exception:
+            log.exception(f"{step.__name__}_crashed")
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def schedule_pass(self) -> Plan:
+        now = self.clock()
+        queued = self.jobs.queued()
+        if not queued:
+            return Plan()
+        plan = schedule(snapshot.build(queued, self.nodes.all(), now), now)
+        for p in plan.placements:
+            reason = f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")
+            attempt = self.jobs.place(p.job_id, p.node, list(p.gpus), self.lease.value, now, reason)
+            if attempt:
+                self.bus.send(node_queue(p.node), Launch(job_id=p.job_id, attempt=attempt, gpus=list(p.gpus)))
+        reasons = {j.id: j.reason for j in queued}
+        for job_id, why in plan.waiting.items():
+            if reasons.get(job_id) != why:
+                self.jobs.transition(job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False)
+        return plan
+
+    # -- failure detection -------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Requeue the jobs of every node whose lease expired."""
+        for node in self.nodes.all():
+            if node.alive:
+                continue
+            for job in self.jobs.on_node(node.name):
+                if job.state.on_node:
+                    self._requeue_lost(job.id, job.attempt, node.name)
+
+    def _requeue_lost(self, job_id: str, attempt: int, node: str) -> None:
+        job = self.jobs.get(job_id)
+        if job.attempt != attempt or not job.state.on_node:
+            return
+        now = self.clock()
+        decision = decide(job, Exit(fault=INFRA, reason=f"node {node} down (lease expired)"), self.policy)
+        if self.jobs.transition(
+            job_id, attempt=attempt, allowed=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+            to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
+            fields={"finished_at": now if decision.state.final else None},
+        ):  # fmt: skip
+            event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)

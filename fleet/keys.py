@@ -1,0 +1,88 @@
+"""Every Redis key fleet uses, in one place.
+
+State lives in the configured logical DB under ``<prefix>:``; the dramatiq bus lives in its own
+logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scans job data.
+
+| key                               | type   | holds                                                   |
+|-----------------------------------|--------|---------------------------------------------------------|
+| ``<p>:seq``                       | string | submission counter (FIFO order within a priority)       |
+| ``<p>:jobs``                      | zset   | every job id, scored by submission seq                  |
+| ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs, scored by seq                       |
+| ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
+| ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...)   |
+| ``<p>:job:<id>:events``           | stream | every transition with its reason (``fleet show``)       |
+| ``<p>:job:<id>:logs:<attempt>``   | stream | log lines of one attempt, capped                        |
+| ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |
+| ``<p>:nodes``                     | set    | every node name ever registered                         |
+| ``<p>:node:<name>``               | hash   | node record (state, inventory JSON, heartbeat)          |
+| ``<p>:node:<name>:lease``         | string | agent id, with the node lease TTL; gone = node DOWN     |
+| ``<p>:node:<name>:jobs``          | set    | ids of jobs placed on the node and not yet released     |
+| ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
+| ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "fleet"
+
+    @property
+    def seq(self) -> str:
+        return f"{self.prefix}:seq"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}:jobs"
+
+    @property
+    def queued(self) -> str:
+        return f"{self.prefix}:jobs:queued"
+
+    @property
+    def state_prefix(self) -> str:
+        return f"{self.prefix}:jobs:state:"
+
+    def jobs_in(self, state: str) -> str:
+        return f"{self.state_prefix}{state}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def events(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:events"
+
+    def logs(self, job_id: str, attempt: int) -> str:
+        return f"{self.prefix}:job:{job_id}:logs:{attempt}"
+
+    @property
+    def claims(self) -> str:
+        return f"{self.prefix}:claims"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    def node(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}"
+
+    def node_lease(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}:lease"
+
+    def node_jobs(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}:jobs"
+
+    @property
+    def node_prefix(self) -> str:
+        return f"{self.prefix}:node:"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.prefix}:leader"
+
+    @property
+    def leader_token(self) -> str:
+        return f"{self.prefix}:leader:token"

@@ -1,0 +1,64 @@
+"""What happens to a job when an attempt ends: pure policy, no I/O.
+
+``decide`` returns ``(state, delay, reason)`` plus the counters to bump. Job faults (non-zero
+exit, OOM) spend the job's ``max_attempts`` budget with exponential backoff; infrastructure
+faults (node lost, GPU busy at launch, drain, fencing) requeue at once without spending it,
+bounded by a separate cap so a job that keeps losing its node cannot loop forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleet.models import Exit, Job, JobState
+
+JOB, INFRA, FATAL, CANCEL = "job", "infra", "fatal", "cancel"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    backoff_s: float = 5.0
+    backoff_max_s: float = 300.0
+    max_infra_requeues: int = 10
+
+    def backoff(self, failures: int) -> float:
+        """Delay before the attempt after ``failures`` job faults: base * 2^(failures-1), capped."""
+        return min(self.backoff_s * 2 ** max(failures - 1, 0), self.backoff_max_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: JobState
+    delay: float
+    reason: str
+    incr: dict[str, int] = field(default_factory=dict)
+
+
+def decide(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
+    if job.cancel_requested or exit.fault == CANCEL:
+        return Decision(JobState.CANCELLED, 0.0, "cancelled by user")
+    if exit.fault == INFRA:
+        return _infra(job, exit, policy)
+    if exit.code == 0 and exit.fault == JOB:
+        return Decision(JobState.SUCCEEDED, 0.0, exit.reason or "exited 0")
+    if exit.fault == FATAL:
+        return Decision(JobState.FAILED, 0.0, f"{exit.reason}; not retryable", {"failures": 1})
+    return _job_fault(job, exit, policy)
+
+
+def _job_fault(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
+    failures = job.failures + 1
+    budget = job.spec.max_attempts
+    if failures >= budget:
+        return Decision(JobState.FAILED, 0.0, f"{exit.reason}; {failures} of {budget} attempts used", {"failures": 1})
+    delay = policy.backoff(failures)
+    reason = f"{exit.reason}; retry {failures + 1} of {budget} in {delay:g}s"
+    return Decision(JobState.QUEUED, delay, reason, {"failures": 1})
+
+
+def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
+    requeues = job.infra_requeues + 1
+    if requeues > policy.max_infra_requeues:
+        cap = policy.max_infra_requeues
+        return Decision(JobState.FAILED, 0.0, f"{exit.reason}; infrastructure requeue cap ({cap}) reached")
+    return Decision(JobState.QUEUED, 0.0, f"{exit.reason}; requeued (retry budget not spent)", {"infra_requeues": 1})

@@ -1,0 +1,7 @@
+"""The Redis state store: the single source of truth for jobs, nodes and GPU claims."""
+
+from fleet.state.connection import connect
+from fleet.state.jobs import JobStore
+from fleet.state.nodes import NodeStore
+
+__all__ = ["JobStore", "NodeStore", "connect"]

@@ -1,0 +1,51 @@
+"""Redis connections and the translation of redis errors into fleet's error tree."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from importlib import resources
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+
+from fleet.config import Settings, redact
+from fleet.errors import StoreUnavailable
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def connect(settings: Settings, db: int | None = None) -> redis.Redis:
+    """A client for the state DB (or ``db``), with timeouts so a dead Redis never hangs a service."""
+    url = settings.redis_url_for(db)
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=5,
+        health_check_interval=10,
+    )
+
+
+def translated(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn redis connection failures into :class:`StoreUnavailable` (retryable)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"redis unavailable: {redact(str(exc))}") from exc
+
+    return wrapper
+
+
+def load_scripts(client: redis.Redis) -> dict[str, Any]:
+    """Register every Lua script in ``fleet/state/lua`` on ``client``, by file stem."""
+    folder = resources.files("fleet.state") / "lua"
+    return {
+        entry.name.removesuffix(".lua"): client.register_script(entry.read_text())
+        for entry in folder.iterdir()
+        if entry.name.endswith(".lua")
+    }

@@ -1,0 +1,216 @@
+"""Jobs in Redis: create, read, place, transition, history and logs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from fleet.errors import NotFound
+from fleet.keys import Keys
+from fleet.models import Event, Job, JobSpec, JobState
+from fleet.state.connection import load_scripts, translated
+
+_ON_NODE = ",".join(s.value for s in JobState if s.on_node)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    id: str
+    attempt: int
+    line: str
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._scripts = load_scripts(client)
+
+    # -- create and read ---------------------------------------------------------------
+
+    @translated
+    def create(self, job_id: str, spec: JobSpec, now: float) -> bool:
+        """Store a new QUEUED job; False when ``job_id`` already exists (idempotent submit)."""
+        k = self.keys
+        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
+        created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
+        return bool(created)
+
+    @translated
+    def get(self, job_id: str) -> Job:
+        raw = self.redis.hgetall(self.keys.job(job_id))
+        if not raw:
+            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+        return _job(raw)
+
+    @translated
+    def get_many(self, job_ids: Iterable[str]) -> list[Job]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(self.keys.job(job_id))
+        return [_job(raw) for raw in pipe.execute() if raw]
+
+    @translated
+    def list(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
+        """Jobs newest first, optionally only those in ``state``."""
+        if state is None:
+            ids = self.redis.zrevrange(self.keys.jobs, 0, limit - 1)
+            return self.get_many(ids)
+        jobs = self.get_many(self.redis.smembers(self.keys.jobs_in(state)))
+        return sorted(jobs, key=lambda j: -j.seq)[:limit]
+
+    @translated
+    def queued(self) -> list[Job]:
+        return self.get_many(self.redis.zrange(self.keys.queued, 0, -1))
+
+    @translated
+    def on_node(self, node: str) -> list[Job]:
+        return self.get_many(self.redis.smembers(self.keys.node_jobs(node)))
+
+    @translated
+    def history(self, job_id: str) -> list[Event]:
+        entries = self.redis.xrange(self.keys.events(job_id))
+        return [
+            Event(
+                at=float(f["at"]),
+                state=f["state"],
+                attempt=int(f["attempt"]),
+                reason=f["reason"],
+                node=f.get("node") or None,
+            )
+            for _, f in entries
+        ]
+
+    @translated
+    def wait_event(self, job_id: str, after: str, block_ms: int) -> str:
+        """Block until the job's history grows past ``after``; return the newest entry id."""
+        got = self.redis.xread({self.keys.events(job_id): after}, block=block_ms)
+        if not got:
+            return after
+        return str(got[0][1][-1][0])
+
+    # -- change ----------------------------------------------------------------------
+
+    @translated
+    def place(self, job_id: str, node: str, gpus: list[str], leader: str, now: float, reason: str) -> int:
+        """Bind a QUEUED job to ``node``/``gpus``; the new attempt, or 0 when refused."""
+        k = self.keys
+        keys = [
+            k.job(job_id), k.events(job_id), k.claims, k.queued, k.jobs_in(JobState.QUEUED),
+            k.jobs_in(JobState.SCHEDULED), k.node_jobs(node), k.node(node), k.node_lease(node), k.leader,
+        ]  # fmt: skip
+        attempt, _why = self._scripts["place"](keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason])
+        return int(attempt)
+
+    @translated
+    def transition(
+        self,
+        job_id: str,
+        *,
+        to: JobState | None,
+        allowed: Iterable[JobState],
+        reason: str,
+        now: float,
+        attempt: int | None = None,
+        fields: dict[str, Any] | None = None,
+        incr: dict[str, int] | None = None,
+        release: bool = False,
+        record: bool = True,
+    ) -> bool:
+        """Atomically move a job from one of ``allowed`` to ``to``; False when refused (stale)."""
+        k = self.keys
+        args = [
+            job_id,
+            "" if attempt is None else str(attempt),
+            ",".join(s.value for s in allowed),
+            "" if to is None else to.value,
+            reason,
+            now,
+            json.dumps({f: "" if v is None else str(v) for f, v in (fields or {}).items()}),
+            json.dumps(incr or {}),
+            k.prefix,
+            "1" if release else "0",
+            "1" if record else "0",
+        ]
+        code, _state = self._scripts["transition"](
+            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued], args=args
+        )
+        if code == -1:
+            raise NotFound(f"no job {job_id!r}")
+        return bool(code == 1)
+
+    def request_cancel(self, job_id: str, now: float) -> bool:
+        """Cancel a queued job at once, or flag one on a node for its agent; False if already final."""
+        if self.transition(
+            job_id, to=JobState.CANCELLED, allowed=[JobState.QUEUED], reason="cancelled by user", now=now,
+            fields={"finished_at": now, "cancel_requested": 1},
+        ):  # fmt: skip
+            return True
+        return self.transition(
+            job_id, to=None, allowed=[JobState(s) for s in _ON_NODE.split(",")],
+            reason="cancel requested", now=now, fields={"cancel_requested": 1},
+        )  # fmt: skip
+
+    # -- GPU claims -------------------------------------------------------------------
+
+    @translated
+    def claims(self) -> dict[str, str]:
+        """GPU uuid -> "<job id>:<attempt>" of every claimed GPU."""
+        return dict(self.redis.hgetall(self.keys.claims))
+
+    # -- logs -------------------------------------------------------------------------
+
+    @translated
+    def append_logs(self, job_id: str, attempt: int, lines: list[tuple[str, str]], max_lines: int) -> None:
+        """Append ``(cursor, line)`` pairs; the runtime's cursor lets a restarted agent resume shipping."""
+        pipe = self.redis.pipeline(transaction=False)
+        key = self.keys.logs(job_id, attempt)
+        for cursor, line in lines:
+            pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
+        pipe.execute()
+
+    @translated
+    def last_log_cursor(self, job_id: str, attempt: int) -> str | None:
+        last = self.redis.xrevrange(self.keys.logs(job_id, attempt), count=1)
+        return str(last[0][1]["c"]) if last else None
+
+    @translated
+    def read_logs(self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None) -> list[LogLine]:
+        key = self.keys.logs(job_id, attempt)
+        if block_ms is None:
+            entries = self.redis.xrange(key, min=f"({after}" if after != "0" else "-")
+        else:
+            got = self.redis.xread({key: after}, block=block_ms)
+            entries = got[0][1] if got else []
+        return [LogLine(id=eid, attempt=attempt, line=f["l"]) for eid, f in entries]
+
+
+def _job(raw: dict[str, str]) -> Job:
+    def num(field: str) -> float | None:
+        value = raw.get(field)
+        return float(value) if value not in (None, "") else None
+
+    return Job(
+        id=raw["id"],
+        spec=JobSpec.model_validate_json(raw["spec"]),
+        state=JobState(raw["state"]),
+        attempt=int(raw.get("attempt", 0)),
+        failures=int(raw.get("failures", 0)),
+        infra_requeues=int(raw.get("infra_requeues", 0)),
+        node=raw.get("node") or None,
+        gpus=json.loads(raw.get("gpus") or "[]"),
+        reason=raw.get("reason", ""),
+        exit_code=int(raw["exit_code"]) if raw.get("exit_code") else None,
+        created_at=float(raw.get("created_at", 0)),
+        updated_at=float(raw.get("updated_at", 0)),
+        started_at=num("started_at"),
+        finished_at=num("finished_at"),
+        not_before=num("not_before") or 0.0,
+        cancel_requested=raw.get("cancel_requested") == "1",
+        checkpoint=raw.get("checkpoint") or None,
+        seq=int(raw.get("seq", 0)),
+    )

@@ -1,0 +1,23 @@
+-- heartbeat: renew a node's lease and publish its inventory.
+-- KEYS[1] node lease  KEYS[2] node hash  KEYS[3] nodes set
+-- ARGV[1] agent id  ARGV[2] lease TTL ms  ARGV[3] now  ARGV[4] node name
+-- ARGV[5] JSON object of node fields to set (inventory, capacity, runtime)
+-- Returns {1, ''} when the node (re)joined (lease was absent), {0, ''} on renewal,
+-- {-1, holder} when another agent holds this node's lease (two agents, one node name).
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then
+  return {-1, holder}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[2], 'name', ARGV[4], 'heartbeat_at', ARGV[3], 'agent', ARGV[1])
+for field, value in pairs(cjson.decode(ARGV[5])) do
+  redis.call('HSET', KEYS[2], field, tostring(value))
+end
+if redis.call('HSETNX', KEYS[2], 'state', 'READY') == 1 then
+  redis.call('HSET', KEYS[2], 'reason', 'joined', 'changed_at', ARGV[3])
+end
+redis.call('SADD', KEYS[3], ARGV[4])
+if holder then
+  return {0, ''}
+end
+return {1, ''}

@@ -1,0 +1,16 @@
+-- leader: acquire or renew the controller leader lease (SET NX PX with a fencing token).
+-- KEYS[1] leader key  KEYS[2] fencing token counter
+-- ARGV[1] controller id  ARGV[2] lease TTL ms  ARGV[3] the value this controller holds, '' if none
+-- Returns the leader value ("<id>:<token>") this controller now holds, or '' when another leads.
+local current = redis.call('GET', KEYS[1])
+if not current then
+  local token = redis.call('INCR', KEYS[2])
+  local value = ARGV[1] .. ':' .. token
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return value
+end
+if current == ARGV[3] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return current
+end
+return ''

@@ -1,0 +1,17 @@
+-- submit: create a job unless its id exists (idempotent submit with a caller-chosen id).
+-- KEYS[1] job hash        KEYS[2] seq counter     KEYS[3] all-jobs zset
+-- KEYS[4] queued zset     KEYS[5] QUEUED set      KEYS[6] job event stream
+-- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
+-- Returns 1 when created, 0 when a job with this id already existed.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
+  'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3],
+  'reason', ARGV[4], 'seq', seq, 'not_before', 0)
+redis.call('ZADD', KEYS[3], seq, ARGV[1])
+redis.call('ZADD', KEYS[4], seq, ARGV[1])
+redis.call('SADD', KEYS[5], ARGV[1])
+redis.call('XADD', KEYS[6], '*', 'at', ARGV[3], 'state', 'QUEUED', 'attempt', 0, 'reason', ARGV[4], 'node', '')
+return 1

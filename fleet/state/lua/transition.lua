@@ -1,0 +1,64 @@
+-- transition: move a job between states, fenced by its attempt number.
+-- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] claims hash  KEYS[4] queued zset
+-- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
+--   <prefix>:jobs:state:<STATE> sets and <prefix>:node:<node>:jobs, from ARGV[9].
+-- ARGV[1] job id
+-- ARGV[2] expected attempt, '' for any (user actions); a stale attempt changes nothing
+-- ARGV[3] allowed current states, comma separated
+-- ARGV[4] new state, '' to stay (set fields and record an event only)
+-- ARGV[5] reason   ARGV[6] now
+-- ARGV[7] JSON object of fields to set   ARGV[8] JSON object of counters to increment
+-- ARGV[9] key prefix   ARGV[10] '1' to release the attempt's GPU claims and node binding
+-- ARGV[11] '0' to leave the event stream alone (a queued job's changing wait reason)
+-- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job.
+local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'gpus')
+local state, attempt, node, gpus = job[1], job[2], job[3], job[4]
+if not state then
+  return {-1, ''}
+end
+if ARGV[2] ~= '' and ARGV[2] ~= attempt then
+  return {0, state}
+end
+local allowed = false
+for s in string.gmatch(ARGV[3], '[^,]+') do
+  if s == state then allowed = true end
+end
+if not allowed then
+  return {0, state}
+end
+local to = ARGV[4]
+if to == '' then to = state end
+local prefix = ARGV[9]
+redis.call('HSET', KEYS[1], 'state', to, 'reason', ARGV[5], 'updated_at', ARGV[6])
+for field, value in pairs(cjson.decode(ARGV[7])) do
+  redis.call('HSET', KEYS[1], field, tostring(value))
+end
+for field, by in pairs(cjson.decode(ARGV[8])) do
+  redis.call('HINCRBY', KEYS[1], field, by)
+end
+if to ~= state then
+  redis.call('SREM', prefix .. ':jobs:state:' .. state, ARGV[1])
+  redis.call('SADD', prefix .. ':jobs:state:' .. to, ARGV[1])
+  if state == 'QUEUED' then redis.call('ZREM', KEYS[4], ARGV[1]) end
+  if to == 'QUEUED' then
+    redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'seq'), ARGV[1])
+  end
+end
+if ARGV[10] == '1' and node and node ~= '' then
+  local owner = ARGV[1] .. ':' .. attempt
+  for _, uuid in ipairs(cjson.decode(gpus or '[]')) do
+    if redis.call('HGET', KEYS[3], uuid) == owner then
+      redis.call('HDEL', KEYS[3], uuid)
+    end
+  end
+  redis.call('SREM', prefix .. ':node:' .. node .. ':jobs', ARGV[1])
+  if to == 'QUEUED' then
+    redis.call('HSET', KEYS[1], 'node', '', 'gpus', '[]')
+  end
+end
+if ARGV[11] == '0' then
+  return {1, to}
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[6], 'state', to,
+  'attempt', attempt, 'reason', ARGV[5], 'node', node or '')
+return {1, to}

@@ -1,0 +1,113 @@
+"""Nodes in Redis: leases, heartbeats, inventory and the operator's admin state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import redis
+
+from fleet.errors import FleetError, NotFound
+from fleet.keys import Keys
+from fleet.models import Gpu, Node, NodeState
+from fleet.state.connection import load_scripts, translated
+
+
+class LeaseConflict(FleetError):
+    """Another agent holds this node's lease: two agents were started with one node name."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What an agent publishes with each heartbeat."""
+
+    gpus: list[Gpu]
+    cpus: int
+    memory: int
+    runtime: str
+    gpu_backend: str
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "gpus": json.dumps([g.model_dump() for g in self.gpus]),
+            "cpus": str(self.cpus),
+            "memory": str(self.memory),
+            "runtime": self.runtime,
+            "gpu_backend": self.gpu_backend,
+        }
+
+
+class NodeStore:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._scripts = load_scripts(client)
+
+    @translated
+    def heartbeat(self, name: str, agent_id: str, ttl_s: float, now: float, info: NodeInfo) -> bool:
+        """Renew the node lease and publish ``info``; True when the node (re)joined."""
+        k = self.keys
+        code, holder = self._scripts["heartbeat"](
+            keys=[k.node_lease(name), k.node(name), k.nodes],
+            args=[agent_id, int(ttl_s * 1000), now, name, json.dumps(info.fields())],
+        )
+        if code == -1:
+            raise LeaseConflict(f"node {name!r} is held by agent {holder}; give each agent its own node_name")
+        return bool(code == 1)
+
+    @translated
+    def release(self, name: str, agent_id: str) -> None:
+        """Drop the lease on a clean shutdown, so the node shows DOWN at once rather than after the TTL."""
+        if self.redis.get(self.keys.node_lease(name)) == agent_id:
+            self.redis.delete(self.keys.node_lease(name))
+
+    @translated
+    def set_state(self, name: str, state: NodeState, reason: str, now: float) -> None:
+        if not self.redis.sismember(self.keys.nodes, name):
+            raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+        self.redis.hset(self.keys.node(name), mapping={"state": state.value, "reason": reason, "changed_at": now})
+
+    @translated
+    def names(self) -> list[str]:
+        return sorted(self.redis.smembers(self.keys.nodes))
+
+    @translated
+    def all(self) -> list[Node]:
+        names = self.names()
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self.keys.node(name))
+            pipe.exists(self.keys.node_lease(name))
+        pipe.hgetall(self.keys.claims)
+        results = pipe.execute()
+        claims: dict[str, str] = results[-1]
+        return [
+            _node(name, raw, bool(alive), claims)
+            for name, raw, alive in zip(names, results[0:-1:2], results[1:-1:2], strict=True)
+            if raw
+        ]
+
+    def get(self, name: str) -> Node:
+        for node in self.all():
+            if node.name == name:
+                return node
+        raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+
+
+def _node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str]) -> Node:
+    gpus = [Gpu.model_validate(g) for g in json.loads(raw.get("gpus") or "[]")]
+    admin = NodeState(raw.get("state", NodeState.READY))
+    return Node(
+        name=name,
+        state=admin if alive else NodeState.DOWN,
+        admin_state=admin,
+        alive=alive,
+        reason=raw.get("reason", "") if alive else "lease expired (no heartbeat)",
+        heartbeat_at=float(raw.get("heartbeat_at", 0)),
+        gpus=gpus,
+        cpus=int(raw.get("cpus", 0)),
+        memory=int(raw.get("memory", 0)),
+        runtime=raw.get("runtime", ""),
+        gpu_backend=raw.get("gpu_backend", ""),
+        claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
+    )
