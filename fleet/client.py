@@ -43,8 +43,6 @@ class Client:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent)."""
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
-        if spec.image is None:
-            spec = spec.model_copy(update={"image": self.settings.default_image})
         check_mounts(spec.mounts, self.settings.allowed_mounts)
         job_id = job_id or f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
         if not self._jobs.create(job_id, spec, time.time()) and self._jobs.get(job_id).spec != spec:

@@ -10,7 +10,6 @@ from fleet.log import event
 from fleet.state.jobs import JobStore
 
 log = logging.getLogger("fleet.agent.logs")
-BATCH = 200
 
 
 class LogShipper(threading.Thread):
@@ -22,21 +21,13 @@ class LogShipper(threading.Thread):
     def run(self) -> None:
         try:
             cursor = self.jobs.last_log_cursor(self.job_id, self.attempt)
-            batch: list[tuple[str, str]] = []
-            for item in self.runtime.logs(self.job_id, self.attempt, cursor):
-                if cursor is not None and _not_after(item[0], cursor):
-                    continue  # already shipped before an agent restart
-                batch.append(item)
-                if len(batch) >= BATCH:
-                    self._flush(batch)
-            self._flush(batch)
+            for batch in self.runtime.logs(self.job_id, self.attempt, cursor):
+                if cursor is not None:  # skip what was shipped before an agent restart
+                    batch = [item for item in batch if not _not_after(item[0], cursor)]
+                if batch:
+                    self.jobs.append_logs(self.job_id, self.attempt, batch, self.max_lines)
         except Exception as exc:  # a broken stream (Redis, Docker) must never take the agent down
             event(log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc)
-
-    def _flush(self, batch: list[tuple[str, str]]) -> None:
-        if batch:
-            self.jobs.append_logs(self.job_id, self.attempt, batch, self.max_lines)
-            batch.clear()
 
 
 def _not_after(cursor: str, last: str) -> bool:

@@ -140,7 +140,6 @@ class Agent:
         except (LaunchError, SpecError) as exc:
             retryable = isinstance(exc, LaunchError) and exc.retryable
             self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL))
-            self.runtime.remove(job_id, attempt)
             if isinstance(exc, GpuBusy):
                 self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
             return
@@ -199,17 +198,23 @@ class Agent:
             job = self.jobs.get(job_id)
             if job.attempt == attempt and job.state in (JobState.STARTING, JobState.RUNNING):
                 self._finish(job, exit)
-            self.runtime.remove(job_id, attempt)
+            else:
+                self.runtime.remove(job_id, attempt)
         except NotFound:
             self.runtime.remove(job_id, attempt)
         finally:
             self._release(job_id, attempt)
 
     def _finish(self, job: Job, exit: Exit) -> None:
-        """Record how the attempt ended and apply the retry policy, after its logs are shipped."""
+        """Ship the last logs, remove the attempt, then record how it ended and free its GPUs.
+
+        The claims are released only once the container is gone, so a GPU is never handed to the
+        next job while a process of this one may still hold it.
+        """
         shipper = self._shippers.pop((job.id, job.attempt), None)
         if shipper is not None:
             shipper.join(timeout=10)
+        self.runtime.remove(job.id, job.attempt)
         now = self.clock()
         decision = decide(job, exit, self.policy)
         ckpt = checkpoints.latest(checkpoints.job_dir(self.settings.checkpoint_root, job.id))

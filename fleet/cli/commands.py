@@ -201,7 +201,7 @@ def show(args: argparse.Namespace) -> int:
     spec = job.spec
     print(f"Job:        {job.id}  ({spec.name}, tenant {spec.tenant})")
     print(f"State:      {job.state.value}  {job.reason}")
-    print(f"Image:      {spec.image}")
+    print(f"Image:      {spec.image or '(the fleet default_image)'}")
     print(f"Command:    {' '.join(spec.command)}")
     print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
           f"shm={size(spec.shm_size)} priority={spec.priority}")  # fmt: skip

@@ -83,8 +83,8 @@ class Runtime(Protocol):
         """Host pids of every process fleet started on this node (to tell foreign GPU users apart)."""
         ...
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[tuple[str, str]]:
-        """(cursor, line) pairs after ``cursor``, following until the attempt ends."""
+    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
+        """Batches of (cursor, line) after ``cursor``, one per read, following until the attempt ends."""
         ...
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:

@@ -135,7 +135,7 @@ class DockerRuntime:
                 found.update(p.pid for p in [root, *root.children(recursive=True)])
         return found
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[tuple[str, str]]:
+    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
         container = self._container(job_id, attempt)
         if container is None:
             return
@@ -143,12 +143,10 @@ class DockerRuntime:
         pending = b""
         for chunk in container.logs(stream=True, follow=True, timestamps=True, since=since):
             *lines, pending = (pending + chunk).split(b"\n")
-            for raw in lines:
-                stamp, _, text = raw.decode(errors="replace").partition(" ")
-                yield str(_epoch(stamp)), text
+            if lines:
+                yield [_stamped(raw) for raw in lines]
         if pending:
-            stamp, _, text = pending.decode(errors="replace").partition(" ")
-            yield str(_epoch(stamp)), text
+            yield [_stamped(pending)]
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         threading.Thread(target=self._watch, args=(on_exit, stop), name="docker-events", daemon=True).start()
@@ -186,6 +184,12 @@ class DockerRuntime:
             with contextlib.suppress(Exception):
                 self._events.close()
         self.client.close()
+
+
+def _stamped(raw: bytes) -> tuple[str, str]:
+    """(cursor, text) from a ``<RFC 3339 timestamp> <text>`` line of ``docker logs --timestamps``."""
+    stamp, _, text = raw.decode(errors="replace").partition(" ")
+    return str(_epoch(stamp)), text
 
 
 def _epoch(stamp: str) -> float:

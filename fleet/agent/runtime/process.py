@@ -111,7 +111,7 @@ class ProcessRuntime:
     def remove(self, job_id: str, attempt: int) -> None:
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[tuple[str, str]]:
+    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
         path = self._dir(job_id, attempt) / "output.log"
         offset = int(cursor or 0)
         pending = b""
@@ -125,12 +125,12 @@ class ProcessRuntime:
                 chunk = b""
             offset += len(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
-            consumed = offset - len(pending)
-            for line in lines:
-                yield str(consumed), line.decode(errors="replace")
+            consumed = str(offset - len(pending))
+            if lines:
+                yield [(consumed, line.decode(errors="replace")) for line in lines]
             if ended and not chunk:
                 if pending:
-                    yield str(offset), pending.decode(errors="replace")
+                    yield [(str(offset), pending.decode(errors="replace"))]
                 return
             if not chunk:
                 time.sleep(0.05)

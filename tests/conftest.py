@@ -1,0 +1,191 @@
+"""Shared fixtures: a real redis-server per session, real fleet processes, the real Docker daemon.
+
+Integration tests skip when redis-server or Docker is missing locally and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet.client import Client
+from fleet.config import Settings, load_settings
+from fleet.local import free_port
+
+IN_CI = os.environ.get("CI") == "true"
+TEST_IMAGE = "fleet/busybox:latest"
+
+
+def need(condition: bool, why: str) -> None:
+    if not condition:
+        if IN_CI:
+            pytest.fail(f"{why} (required under CI)")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    need(binary is not None, "redis-server not installed (make install)")
+    assert binary is not None
+    port = free_port()
+    data = tempfile.mkdtemp(prefix="fleet-test-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", data, "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    client.close()
+    yield url
+    proc.terminate()
+    proc.wait()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """The session's Redis, emptied before each test."""
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    yield redis_server
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.images.get(TEST_IMAGE)
+        client.close()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def docker_runtime(docker_ready: bool) -> None:
+    need(docker_ready, f"Docker daemon or the {TEST_IMAGE} image missing (make images-test)")
+
+
+class FleetProcs:
+    """Controllers and agents as real child processes, with fast test timings."""
+
+    def __init__(self, redis_url: str, root: Path, runtime: str) -> None:
+        self.redis_url, self.root, self.runtime = redis_url, root, runtime
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = dict(os.environ)
+        self.env.update(
+            FLEET_REDIS_URL=redis_url,
+            FLEET_BUS_POLL_MS="10",
+            FLEET_CHECKPOINT_ROOT=str(root / "checkpoints"),
+            FLEET_DEFAULT_IMAGE=TEST_IMAGE,
+            FLEET_RETRY_BACKOFF_S="0.5",
+            FLEET_CONTROLLER__SCHEDULE_INTERVAL_S="0.5",
+            FLEET_CONTROLLER__LEADER_LEASE_S="2",
+            FLEET_AGENT__HEARTBEAT_INTERVAL_S="0.25",
+            FLEET_AGENT__NODE_LEASE_TTL_S="3",
+            FLEET_AGENT__RECONCILE_INTERVAL_S="0.5",
+            FLEET_AGENT__STOP_GRACE_S="2",
+            FLEET_AGENT__DOCKER_PULL="never",
+            FLEET_AGENT__GPUS="simulated",
+            FLEET_AGENT__RUNTIME=runtime,
+        )
+
+    def settings(self) -> Settings:
+        return load_settings(redis_url=self.redis_url)
+
+    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", "fleet.cli.main", *argv], env={**self.env, **env},
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def controller(self, name: str = "controller") -> subprocess.Popen[bytes]:
+        return self.start(name, ["controller"])
+
+    def agent(self, node: str, gpus: int = 2, **env: str) -> subprocess.Popen[bytes]:
+        return self.start(
+            node, ["agent", "--node-name", node],
+            FLEET_AGENT__SIMULATED_GPUS=str(gpus), FLEET_AGENT__STATE_DIR=str(self.root / node), **env,
+        )  # fmt: skip
+
+    def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(n.alive for n in client.nodes()) >= count:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for meta in self.root.glob("*/attempts/*/meta.json"):  # process-runtime jobs run in own sessions
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+
+
+def remove_containers(node_prefix: str) -> None:
+    try:
+        import docker
+    except ImportError:
+        return
+    try:
+        client = docker.from_env(timeout=10)
+        for c in client.containers.list(all=True, filters={"label": "fleet.node"}):
+            if c.labels.get("fleet.node", "").startswith(node_prefix):
+                c.remove(force=True)
+        client.close()
+    except Exception:
+        pass
+
+
+@pytest.fixture(params=["process", "docker"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    if request.param == "docker":
+        request.getfixturevalue("docker_runtime")
+    return str(request.param)
+
+
+@pytest.fixture
+def procs(redis_url: str, runtime: str, tmp_path: Path) -> Iterator[FleetProcs]:
+    fleet = FleetProcs(redis_url, tmp_path, runtime)
+    yield fleet
+    fleet.stop()
+    remove_containers("t-")
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Client]:
+    c = Client(redis_url)
+    yield c
+    c.close()

@@ -1,0 +1,128 @@
+"""A job's life on one node, on both runtimes: success, failure, bad image, cancel."""
+
+from __future__ import annotations
+
+import time
+
+import docker
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from tests.conftest import FleetProcs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def one_node(procs: FleetProcs, client: Client) -> FleetProcs:
+    procs.controller()
+    procs.agent("t-node1", gpus=2)
+    procs.wait_nodes(client, 1)
+    return procs
+
+
+def sh(script: str, **fields: object) -> JobSpec:
+    return JobSpec.parse({"name": "t", "command": ["sh", "-c", script], **fields})
+
+
+def test_job_runs_to_success_with_its_logs(one_node: FleetProcs, client: Client) -> None:
+    # Given a one-node fleet, When a 1-GPU job that prints is submitted
+    job = client.submit(sh('echo "hello $FLEET_JOB_ID"; echo "gpus=$CUDA_VISIBLE_DEVICES"', gpus=1))
+    status = job.wait(timeout=60)
+    # Then it succeeds, ran on the node with one GPU, and its output is kept
+    assert status.state == JobState.SUCCEEDED, one_node.logs()
+    assert status.exit_code == 0 and status.node == "t-node1" and len(status.gpus) == 1
+    assert job.logs().splitlines() == [f"hello {job.id}", f"gpus={status.gpus[0]}"]
+    assert [e.state for e in job.history()] == ["QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert client.nodes()[0].claims == {}
+
+
+def test_nonzero_exit_fails_with_code_and_reason(one_node: FleetProcs, client: Client) -> None:
+    job = client.submit(sh("echo boom; exit 3", max_attempts=1))
+    status = job.wait(timeout=60)
+    assert status.state == JobState.FAILED
+    assert status.exit_code == 3
+    assert "exited with code 3" in status.reason and "1 of 1 attempts used" in status.reason
+    assert job.logs() == "boom"
+
+
+def test_failed_attempts_are_retried_until_the_budget_is_spent(one_node: FleetProcs, client: Client) -> None:
+    job = client.submit(sh('echo "attempt $FLEET_ATTEMPT"; exit 1', max_attempts=2))
+    status = job.wait(timeout=60)
+    assert status.state == JobState.FAILED and status.attempt == 2 and status.failures == 2
+    assert job.logs(attempt=1) == "attempt 1" and job.logs(attempt=2) == "attempt 2"
+    requeue = [e for e in job.history() if e.state == "QUEUED" and e.attempt == 1]
+    assert requeue and "retry 2 of 2" in requeue[0].reason
+
+
+def test_cancel_stops_a_running_job_and_frees_its_gpus(
+    one_node: FleetProcs, client: Client, runtime: str
+) -> None:
+    job = client.submit(sh("echo started; sleep 300", gpus=2))
+    _wait_for(lambda: job.status().state == JobState.RUNNING and "started" in job.logs())
+    job.cancel()
+    status = job.wait(timeout=30)
+    assert status.state == JobState.CANCELLED
+    assert client.nodes()[0].claims == {}
+    if runtime == "docker":
+        names = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": "fleet.node=t-node1"})]
+        assert names == []
+    # and the freed GPUs take the next job
+    assert client.submit(sh("true", gpus=2)).wait(timeout=30).state == JobState.SUCCEEDED
+
+
+def test_cancel_of_a_queued_job_is_immediate(one_node: FleetProcs, client: Client) -> None:
+    job = client.submit(sh("true", gpus=2, gpu_model="H100"))  # no such GPU here: stays queued
+    _wait_for(lambda: "has 0 matching GPUs" in job.status().reason)
+    assert job.cancel().state == JobState.CANCELLED
+
+
+def test_job_larger_than_any_node_stays_queued_with_the_reason(one_node: FleetProcs, client: Client) -> None:
+    job = client.submit(sh("true", gpus=8))
+    _wait_for(lambda: job.status().reason != "submitted")
+    status = job.status()
+    assert status.state == JobState.QUEUED
+    assert status.reason == "needs 8 GPUs; t-node1: has 2 matching GPUs"
+
+
+def test_missing_image_fails_the_job_readably(
+    one_node: FleetProcs, client: Client, runtime: str
+) -> None:
+    if runtime != "docker":
+        pytest.skip("the process runtime has no images")
+    job = client.submit(sh("true", image="fleet/no-such-image:1"))
+    status = job.wait(timeout=60)
+    assert status.state == JobState.FAILED
+    assert status.reason == "image 'fleet/no-such-image:1' not found on node t-node1; not retryable"
+    # the agent is still serving
+    assert client.submit(sh("true")).wait(timeout=30).state == JobState.SUCCEEDED
+
+
+def test_docker_container_gets_limits_labels_and_no_privileges(
+    one_node: FleetProcs, client: Client, runtime: str
+) -> None:
+    if runtime != "docker":
+        pytest.skip("docker only")
+    job = client.submit(sh("sleep 300", gpus=1, memory="64m", cpus=0.5, shm_size="16m"))
+    _wait_for(lambda: job.status().state == JobState.RUNNING)
+    status = job.status()
+    container = docker.from_env().containers.get(f"fleet-{job.id}-1")
+    host = container.attrs["HostConfig"]
+    env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
+    assert container.labels == {"fleet.job": job.id, "fleet.attempt": "1", "fleet.node": "t-node1"}
+    assert host["Privileged"] is False and host["Init"] is True
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert (host["Memory"], host["NanoCpus"], host["ShmSize"]) == (64 << 20, 500_000_000, 16 << 20)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == status.gpus[0]
+    assert env["FLEET_JOB_ID"] == job.id and env["FLEET_ATTEMPT"] == "1"
+    job.cancel()
+    assert job.wait(timeout=30).state == JobState.CANCELLED
+
+
+def _wait_for(condition: object, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
