@@ -1,0 +1,49 @@
+"""Retry policy: job faults spend the budget with backoff; infrastructure faults don't, up to a cap."""
+
+from __future__ import annotations
+
+from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
+from fleet.models import Exit, Job, JobSpec, JobState
+
+POLICY = RetryPolicy(backoff_s=5, backoff_max_s=60, max_infra_requeues=2)
+
+
+def job(**fields: object) -> Job:
+    spec = JobSpec(name="j", command=["x"], max_attempts=3)
+    return Job(id="j", spec=spec, state=JobState.RUNNING, attempt=1, **fields)  # type: ignore[arg-type]
+
+
+def test_exit_zero_succeeds() -> None:
+    assert decide(job(), Exit(code=0, reason="exited with code 0"), POLICY).state == JobState.SUCCEEDED
+
+
+def test_job_fault_retries_with_exponential_backoff_then_fails() -> None:
+    first = decide(job(failures=0), Exit(code=1, reason="exited with code 1"), POLICY)
+    second = decide(job(failures=1), Exit(code=1, reason="exited with code 1"), POLICY)
+    last = decide(job(failures=2), Exit(code=1, reason="exited with code 1"), POLICY)
+    assert (first.state, first.delay, first.incr) == (JobState.QUEUED, 5, {"failures": 1})
+    assert (second.state, second.delay) == (JobState.QUEUED, 10)
+    assert first.reason == "exited with code 1; retry 2 of 3 in 5s"
+    assert (last.state, last.reason) == (JobState.FAILED, "exited with code 1; 3 of 3 attempts used")
+
+
+def test_backoff_is_capped() -> None:
+    assert RetryPolicy(backoff_s=5, backoff_max_s=60).backoff(10) == 60
+
+
+def test_oom_spends_the_budget_like_any_job_fault() -> None:
+    d = decide(job(), Exit(code=137, oom=True, reason="OOMKilled (memory limit 64 MiB)"), POLICY)
+    assert d.state == JobState.QUEUED and d.incr == {"failures": 1} and d.reason.startswith("OOMKilled")
+
+
+def test_infrastructure_faults_requeue_without_spending_retries_up_to_a_cap() -> None:
+    d = decide(job(failures=2), Exit(fault=INFRA, reason="node n1 down"), POLICY)
+    assert (d.state, d.delay, d.incr) == (JobState.QUEUED, 0, {"infra_requeues": 1})
+    capped = decide(job(infra_requeues=2), Exit(fault=INFRA, reason="node n1 down"), POLICY)
+    assert capped.state == JobState.FAILED and "infrastructure requeue cap (2) reached" in capped.reason
+
+
+def test_fatal_faults_and_cancels_end_the_job() -> None:
+    assert decide(job(), Exit(fault=FATAL, reason="image 'x' not found"), POLICY).state == JobState.FAILED
+    assert decide(job(), Exit(fault=CANCEL), POLICY).state == JobState.CANCELLED
+    assert decide(job(cancel_requested=True), Exit(code=143), POLICY).state == JobState.CANCELLED

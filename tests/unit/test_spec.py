@@ -1,0 +1,53 @@
+"""Bad job specs are rejected at submit with an error naming the field and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.cli.main import main
+from fleet.errors import SpecError
+from fleet.models import JobSpec
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"gpus": -1}, "gpus: Input should be greater than or equal to 0 (got -1)"),
+        ({"command": []}, "command: List should have at least 1 item"),
+        ({"command": [""]}, "command: the program (first element) must not be empty"),
+        ({"gpu": 2}, "gpu: unknown field; allowed fields: command, cpus, env, gpu_model, gpus,"),
+        ({"memory": "lots"}, "memory: 'lots' is not a size: use bytes or a number with k, m, g or t (e.g. 8g)"),
+        ({"env": {"FLEET_JOB_ID": "x"}}, "env: 'FLEET_JOB_ID': FLEET_* variables are set by fleet itself"),
+        ({"name": "has space"}, "name: String should match pattern"),
+        ({"mounts": [{"source": "data", "target": "/d"}]}, "mounts.0.source: must be an absolute path"),
+    ],
+)
+def test_bad_spec_names_the_field(data: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        JobSpec.parse({"name": "j", "command": ["true"], **data})
+    assert message in str(err.value)
+
+
+def test_sizes_use_binary_units_like_docker() -> None:
+    spec = JobSpec.parse({"name": "j", "command": ["true"], "memory": "1.5g", "shm_size": "512m",
+                          "min_gpu_memory": "40GiB"})  # fmt: skip
+    assert (spec.memory, spec.shm_size, spec.min_gpu_memory) == (3 << 29, 512 << 20, 40 << 30)
+
+
+def test_cli_rejects_a_bad_spec_with_exit_2_before_touching_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--redis-url", "redis://127.0.0.1:1/0", "submit", "--gpus", "-2", "--", "python", "train.py"])
+    assert code == 2
+    assert "gpus: Input should be greater than or equal to 0 (got -2)" in capsys.readouterr().err
+
+
+def test_cli_builds_the_spec_from_file_and_flags(tmp_path: pytest.TempPathFactory) -> None:
+    from fleet.cli.commands import spec_from_args
+    from fleet.cli.main import build_parser
+
+    path = tmp_path / "job.yaml"  # type: ignore[operator]
+    path.write_text("name: train\ngpus: 2\nenv: {A: '1'}\ncommand: [python, train.py]\n")
+    args = build_parser().parse_args(["submit", "-f", str(path), "--gpus", "4", "--env", "B=2",
+                                      "--mount", "/data:/data"])  # fmt: skip
+    spec = spec_from_args(args)
+    assert (spec.name, spec.gpus, spec.env, spec.command) == ("train", 4, {"A": "1", "B": "2"}, ["python", "train.py"])
+    assert spec.mounts[0].read_only is True
