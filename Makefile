@@ -1,0 +1,50 @@
+# fleet — common tasks. `make demo` runs a local fleet; `make test` runs the test suite.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+STAMP := .build
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install demo up test test-unit lint typecheck all images images-test bench clean
+
+$(STAMP)/installed: pyproject.toml config/setup-host.sh
+	bash config/setup-host.sh
+	$(PIP) install -q -e '.[dev]'
+	@mkdir -p $(STAMP) && touch $@
+
+install: $(STAMP)/installed  ## system packages, dockerd, fleet and its dev tools
+
+images-test: install  ## the tiny busybox image the tests run jobs in
+	@docker image inspect fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
+
+images: install  ## fleet/python (debootstrap rootfs + SDK), built without any registry
+	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	docker build -q -t fleet/python:latest -f images/python/Dockerfile . >/dev/null
+	@echo "built fleet/python"
+
+demo: install  ## start a local fleet, run example jobs to completion, stop
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
+	fleet up --demo
+
+up: install  ## a local fleet in the foreground (Ctrl-C stops it)
+	fleet up
+
+test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs)
+	$(PYTHON) -m pytest
+
+test-unit: install
+	$(PYTHON) -m pytest tests/unit
+
+lint: install
+	$(PYTHON) -m ruff check fleet tests workers
+	$(PYTHON) -m ruff format --check fleet tests workers
+
+typecheck: install
+	$(PYTHON) -m mypy
+
+all: lint typecheck test
+
+bench: install images-test  ## dispatch latency and poll cost; results go to BENCHMARKS.md by hand
+	$(PYTHON) -m bench.dispatch
+
+clean:
+	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info
