@@ -10,7 +10,7 @@ from typing import Any
 
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import JobTimeout, NotFound, SpecError
+from fleet.errors import JobTimeout, SpecError
 from fleet.keys import Keys
 from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState
 from fleet.mounts import check_mounts
@@ -22,7 +22,11 @@ class Client:
     """Talks to the fleet's Redis (``FLEET_REDIS_URL``, or ``config``/``redis_url``); no server needed."""
 
     def __init__(
-        self, redis_url: str | None = None, *, config: str | Path | None = None, settings: Settings | None = None
+        self,
+        redis_url: str | None = None,
+        *,
+        config: str | Path | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.settings = settings or load_settings(config, redis_url=redis_url)
         client = connect(self.settings)
@@ -58,7 +62,7 @@ class Client:
         return JobHandle(self, job_id)
 
     def jobs(self, state: JobState | str | None = None, limit: int = 1000) -> list[Job]:
-        return self._jobs.list(JobState(state) if state else None, limit)
+        return self._jobs.list_jobs(JobState(state) if state else None, limit)
 
     def history(self, job_id: str) -> list[Event]:
         self._jobs.get(job_id)
@@ -107,7 +111,11 @@ class Client:
                 cursor = lines[-1].id
                 continue
             job = self._jobs.get(job_id)
-            if job.attempt > attempt or job.state.final or (job.attempt == attempt and job.state == JobState.QUEUED):
+            if (
+                job.attempt > attempt
+                or job.state.final
+                or (job.attempt == attempt and job.state == JobState.QUEUED)
+            ):
                 return
 
     # -- nodes -------------------------------------------------------------------------
@@ -158,6 +166,3 @@ class JobHandle:
 
     def cancel(self) -> Job:
         return self.client.cancel(self.id)
-
-
-

@@ -23,7 +23,7 @@ class RetryPolicy:
 
     def backoff(self, failures: int) -> float:
         """Delay before the attempt after ``failures`` job faults: base * 2^(failures-1), capped."""
-        return min(self.backoff_s * 2 ** max(failures - 1, 0), self.backoff_max_s)
+        return float(min(self.backoff_s * 2.0 ** max(failures - 1, 0), self.backoff_max_s))
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ def _job_fault(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
     failures = job.failures + 1
     budget = job.spec.max_attempts
     if failures >= budget:
-        return Decision(JobState.FAILED, 0.0, f"{exit.reason}; {failures} of {budget} attempts used", {"failures": 1})
+        return Decision(
+            JobState.FAILED, 0.0, f"{exit.reason}; {failures} of {budget} attempts used", {"failures": 1}
+        )
     delay = policy.backoff(failures)
     reason = f"{exit.reason}; retry {failures + 1} of {budget} in {delay:g}s"
     return Decision(JobState.QUEUED, delay, reason, {"failures": 1})
@@ -61,4 +63,6 @@ def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
     if requeues > policy.max_infra_requeues:
         cap = policy.max_infra_requeues
         return Decision(JobState.FAILED, 0.0, f"{exit.reason}; infrastructure requeue cap ({cap}) reached")
-    return Decision(JobState.QUEUED, 0.0, f"{exit.reason}; requeued (retry budget not spent)", {"infra_requeues": 1})
+    return Decision(
+        JobState.QUEUED, 0.0, f"{exit.reason}; requeued (retry budget not spent)", {"infra_requeues": 1}
+    )

@@ -17,12 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
 from fleet.errors import ConfigError, FleetError
 
-DEMO_JOBS = [
+DEMO_JOBS: list[dict[str, Any]] = [
     {"name": "hello", "command": ["python3", "-c", "print('hello from fleet')"]},
     {"name": "two-gpus", "gpus": 2,
      "command": ["python3", "-c", "import os; print('my GPUs:', os.environ['CUDA_VISIBLE_DEVICES'])"]},
@@ -66,12 +67,14 @@ class LocalFleet:
     def _spawn_redis(self) -> str:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise ConfigError("redis-server not found: run `make install` (it installs it) or pass --redis-url")
+            raise ConfigError(
+                "redis-server not found: run `make install` (it installs it) or pass --redis-url"
+            )
         port = free_port()
         data = self.dir / "redis"
         data.mkdir(exist_ok=True)
-        self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                              "--appendonly", "yes", "--save", "", "--loglevel", "warning"], None)  # fmt: skip
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+        self._spawn("redis", [*argv, "--appendonly", "yes", "--save", "", "--loglevel", "warning"], None)
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
         for _ in range(100):

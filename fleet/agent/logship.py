@@ -27,7 +27,9 @@ class LogShipper(threading.Thread):
                 if batch:
                     self.jobs.append_logs(self.job_id, self.attempt, batch, self.max_lines)
         except Exception as exc:  # a broken stream (Redis, Docker) must never take the agent down
-            event(log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc)
+            event(
+                log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc
+            )
 
 
 def _not_after(cursor: str, last: str) -> bool:

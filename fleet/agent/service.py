@@ -50,7 +50,9 @@ class Agent:
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.inventory, self.runtime, self.clock = inventory, runtime, clock
-        self.policy = RetryPolicy(settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues)
+        self.policy = RetryPolicy(
+            settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
+        )
         self.agent_id = _agent_id(self.cfg.state_dir)
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
@@ -94,7 +96,9 @@ class Agent:
     def heartbeat(self) -> None:
         gpus = self.inventory.gpus()
         fleet_pids = self.runtime.pids() if any(g.processes for g in gpus) else set()
-        gpus = [g.model_copy(update={"busy": busy_reason(g, fleet_pids, self.cfg.gpu_busy_memory)}) for g in gpus]
+        gpus = [
+            g.model_copy(update={"busy": busy_reason(g, fleet_pids, self.cfg.gpu_busy_memory)}) for g in gpus
+        ]
         info = NodeInfo(
             gpus=gpus, cpus=os.cpu_count() or 0, memory=psutil.virtual_memory().total,
             runtime=self.runtime.name, gpu_backend=self.inventory.backend,
@@ -123,7 +127,13 @@ class Agent:
             event(log, "launch_ignored", job=job_id, attempt=attempt, why="no such job")
             return
         if job.node != self.node or job.attempt != attempt or job.state != JobState.SCHEDULED:
-            event(log, "launch_ignored", job=job_id, attempt=attempt, why=f"job is {job.state} attempt {job.attempt}")
+            event(
+                log,
+                "launch_ignored",
+                job=job_id,
+                attempt=attempt,
+                why=f"job is {job.state} attempt {job.attempt}",
+            )
             return
         started = self.jobs.transition(
             job_id, attempt=attempt, allowed=[JobState.SCHEDULED], to=JobState.STARTING,
@@ -148,8 +158,17 @@ class Agent:
             job_id, attempt=attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
             reason=f"running on {self.node}", now=self.clock(), fields={"started_at": self.clock()},
         )  # fmt: skip
-        event(log, "attempt_started", job=job_id, attempt=attempt, node=self.node, gpus=",".join(job.gpus) or "-")
-        self.bus.send(CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started"))
+        event(
+            log,
+            "attempt_started",
+            job=job_id,
+            attempt=attempt,
+            node=self.node,
+            gpus=",".join(job.gpus) or "-",
+        )
+        self.bus.send(
+            CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
+        )
 
     def _check_gpus(self, uuids: list[str]) -> None:
         """Confirm with the inventory that every assigned GPU is here, healthy and free."""
@@ -187,7 +206,9 @@ class Agent:
         self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)
 
     def on_exit(self, job_id: str, attempt: int) -> None:
-        status = next((a for a in self.runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None)
+        status = next(
+            (a for a in self.runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None
+        )
         if status is not None and status.exit is not None:
             self.finish(job_id, attempt, status.exit)
 
@@ -227,8 +248,10 @@ class Agent:
             reason=decision.reason, now=now, fields=fields, incr=decision.incr, release=True,
         )  # fmt: skip
         if applied:
-            event(log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code, state=decision.state,
-                  reason=decision.reason)  # fmt: skip
+            event(
+                log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
+                state=decision.state, reason=decision.reason,
+            )  # fmt: skip
             self.bus.send(
                 CONTROLLER_QUEUE,
                 AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
@@ -250,7 +273,9 @@ class Agent:
                 self.launch(job.id, job.attempt)
             elif job.state in (JobState.STARTING, JobState.RUNNING) and self._claim(job.id, job.attempt):
                 try:
-                    self._finish(job, Exit(code=None, fault=INFRA, reason=f"attempt vanished from node {self.node}"))
+                    self._finish(
+                        job, Exit(code=None, fault=INFRA, reason=f"attempt vanished from node {self.node}")
+                    )
                 finally:
                     self._release(job.id, job.attempt)
 

@@ -27,7 +27,7 @@ M = TypeVar("M", bound=Message)
 NAMESPACE = "fleet"
 
 
-class DeadLetterLog(Middleware):  # type: ignore[misc]
+class DeadLetterLog(Middleware):
     """Log every message that ends in a dead-letter queue, once, with what was wrong."""
 
     def after_process_message(
@@ -47,7 +47,7 @@ class DeadLetterLog(Middleware):  # type: ignore[misc]
 class Bus:
     def __init__(self, settings: Settings) -> None:
         self.poll_ms = settings.bus_poll_ms
-        self.broker = RedisBroker(
+        self.broker = RedisBroker(  # type: ignore[no-untyped-call]
             url=settings.redis_url_for(settings.bus_db),
             namespace=NAMESPACE,
             middleware=[Retries(max_retries=0), DeadLetterLog()],
@@ -78,11 +78,12 @@ class Bus:
         )  # fmt: skip
 
     def worker(self, queue: str, threads: int) -> dramatiq.Worker:
-        """A started dramatiq worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""
-        worker = dramatiq.Worker(self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms)
+        """A started worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""
+        worker = dramatiq.Worker(
+            self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms
+        )
         worker.start()
         return worker
 
     def close(self) -> None:
         self.broker.close()
-

@@ -38,12 +38,19 @@ def register(sub: Any) -> None:
     p.add_argument("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
     p.add_argument("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40g")
     p.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
-    p.add_argument("--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)")
+    p.add_argument(
+        "--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)"
+    )
     p.add_argument("--env", action="append", default=[], metavar="K=V")
     p.add_argument("--label", action="append", default=[], metavar="K=V")
     p.add_argument("--tenant")
-    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:rw]",
-                   help="bind mount (read-only unless :rw); only under the operator's allowed_mounts")
+    p.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="SRC:DST[:rw]",
+        help="bind mount (read-only unless :rw); only under the operator's allowed_mounts",
+    )
     p.add_argument("--id", dest="job_id", help="job id to use; resubmitting the same id and spec is a no-op")
     p.add_argument("--wait", action="store_true", help="wait for the job and exit with its result code")
     _output(p)
@@ -63,7 +70,9 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("logs", help="a job's output (latest attempt unless --attempt)")
     p.add_argument("job")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the attempt ends")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the attempt ends"
+    )
     p.add_argument("--attempt", type=int)
     p.set_defaults(handler=logs)
 
@@ -139,7 +148,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     data["labels"] = {**data.get("labels", {}), **_pairs(args.label, "--label")}
     data["mounts"] = [*data.get("mounts", []), *_mounts(args.mount)]
     if "name" not in data and data.get("command"):
-        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(data["command"][0])).name)[:63].strip("-.") or "job"
+        data["name"] = (
+            re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(data["command"][0])).name)[:63].strip("-.") or "job"
+        )
     return JobSpec.parse(data)
 
 
@@ -291,7 +302,10 @@ def _show_node(node: Node, output: str) -> int:
     print(f"Node:      {node.name}")
     print(f"State:     {node.state.value}  {node.reason}")
     print(f"Heartbeat: {ago(node.heartbeat_at)}")
-    print(f"Capacity:  {node.cpus} CPUs, {size(node.memory)} memory; runtime {node.runtime}, GPUs {node.gpu_backend}")
+    print(
+        f"Capacity:  {node.cpus} CPUs, {size(node.memory)} memory; "
+        f"runtime {node.runtime}, GPUs {node.gpu_backend}"
+    )
     _gpu_rows(node)
     return 0
 

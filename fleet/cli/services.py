@@ -29,7 +29,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
     p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
     p.add_argument("--runtime", choices=["auto", "docker", "process"], default="auto")
-    p.add_argument("--state-dir", help="keep Redis data, checkpoints and agent state here (default: a temp dir)")
+    p.add_argument(
+        "--state-dir", help="keep Redis data, checkpoints and agent state here (default: a temp dir)"
+    )
     p.add_argument("--demo", action="store_true", help="submit example jobs, show them finish, then stop")
     p.set_defaults(handler=up)
 

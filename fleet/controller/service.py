@@ -42,7 +42,9 @@ class Controller:
         self.jobs, self.nodes, self.bus, self.clock = jobs, nodes, bus, clock
         self.id = controller_id or uuid.uuid4().hex[:8]
         self.lease = LeaderLease(jobs.redis, jobs.keys, self.id, self.cfg.leader_lease_s)
-        self.policy = RetryPolicy(settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues)
+        self.policy = RetryPolicy(
+            settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
+        )
         self.stop_event = threading.Event()
         self._wake = threading.Event()
         self._worker: Any = None
@@ -117,7 +119,9 @@ class Controller:
         reasons = {j.id: j.reason for j in queued}
         for job_id, why in plan.waiting.items():
             if reasons.get(job_id) != why:
-                self.jobs.transition(job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False)
+                self.jobs.transition(
+                    job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False
+                )
         return plan
 
     # -- failure detection -------------------------------------------------------------

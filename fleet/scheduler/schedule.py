@@ -68,7 +68,9 @@ def _explain(job: PendingJob, reasons: list[str]) -> str:
         return f"{need}; no nodes registered"
     by_reason = Counter(r.split(": ", 1)[1] for r in reasons)
     if len(reasons) > 3:
-        summary = "; ".join(f"{count} node{'s' if count > 1 else ''} {why}" for why, count in by_reason.items())
+        summary = "; ".join(
+            f"{count} node{'s' if count > 1 else ''} {why}" for why, count in by_reason.items()
+        )
     else:
         summary = "; ".join(reasons)
     return f"{need}; {summary}"

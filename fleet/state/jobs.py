@@ -26,7 +26,8 @@ class LogLine:
 
 class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis = client
+        # typed Any: redis-py's annotations cannot express decode_responses=True (str, not bytes)
+        self.redis: Any = client
         self.keys = keys
         self._scripts = load_scripts(client)
 
@@ -55,7 +56,7 @@ class JobStore:
         return [_job(raw) for raw in pipe.execute() if raw]
 
     @translated
-    def list(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
+    def list_jobs(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
         """Jobs newest first, optionally only those in ``state``."""
         if state is None:
             ids = self.redis.zrevrange(self.keys.jobs, 0, limit - 1)
@@ -103,7 +104,9 @@ class JobStore:
             k.job(job_id), k.events(job_id), k.claims, k.queued, k.jobs_in(JobState.QUEUED),
             k.jobs_in(JobState.SCHEDULED), k.node_jobs(node), k.node(node), k.node_lease(node), k.leader,
         ]  # fmt: skip
-        attempt, _why = self._scripts["place"](keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason])
+        attempt, _why = self._scripts["place"](
+            keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason]
+        )
         return int(attempt)
 
     @translated
@@ -179,7 +182,9 @@ class JobStore:
         return str(last[0][1]["c"]) if last else None
 
     @translated
-    def read_logs(self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None) -> list[LogLine]:
+    def read_logs(
+        self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None
+    ) -> list[LogLine]:
         key = self.keys.logs(job_id, attempt)
         if block_ms is None:
             entries = self.redis.xrange(key, min=f"({after}" if after != "0" else "-")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -39,7 +40,8 @@ class NodeInfo:
 
 class NodeStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis = client
+        # typed Any: redis-py's annotations cannot express decode_responses=True (str, not bytes)
+        self.redis: Any = client
         self.keys = keys
         self._scripts = load_scripts(client)
 
@@ -65,7 +67,9 @@ class NodeStore:
     def set_state(self, name: str, state: NodeState, reason: str, now: float) -> None:
         if not self.redis.sismember(self.keys.nodes, name):
             raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
-        self.redis.hset(self.keys.node(name), mapping={"state": state.value, "reason": reason, "changed_at": now})
+        self.redis.hset(
+            self.keys.node(name), mapping={"state": state.value, "reason": reason, "changed_at": now}
+        )
 
     @translated
     def names(self) -> list[str]:

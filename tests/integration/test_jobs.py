@@ -65,7 +65,10 @@ def test_cancel_stops_a_running_job_and_frees_its_gpus(
     assert status.state == JobState.CANCELLED
     assert client.nodes()[0].claims == {}
     if runtime == "docker":
-        names = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": "fleet.node=t-node1"})]
+        names = [
+            c.name
+            for c in docker.from_env().containers.list(all=True, filters={"label": "fleet.node=t-node1"})
+        ]
         assert names == []
     # and the freed GPUs take the next job
     assert client.submit(sh("true", gpus=2)).wait(timeout=30).state == JobState.SUCCEEDED
@@ -85,9 +88,7 @@ def test_job_larger_than_any_node_stays_queued_with_the_reason(one_node: FleetPr
     assert status.reason == "needs 8 GPUs; t-node1: has 2 matching GPUs"
 
 
-def test_missing_image_fails_the_job_readably(
-    one_node: FleetProcs, client: Client, runtime: str
-) -> None:
+def test_missing_image_fails_the_job_readably(one_node: FleetProcs, client: Client, runtime: str) -> None:
     if runtime != "docker":
         pytest.skip("the process runtime has no images")
     job = client.submit(sh("true", image="fleet/no-such-image:1"))

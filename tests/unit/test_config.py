@@ -27,12 +27,12 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
 def test_an_unknown_key_is_named(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text("[agent]\nheartbeat_intervall_s = 1\n")
-    with pytest.raises(ConfigError, match="agent.heartbeat_intervall_s: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"agent\.heartbeat_intervall_s: Extra inputs are not permitted"):
         load_settings(path)
 
 
 def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config file .*nope.toml does not exist"):
+    with pytest.raises(ConfigError, match=r"config file .*nope\.toml does not exist"):
         load_settings(tmp_path / "nope.toml")
 
 

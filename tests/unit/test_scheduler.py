@@ -22,7 +22,9 @@ def job(jid: str, gpus: int, seq: int, priority: int = 0, **kw: object) -> Pendi
 
 
 def test_priority_first_then_submission_order() -> None:
-    snap = Snapshot(jobs=(job("old", 1, 1), job("new", 1, 2), job("vip", 1, 3, priority=5)), nodes=(node("n", 2),))
+    snap = Snapshot(
+        jobs=(job("old", 1, 1), job("new", 1, 2), job("vip", 1, 3, priority=5)), nodes=(node("n", 2),)
+    )
     plan = schedule(snap, now=0)
     assert [p.job_id for p in plan.placements] == ["vip", "old"]
     assert plan.waiting["new"] == "needs 1 GPU; n: 0 of 2 matching GPUs free"
@@ -39,11 +41,19 @@ def test_gpus_are_chosen_by_uuid_lowest_index_first() -> None:
 
 
 def test_constraints_on_model_and_memory() -> None:
-    nodes = (node("a100", 2, model="NVIDIA A100-SXM4-40GB", memory=40), node("h100", 2, model="NVIDIA H100 80GB HBM3"))
-    snap = Snapshot(jobs=(job("h", 1, 1, gpu_model="h100"), job("big", 1, 2, min_gpu_memory=60 * GiB)), nodes=nodes)
+    nodes = (
+        node("a100", 2, model="NVIDIA A100-SXM4-40GB", memory=40),
+        node("h100", 2, model="NVIDIA H100 80GB HBM3"),
+    )
+    snap = Snapshot(
+        jobs=(job("h", 1, 1, gpu_model="h100"), job("big", 1, 2, min_gpu_memory=60 * GiB)), nodes=nodes
+    )
     assert {p.job_id: p.node for p in schedule(snap, 0).placements} == {"h": "h100", "big": "h100"}
     none = schedule(Snapshot(jobs=(job("x", 1, 1, gpu_model="MI300"),), nodes=nodes), 0)
-    assert none.waiting["x"] == "needs 1 GPU (model ~ 'MI300'); a100: has 0 matching GPUs; h100: has 0 matching GPUs"
+    assert (
+        none.waiting["x"]
+        == "needs 1 GPU (model ~ 'MI300'); a100: has 0 matching GPUs; h100: has 0 matching GPUs"
+    )
 
 
 def test_unschedulable_nodes_and_backoff_are_explained() -> None:
@@ -58,7 +68,9 @@ def test_unschedulable_nodes_and_backoff_are_explained() -> None:
 
 def test_a_blocked_big_job_reserves_a_node_against_smaller_later_jobs() -> None:
     # the 2-GPU job waits for n1 (one GPU busy); the later 1-GPU job must not take n1's free GPU
-    snap = Snapshot(jobs=(job("big", 2, 1), job("small", 1, 2)), nodes=(node("n1", 2, busy={0}), node("n2", 1, busy={0})))
+    snap = Snapshot(
+        jobs=(job("big", 2, 1), job("small", 1, 2)), nodes=(node("n1", 2, busy={0}), node("n2", 1, busy={0}))
+    )
     plan = schedule(snap, 0)
     assert plan.placements == []
     assert "n1: reserved for a higher-ranked job" in plan.waiting["small"]
@@ -77,7 +89,9 @@ def test_cpu_only_jobs_need_no_gpu() -> None:
 def test_placements_never_share_a_gpu_and_always_fit(
     nodes: list[tuple[int, set[int]]], jobs: list[tuple[int, int]]
 ) -> None:
-    views = tuple(node(f"n{i}", count, busy={b for b in busy if b < count}) for i, (count, busy) in enumerate(nodes))
+    views = tuple(
+        node(f"n{i}", count, busy={b for b in busy if b < count}) for i, (count, busy) in enumerate(nodes)
+    )
     pending = tuple(job(f"j{i}", gpus, i, priority) for i, (gpus, priority) in enumerate(jobs))
     plan = schedule(Snapshot(pending, views), 0)
     free = {g.uuid: n.name for n in views for g in n.gpus if g.free}

@@ -16,7 +16,10 @@ from fleet.models import JobSpec
         ({"command": []}, "command: List should have at least 1 item"),
         ({"command": [""]}, "command: the program (first element) must not be empty"),
         ({"gpu": 2}, "gpu: unknown field; allowed fields: command, cpus, env, gpu_model, gpus,"),
-        ({"memory": "lots"}, "memory: 'lots' is not a size: use bytes or a number with k, m, g or t (e.g. 8g)"),
+        (
+            {"memory": "lots"},
+            "memory: 'lots' is not a size: use bytes or a number with k, m, g or t (e.g. 8g)",
+        ),
         ({"env": {"FLEET_JOB_ID": "x"}}, "env: 'FLEET_JOB_ID': FLEET_* variables are set by fleet itself"),
         ({"name": "has space"}, "name: String should match pattern"),
         ({"mounts": [{"source": "data", "target": "/d"}]}, "mounts.0.source: must be an absolute path"),
@@ -35,7 +38,9 @@ def test_sizes_use_binary_units_like_docker() -> None:
 
 
 def test_cli_rejects_a_bad_spec_with_exit_2_before_touching_redis(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--redis-url", "redis://127.0.0.1:1/0", "submit", "--gpus", "-2", "--", "python", "train.py"])
+    code = main(
+        ["--redis-url", "redis://127.0.0.1:1/0", "submit", "--gpus", "-2", "--", "python", "train.py"]
+    )
     assert code == 2
     assert "gpus: Input should be greater than or equal to 0 (got -2)" in capsys.readouterr().err
 
@@ -49,5 +54,10 @@ def test_cli_builds_the_spec_from_file_and_flags(tmp_path: pytest.TempPathFactor
     args = build_parser().parse_args(["submit", "-f", str(path), "--gpus", "4", "--env", "B=2",
                                       "--mount", "/data:/data"])  # fmt: skip
     spec = spec_from_args(args)
-    assert (spec.name, spec.gpus, spec.env, spec.command) == ("train", 4, {"A": "1", "B": "2"}, ["python", "train.py"])
+    assert (spec.name, spec.gpus, spec.env, spec.command) == (
+        "train",
+        4,
+        {"A": "1", "B": "2"},
+        ["python", "train.py"],
+    )
     assert spec.mounts[0].read_only is True

@@ -30,5 +30,8 @@ def open_inventory(settings: AgentSettings) -> GpuInventory:
                 raise
             event(log, "nvml_unavailable", error=exc, fallback=f"{settings.simulated_gpus} simulated GPUs")
     return SimulatedGpus(
-        settings.node_name, settings.simulated_gpus, settings.simulated_gpu_model, settings.simulated_gpu_memory
+        settings.node_name,
+        settings.simulated_gpus,
+        settings.simulated_gpu_model,
+        settings.simulated_gpu_memory,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pynvml
 
 from fleet.errors import GpuError
@@ -53,10 +55,10 @@ class NvmlGpus:
                 processes=sorted(int(p.pid) for p in processes),
             )
         except pynvml.NVMLError as exc:
-            return Gpu(uuid=uuid, index=index, model="?", memory_total=0, healthy=False, health=f"error: {exc}")
+            return Gpu(
+                uuid=uuid, index=index, model="?", memory_total=0, healthy=False, health=f"error: {exc}"
+            )
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass

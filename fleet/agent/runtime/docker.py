@@ -17,11 +17,17 @@ from typing import Any
 
 import docker
 import psutil
-from docker.errors import APIError, DockerException, ImageNotFound as DockerImageNotFound, NotFound
+from docker.errors import APIError, DockerException, NotFound
+from docker.errors import ImageNotFound as DockerImageNotFound
 from docker.types import DeviceRequest, Mount
 
 from fleet.agent.runtime.base import (
-    CONTAINER_CHECKPOINT_DIR, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE, AttemptStatus, LaunchSpec,
+    CONTAINER_CHECKPOINT_DIR,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_NODE,
+    AttemptStatus,
+    LaunchSpec,
 )  # fmt: skip
 from fleet.errors import ImageNotFound, LaunchError, RuntimeUnavailable
 from fleet.log import event
@@ -88,7 +94,9 @@ class DockerRuntime:
         mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
         if spec.checkpoint_dir:
             mounts.append(Mount(CONTAINER_CHECKPOINT_DIR, str(spec.checkpoint_dir), type="bind"))
-        devices = [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
+        devices = (
+            [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
+        )
         return self.client.containers.create(
             spec.image,
             list(spec.command),

@@ -6,6 +6,7 @@ ended, ``exit``. Memory and CPU limits are not enforced by this runtime (no cgro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -76,7 +77,9 @@ class ProcessRuntime:
             return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=_describe(code)))
         if _alive(meta["pid"], meta["created"]):
             return AttemptStatus(job_id, attempt, True)
-        return AttemptStatus(job_id, attempt, False, Exit(code=137, reason="killed before it could record an exit"))
+        return AttemptStatus(
+            job_id, attempt, False, Exit(code=137, reason="killed before it could record an exit")
+        )
 
     def attempts(self) -> list[AttemptStatus]:
         found = []
@@ -171,10 +174,8 @@ def _group(pid: int) -> list[int]:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _describe(code: int) -> str:
