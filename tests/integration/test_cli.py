@@ -1,0 +1,102 @@
+"""The CLI as operations scripts use it: real subprocesses, exit codes, ``-o json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleet import Client, JobState
+from tests.conftest import FleetProcs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def]
+    procs.controller()
+    procs.agent("t-cli", gpus=2)
+    procs.wait_nodes(client, 1)
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+        return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+
+    return run
+
+
+def test_submit_wait_show_logs(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    submitted = fleet_cli("submit", "--gpus", "1", "--env", "WHO=cli", "--", "sh", "-c", "echo hi $WHO")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert job_id.startswith("sh-")
+    waited = fleet_cli("wait", job_id, "--timeout", "60")
+    assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout
+    assert fleet_cli("logs", job_id).stdout == "hi cli\n"
+    shown = json.loads(fleet_cli("show", job_id, "-o", "json").stdout)
+    assert shown["state"] == "SUCCEEDED" and shown["node"] == "t-cli" and len(shown["gpus"]) == 1
+    assert [e["state"] for e in shown["history"]] == [
+        "QUEUED",
+        "SCHEDULED",
+        "STARTING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
+    listed = json.loads(fleet_cli("jobs", "--state", "succeeded", "-o", "json").stdout)
+    assert [j["id"] for j in listed] == [job_id]
+    human = fleet_cli("show", job_id).stdout
+    assert "State:      SUCCEEDED" in human and "History:" in human
+
+
+def test_exit_codes_scripts_rely_on(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    failing = fleet_cli("submit", "--max-attempts", "1", "--wait", "--", "sh", "-c", "exit 7")
+    assert failing.returncode == 1 and "FAILED: exited with code 7" in failing.stdout
+    sleeper = fleet_cli("submit", "--", "sleep", "60").stdout.strip()
+    timed_out = fleet_cli("wait", sleeper, "--timeout", "0.5")
+    assert timed_out.returncode == 4 and "still" in timed_out.stderr
+    assert fleet_cli("cancel", sleeper).returncode == 0
+    assert fleet_cli("wait", sleeper, "--timeout", "30").returncode == 6
+    assert fleet_cli("show", "no-such-job").returncode == 3
+    bad = fleet_cli("submit", "--gpus", "-1", "--", "true")
+    assert bad.returncode == 2 and "gpus:" in bad.stderr
+    argv = [sys.executable, "-m", "fleet", "--redis-url", "redis://127.0.0.1:1/0", "jobs"]
+    unreachable = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode == 5 and "redis unavailable" in unreachable.stderr
+
+
+def test_cordoned_node_receives_nothing_until_uncordoned(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
+    cordoned = json.loads(fleet_cli("cordon", "t-cli", "--reason", "disk swap", "-o", "json").stdout)
+    assert cordoned["state"] == "CORDONED" and cordoned["reason"] == "disk swap"
+    assert fleet_cli("cordon", "t-cli", "--reason", "disk swap").returncode == 0  # idempotent
+    job_id = fleet_cli("submit", "--gpus", "1", "--", "true").stdout.strip()
+    deadline = time.monotonic() + 10
+    while "cordoned" not in client.get(job_id).reason and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job = client.get(job_id)
+    assert job.state == JobState.QUEUED and job.reason == "needs 1 GPU; t-cli: cordoned: disk swap"
+    assert fleet_cli("uncordon", "t-cli").returncode == 0
+    assert fleet_cli("wait", job_id, "--timeout", "30").returncode == 0
+
+
+def test_nodes_lists_gpus_with_their_holders(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--gpus", "2", "--", "sleep", "60").stdout.strip()
+    deadline = time.monotonic() + 20
+    while client.get(job_id).state != JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    nodes = json.loads(fleet_cli("nodes", "-o", "json").stdout)
+    assert [(n["name"], n["state"], n["alive"]) for n in nodes] == [("t-cli", "READY", True)]
+    attempt = f"{job_id}:1"
+    assert sorted(nodes[0]["claims"].values()) == [attempt, attempt]
+    table = fleet_cli("nodes").stdout
+    assert "t-cli" in table and f"claimed by {attempt}" in table and "0/2" in table
+    fleet_cli("cancel", job_id)
