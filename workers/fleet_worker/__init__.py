@@ -1,0 +1,24 @@
+"""The in-container SDK: checkpoints that survive crashes, prompt SIGTERM handling, progress.
+
+Pure Python; torch is optional (used for tensors when present). Inside a fleet job::
+
+    import fleet_worker as fw
+
+    state = fw.load_latest()            # None on a fresh start; honours FLEET_RESUME_FROM
+    stop = fw.stop_requested()           # a SIGTERM handler that only sets a flag
+    for step in range(start, total):
+        ...
+        if step % 100 == 0 or stop.is_set():
+            fw.save({"model": model.state_dict(), ...}, step)
+        if stop.is_set():
+            fw.exit_after_checkpoint()
+"""
+
+from fleet_worker.checkpoint import checkpoint_dir, latest_name, load_latest, save
+from fleet_worker.env import attempt, job_id
+from fleet_worker.signals import exit_after_checkpoint, progress, stop_requested
+
+__all__ = [
+    "attempt", "checkpoint_dir", "exit_after_checkpoint", "job_id", "latest_name", "load_latest", "progress",
+    "save", "stop_requested",
+]  # fmt: skip
