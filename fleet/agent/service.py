@@ -57,6 +57,9 @@ class Agent:
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
         self._shippers: dict[tuple[str, int], LogShipper] = {}
+        #: attempts this agent stopped because it lost its lease: their exit is not the job's fault
+        self._fenced: set[tuple[str, int]] = set()
+        self._renewed = time.monotonic()
         self.stop_event = threading.Event()
 
     # -- main loop -------------------------------------------------------------------
@@ -70,6 +73,7 @@ class Agent:
         self.bus.handle(queue, Stop, self.on_stop)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
         self.runtime.watch(self.on_exit, self.stop_event)
+        threading.Thread(target=self._fence_watchdog, name="fence-watchdog", daemon=True).start()
         next_reconcile = 0.0
         try:
             while not self.stop_event.is_set():
@@ -103,9 +107,34 @@ class Agent:
             gpus=gpus, cpus=os.cpu_count() or 0, memory=psutil.virtual_memory().total,
             runtime=self.runtime.name, gpu_backend=self.inventory.backend,
         )  # fmt: skip
-        if self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info):
+        joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
+        self._renewed = time.monotonic()
+        if joined:
             event(log, "node_joined", node=self.node, gpus=len(gpus))
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=self.node))
+
+    def _fence_watchdog(self) -> None:
+        """Apart from the heartbeat loop, which may hang in a socket when the network blackholes."""
+        while not self.stop_event.wait(self.cfg.heartbeat_interval_s / 2):
+            self._guarded(self._fence_if_lease_lost)
+
+    def _fence_if_lease_lost(self) -> None:
+        """Stop every attempt before the lease can expire unrenewed (two heartbeats of margin).
+
+        The controller requeues the jobs of a node whose lease expired; an agent that cannot
+        reach Redis must not keep running them, or a partitioned node would run a job that also
+        runs elsewhere.
+        """
+        margin = 2 * self.cfg.heartbeat_interval_s
+        if time.monotonic() - self._renewed < self.cfg.node_lease_ttl_s - margin:
+            return
+        running = [a for a in self.runtime.attempts() if a.running]
+        for status in running:
+            self._fenced.add((status.job_id, status.attempt))
+            self.runtime.stop(status.job_id, status.attempt, 0)
+        if running:
+            event(log, "self_fenced", logging.WARNING, node=self.node, stopped=len(running),
+                  why=f"lease not renewed for {time.monotonic() - self._renewed:.1f}s")  # fmt: skip
 
     # -- launch ----------------------------------------------------------------------
 
@@ -213,6 +242,8 @@ class Agent:
             self.finish(job_id, attempt, status.exit)
 
     def finish(self, job_id: str, attempt: int, exit: Exit) -> None:
+        if (job_id, attempt) in self._fenced:
+            exit = Exit(code=exit.code, fault=INFRA, reason=f"stopped by node {self.node}: it lost its lease")
         if not self._claim(job_id, attempt):
             return
         try:
@@ -225,6 +256,7 @@ class Agent:
             self.runtime.remove(job_id, attempt)
         finally:
             self._release(job_id, attempt)
+        self._fenced.discard((job_id, attempt))  # only once recorded: a Redis error above keeps it
 
     def _finish(self, job: Job, exit: Exit) -> None:
         """Ship the last logs, remove the attempt, then record how it ended and free its GPUs.

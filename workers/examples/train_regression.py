@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25, help="checkpoint every N steps")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (to make runs killable)")
-    parser.add_argument("--fail-at", type=int, default=-1, help="exit 1 at this step on attempt 1 (crash test)")
+    parser.add_argument(
+        "--fail-at", type=int, default=-1, help="exit 1 at this step on attempt 1 (crash test)"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
