@@ -50,16 +50,27 @@ class TimedRuntime(ProcessRuntime):
 
 
 def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float]:
-    settings = load_settings(redis_url=url, bus_poll_ms=poll_ms, checkpoint_root=root / "ckpt",
-                             agent={"node_name": "bench", "state_dir": root / f"agent-{poll_ms}"})  # fmt: skip
+    settings = load_settings(
+        redis_url=url,
+        bus_poll_ms=poll_ms,
+        checkpoint_root=root / "ckpt",
+        agent={"node_name": "bench", "state_dir": root / f"agent-{poll_ms}"},
+    )
     client_r = connect(settings)
     client_r.flushall()
     keys = Keys(settings.key_prefix)
     runtime = TimedRuntime("bench", settings.agent.state_dir / "attempts")
-    agent = Agent(settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings),
-                  SimulatedGpus("bench", 4, "sim", 1 << 30), runtime)  # fmt: skip
-    controller = Controller(settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys),
-                            Bus(settings))  # fmt: skip
+    agent = Agent(
+        settings,
+        JobStore(connect(settings), keys),
+        NodeStore(connect(settings), keys),
+        Bus(settings),
+        SimulatedGpus("bench", 4, "sim", 1 << 30),
+        runtime,
+    )
+    controller = Controller(
+        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
+    )
     threads = [threading.Thread(target=s.run, daemon=True) for s in (controller, agent)]
     for t in threads:
         t.start()
@@ -89,10 +100,15 @@ def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float
         t.join(timeout=10)
     latencies.sort()
     return {
-        "poll_ms": poll_ms, "jobs": jobs, "p50": statistics.median(latencies),
-        "p90": latencies[int(0.90 * len(latencies)) - 1], "p99": latencies[int(0.99 * len(latencies)) - 1],
-        "max": latencies[-1], "idle_cmds": idle, "idle_scripts": scripts,
-    }  # fmt: skip
+        "poll_ms": poll_ms,
+        "jobs": jobs,
+        "p50": statistics.median(latencies),
+        "p90": latencies[int(0.90 * len(latencies)) - 1],
+        "p99": latencies[int(0.99 * len(latencies)) - 1],
+        "max": latencies[-1],
+        "idle_cmds": idle,
+        "idle_scripts": scripts,
+    }
 
 
 def _counts(url: str) -> tuple[int, int]:
@@ -113,12 +129,15 @@ def main() -> None:
     binary = shutil.which("redis-server") or "redis-server"
     port = free_port()
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-                              stdout=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
+    )
     url = f"redis://127.0.0.1:{port}/0"
     time.sleep(0.5)
-    print(f"# dispatch latency, {time.strftime('%Y-%m-%d')}, {platform.node()}: {psutil.cpu_count()} cores, "
-          f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, Python {platform.python_version()}")  # fmt: skip
+    print(
+        f"# dispatch latency, {time.strftime('%Y-%m-%d')}, {platform.node()}: {psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, Python {platform.python_version()}"
+    )
     print(
         "| bus_poll_ms | jobs | p50 ms | p90 ms | p99 ms | max ms | idle Redis cmds/s | of which script calls/s |"
     )
@@ -127,8 +146,11 @@ def main() -> None:
         for poll in (int(p) for p in args.polls.split(",")):
             jobs = args.jobs if poll <= 100 else min(args.jobs, 50)
             r = run_config(url, poll, jobs, root)
-            print(f"| {poll} | {jobs} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p99']:.1f} | {r['max']:.1f} "
-                  f"| {r['idle_cmds']:.0f} | {r['idle_scripts']:.0f} |", flush=True)  # fmt: skip
+            print(
+                f"| {poll} | {jobs} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p99']:.1f} | {r['max']:.1f} "
+                f"| {r['idle_cmds']:.0f} | {r['idle_scripts']:.0f} |",
+                flush=True,
+            )
     finally:
         server.terminate()
         shutil.rmtree(root, ignore_errors=True)

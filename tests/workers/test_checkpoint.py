@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import fleet_worker as fw
 import pytest
 
+import fleet_worker as fw
 from fleet import checkpoints
 
 
