@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,torch]'
 	@mkdir -p $(STAMP) && touch $@
 
 install: $(STAMP)/installed  ## system packages, dockerd, fleet and its dev tools
@@ -35,8 +35,8 @@ test-unit: install
 	$(PYTHON) -m pytest tests/unit
 
 lint: install
-	$(PYTHON) -m ruff check fleet tests workers
-	$(PYTHON) -m ruff format --check fleet tests workers
+	$(PYTHON) -m ruff check fleet tests workers bench
+	$(PYTHON) -m ruff format --check fleet tests workers bench
 
 typecheck: install
 	$(PYTHON) -m mypy

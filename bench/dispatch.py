@@ -139,7 +139,7 @@ def main() -> None:
         f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, Python {platform.python_version()}"
     )
     print(
-        "| bus_poll_ms | jobs | p50 ms | p90 ms | p99 ms | max ms | idle Redis cmds/s | of which script calls/s |"
+        "| bus_poll_ms | jobs | p50 ms | p90 ms | p99 ms | max ms | idle cmds/s | of which script calls/s |"
     )
     print("|---|---|---|---|---|---|---|---|")
     try:
