@@ -14,6 +14,48 @@ def setup(level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("dramatiq").setLevel("WARNING")
+    handler.addFilter(OncePerOutage())
+
+
+class OncePerOutage(logging.Filter):
+    """Let dramatiq's consumer-restart lines through once a minute, not once a second per queue."""
+
+    NOISY = ("Consumer encountered a connection error", "Restarting consumer")
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("dramatiq"):
+            return True
+        key = next((n for n in self.NOISY if str(record.msg).startswith(n)), None)
+        if key is None:
+            return True
+        now = record.created
+        if now - self._last.get(key, 0.0) < self.every_s:
+            return False
+        self._last[key] = now
+        return True
+
+
+class StepHealth:
+    """Log a failing loop step once when it starts failing and once when it recovers."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._since: dict[str, float] = {}
+
+    def failed(self, step: str, error: object, now: float, **fields: Any) -> None:
+        if step not in self._since:
+            self._since[step] = now
+            event(self.logger, f"{step}_failing", logging.WARNING, error=error, **fields)
+
+    def ok(self, step: str, now: float, **fields: Any) -> None:
+        since = self._since.pop(step, None)
+        if since is not None:
+            event(self.logger, f"{step}_recovered", after_s=f"{now - since:.1f}", **fields)
 
 
 def kv(event: str, **fields: Any) -> str:

@@ -1,36 +1,60 @@
-"""Ship an attempt's output to its capped Redis stream, line by line, from a background thread."""
+"""Ship an attempt's output to its capped Redis stream, one batch per runtime read, from a thread.
+
+While Redis is unreachable the shipper holds its batch and retries with backoff, so a Redis
+restart loses no log line; the runtime keeps buffering (Docker's log, the attempt's file).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from fleet.agent.runtime.base import Runtime
+from fleet.errors import FleetError
 from fleet.log import event
 from fleet.state.jobs import JobStore
 
 log = logging.getLogger("fleet.agent.logs")
+T = TypeVar("T")
 
 
 class LogShipper(threading.Thread):
-    def __init__(self, runtime: Runtime, jobs: JobStore, job_id: str, attempt: int, max_lines: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        jobs: JobStore,
+        job_id: str,
+        attempt: int,
+        max_lines: int,
+        stop: threading.Event,
+    ) -> None:
         super().__init__(name=f"logs-{job_id}-{attempt}", daemon=True)
-        self.runtime, self.jobs = runtime, jobs
+        self.runtime, self.jobs, self.stop = runtime, jobs, stop
         self.job_id, self.attempt, self.max_lines = job_id, attempt, max_lines
 
     def run(self) -> None:
         try:
-            cursor = self.jobs.last_log_cursor(self.job_id, self.attempt)
+            cursor = self._retrying(lambda: self.jobs.last_log_cursor(self.job_id, self.attempt))
             for batch in self.runtime.logs(self.job_id, self.attempt, cursor):
                 if cursor is not None:  # skip what was shipped before an agent restart
-                    batch = [item for item in batch if not _not_after(item[0], cursor)]
+                    batch = [item for item in batch if float(item[0]) > float(cursor)]
                 if batch:
-                    self.jobs.append_logs(self.job_id, self.attempt, batch, self.max_lines)
-        except Exception as exc:  # a broken stream (Redis, Docker) must never take the agent down
+                    self._retrying(
+                        lambda b=batch: self.jobs.append_logs(self.job_id, self.attempt, b, self.max_lines)
+                    )
+        except Exception as exc:  # a broken runtime stream must never take the agent down
             event(
                 log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc
             )
 
-
-def _not_after(cursor: str, last: str) -> bool:
-    return float(cursor) <= float(last)
+    def _retrying(self, call: Callable[[], T]) -> T:
+        delay = 0.1
+        while True:
+            try:
+                return call()
+            except FleetError as exc:
+                if not exc.retryable or self.stop.wait(delay):
+                    raise
+                delay = min(delay * 2, 2.0)

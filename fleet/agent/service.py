@@ -25,7 +25,7 @@ from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged,
 from fleet.config import Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
-from fleet.log import event
+from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore
@@ -61,6 +61,7 @@ class Agent:
         self._fenced: set[tuple[str, int]] = set()
         self._renewed = time.monotonic()
         self.stop_event = threading.Event()
+        self._health = StepHealth(log)
 
     # -- main loop -------------------------------------------------------------------
 
@@ -89,13 +90,16 @@ class Agent:
             self.runtime.close()
             event(log, "agent_stop", node=self.node)
 
-    def _guarded(self, step: Callable[[], None]) -> None:
+    def _guarded(self, step: Callable[[], object]) -> None:
         try:
             step()
         except FleetError as exc:
-            event(log, f"{step.__name__}_failed", logging.WARNING, node=self.node, error=exc)
+            self._health.failed(step.__name__, exc, time.monotonic(), node=self.node)
+            return
         except Exception:
             log.exception(f"{step.__name__}_crashed node={self.node}")
+            return
+        self._health.ok(step.__name__, time.monotonic(), node=self.node)
 
     def heartbeat(self) -> None:
         gpus = self.inventory.gpus()
@@ -332,7 +336,9 @@ class Agent:
     # -- helpers ---------------------------------------------------------------------
 
     def _ship(self, job_id: str, attempt: int) -> None:
-        shipper = LogShipper(self.runtime, self.jobs, job_id, attempt, self.settings.log_max_lines)
+        shipper = LogShipper(
+            self.runtime, self.jobs, job_id, attempt, self.settings.log_max_lines, self.stop_event
+        )
         self._shippers[(job_id, attempt)] = shipper
         shipper.start()
 

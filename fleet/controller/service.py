@@ -20,7 +20,7 @@ from fleet.controller import snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.errors import FleetError
 from fleet.lifecycle import INFRA, RetryPolicy, decide
-from fleet.log import event
+from fleet.log import StepHealth, event
 from fleet.models import Exit, JobState
 from fleet.scheduler import Plan, schedule
 from fleet.state import JobStore, NodeStore
@@ -46,6 +46,7 @@ class Controller:
             settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
         )
         self.stop_event = threading.Event()
+        self._health = StepHealth(log)
         self._wake = threading.Event()
         self._worker: Any = None
 
@@ -99,9 +100,12 @@ class Controller:
         try:
             step()
         except FleetError as exc:
-            event(log, f"{step.__name__}_failed", logging.WARNING, error=exc)
+            self._health.failed(step.__name__, exc, time.monotonic(), id=self.id)
+            return
         except Exception:
-            log.exception(f"{step.__name__}_crashed")
+            log.exception(f"{step.__name__}_crashed id={self.id}")
+            return
+        self._health.ok(step.__name__, time.monotonic(), id=self.id)
 
     # -- scheduling --------------------------------------------------------------------
 
