@@ -6,6 +6,7 @@ restart loses no log line; the runtime keeps buffering (Docker's log, the attemp
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -41,9 +42,10 @@ class LogShipper(threading.Thread):
                 if cursor is not None:  # skip what was shipped before an agent restart
                     batch = [item for item in batch if float(item[0]) > float(cursor)]
                 if batch:
-                    self._retrying(
-                        lambda b=batch: self.jobs.append_logs(self.job_id, self.attempt, b, self.max_lines)
+                    ship = functools.partial(
+                        self.jobs.append_logs, self.job_id, self.attempt, batch, self.max_lines
                     )
+                    self._retrying(ship)
         except Exception as exc:  # a broken runtime stream must never take the agent down
             event(
                 log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc
