@@ -45,6 +45,7 @@ all: lint typecheck test
 
 bench: install images-test  ## dispatch latency and poll cost; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
+	$(PYTHON) -m bench.recovery
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -10,6 +10,7 @@ measures what dramatiq's polling costs while idle, in Redis commands per second,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import shutil
 import statistics
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -121,28 +123,45 @@ def _counts(url: str) -> tuple[int, int]:
     return total, scripts
 
 
+def machine_line(what: str) -> str:
+    return (
+        f"# {what}, {time.strftime('%Y-%m-%d')}, {platform.node()}: {psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, Python {platform.python_version()}"
+    )
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    binary = shutil.which("redis-server") or "redis-server"
+    port = free_port()
+    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL)  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--polls", default="10,20,50,100,1000", help="bus_poll_ms values to compare")
     args = parser.parse_args()
-    binary = shutil.which("redis-server") or "redis-server"
-    port = free_port()
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    time.sleep(0.5)
-    print(
-        f"# dispatch latency, {time.strftime('%Y-%m-%d')}, {platform.node()}: {psutil.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, Python {platform.python_version()}"
-    )
+    print(machine_line("dispatch latency"))
     print(
         "| bus_poll_ms | jobs | p50 ms | p90 ms | p99 ms | max ms | idle cmds/s | of which script calls/s |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    try:
+    with redis_server() as url:
         for poll in (int(p) for p in args.polls.split(",")):
             jobs = args.jobs if poll <= 100 else min(args.jobs, 50)
             r = run_config(url, poll, jobs, root)
@@ -151,9 +170,7 @@ def main() -> None:
                 f"| {r['idle_cmds']:.0f} | {r['idle_scripts']:.0f} |",
                 flush=True,
             )
-    finally:
-        server.terminate()
-        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ class Controller:
         self._health = StepHealth(log)
         self._wake = threading.Event()
         self._worker: Any = None
+        #: earliest end of a queued job's retry backoff: the loop wakes then instead of next interval
+        self._due = float("inf")
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
@@ -67,7 +69,8 @@ class Controller:
                         self._guarded(self.reconcile)
                         next_reconcile = time.monotonic() + self.cfg.schedule_interval_s
                     self._guarded(self.schedule_pass)
-                self._wake.wait(min(renew_every, self.cfg.schedule_interval_s))
+                due_in = max(self._due - self.clock(), 0.0) if self.lease.value else float("inf")
+                self._wake.wait(min(renew_every, self.cfg.schedule_interval_s, due_in))
                 self._wake.clear()
         finally:
             self._follow()
@@ -112,6 +115,7 @@ class Controller:
     def schedule_pass(self) -> Plan:
         now = self.clock()
         queued = self.jobs.queued()
+        self._due = min((j.not_before for j in queued if j.not_before > now), default=float("inf"))
         if not queued:
             return Plan()
         plan = schedule(snapshot.build(queued, self.nodes.all(), now), now)
