@@ -28,6 +28,7 @@ from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
+from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.nodes import NodeInfo
 
@@ -62,6 +63,7 @@ class Agent:
         self._renewed = time.monotonic()
         self.stop_event = threading.Event()
         self._health = StepHealth(log)
+        self.notifier = Notifier()
 
     # -- main loop -------------------------------------------------------------------
 
@@ -76,14 +78,19 @@ class Agent:
         self.runtime.watch(self.on_exit, self.stop_event)
         threading.Thread(target=self._fence_watchdog, name="fence-watchdog", daemon=True).start()
         next_reconcile = 0.0
+        self.notifier.ready(
+            f"node {self.node}: {len(self.inventory.gpus())} GPUs, {self.runtime.name} runtime"
+        )
         try:
             while not self.stop_event.is_set():
+                self.notifier.watchdog()
                 self._guarded(self.heartbeat)
                 if time.monotonic() >= next_reconcile:
                     self._guarded(self.reconcile)
                     next_reconcile = time.monotonic() + self.cfg.reconcile_interval_s
                 self.stop_event.wait(self.cfg.heartbeat_interval_s)
         finally:
+            self.notifier.stopping()
             worker.stop(timeout=2000)
             if self.cfg.stop_jobs_on_exit:
                 self._stop_all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from fleet import log
@@ -25,6 +26,20 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus", choices=["auto", "nvml", "simulated"], help="GPU inventory backend")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=agent)
+
+    verbs = (("install", "write config and systemd unit, enable and start it"),
+             ("uninstall", "stop, disable and remove the systemd unit (config is kept)"))  # fmt: skip
+    for verb, what in verbs:
+        p = sub.add_parser(verb, help=f"{what} (bare metal)")
+        p.add_argument("service", choices=["agent", "controller"])
+        p.add_argument("--root", default="/", help="install under this directory instead of / (no systemctl)")
+        if verb == "install":
+            p.add_argument(
+                "--redis-url",
+                default=argparse.SUPPRESS,
+                help="the fleet's Redis; a password in it goes to a 0600 fleet.env, not fleet.toml",
+            )
+        p.set_defaults(handler=install if verb == "install" else uninstall)
 
     p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
     p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
@@ -82,4 +97,24 @@ def up(args: argparse.Namespace) -> int:
         if args.demo:
             return fleet.demo()
         fleet.serve()
+    return 0
+
+
+def install(args: argparse.Namespace) -> int:
+    from fleet.install import install as do_install
+
+    done = do_install(args.service, Path(args.root), args.redis_url)
+    print(f"wrote {done.unit}\nconfig {done.config}" + (f"\nsecrets {done.env} (0600)" if done.env else ""))
+    print(
+        f"started fleet-{args.service}"
+        if done.started
+        else "not started (use systemctl, or --root was given)"
+    )
+    return 0
+
+
+def uninstall(args: argparse.Namespace) -> int:
+    from fleet.install import uninstall as do_uninstall
+
+    print(f"removed {do_uninstall(args.service, Path(args.root))}")
     return 0

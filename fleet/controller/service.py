@@ -23,6 +23,7 @@ from fleet.lifecycle import INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
 from fleet.models import Exit, JobState
 from fleet.scheduler import Plan, schedule
+from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 
 log = logging.getLogger("fleet.controller")
@@ -47,6 +48,7 @@ class Controller:
         )
         self.stop_event = threading.Event()
         self._health = StepHealth(log)
+        self.notifier = Notifier()
         self._wake = threading.Event()
         self._worker: Any = None
         #: earliest end of a queued job's retry backoff: the loop wakes then instead of next interval
@@ -59,8 +61,10 @@ class Controller:
         next_reconcile = 0.0
         renew_every = self.cfg.leader_lease_s / 3
         next_renew = 0.0
+        self.notifier.ready(f"controller {self.id}")
         try:
             while not self.stop_event.is_set():
+                self.notifier.watchdog()
                 if time.monotonic() >= next_renew:
                     self._guarded(self._lead)
                     next_renew = time.monotonic() + renew_every
@@ -73,6 +77,7 @@ class Controller:
                 self._wake.wait(min(renew_every, self.cfg.schedule_interval_s, due_in))
                 self._wake.clear()
         finally:
+            self.notifier.stopping()
             self._follow()
             event(log, "controller_stop", id=self.id)
 

@@ -45,8 +45,9 @@ class OwnRedis:
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--dir", str(self.dir),
-                "--appendonly", "yes", "--appendfsync", "always", "--save", ""]  # fmt: skip
+        binary = shutil.which("redis-server") or "redis-server"
+        argv = [binary, "--port", str(self.port), "--dir", str(self.dir), "--appendonly", "yes",
+                "--appendfsync", "always", "--save", ""]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         wait_for(lambda: _pings(self.url), timeout=10, what="redis up")
 

@@ -127,3 +127,17 @@ def _wait_for(condition: object, timeout: float = 30) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def test_oom_kill_is_reported_with_the_memory_limit(
+    one_node: FleetProcs, client: Client, runtime: str
+) -> None:
+    if runtime != "docker":
+        pytest.skip("memory limits need Docker (cgroups); the process runtime does not enforce them")
+    job = client.submit(sh("head -c 200m /dev/zero | tail > /dev/null", memory="16m", max_attempts=2))
+    status = job.wait(timeout=120)
+    # OOM spends the retry budget like any job fault (the default policy), with the limit in the reason
+    assert status.state == JobState.FAILED and status.attempt == 2 and status.exit_code == 137
+    assert status.reason == "OOMKilled (memory limit 16 MiB); 2 of 2 attempts used"
+    retried = [e for e in job.history() if e.state == "QUEUED" and e.attempt == 1]
+    assert retried[0].reason.startswith("OOMKilled (memory limit 16 MiB); retry 2 of 2 in")

@@ -63,9 +63,10 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path: Path) -> 
 def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     proc = run(tmp_path, "--sleep", "0.05")
     assert proc.stdout is not None
-    assert proc.stdout.readline().startswith("fleet-progress")  # running, handler installed
+    first = proc.stdout.readline()
+    assert first.startswith("fleet-progress")  # running, handler installed
     proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=30)[0]
+    output = first + proc.communicate(timeout=30)[0]
     assert proc.returncode == 143
     assert "stopping on SIGTERM after checkpoint" in output
     last = int(re.findall(r'"step": (\d+)', output)[-1])

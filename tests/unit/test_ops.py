@@ -1,0 +1,89 @@
+"""Bare-metal operation: sd_notify over a real datagram socket, `fleet install` into a root dir."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet.cli.main import main
+from fleet.config import load_settings
+from fleet.sdnotify import Notifier
+from tests.conftest import need
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = str(tmp_path / "notify")
+    sock.bind(path)
+    sock.settimeout(5)
+    yield sock, path
+    sock.close()
+
+
+def test_notifier_speaks_the_systemd_protocol(notify_socket: tuple[socket.socket, str]) -> None:
+    sock, path = notify_socket
+    notifier = Notifier(path)
+    notifier.ready("node n1: 4 GPUs")
+    notifier.watchdog()
+    notifier.stopping()
+    assert [sock.recv(256).decode() for _ in range(3)] == [
+        "READY=1\nSTATUS=node n1: 4 GPUs",
+        "WATCHDOG=1",
+        "STOPPING=1",
+    ]
+
+
+def test_notifier_reaches_abstract_sockets_and_reads_the_watchdog_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0fleet-test-notify")
+    sock.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", "@fleet-test-notify")
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    notifier = Notifier()
+    notifier.watchdog()
+    assert sock.recv(64) == b"WATCHDOG=1" and notifier.watchdog_interval_s == 15
+    sock.close()
+
+
+def test_notifier_without_systemd_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    Notifier().ready()  # no socket, no error
+
+
+def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None:
+    assert (
+        main(["install", "agent", "--root", str(tmp_path), "--redis-url", "redis://:s3cret@10.0.0.5:6379/0"])
+        == 0
+    )
+    unit = (tmp_path / "etc/systemd/system/fleet-agent.service").read_text()
+    config = tmp_path / "etc/fleet/fleet.toml"
+    env = tmp_path / "etc/fleet/fleet.env"
+    assert "Type=notify" in unit and "WatchdogSec=" in unit and "KillMode=process" in unit
+    assert "ExecStart=/" in unit and " agent --config /etc/fleet/fleet.toml" in unit
+    assert (
+        "s3cret" not in config.read_text() and 'redis_url = "redis://10.0.0.5:6379/0"' in config.read_text()
+    )
+    assert env.read_text() == "FLEET_REDIS_PASSWORD=s3cret\n" and stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert load_settings(config).redis_url == "redis://10.0.0.5:6379/0"
+    assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
+    assert not (tmp_path / "etc/systemd/system/fleet-agent.service").exists() and config.exists()
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    need(shutil.which("systemd-analyze") is not None, "systemd-analyze missing (apt-get install systemd)")
+    for service in ("agent", "controller"):
+        assert main(["install", service, "--root", str(tmp_path)]) == 0
+    units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
+    done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
+                          env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "fleet-" not in done.stderr
