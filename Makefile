@@ -13,13 +13,15 @@ $(STAMP)/installed: pyproject.toml config/setup-host.sh
 
 install: $(STAMP)/installed  ## system packages, dockerd, fleet and its dev tools
 
-images-test: install  ## the tiny busybox image the tests run jobs in
+images-test: install  ## images the tests run jobs in: tiny busybox, and fleet/torch
 	@docker image inspect fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
-
-images: install  ## fleet/python (debootstrap rootfs + SDK), built without any registry
 	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	@docker image inspect fleet/torch:latest >/dev/null 2>&1 || bash images/torch/build.sh
+
+images: images-test  ## fleet/python and fleet/torch (debootstrap rootfs + SDK), without any registry
 	docker build -q -t fleet/python:latest -f images/python/Dockerfile . >/dev/null
-	@echo "built fleet/python"
+	bash images/torch/build.sh
+	@echo "built fleet/python and fleet/torch"
 
 demo: install  ## start a local fleet, run example jobs to completion, stop
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi

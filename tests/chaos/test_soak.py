@@ -1,0 +1,159 @@
+"""Chaos soak: 3 agents, 30 checkpointing jobs, random SIGKILLs of agents, nodes, jobs and Redis.
+
+At the end every job SUCCEEDED and finished its work exactly once, no two attempts of a job
+overlapped in time (as the jobs themselves recorded it), no GPU claim leaked, and every requeue
+has its reason in the history. The CI run is short; FLEET_SOAK_SECONDS=300 runs a longer one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from tests.conftest import FleetProcs
+from tests.integration.test_control_plane import OwnRedis
+from tests.integration.test_dependability import kill_node, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+SOAK_SECONDS = float(os.environ.get("FLEET_SOAK_SECONDS", "25"))
+NODES = ("t-c1", "t-c2", "t-c3")
+
+# A checkpointing job: 30 steps of 0.1 s, a checkpoint every 5, resume from the latest. It records
+# each step's wall time per attempt (overlap check) and appends to DONE once when it completes.
+JOB = """
+import os, sys, time
+import fleet_worker as fw
+out = os.environ["OUT"]
+job, attempt = fw.job_id(), fw.attempt()
+resumed = fw.load_latest()
+start = resumed[1] if resumed else 0
+ticks = open(os.path.join(out, f"{job}.{attempt}.ticks"), "a")
+for step in range(start, 30):
+    ticks.write(f"{time.time()}\\n"); ticks.flush()
+    time.sleep(0.1)
+    if (step + 1) % 5 == 0:
+        fw.save({"step": step + 1}, step + 1)
+with open(os.path.join(out, f"{job}.done"), "a") as done:
+    done.write(f"{attempt}\\n")
+"""
+
+
+def test_chaos_soak(tmp_path: Path) -> None:
+    rng = random.Random(int(os.environ.get("FLEET_SOAK_SEED", str(int(time.time())))))
+    out = tmp_path / "out"
+    out.mkdir()
+    redis_server = OwnRedis(tmp_path)
+    redis_server.start()
+    procs = FleetProcs(redis_server.url, tmp_path, "process")
+    procs.env["FLEET_RETRY_BACKOFF_S"] = "0.2"
+    client = Client(redis_server.url)
+    counts: Counter[str] = Counter()
+    try:
+        procs.controller()
+        for node in NODES:
+            procs.agent(node, gpus=2)
+        procs.wait_nodes(client, 3)
+        spec = {"command": [sys.executable, "-c", JOB], "env": {"OUT": str(out)}, "max_attempts": 20}
+        jobs = [
+            client.submit(JobSpec.parse({"name": f"soak{i}", "gpus": 1 + i % 2, **spec})) for i in range(30)
+        ]
+        chaos = Chaos(procs, redis_server, rng, counts)
+        deadline = time.monotonic() + SOAK_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.5, 1.5))
+            chaos.step()
+        chaos.heal()
+        finished = [h.wait(timeout=300) for h in jobs]
+        # every job succeeded, and did its work to completion exactly once
+        assert [j.state for j in finished] == [JobState.SUCCEEDED] * 30, procs.logs()
+        for job in finished:
+            assert len((out / f"{job.id}.done").read_text().split()) == 1, job.id
+            _assert_no_overlap(out, job.id, job.attempt)
+        # no GPU claim leaked
+        wait_for(lambda: all(not n.claims for n in client.nodes()), timeout=30, what="claims released")
+        # every requeue says why
+        requeues = [
+            e for j in finished for e in client.history(j.id) if e.state == "QUEUED" and e.attempt > 0
+        ]
+        assert all(e.reason for e in requeues)
+        counts["jobs"], counts["attempts"] = 30, sum(j.attempt for j in finished)
+        counts["requeues"] = len(requeues)
+        print("\nchaos soak:", json.dumps(dict(counts)))
+    finally:
+        procs.stop()
+        client.close()
+        redis_server.kill()
+
+
+class Chaos:
+    """One random fault per step: an agent, a whole node (back 2 s later), a job process, Redis."""
+
+    def __init__(
+        self, procs: FleetProcs, redis_server: OwnRedis, rng: random.Random, counts: Counter[str]
+    ) -> None:
+        self.procs, self.redis, self.rng, self.counts = procs, redis_server, rng, counts
+        self.down: dict[str, float] = {}
+
+    def step(self) -> None:
+        for node, since in list(self.down.items()):
+            if time.monotonic() - since > 2:
+                self.procs.agent(node, gpus=2)
+                del self.down[node]
+        action = self.rng.choice(["agent", "node", "job", "job", "redis"])
+        up = [n for n in NODES if n not in self.down]
+        if action in ("agent", "node") and len(up) > 1:
+            self._kill(action, self.rng.choice(up))
+        elif action == "job" and _kill_a_job(self.procs, self.rng):
+            self.counts["kill job process"] += 1
+        elif action == "redis":
+            self.redis.kill()
+            time.sleep(0.3)
+            self.redis.start()
+            self.counts["kill redis"] += 1
+
+    def _kill(self, action: str, victim: str) -> None:
+        if action == "node":
+            kill_node(self.procs, victim)
+            self.down[victim] = time.monotonic()
+        else:
+            self.procs.procs[victim].send_signal(signal.SIGKILL)
+            self.procs.procs[victim].wait()
+            self.procs.agent(victim, gpus=2)
+        self.counts[f"kill {action}"] += 1
+
+    def heal(self) -> None:
+        for node in self.down:
+            self.procs.agent(node, gpus=2)
+
+
+def _kill_a_job(procs: FleetProcs, rng: random.Random) -> bool:
+    metas = list(procs.root.glob("t-c*/attempts/*/meta.json"))
+    rng.shuffle(metas)
+    for meta in metas:
+        try:
+            os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+            return True
+        except (ProcessLookupError, FileNotFoundError, ValueError):
+            continue
+    return False
+
+
+def _assert_no_overlap(out: Path, job_id: str, attempts: int) -> None:
+    spans = []
+    for attempt in range(1, attempts + 1):
+        path = out / f"{job_id}.{attempt}.ticks"
+        if path.exists() and (ticks := [float(t) for t in path.read_text().split()]):
+            spans.append((min(ticks), max(ticks), attempt))
+    spans.sort()
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        assert end < start, f"{job_id}: attempts {a} and {b} overlapped"
