@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import JobTimeout, SpecError
+from fleet.errors import DrainTimeout, JobTimeout, SpecError
 from fleet.keys import Keys
 from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState
 from fleet.mounts import check_mounts
@@ -128,18 +131,67 @@ class Client:
 
     def cordon(self, name: str, reason: str = "") -> Node:
         """No new jobs on ``name``; running ones are untouched. Idempotent."""
-        self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned", time.time())
+        self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned", time.time(), _who())
         return self._nodes.get(name)
 
     def uncordon(self, name: str) -> Node:
-        self._nodes.set_state(name, NodeState.READY, "uncordoned", time.time())
+        """Back to READY (also ends a drain)."""
+        self._nodes.set_state(name, NodeState.READY, "uncordoned", time.time(), _who())
         self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
         return self._nodes.get(name)
+
+    def drain(
+        self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
+        reason: str = "",
+    ) -> list[Node]:  # fmt: skip
+        """Cordon every node first (so work does not hop onto the next one), then drain them.
+
+        Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
+        ``grace_s`` to checkpoint, and is requeued elsewhere without spending its retries.
+        """
+        for name in names:
+            self._nodes.get(name)  # all exist before any changes
+        now, who = time.time(), _who()
+        for name in names:
+            self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned for drain", now, who)
+        deadline = now if force else now + deadline_s
+        for name in names:
+            self._nodes.set_state(name, NodeState.DRAINING, reason or "draining", now, who,
+                                  drain_deadline=deadline, drain_grace_s=grace_s)  # fmt: skip
+            self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
+        return [self._nodes.get(name) for name in names]
+
+    def wait_drained(
+        self,
+        names: Sequence[str],
+        timeout: float | None = None,
+        progress: Callable[[list[Node]], None] | None = None,
+    ) -> list[Node]:
+        """Block until every node is DRAINED; raise :class:`DrainTimeout` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            nodes = [self._nodes.get(name) for name in names]
+            if all(n.admin_state == NodeState.DRAINED for n in nodes):
+                return nodes
+            if progress is not None:
+                progress(nodes)
+            if deadline is not None and time.monotonic() >= deadline:
+                left = sum(len(n.jobs) for n in nodes)
+                raise DrainTimeout(f"not drained after {timeout:g}s: {left} jobs left")
+            time.sleep(0.5)
 
     def close(self) -> None:
         self._jobs.redis.close()
         if self._bus is not None:
             self._bus.close()
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 class JobHandle:

@@ -38,6 +38,12 @@ class JobTimeout(FleetError, TimeoutError):
     exit_code = 4
 
 
+class DrainTimeout(FleetError, TimeoutError):
+    """``wait_drained`` ran out of time before every node was DRAINED."""
+
+    exit_code = 4
+
+
 class StoreUnavailable(FleetError):
     """Redis could not be reached; callers back off and retry."""
 

@@ -161,6 +161,8 @@ class Job(BaseModel):
     finished_at: float | None = None
     not_before: float = 0.0
     cancel_requested: bool = False
+    #: why fleet asked the attempt to stop for reasons not the job's (drain, preemption), or ""
+    preempt: str = ""
     checkpoint: str | None = None
     seq: int = 0
 
@@ -217,3 +219,11 @@ class Node(BaseModel):
     runtime: str = ""
     gpu_backend: str = ""
     claims: dict[str, str] = Field(default_factory=dict)
+    #: when the admin state last changed, and by whom ("user@host")
+    changed_at: float = 0.0
+    changed_by: str = ""
+    #: DRAINING: running jobs may finish until this time, then get SIGTERM and ``drain_grace_s``
+    drain_deadline: float | None = None
+    drain_grace_s: float = 0.0
+    #: ids of the jobs placed on the node and not yet released
+    jobs: list[str] = Field(default_factory=list)

@@ -60,6 +60,7 @@ class Agent:
         self._shippers: dict[tuple[str, int], LogShipper] = {}
         #: attempts this agent stopped because it lost its lease: their exit is not the job's fault
         self._fenced: set[tuple[str, int]] = set()
+        self._stopping: set[tuple[str, str]] = set()
         self._renewed = time.monotonic()
         self.stop_event = threading.Event()
         self._health = StepHealth(log)
@@ -279,11 +280,13 @@ class Agent:
         if shipper is not None:
             shipper.join(timeout=10)
         self.runtime.remove(job.id, job.attempt)
+        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == "job"):
+            exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, reason=f"{job.preempt}: {exit.reason}")
         now = self.clock()
         decision = decide(job, exit, self.policy)
         ckpt = checkpoints.latest(checkpoints.job_dir(self.settings.checkpoint_root, job.id))
         fields = {
-            "exit_code": exit.code, "checkpoint": ckpt, "not_before": now + decision.delay,
+            "exit_code": exit.code, "checkpoint": ckpt, "not_before": now + decision.delay, "preempt": "",
             "finished_at": now if decision.state.final else None,
         }  # fmt: skip
         applied = self.jobs.transition(
@@ -332,8 +335,8 @@ class Agent:
             self.runtime.stop(status.job_id, status.attempt, 0)
             self.runtime.remove(status.job_id, status.attempt)
         elif status.running and job is not None:
-            if job.cancel_requested:
-                self.runtime.stop(status.job_id, status.attempt, self.cfg.stop_grace_s)
+            if job.cancel_requested or job.preempt:
+                self._stop_in_background(status.job_id, status.attempt)
             elif key not in self._shippers:
                 event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
                 self._ship(status.job_id, status.attempt)
@@ -341,6 +344,16 @@ class Agent:
             self.finish(status.job_id, status.attempt, status.exit)
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _stop_in_background(self, job_id: str, attempt: int) -> None:
+        """Stop an attempt whose stop message may have been lost, without holding up reconcile."""
+        key = ("stop", f"{job_id}:{attempt}")
+        if key in self._stopping:
+            return
+        self._stopping.add(key)
+        threading.Thread(
+            target=self.runtime.stop, args=(job_id, attempt, self.cfg.stop_grace_s), daemon=True
+        ).start()
 
     def _ship(self, job_id: str, attempt: int) -> None:
         shipper = LogShipper(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,25 @@ def register(sub: Any) -> None:
     _output(p)
     p.set_defaults(handler=cordon)
 
-    p = sub.add_parser("uncordon", help="let a cordoned node take jobs again")
+    p = sub.add_parser(
+        "drain", help="cordon; jobs may finish until --deadline, then checkpoint (SIGTERM) and move on",
+        description="Cordon all NODEs first, then drain them. Running jobs may finish until the deadline; "
+        "then each gets SIGTERM and --grace to checkpoint, and is requeued on another node without "
+        "spending its retries. With --wait: exit 0 once every node is DRAINED, 4 on --timeout.",
+    )  # fmt: skip
+    p.add_argument("nodes", nargs="+", metavar="NODE")
+    p.add_argument("--deadline", default="1h", help="how long running jobs may finish (e.g. 30m; default 1h)")
+    p.add_argument(
+        "--grace", default="60s", help="time between SIGTERM and SIGKILL to checkpoint (default 60s)"
+    )
+    p.add_argument("--force", action="store_true", help="stop running jobs now (they still get --grace)")
+    p.add_argument("--wait", action="store_true", help="show progress and wait until DRAINED")
+    p.add_argument("--timeout", help="with --wait: give up after this long (exit 4)")
+    p.add_argument("--reason", default="")
+    _output(p)
+    p.set_defaults(handler=drain)
+
+    p = sub.add_parser("uncordon", help="let a cordoned or drained node take jobs again")
     p.add_argument("node")
     _output(p)
     p.set_defaults(handler=uncordon)
@@ -301,12 +320,51 @@ def _show_node(node: Node, output: str) -> int:
         return 0
     print(f"Node:      {node.name}")
     print(f"State:     {node.state.value}  {node.reason}")
+    print(f"Changed:   {stamp(node.changed_at)} by {node.changed_by or '-'}")
+    if node.drain_deadline:
+        print(f"Drain:     deadline {stamp(node.drain_deadline)}, grace {node.drain_grace_s:g}s")
+    print(f"Jobs:      {', '.join(node.jobs) or '-'}")
     print(f"Heartbeat: {ago(node.heartbeat_at)}")
     print(
         f"Capacity:  {node.cpus} CPUs, {size(node.memory)} memory; "
         f"runtime {node.runtime}, GPUs {node.gpu_backend}"
     )
     _gpu_rows(node)
+    return 0
+
+
+def duration(text: str, flag: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``2h``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise SpecError(f"{flag} {text!r}: expected a duration like 90s, 30m or 2h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def drain(args: argparse.Namespace) -> int:
+    deadline, grace = duration(args.deadline, "--deadline"), duration(args.grace, "--grace")
+    timeout = duration(args.timeout, "--timeout") if args.timeout else None
+    client = _client(args)
+    nodes = client.drain(args.nodes, deadline_s=deadline, grace_s=grace, force=args.force, reason=args.reason)
+    if args.wait:
+        shown: dict[str, str] = {}
+
+        def progress(now_nodes: list[Node]) -> None:
+            for n in now_nodes:
+                left = (
+                    f"deadline in {max(n.drain_deadline - time.time(), 0):.0f}s" if n.drain_deadline else ""
+                )
+                line = f"{n.name}: {n.state.value}, {len(n.jobs)} job(s) left" + (f", {left}" if left else "")
+                if args.output != "json" and shown.get(n.name, "").split(",")[:2] != line.split(",")[:2]:
+                    print(line, flush=True)
+                shown[n.name] = line
+
+        nodes = client.wait_drained(args.nodes, timeout, progress)
+    if args.output == "json":
+        emit_json(nodes)
+    else:
+        for n in nodes:
+            print(f"{n.name}: {n.state.value}" + (f" ({len(n.jobs)} job(s) left)" if n.jobs else ""))
     return 0
 
 

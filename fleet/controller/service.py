@@ -14,14 +14,23 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, JobSubmitted, Launch, NodeChanged, node_queue
+from fleet.bus import (
+    CONTROLLER_QUEUE,
+    AttemptUpdate,
+    Bus,
+    JobSubmitted,
+    Launch,
+    NodeChanged,
+    Stop,
+    node_queue,
+)
 from fleet.config import Settings
 from fleet.controller import snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.errors import FleetError
 from fleet.lifecycle import INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
-from fleet.models import Exit, JobState
+from fleet.models import Exit, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
@@ -140,13 +149,38 @@ class Controller:
     # -- failure detection -------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Requeue the jobs of every node whose lease expired."""
+        """Requeue the jobs of every node whose lease expired; move drains along."""
         for node in self.nodes.all():
-            if node.alive:
+            if not node.alive:
+                for job in self.jobs.on_node(node.name):
+                    if job.state.on_node:
+                        self._requeue_lost(job.id, job.attempt, node.name)
+            if node.admin_state == NodeState.DRAINING:
+                self._drain(node)
+
+    def _drain(self, node: Node) -> None:
+        """DRAINED once empty; past the deadline, SIGTERM what is left (requeued, retries not spent)."""
+        now = self.clock()
+        jobs = [j for j in self.jobs.on_node(node.name) if j.state.on_node]
+        if not jobs:
+            self.nodes.set_state(node.name, NodeState.DRAINED, "drained", now, node.changed_by)
+            event(log, "node_drained", node=node.name)
+            return
+        if node.drain_deadline is None or now < node.drain_deadline:
+            return
+        reason = f"node {node.name} drained"
+        for job in jobs:
+            if job.preempt:
                 continue
-            for job in self.jobs.on_node(node.name):
-                if job.state.on_node:
-                    self._requeue_lost(job.id, job.attempt, node.name)
+            on_node = [JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING]
+            self.jobs.transition(
+                job.id, attempt=job.attempt, to=None, allowed=on_node,
+                reason=f"{reason}: stopping with {node.drain_grace_s:g}s to checkpoint", now=now,
+                fields={"preempt": reason},
+            )  # fmt: skip
+            if node.alive:
+                stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=node.drain_grace_s)
+                self.bus.send(node_queue(node.name), stop)
 
     def _requeue_lost(self, job_id: str, attempt: int, node: str) -> None:
         job = self.jobs.get(job_id)
@@ -157,6 +191,6 @@ class Controller:
         if self.jobs.transition(
             job_id, attempt=attempt, allowed=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
             to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
-            fields={"finished_at": now if decision.state.final else None},
+            fields={"finished_at": now if decision.state.final else None, "preempt": ""},
         ):  # fmt: skip
             event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)

@@ -18,7 +18,8 @@ def node_view(node: Node, now: float) -> NodeView:
     if not node.alive:
         why = f"down (no heartbeat for {now - node.heartbeat_at:.0f}s)" if node.heartbeat_at else "down"
     elif node.state != NodeState.READY:
-        why = node.state.value.lower() + (f": {node.reason}" if node.reason else "")
+        state = node.state.value.lower()
+        why = state + (f": {node.reason}" if node.reason and node.reason != state else "")
     else:
         why = ""
     gpus = tuple(

@@ -216,6 +216,7 @@ def _job(raw: dict[str, str]) -> Job:
         finished_at=num("finished_at"),
         not_before=num("not_before") or 0.0,
         cancel_requested=raw.get("cancel_requested") == "1",
+        preempt=raw.get("preempt", ""),
         checkpoint=raw.get("checkpoint") or None,
         seq=int(raw.get("seq", 0)),
     )

@@ -64,12 +64,15 @@ class NodeStore:
             self.redis.delete(self.keys.node_lease(name))
 
     @translated
-    def set_state(self, name: str, state: NodeState, reason: str, now: float) -> None:
+    def set_state(
+        self, name: str, state: NodeState, reason: str, now: float, by: str = "", **extra: float | str
+    ) -> None:
+        """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared."""
         if not self.redis.sismember(self.keys.nodes, name):
             raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
-        self.redis.hset(
-            self.keys.node(name), mapping={"state": state.value, "reason": reason, "changed_at": now}
-        )
+        fields = {"state": state.value, "reason": reason, "changed_at": now, "changed_by": by,
+                  "drain_deadline": "", "drain_grace_s": "", **extra}  # fmt: skip
+        self.redis.hset(self.keys.node(name), mapping=fields)
 
     @translated
     def names(self) -> list[str]:
@@ -82,12 +85,15 @@ class NodeStore:
         for name in names:
             pipe.hgetall(self.keys.node(name))
             pipe.exists(self.keys.node_lease(name))
+            pipe.smembers(self.keys.node_jobs(name))
         pipe.hgetall(self.keys.claims)
         results = pipe.execute()
         claims: dict[str, str] = results[-1]
         return [
-            _node(name, raw, bool(alive), claims)
-            for name, raw, alive in zip(names, results[0:-1:2], results[1:-1:2], strict=True)
+            _node(name, raw, bool(alive), claims, sorted(jobs))
+            for name, raw, alive, jobs in zip(
+                names, results[0:-1:3], results[1:-1:3], results[2:-1:3], strict=True
+            )
             if raw
         ]
 
@@ -98,7 +104,7 @@ class NodeStore:
         raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
 
 
-def _node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str]) -> Node:
+def _node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str], jobs: list[str]) -> Node:
     gpus = [Gpu.model_validate(g) for g in json.loads(raw.get("gpus") or "[]")]
     admin = NodeState(raw.get("state", NodeState.READY))
     return Node(
@@ -114,4 +120,9 @@ def _node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str]) -
         runtime=raw.get("runtime", ""),
         gpu_backend=raw.get("gpu_backend", ""),
         claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
+        changed_at=float(raw.get("changed_at") or 0),
+        changed_by=raw.get("changed_by", ""),
+        drain_deadline=float(raw["drain_deadline"]) if raw.get("drain_deadline") else None,
+        drain_grace_s=float(raw.get("drain_grace_s") or 0),
+        jobs=jobs,
     )
