@@ -43,6 +43,7 @@ class AgentSettings(_Section):
     simulated_gpu_model: str = "Simulated A100 80GB"
     simulated_gpu_memory: int = 80 * (1 << 30)
     gpu_busy_memory: int = Field(default=1 << 30, description="bytes used above which a GPU counts as busy")
+    gpu_release_timeout_s: float = Field(default=10.0, ge=0)
     runtime: Literal["auto", "docker", "process"] = "auto"
     state_dir: Path = Path("/var/lib/fleet/agent")
     docker_pull: Literal["never", "missing"] = "missing"

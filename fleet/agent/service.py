@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from fleet import checkpoints
-from fleet.agent.gpus import GpuInventory, busy_reason
+from fleet.agent.gpus import GpuInventory, busy_reason, leftovers
 from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
@@ -280,6 +280,7 @@ class Agent:
         if shipper is not None:
             shipper.join(timeout=10)
         self.runtime.remove(job.id, job.attempt)
+        self._await_gpus_released(job)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == "job"):
             exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, reason=f"{job.preempt}: {exit.reason}")
         now = self.clock()
@@ -303,6 +304,26 @@ class Agent:
                 AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
                               exit_code=exit.code, oom=exit.oom, reason=exit.reason),
             )  # fmt: skip
+
+    def _await_gpus_released(self, job: Job) -> None:
+        """Give the job's processes ``gpu_release_timeout_s`` to leave its GPUs; report any that stay.
+
+        Its claims are released either way, but a GPU that still holds a process is published
+        as busy by every heartbeat, so the scheduler does not hand it to the next job.
+        """
+        deadline = time.monotonic() + self.cfg.gpu_release_timeout_s
+        while job.gpus:
+            gpus = self.inventory.gpus()
+            pids = self.runtime.pids() if any(g.processes for g in gpus if g.uuid in job.gpus) else set()
+            stuck = leftovers(gpus, job.gpus, pids)
+            if not stuck:
+                return
+            if time.monotonic() >= deadline:
+                event(log, "gpu_not_released", logging.WARNING, job=job.id, attempt=job.attempt,
+                      gpus=";".join(f"{u}:{','.join(map(str, p))}" for u, p in stuck.items()))  # fmt: skip
+                self._guarded(self.heartbeat)
+                return
+            time.sleep(0.2)
 
     # -- reconcile -------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from fleet.agent.gpus import SimulatedGpus, busy_reason, open_inventory
+from fleet.agent.gpus import SimulatedGpus, busy_reason, leftovers, open_inventory
 from fleet.agent.gpus.nvml import NvmlGpus
 from fleet.config import AgentSettings
 from fleet.errors import GpuError
@@ -117,3 +117,14 @@ def test_simulated_gpu_uuids_are_stable_and_unique_per_node() -> None:
     a, b = SimulatedGpus("a", 2, "m", GiB), SimulatedGpus("b", 2, "m", GiB)
     assert [g.uuid for g in a.gpus()] == [g.uuid for g in SimulatedGpus("a", 2, "m", GiB).gpus()]
     assert not {g.uuid for g in a.gpus()} & {g.uuid for g in b.gpus()}
+
+
+def test_a_finished_jobs_leftover_process_is_found_on_its_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeNvml().install(monkeypatch)
+    gpus = NvmlGpus().gpus()
+    mine, other = gpus[1].uuid, gpus[0].uuid
+    # pid 4242 still holds the finished job's GPU, and no running fleet attempt owns it
+    assert leftovers(gpus, [mine], fleet_pids=set()) == {mine: [4242]}
+    # the same process owned by another running fleet attempt, or a GPU the job did not hold: nothing
+    assert leftovers(gpus, [mine], fleet_pids={4242}) == {}
+    assert leftovers(gpus, [other], fleet_pids=set()) == {}

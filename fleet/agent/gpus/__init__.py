@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fleet.agent.gpus.base import GpuInventory, busy_reason
+from fleet.agent.gpus.base import GpuInventory, busy_reason, leftovers
 from fleet.agent.gpus.simulated import SimulatedGpus
 from fleet.config import AgentSettings
 from fleet.errors import GpuError
@@ -12,7 +12,7 @@ from fleet.log import event
 
 log = logging.getLogger("fleet.agent.gpus")
 
-__all__ = ["GpuInventory", "SimulatedGpus", "busy_reason", "open_inventory"]
+__all__ = ["GpuInventory", "SimulatedGpus", "busy_reason", "leftovers", "open_inventory"]
 
 
 def open_inventory(settings: AgentSettings) -> GpuInventory:

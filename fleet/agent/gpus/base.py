@@ -43,3 +43,12 @@ def busy_reason(
     if not gpu.processes and gpu.memory_used > busy_memory:
         return f"busy: {gpu.memory_used / GiB:.1f} GiB used with no process fleet knows"
     return ""
+
+
+def leftovers(gpus: list[Gpu], uuids: Collection[str], fleet_pids: Collection[int]) -> dict[str, list[int]]:
+    """Processes still on ``uuids`` that no running fleet attempt owns (a finished job's stragglers)."""
+    return {
+        g.uuid: stuck
+        for g in gpus
+        if g.uuid in uuids and (stuck := [pid for pid in g.processes if pid not in fleet_pids])
+    }
