@@ -31,6 +31,7 @@ class ControllerSettings(_Section):
     leader_lease_s: float = Field(default=5.0, gt=0)
     schedule_interval_s: float = Field(default=2.0, gt=0)
     worker_threads: int = Field(default=1, ge=1)
+    metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
 
 
 class AgentSettings(_Section):
@@ -44,6 +45,7 @@ class AgentSettings(_Section):
     simulated_gpu_memory: int = 80 * (1 << 30)
     gpu_busy_memory: int = Field(default=1 << 30, description="bytes used above which a GPU counts as busy")
     gpu_release_timeout_s: float = Field(default=10.0, ge=0)
+    metrics_port: int = Field(default=9401, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     runtime: Literal["auto", "docker", "process"] = "auto"
     state_dir: Path = Path("/var/lib/fleet/agent")
     docker_pull: Literal["never", "missing"] = "missing"

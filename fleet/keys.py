@@ -19,6 +19,7 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:node:<name>:jobs``          | set    | ids of jobs placed on the node and not yet released     |
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
+| ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
 """
 
 from __future__ import annotations
@@ -86,3 +87,7 @@ class Keys:
     @property
     def leader_token(self) -> str:
         return f"{self.prefix}:leader:token"
+
+    @property
+    def requeues(self) -> str:
+        return f"{self.prefix}:metrics:requeues"

@@ -140,6 +140,8 @@ class Exit(BaseModel):
     reason: str = ""
     #: who is to blame: "job" spends the retry budget, "infra" does not, "cancel" ends the job.
     fault: str = "job"
+    #: what kind of infrastructure event, for metrics: node_down, drain, fenced, gpu_busy, lost
+    kind: str = ""
 
 
 class Job(BaseModel):
@@ -196,6 +198,7 @@ class Gpu(BaseModel):
     memory_total: int
     memory_used: int = 0
     utilization: int = 0
+    temperature: int | None = None
     healthy: bool = True
     health: str = "ok"
     processes: list[int] = Field(default_factory=list)

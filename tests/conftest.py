@@ -107,6 +107,7 @@ class FleetProcs:
     def __init__(self, redis_url: str, root: Path, runtime: str) -> None:
         self.redis_url, self.root, self.runtime = redis_url, root, runtime
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.nodes: set[str] = set()
         self.env = dict(os.environ)
         self.env.update(
             FLEET_REDIS_URL=redis_url,
@@ -123,6 +124,8 @@ class FleetProcs:
             FLEET_AGENT__DOCKER_PULL="never",
             FLEET_AGENT__GPUS="simulated",
             FLEET_AGENT__RUNTIME=runtime,
+            FLEET_CONTROLLER__METRICS_PORT="0",
+            FLEET_AGENT__METRICS_PORT="0",
         )
 
     def settings(self) -> Settings:
@@ -140,6 +143,7 @@ class FleetProcs:
         return self.start(name, ["controller"])
 
     def agent(self, node: str, gpus: int = 2, **env: str) -> subprocess.Popen[bytes]:
+        self.nodes.add(node)
         return self.start(
             node, ["agent", "--node-name", node],
             FLEET_AGENT__SIMULATED_GPUS=str(gpus), FLEET_AGENT__STATE_DIR=str(self.root / node), **env,
@@ -166,7 +170,8 @@ class FleetProcs:
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
 
 
-def remove_containers(node_prefix: str) -> None:
+def remove_containers(*nodes: str) -> None:
+    """Remove the containers these test nodes left (only theirs: another suite may share the daemon)."""
     try:
         import docker
     except ImportError:
@@ -174,7 +179,7 @@ def remove_containers(node_prefix: str) -> None:
     try:
         client = docker.from_env(timeout=10)
         for c in client.containers.list(all=True, filters={"label": "fleet.node"}):
-            if c.labels.get("fleet.node", "").startswith(node_prefix):
+            if c.labels.get("fleet.node", "") in nodes:
                 c.remove(force=True)
         client.close()
     except Exception:
@@ -193,7 +198,7 @@ def procs(redis_url: str, runtime: str, tmp_path: Path) -> Iterator[FleetProcs]:
     fleet = FleetProcs(redis_url, tmp_path, runtime)
     yield fleet
     fleet.stop()
-    remove_containers("t-")
+    remove_containers(*fleet.nodes)
 
 
 @pytest.fixture

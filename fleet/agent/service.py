@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from fleet import checkpoints
+from fleet import checkpoints, metrics
 from fleet.agent.gpus import GpuInventory, busy_reason, leftovers
 from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
@@ -62,6 +62,7 @@ class Agent:
         self._fenced: set[tuple[str, int]] = set()
         self._stopping: set[tuple[str, str]] = set()
         self._renewed = time.monotonic()
+        self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         self.stop_event = threading.Event()
         self._health = StepHealth(log)
         self.notifier = Notifier()
@@ -72,6 +73,7 @@ class Agent:
         event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
               redis=self.settings.redis_display)  # fmt: skip
         self.heartbeat()
+        metrics.serve(metrics.agent_registry(self, self.clock), self.cfg.metrics_port, log)
         queue = node_queue(self.node)
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)
@@ -120,7 +122,7 @@ class Agent:
             runtime=self.runtime.name, gpu_backend=self.inventory.backend,
         )  # fmt: skip
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
-        self._renewed = time.monotonic()
+        self._renewed, self.renewed_at = time.monotonic(), self.clock()
         if joined:
             event(log, "node_joined", node=self.node, gpus=len(gpus))
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=self.node))
@@ -190,7 +192,8 @@ class Agent:
             self.runtime.start(self._spec(job))
         except (LaunchError, SpecError) as exc:
             retryable = isinstance(exc, LaunchError) and exc.retryable
-            self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL))
+            kind = "gpu_busy" if isinstance(exc, GpuBusy) else ""
+            self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL, kind=kind))
             if isinstance(exc, GpuBusy):
                 self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
             return
@@ -255,7 +258,12 @@ class Agent:
 
     def finish(self, job_id: str, attempt: int, exit: Exit) -> None:
         if (job_id, attempt) in self._fenced:
-            exit = Exit(code=exit.code, fault=INFRA, reason=f"stopped by node {self.node}: it lost its lease")
+            exit = Exit(
+                code=exit.code,
+                fault=INFRA,
+                kind="fenced",
+                reason=f"stopped by node {self.node}: it lost its lease",
+            )
         if not self._claim(job_id, attempt):
             return
         try:
@@ -282,7 +290,13 @@ class Agent:
         self.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == "job"):
-            exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, reason=f"{job.preempt}: {exit.reason}")
+            exit = Exit(
+                code=exit.code,
+                oom=exit.oom,
+                fault=INFRA,
+                kind="drain",
+                reason=f"{job.preempt}: {exit.reason}",
+            )
         now = self.clock()
         decision = decide(job, exit, self.policy)
         ckpt = checkpoints.latest(checkpoints.job_dir(self.settings.checkpoint_root, job.id))
@@ -294,6 +308,8 @@ class Agent:
             job.id, attempt=job.attempt, allowed=[JobState.STARTING, JobState.RUNNING], to=decision.state,
             reason=decision.reason, now=now, fields=fields, incr=decision.incr, release=True,
         )  # fmt: skip
+        if applied and decision.state == JobState.QUEUED:
+            self.jobs.count_requeue(exit.kind or ("job_failure" if exit.fault == "job" else "infrastructure"))
         if applied:
             event(
                 log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
@@ -341,7 +357,13 @@ class Agent:
             elif job.state in (JobState.STARTING, JobState.RUNNING) and self._claim(job.id, job.attempt):
                 try:
                     self._finish(
-                        job, Exit(code=None, fault=INFRA, reason=f"attempt vanished from node {self.node}")
+                        job,
+                        Exit(
+                            code=None,
+                            fault=INFRA,
+                            kind="lost",
+                            reason=f"attempt vanished from node {self.node}",
+                        ),
                     )
                 finally:
                     self._release(job.id, job.attempt)

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from fleet import metrics
 from fleet.bus import (
     CONTROLLER_QUEUE,
     AttemptUpdate,
@@ -62,9 +63,11 @@ class Controller:
         self._worker: Any = None
         #: earliest end of a queued job's retry backoff: the loop wakes then instead of next interval
         self._due = float("inf")
+        self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes)
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
+        metrics.serve(self.registry, self.cfg.metrics_port, log)
         for schema in (JobSubmitted, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         next_reconcile = 0.0
@@ -127,6 +130,10 @@ class Controller:
     # -- scheduling --------------------------------------------------------------------
 
     def schedule_pass(self) -> Plan:
+        with self._pass_seconds.time():
+            return self._schedule_pass()
+
+    def _schedule_pass(self) -> Plan:
         now = self.clock()
         queued = self.jobs.queued()
         self._due = min((j.not_before for j in queued if j.not_before > now), default=float("inf"))
@@ -187,10 +194,13 @@ class Controller:
         if job.attempt != attempt or not job.state.on_node:
             return
         now = self.clock()
-        decision = decide(job, Exit(fault=INFRA, reason=f"node {node} down (lease expired)"), self.policy)
+        lost = Exit(fault=INFRA, kind="node_down", reason=f"node {node} down (lease expired)")
+        decision = decide(job, lost, self.policy)
         if self.jobs.transition(
             job_id, attempt=attempt, allowed=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
             to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
             fields={"finished_at": now if decision.state.final else None, "preempt": ""},
         ):  # fmt: skip
             event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)
+            if decision.state == JobState.QUEUED:
+                self.jobs.count_requeue("node_down")

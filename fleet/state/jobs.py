@@ -158,6 +158,16 @@ class JobStore:
             reason="cancel requested", now=now, fields={"cancel_requested": 1},
         )  # fmt: skip
 
+    # -- metrics ----------------------------------------------------------------------
+
+    @translated
+    def count_requeue(self, kind: str) -> None:
+        self.redis.hincrby(self.keys.requeues, kind, 1)
+
+    @translated
+    def requeue_counts(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.requeues).items()}
+
     # -- GPU claims -------------------------------------------------------------------
 
     @translated

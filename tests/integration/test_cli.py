@@ -100,3 +100,11 @@ def test_nodes_lists_gpus_with_their_holders(fleet_cli, client: Client) -> None:
     table = fleet_cli("nodes").stdout
     assert "t-cli" in table and f"claimed by {attempt}" in table and "0/2" in table
     fleet_cli("cancel", job_id)
+
+
+def test_logs_follow_streams_until_the_attempt_ends(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.3; done"
+    job_id = fleet_cli("submit", "--", "sh", "-c", script).stdout.strip()
+    followed = fleet_cli("logs", job_id, "-f", timeout=60)
+    assert followed.returncode == 0
+    assert followed.stdout.splitlines() == [f"line {i}" for i in range(1, 6)]

@@ -126,6 +126,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
     assert lost[0].reason == "node t-a down (lease expired); requeued (retry budget not spent)"
     assert digest(job.logs()) == uninterrupted_digest(tmp_path)
     assert detected_in < 3 + 2 + 5  # lease TTL 3s + a reconcile pass + start; a bound, not a benchmark
+    assert max(progress(client, job.id, 1)) >= 30  # attempt 1's logs outlive its node
     assert client.nodes()[0].name == "t-a" and not client.nodes()[0].alive
 
 

@@ -26,7 +26,8 @@ class FakeNvml:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                      "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
-                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses"):  # fmt: skip
+                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses",
+                     "nvmlDeviceGetTemperature"):  # fmt: skip
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     def nvmlInit(self) -> None:
@@ -55,6 +56,10 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=0 if h == 0 else 97, memory=0)
 
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 41 + h
+
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return [] if h == 0 else [SimpleNamespace(pid=4242, usedGpuMemory=30 * GiB)]
 
@@ -66,6 +71,7 @@ def test_enumerates_gpus_by_uuid_with_memory_and_processes(monkeypatch: pytest.M
                                       "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"]  # fmt: skip
     assert gpus[0].model == "NVIDIA H100 80GB HBM3" and gpus[0].memory_total == 80 * GiB
     assert (gpus[1].memory_used, gpus[1].utilization, gpus[1].processes) == (30 * GiB, 97, [4242])
+    assert (gpus[0].temperature, gpus[1].temperature) == (41, 42)
 
 
 def test_a_foreign_compute_process_makes_a_gpu_not_free(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,6 +52,7 @@ class NvmlGpus:
                 memory_total=int(memory.total),
                 memory_used=int(memory.used),
                 utilization=int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                temperature=int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
                 processes=sorted(int(p.pid) for p in processes),
             )
         except pynvml.NVMLError as exc:

@@ -1,0 +1,118 @@
+"""Prometheus metrics (``prometheus-client``), one registry per service, served over HTTP.
+
+The controller's gauges are read from Redis at scrape time (state is the truth, and any
+controller, leader or not, reports the same numbers); its scheduling latency is observed in
+process. Requeue counts live in Redis (``<prefix>:metrics:requeues``) because agents and the
+controller both requeue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fleet.log import event
+from fleet.models import JobState, NodeState
+
+if TYPE_CHECKING:
+    from fleet.agent.service import Agent
+    from fleet.state import JobStore, NodeStore
+
+
+def serve(registry: CollectorRegistry, port: int, log: logging.Logger) -> None:
+    """Serve ``/metrics`` on ``port`` (0: off); a port in use is logged, never fatal."""
+    if not port:
+        return
+    try:
+        start_http_server(port, registry=registry)
+        event(log, "metrics_serving", port=port)
+    except OSError as exc:
+        event(log, "metrics_unavailable", logging.WARNING, port=port, error=exc)
+
+
+class ControllerCollector(Collector):
+    def __init__(self, jobs: JobStore, nodes: NodeStore) -> None:
+        self.jobs, self.nodes = jobs, nodes
+
+    def collect(self) -> Iterator[Metric]:
+        by_state = GaugeMetricFamily("fleet_jobs", "Jobs by state", labels=["state"])
+        for state in JobState:
+            by_state.add_metric([state.value], self.jobs.redis.scard(self.jobs.keys.jobs_in(state)))
+        yield by_state
+        queued = GaugeMetricFamily("fleet_jobs_queued", "Queued jobs by tenant and priority",
+                                   labels=["tenant", "priority"])  # fmt: skip
+        for (tenant, priority), count in Counter(
+            (j.spec.tenant, str(j.spec.priority)) for j in self.jobs.queued()
+        ).items():
+            queued.add_metric([tenant, priority], count)
+        yield queued
+        yield from self._gpus_and_nodes()
+        requeues = GaugeMetricFamily(
+            "fleet_requeues", "Requeues since the fleet started, by kind", labels=["kind"]
+        )
+        for kind, count in self.jobs.requeue_counts().items():
+            requeues.add_metric([kind], count)
+        yield requeues
+
+    def _gpus_and_nodes(self) -> Iterator[Metric]:
+        nodes = self.nodes.all()
+        gpus = GaugeMetricFamily("fleet_gpus", "GPUs of live nodes by status", labels=["status"])
+        live = [g for n in nodes if n.alive for g in n.gpus]
+        claimed = {u for n in nodes for u in n.claims}
+        gpus.add_metric(["total"], len(live))
+        gpus.add_metric(["claimed"], sum(1 for g in live if g.uuid in claimed))
+        gpus.add_metric(["unhealthy"], sum(1 for g in live if not g.healthy))
+        gpus.add_metric(["busy"], sum(1 for g in live if g.busy))
+        yield gpus
+        states = GaugeMetricFamily("fleet_nodes", "Nodes by state", labels=["state"])
+        for state in NodeState:
+            states.add_metric([state.value], sum(1 for n in nodes if n.state == state))
+        yield states
+
+
+def controller_registry(jobs: JobStore, nodes: NodeStore) -> tuple[CollectorRegistry, Histogram]:
+    registry = CollectorRegistry()
+    registry.register(ControllerCollector(jobs, nodes))
+    latency = Histogram("fleet_schedule_pass_seconds", "Duration of a scheduling pass", registry=registry,
+                        buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))  # fmt: skip
+    return registry, latency
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent: Agent, clock: Callable[[], float]) -> None:
+        self.agent, self.clock = agent, clock
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["node", "gpu", "uuid"]
+        util = GaugeMetricFamily("fleet_agent_gpu_utilization_percent", "GPU utilisation", labels=labels)
+        used = GaugeMetricFamily("fleet_agent_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
+        total = GaugeMetricFamily("fleet_agent_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        temp = GaugeMetricFamily("fleet_agent_gpu_temperature_celsius", "GPU temperature", labels=labels)
+        node = self.agent.node
+        for g in self.agent.inventory.gpus():
+            key = [node, str(g.index), g.uuid]
+            util.add_metric(key, g.utilization)
+            used.add_metric(key, g.memory_used)
+            total.add_metric(key, g.memory_total)
+            if g.temperature is not None:
+                temp.add_metric(key, g.temperature)
+        yield from (util, used, total, temp)
+        running = GaugeMetricFamily("fleet_agent_attempts_running", "Job attempts running", labels=["node"])
+        running.add_metric([node], sum(1 for a in self.agent.runtime.attempts() if a.running))
+        yield running
+        lag = GaugeMetricFamily("fleet_agent_heartbeat_lag_seconds", "Seconds since the lease was renewed",
+                                labels=["node"])  # fmt: skip
+        lag.add_metric([node], self.clock() - self.agent.renewed_at)
+        yield lag
+
+
+def agent_registry(agent: Agent, clock: Callable[[], float]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent, clock))
+    return registry
