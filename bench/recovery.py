@@ -9,9 +9,6 @@ Run: ``python -m bench.recovery`` (``make bench`` runs it after the dispatch ben
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
 import statistics
 import sys
@@ -47,13 +44,6 @@ def until(condition: object, timeout: float = 60) -> float:
     raise TimeoutError
 
 
-def kill_node(procs: FleetProcs, node: str) -> None:
-    procs.procs[node].send_signal(signal.SIGKILL)
-    for meta in (procs.root / node / "attempts").glob("*/meta.json"):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
-
-
 def fleet(redis_url: str, env: dict[str, str]) -> tuple[FleetProcs, Client]:
     procs = FleetProcs(redis_url, Path(tempfile.mkdtemp(prefix="fleet-bench-")), "process")
     procs.env.update(env)
@@ -73,7 +63,7 @@ def node_death(redis_url: str, env: dict[str, str]) -> float:
         procs.agent("b", gpus=2)
         procs.wait_nodes(client, 2)
         killed = time.monotonic()
-        kill_node(procs, "a")
+        procs.kill_node("a")
         done = until(
             lambda: all((j.status().node, j.status().state) == ("b", JobState.RUNNING) for j in jobs)
         )

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
+
+from fleet.errors import FleetError
 
 
 def setup(level: str = "INFO") -> None:
@@ -41,11 +45,24 @@ class OncePerOutage(logging.Filter):
 
 
 class StepHealth:
-    """Log a failing loop step once when it starts failing and once when it recovers."""
+    """Run a service's loop steps so that none can stop the loop: a failing step is logged once
+    when it starts failing and once when it recovers, not on every iteration."""
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
         self._since: dict[str, float] = {}
+
+    def guard(self, step: Callable[[], object], **fields: Any) -> None:
+        name = getattr(step, "__name__", "step")
+        try:
+            step()
+        except FleetError as exc:
+            self.failed(name, exc, time.monotonic(), **fields)
+            return
+        except Exception:
+            self.logger.exception(kv(f"{name}_crashed", **fields))
+            return
+        self.ok(name, time.monotonic(), **fields)
 
     def failed(self, step: str, error: object, now: float, **fields: Any) -> None:
         if step not in self._since:

@@ -28,6 +28,13 @@ IN_CI = os.environ.get("CI") == "true"
 TEST_IMAGE = "fleet/busybox:latest"
 
 
+def need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        need(False, "torch not installed (make install installs torch==2.13.0, the CPU wheel)")
+
+
 def need(condition: bool, why: str) -> None:
     if not condition:
         if IN_CI:
@@ -156,6 +163,14 @@ class FleetProcs:
                 return
             time.sleep(0.05)
         raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
+
+    def kill_node(self, node: str) -> None:
+        """A machine losing power: the agent and every job process it started, SIGKILLed at once."""
+        self.procs[node].send_signal(signal.SIGKILL)
+        for meta in (self.root / node / "attempts").glob("*/meta.json"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+        self.procs[node].wait()
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))

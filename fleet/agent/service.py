@@ -23,7 +23,7 @@ from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import Settings
-from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
+from fleet.errors import GpuBusy, LaunchError, NotFound, SpecError
 from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
@@ -101,15 +101,7 @@ class Agent:
             event(log, "agent_stop", node=self.node)
 
     def _guarded(self, step: Callable[[], object]) -> None:
-        try:
-            step()
-        except FleetError as exc:
-            self._health.failed(step.__name__, exc, time.monotonic(), node=self.node)
-            return
-        except Exception:
-            log.exception(f"{step.__name__}_crashed node={self.node}")
-            return
-        self._health.ok(step.__name__, time.monotonic(), node=self.node)
+        self._health.guard(step, node=self.node)
 
     def heartbeat(self) -> None:
         gpus = self.inventory.gpus()

@@ -117,15 +117,7 @@ class Controller:
             self._worker = None
 
     def _guarded(self, step: Callable[[], object]) -> None:
-        try:
-            step()
-        except FleetError as exc:
-            self._health.failed(step.__name__, exc, time.monotonic(), id=self.id)
-            return
-        except Exception:
-            log.exception(f"{step.__name__}_crashed id={self.id}")
-            return
-        self._health.ok(step.__name__, time.monotonic(), id=self.id)
+        self._health.guard(step, id=self.id)
 
     # -- scheduling --------------------------------------------------------------------
 

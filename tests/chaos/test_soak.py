@@ -22,7 +22,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
 from tests.integration.test_control_plane import OwnRedis
-from tests.integration.test_dependability import kill_node, wait_for
+from tests.integration.test_dependability import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 SOAK_SECONDS = float(os.environ.get("FLEET_SOAK_SECONDS", "25"))
@@ -124,7 +124,7 @@ class Chaos:
 
     def _kill(self, action: str, victim: str) -> None:
         if action == "node":
-            kill_node(self.procs, victim)
+            self.procs.kill_node(victim)
             self.down[victim] = time.monotonic()
         else:
             self.procs.procs[victim].send_signal(signal.SIGKILL)

@@ -16,7 +16,7 @@ import redis
 from fleet import Client, JobSpec, JobState
 from fleet.local import free_port
 from tests.conftest import FleetProcs
-from tests.integration.test_dependability import kill_node, wait_for
+from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -148,12 +148,12 @@ def test_infrastructure_requeues_are_capped(procs: FleetProcs, client: Client) -
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running on t-a")
     procs.agent("t-b", gpus=1)
     procs.wait_nodes(client, 2)
-    kill_node(procs, "t-a")
+    procs.kill_node("t-a")
     wait_for(
         lambda: (job.status().node, job.status().state) == ("t-b", JobState.RUNNING), what="rerun on t-b"
     )
     # When the node it moved to dies too
-    kill_node(procs, "t-b")
+    procs.kill_node("t-b")
     status = job.wait(timeout=60)
     # Then the job stops bouncing: FAILED, with the cap in the reason, its retry budget untouched
     assert status.state == JobState.FAILED and status.failures == 0 and status.infra_requeues == 1

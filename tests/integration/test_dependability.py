@@ -23,7 +23,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, node_queue
-from tests.conftest import FleetProcs, need, remove_containers
+from tests.conftest import FleetProcs, need, need_torch, remove_containers
 
 pytestmark = pytest.mark.integration
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py")
@@ -31,10 +31,7 @@ EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "tr
 
 @pytest.fixture
 def runtime() -> str:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        need(False, "torch not installed (make install)")
+    need_torch()
     return "process"
 
 
@@ -70,15 +67,6 @@ def progress(client: Client, job_id: str, attempt: int) -> list[int]:
     return [json.loads(line.split(" ", 1)[1])["step"] for line in lines if line.startswith("fleet-progress")]
 
 
-def kill_node(procs: FleetProcs, node: str) -> None:
-    """A machine losing power: the agent and every job process it started, SIGKILLed at once."""
-    procs.procs[node].send_signal(signal.SIGKILL)
-    for meta in (procs.root / node / "attempts").glob("*/meta.json"):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
-    procs.procs[node].wait()
-
-
 def test_a_crash_requeues_with_backoff_and_resumes_from_the_checkpoint(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
@@ -111,7 +99,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
     procs.wait_nodes(client, 2)
     # When node t-a loses power
     killed_at = time.monotonic()
-    kill_node(procs, "t-a")
+    procs.kill_node("t-a")
     wait_for(
         lambda: job.status().node == "t-b" and job.status().state == JobState.RUNNING, what="rerun on t-b"
     )

@@ -11,18 +11,15 @@ from pathlib import Path
 import pytest
 
 from fleet import Client, JobSpec, JobState, NodeState
-from tests.conftest import FleetProcs, need, remove_containers
-from tests.integration.test_dependability import EXAMPLE, kill_node, progress, wait_for
+from tests.conftest import FleetProcs, need_torch, remove_containers
+from tests.integration.test_dependability import EXAMPLE, progress, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def runtime() -> str:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        need(False, "torch not installed (make install)")
+    need_torch()
     return "process"
 
 
@@ -106,7 +103,7 @@ def test_a_node_that_dies_mid_drain_ends_drained_with_every_job_accounted_for(
     client.drain(["t-a"], deadline_s=600)
     procs.agent("t-b", gpus=1)
     procs.wait_nodes(client, 2)
-    kill_node(procs, "t-a")
+    procs.kill_node("t-a")
     (node,) = client.wait_drained(["t-a"], timeout=60)
     assert node.state == NodeState.DOWN and node.admin_state == NodeState.DRAINED and node.jobs == []
     wait_for(
