@@ -4,7 +4,7 @@ PIP := $(PYTHON) -m pip
 STAMP := .build
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test test-unit lint typecheck all images images-test bench clean
+.PHONY: install demo up test test-unit lint typecheck all images image-python images-test bench clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -18,13 +18,16 @@ images-test: install  ## images the tests run jobs in: tiny busybox, and fleet/t
 	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
 	@docker image inspect fleet/torch:latest >/dev/null 2>&1 || bash images/torch/build.sh
 
-images: images-test  ## fleet/python and fleet/torch (debootstrap rootfs + SDK), without any registry
+image-python: install  ## fleet/python, the default job image (debootstrap rootfs + SDK)
+	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
 	docker build -q -t fleet/python:latest -f images/python/Dockerfile . >/dev/null
+	@echo "built fleet/python"
+
+images: images-test image-python  ## every image, rebuilt, without any registry
 	bash images/torch/build.sh
-	@echo "built fleet/python and fleet/torch"
 
 demo: install  ## start a local fleet, run example jobs to completion, stop
-	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image-python; fi
 	fleet up --demo
 
 up: install  ## a local fleet in the foreground (Ctrl-C stops it)
