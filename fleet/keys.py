@@ -77,10 +77,6 @@ class Keys:
         return f"{self.prefix}:node:{name}:jobs"
 
     @property
-    def node_prefix(self) -> str:
-        return f"{self.prefix}:node:"
-
-    @property
     def leader(self) -> str:
         return f"{self.prefix}:leader"
 

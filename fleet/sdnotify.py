@@ -12,10 +12,8 @@ import socket
 
 class Notifier:
     def __init__(self, address: str | None = None) -> None:
+        # the services ping the watchdog on every loop iteration (<= 2 s), well inside WatchdogSec
         self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
-        usec = os.environ.get("WATCHDOG_USEC", "")
-        #: how often to ping the watchdog (half its timeout), or None when systemd set no watchdog
-        self.watchdog_interval_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else None
 
     def _send(self, message: str) -> None:
         if not self.address:

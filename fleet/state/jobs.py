@@ -168,13 +168,6 @@ class JobStore:
     def requeue_counts(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.redis.hgetall(self.keys.requeues).items()}
 
-    # -- GPU claims -------------------------------------------------------------------
-
-    @translated
-    def claims(self) -> dict[str, str]:
-        """GPU uuid -> "<job id>:<attempt>" of every claimed GPU."""
-        return dict(self.redis.hgetall(self.keys.claims))
-
     # -- logs -------------------------------------------------------------------------
 
     @translated

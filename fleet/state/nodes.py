@@ -58,12 +58,6 @@ class NodeStore:
         return bool(code == 1)
 
     @translated
-    def release(self, name: str, agent_id: str) -> None:
-        """Drop the lease on a clean shutdown, so the node shows DOWN at once rather than after the TTL."""
-        if self.redis.get(self.keys.node_lease(name)) == agent_id:
-            self.redis.delete(self.keys.node_lease(name))
-
-    @translated
     def set_state(
         self, name: str, state: NodeState, reason: str, now: float, by: str = "", **extra: float | str
     ) -> None:

@@ -35,6 +35,7 @@ def test_job_runs_to_success_with_its_logs(one_node: FleetProcs, client: Client)
     assert job.logs().splitlines() == [f"hello {job.id}", f"gpus={status.gpus[0]}"]
     assert [e.state for e in job.history()] == ["QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert client.nodes()[0].claims == {}
+    assert client.job(job.id).logs() == job.logs()  # a handle for an existing job id
 
 
 def test_nonzero_exit_fails_with_code_and_reason(one_node: FleetProcs, client: Client) -> None:
