@@ -18,7 +18,8 @@ from pathlib import Path
 import psutil
 
 from fleet import checkpoints, metrics
-from fleet.agent.gpus import GpuInventory, busy_reason, leftovers
+from fleet.agent.gpucheck import await_released, check_assigned
+from fleet.agent.gpus import GpuInventory, busy_reason
 from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
@@ -180,7 +181,7 @@ class Agent:
             self._finish(job, Exit(fault=CANCEL, reason="cancelled before start"))
             return
         try:
-            self._check_gpus(job.gpus)
+            check_assigned(self.inventory, self.runtime, job.gpus, self.node, self.cfg.gpu_busy_memory)
             self.runtime.start(self._spec(job))
         except (LaunchError, SpecError) as exc:
             retryable = isinstance(exc, LaunchError) and exc.retryable
@@ -205,21 +206,6 @@ class Agent:
         self.bus.send(
             CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
         )
-
-    def _check_gpus(self, uuids: list[str]) -> None:
-        """Confirm with the inventory that every assigned GPU is here, healthy and free."""
-        if not uuids:
-            return
-        gpus = {g.uuid: g for g in self.inventory.gpus()}
-        fleet_pids = self.runtime.pids() if any(gpus[u].processes for u in uuids if u in gpus) else set()
-        for uuid_ in uuids:
-            gpu = gpus.get(uuid_)
-            if gpu is None:
-                raise GpuBusy(f"GPU {uuid_} is not on node {self.node}")
-            if not gpu.healthy:
-                raise GpuBusy(f"GPU {gpu.index} ({uuid_}) is unhealthy: {gpu.health}")
-            if why := busy_reason(gpu, fleet_pids, self.cfg.gpu_busy_memory):
-                raise GpuBusy(f"GPU {gpu.index} ({uuid_}) is {why}")
 
     def _spec(self, job: Job) -> LaunchSpec:
         spec = job.spec
@@ -314,24 +300,13 @@ class Agent:
             )  # fmt: skip
 
     def _await_gpus_released(self, job: Job) -> None:
-        """Give the job's processes ``gpu_release_timeout_s`` to leave its GPUs; report any that stay.
-
-        Its claims are released either way, but a GPU that still holds a process is published
-        as busy by every heartbeat, so the scheduler does not hand it to the next job.
-        """
-        deadline = time.monotonic() + self.cfg.gpu_release_timeout_s
-        while job.gpus:
-            gpus = self.inventory.gpus()
-            pids = self.runtime.pids() if any(g.processes for g in gpus if g.uuid in job.gpus) else set()
-            stuck = leftovers(gpus, job.gpus, pids)
-            if not stuck:
-                return
-            if time.monotonic() >= deadline:
-                event(log, "gpu_not_released", logging.WARNING, job=job.id, attempt=job.attempt,
-                      gpus=";".join(f"{u}:{','.join(map(str, p))}" for u, p in stuck.items()))  # fmt: skip
-                self._guarded(self.heartbeat)
-                return
-            time.sleep(0.2)
+        """Claims are released either way, but a GPU still holding a process is reported and
+        published as busy by every heartbeat, so the scheduler does not hand it to the next job."""
+        stuck = await_released(self.inventory, self.runtime, job.gpus, self.cfg.gpu_release_timeout_s)
+        if stuck:
+            event(log, "gpu_not_released", logging.WARNING, job=job.id, attempt=job.attempt,
+                  gpus=";".join(f"{u}:{','.join(map(str, p))}" for u, p in stuck.items()))  # fmt: skip
+            self._guarded(self.heartbeat)
 
     # -- reconcile -------------------------------------------------------------------
 
