@@ -82,9 +82,10 @@ def uninstall(service: str, root: Path = Path("/")) -> Path:
     """Stop, disable and remove the unit; the config in /etc/fleet is kept."""
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
-    if root == Path("/") and shutil.which("systemctl"):
+    systemd = root == Path("/") and shutil.which("systemctl") is not None
+    if systemd:
         subprocess.run(["systemctl", "disable", "--now", unit_name], check=False)
     unit.unlink(missing_ok=True)
-    if root == Path("/") and shutil.which("systemctl"):
+    if systemd:
         subprocess.run(["systemctl", "daemon-reload"], check=False)
     return unit

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fleet.log import event
-from fleet.models import JobState, NodeState
+from fleet.models import NodeState
 
 if TYPE_CHECKING:
     from fleet.agent.service import Agent
@@ -42,8 +42,8 @@ class ControllerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         by_state = GaugeMetricFamily("fleet_jobs", "Jobs by state", labels=["state"])
-        for state in JobState:
-            by_state.add_metric([state.value], self.jobs.redis.scard(self.jobs.keys.jobs_in(state)))
+        for state, count in self.jobs.count_by_state().items():
+            by_state.add_metric([state.value], count)
         yield by_state
         queued = GaugeMetricFamily("fleet_jobs_queued", "Queued jobs by tenant and priority",
                                    labels=["tenant", "priority"])  # fmt: skip

@@ -45,10 +45,12 @@ class JobState(StrEnum):
 
     @property
     def on_node(self) -> bool:
-        return self in (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
+        return self in ON_NODE_STATES
 
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+#: states in which a job is bound to a node and holds GPU claims
+ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 
 
 class Mount(BaseModel):

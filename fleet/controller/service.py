@@ -31,7 +31,7 @@ from fleet.controller.leader import LeaderLease
 from fleet.errors import FleetError
 from fleet.lifecycle import INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
-from fleet.models import Exit, JobState, Node, NodeState
+from fleet.models import ON_NODE_STATES, Exit, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
@@ -171,9 +171,8 @@ class Controller:
         for job in jobs:
             if job.preempt:
                 continue
-            on_node = [JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING]
             self.jobs.transition(
-                job.id, attempt=job.attempt, to=None, allowed=on_node,
+                job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
                 reason=f"{reason}: stopping with {node.drain_grace_s:g}s to checkpoint", now=now,
                 fields={"preempt": reason},
             )  # fmt: skip
@@ -189,10 +188,10 @@ class Controller:
         lost = Exit(fault=INFRA, kind="node_down", reason=f"node {node} down (lease expired)")
         decision = decide(job, lost, self.policy)
         if self.jobs.transition(
-            job_id, attempt=attempt, allowed=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+            job_id, attempt=attempt, allowed=ON_NODE_STATES,
             to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
             fields={"finished_at": now if decision.state.final else None, "preempt": ""},
         ):  # fmt: skip
             event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)
             if decision.state == JobState.QUEUED:
-                self.jobs.count_requeue("node_down")
+                self.jobs.count_requeue(lost.kind)

@@ -11,10 +11,8 @@ import redis
 
 from fleet.errors import NotFound
 from fleet.keys import Keys
-from fleet.models import Event, Job, JobSpec, JobState
+from fleet.models import ON_NODE_STATES, Event, Job, JobSpec, JobState
 from fleet.state.connection import load_scripts, translated
-
-_ON_NODE = ",".join(s.value for s in JobState if s.on_node)
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,7 @@ class JobStore:
         ):  # fmt: skip
             return True
         return self.transition(
-            job_id, to=None, allowed=[JobState(s) for s in _ON_NODE.split(",")],
+            job_id, to=None, allowed=ON_NODE_STATES,
             reason="cancel requested", now=now, fields={"cancel_requested": 1},
         )  # fmt: skip
 
@@ -163,6 +161,13 @@ class JobStore:
     @translated
     def count_requeue(self, kind: str) -> None:
         self.redis.hincrby(self.keys.requeues, kind, 1)
+
+    @translated
+    def count_by_state(self) -> dict[JobState, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for state in JobState:
+            pipe.scard(self.keys.jobs_in(state))
+        return dict(zip(JobState, map(int, pipe.execute()), strict=True))
 
     @translated
     def requeue_counts(self) -> dict[str, int]:
