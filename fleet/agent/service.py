@@ -24,8 +24,8 @@ from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import Settings
-from fleet.errors import GpuBusy, LaunchError, NotFound, SpecError
-from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
+from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
+from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RetryPolicy, decide
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
@@ -34,7 +34,6 @@ from fleet.state import JobStore, NodeStore
 from fleet.state.nodes import NodeInfo
 
 log = logging.getLogger("fleet.agent")
-ON_NODE = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 
 
 class Agent:
@@ -61,7 +60,7 @@ class Agent:
         self._shippers: dict[tuple[str, int], LogShipper] = {}
         #: attempts this agent stopped because it lost its lease: their exit is not the job's fault
         self._fenced: set[tuple[str, int]] = set()
-        self._stopping: set[tuple[str, str]] = set()
+        self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
         self._renewed = time.monotonic()
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         self.stop_event = threading.Event()
@@ -228,11 +227,15 @@ class Agent:
         self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)
 
     def on_exit(self, job_id: str, attempt: int) -> None:
-        status = next(
-            (a for a in self.runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None
-        )
-        if status is not None and status.exit is not None:
-            self.finish(job_id, attempt, status.exit)
+        """Runtime callback (its own thread); on a Redis error the next reconcile finishes the attempt."""
+        try:
+            status = next(
+                (a for a in self.runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None
+            )
+            if status is not None and status.exit is not None:
+                self.finish(job_id, attempt, status.exit)
+        except FleetError as exc:
+            event(log, "exit_not_recorded", logging.WARNING, job=job_id, attempt=attempt, error=exc)
 
     def finish(self, job_id: str, attempt: int, exit: Exit) -> None:
         if (job_id, attempt) in self._fenced:
@@ -254,7 +257,9 @@ class Agent:
             self.runtime.remove(job_id, attempt)
         finally:
             self._release(job_id, attempt)
-        self._fenced.discard((job_id, attempt))  # only once recorded: a Redis error above keeps it
+        # only once recorded: a Redis error above keeps them for the next try
+        self._fenced.discard((job_id, attempt))
+        self._stopping.discard((job_id, attempt))
 
     def _finish(self, job: Job, exit: Exit) -> None:
         """Ship the last logs, remove the attempt, then record how it ended and free its GPUs.
@@ -267,7 +272,7 @@ class Agent:
             shipper.join(timeout=10)
         self.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)
-        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == "job"):
+        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
             exit = Exit(
                 code=exit.code,
                 oom=exit.oom,
@@ -287,7 +292,7 @@ class Agent:
             reason=decision.reason, now=now, fields=fields, incr=decision.incr, release=True,
         )  # fmt: skip
         if applied and decision.state == JobState.QUEUED:
-            self.jobs.count_requeue(exit.kind or ("job_failure" if exit.fault == "job" else "infrastructure"))
+            self.jobs.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
         if applied:
             event(
                 log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
@@ -340,7 +345,7 @@ class Agent:
         if key in self._busy:
             return
         current = job is not None and job.attempt == status.attempt and job.node == self.node
-        if status.running and not (current and job is not None and job.state in ON_NODE):
+        if status.running and not (current and job is not None and job.state.on_node):
             event(log, "stale_attempt_killed", job=status.job_id, attempt=status.attempt)
             self.runtime.stop(status.job_id, status.attempt, 0)
             self.runtime.remove(status.job_id, status.attempt)
@@ -357,10 +362,9 @@ class Agent:
 
     def _stop_in_background(self, job_id: str, attempt: int) -> None:
         """Stop an attempt whose stop message may have been lost, without holding up reconcile."""
-        key = ("stop", f"{job_id}:{attempt}")
-        if key in self._stopping:
+        if (job_id, attempt) in self._stopping:
             return
-        self._stopping.add(key)
+        self._stopping.add((job_id, attempt))
         threading.Thread(
             target=self.runtime.stop, args=(job_id, attempt, self.cfg.stop_grace_s), daemon=True
         ).start()
