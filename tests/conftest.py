@@ -208,12 +208,22 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def procs(redis_url: str, runtime: str, tmp_path: Path) -> Iterator[FleetProcs]:
-    fleet = FleetProcs(redis_url, tmp_path, runtime)
+def _fleet(redis_url: str, runtime: str, root: Path) -> Iterator[FleetProcs]:
+    fleet = FleetProcs(redis_url, root, runtime)
     yield fleet
     fleet.stop()
     remove_containers(*fleet.nodes)
+
+
+@pytest.fixture
+def procs(redis_url: str, runtime: str, tmp_path: Path) -> Iterator[FleetProcs]:
+    yield from _fleet(redis_url, runtime, tmp_path)
+
+
+@pytest.fixture
+def docker_procs(redis_url: str, docker_runtime: None, tmp_path: Path) -> Iterator[FleetProcs]:
+    """Services on the Docker runtime, for a module whose ``runtime`` is the process one."""
+    yield from _fleet(redis_url, "docker", tmp_path)
 
 
 @pytest.fixture

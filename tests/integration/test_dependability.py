@@ -23,7 +23,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, node_queue
-from tests.conftest import FleetProcs, need, need_torch, remove_containers
+from tests.conftest import FleetProcs, need, need_torch
 
 pytestmark = pytest.mark.integration
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py")
@@ -258,7 +258,7 @@ def test_a_partitioned_agent_fences_itself_and_no_attempts_overlap(
 
 
 def test_a_container_crash_resumes_in_a_new_container_from_the_checkpoint(
-    redis_url: str, tmp_path: Path, docker_runtime: None
+    docker_procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
     import docker
 
@@ -266,23 +266,16 @@ def test_a_container_crash_resumes_in_a_new_container_from_the_checkpoint(
         docker.from_env().images.get("fleet/torch:latest")
     except docker.errors.ImageNotFound:
         need(False, "fleet/torch image missing (make images-test)")
-    procs = FleetProcs(redis_url, tmp_path, "docker")
-    client = Client(redis_url)
-    try:
-        procs.controller()
-        procs.agent("t-dock", gpus=1)
-        procs.wait_nodes(client, 1)
-        command = ["python3", "/opt/fleet/examples/train_regression.py", "--steps", "120", "--every", "10",
-                   "--fail-at", "55"]  # fmt: skip
-        job = client.submit(JobSpec(name="train", image="fleet/torch:latest", command=command, gpus=1))
-        status = job.wait(timeout=180)
-        assert status.state == JobState.SUCCEEDED, procs.logs()
-        assert (status.attempt, status.failures) == (2, 1)
-        assert "crashing at step 55 on purpose" in job.logs(attempt=1)
-        assert "resumed from step 50 (attempt 2)" in job.logs(attempt=2)
-        assert digest(job.logs()) == uninterrupted_digest(tmp_path)
-        assert (tmp_path / "checkpoints" / job.id / "latest").read_text().strip() == "step-0000000120.ckpt"
-    finally:
-        procs.stop()
-        client.close()
-        remove_containers("t-dock")
+    docker_procs.controller()
+    docker_procs.agent("t-dock", gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    command = ["python3", "/opt/fleet/examples/train_regression.py", "--steps", "120", "--every", "10",
+               "--fail-at", "55"]  # fmt: skip
+    job = client.submit(JobSpec(name="train", image="fleet/torch:latest", command=command, gpus=1))
+    status = job.wait(timeout=180)
+    assert status.state == JobState.SUCCEEDED, docker_procs.logs()
+    assert (status.attempt, status.failures) == (2, 1)
+    assert "crashing at step 55 on purpose" in job.logs(attempt=1)
+    assert "resumed from step 50 (attempt 2)" in job.logs(attempt=2)
+    assert digest(job.logs()) == uninterrupted_digest(tmp_path)
+    assert (tmp_path / "checkpoints" / job.id / "latest").read_text().strip() == "step-0000000120.ckpt"

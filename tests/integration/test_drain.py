@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleet import Client, JobSpec, JobState, NodeState
-from tests.conftest import FleetProcs, need_torch, remove_containers
+from tests.conftest import FleetProcs, need_torch
 from tests.integration.test_dependability import EXAMPLE, progress, wait_for
 
 pytestmark = pytest.mark.integration
@@ -141,33 +141,26 @@ def test_the_documented_maintenance_script_runs_as_written(
 
 
 def test_drain_with_docker_containers_moves_jobs_and_removes_their_containers(
-    redis_url: str, tmp_path: Path, docker_runtime: None
+    docker_procs: FleetProcs, client: Client
 ) -> None:
     import docker
 
-    procs = FleetProcs(redis_url, tmp_path, "docker")
-    client = Client(redis_url)
-    try:
-        procs.controller()
-        procs.agent("t-da", gpus=1)
-        procs.wait_nodes(client, 1)
-        script = 'trap "echo checkpointed; exit 143" TERM; echo "attempt $FLEET_ATTEMPT"; ' \
-                 "while :; do sleep 0.1; done"  # fmt: skip
-        job = client.submit(JobSpec(name="svc", gpus=1, command=["sh", "-c", script]))
-        wait_for(lambda: "attempt 1" in job.logs(), what="running in a container on t-da")
-        procs.agent("t-db", gpus=1)
-        procs.wait_nodes(client, 2)
-        client.drain(["t-da"], force=True, grace_s=5)
-        (node,) = client.wait_drained(["t-da"], timeout=60)
-        wait_for(lambda: "attempt 2" in job.logs(), what="running again on t-db")
-        status = job.status()
-        assert (status.node, status.attempt, status.failures, status.infra_requeues) == ("t-db", 2, 0, 1)
-        assert job.logs(attempt=1).splitlines() == ["attempt 1", "checkpointed"]
-        left = docker.from_env().containers.list(all=True, filters={"label": "fleet.node=t-da"})
-        assert node.state == NodeState.DRAINED and left == []
-        job.cancel()
-        assert job.wait(timeout=30).state == JobState.CANCELLED
-    finally:
-        procs.stop()
-        client.close()
-        remove_containers(*procs.nodes)
+    docker_procs.controller()
+    docker_procs.agent("t-da", gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    script = 'trap "echo checkpointed; exit 143" TERM; echo "attempt $FLEET_ATTEMPT"; ' \
+             "while :; do sleep 0.1; done"  # fmt: skip
+    job = client.submit(JobSpec(name="svc", gpus=1, command=["sh", "-c", script]))
+    wait_for(lambda: "attempt 1" in job.logs(), what="running in a container on t-da")
+    docker_procs.agent("t-db", gpus=1)
+    docker_procs.wait_nodes(client, 2)
+    client.drain(["t-da"], force=True, grace_s=5)
+    (node,) = client.wait_drained(["t-da"], timeout=60)
+    wait_for(lambda: "attempt 2" in job.logs(), what="running again on t-db")
+    status = job.status()
+    assert (status.node, status.attempt, status.failures, status.infra_requeues) == ("t-db", 2, 0, 1)
+    assert job.logs(attempt=1).splitlines() == ["attempt 1", "checkpointed"]
+    left = docker.from_env().containers.list(all=True, filters={"label": "fleet.node=t-da"})
+    assert node.state == NodeState.DRAINED and left == []
+    job.cancel()
+    assert job.wait(timeout=30).state == JobState.CANCELLED
