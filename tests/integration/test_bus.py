@@ -19,8 +19,8 @@ def runtime() -> str:
 
 
 def dead_letters(settings_url: str, queue: str) -> list[str]:
-    bus_db = redis.Redis.from_url(settings_url.rsplit("/", 1)[0] + "/1", decode_responses=True)
-    return list(bus_db.zrange(f"fleet:{queue}.XQ", 0, -1))
+    with redis.Redis.from_url(settings_url.rsplit("/", 1)[0] + "/1", decode_responses=True) as bus_db:
+        return list(bus_db.zrange(f"fleet:{queue}.XQ", 0, -1))
 
 
 def test_malformed_messages_are_dead_lettered_and_the_agent_keeps_serving(

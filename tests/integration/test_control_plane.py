@@ -59,7 +59,8 @@ class OwnRedis:
 
 def _pings(url: str) -> bool:
     try:
-        return bool(redis.Redis.from_url(url).ping())
+        with redis.Redis.from_url(url) as client:
+            return bool(client.ping())
     except redis.ConnectionError:
         return False
 

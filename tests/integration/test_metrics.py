@@ -22,7 +22,8 @@ def runtime() -> str:
 
 
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
