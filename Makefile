@@ -13,15 +13,15 @@ $(STAMP)/installed: pyproject.toml config/setup-host.sh
 
 install: $(STAMP)/installed  ## system packages, dockerd, fleet and its dev tools
 
-images-test: install  ## images the tests run jobs in: tiny busybox, and fleet/torch
-	@docker image inspect fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
-	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
-	@docker image inspect fleet/torch:latest >/dev/null 2>&1 || bash images/torch/build.sh
+images-test: install  ## images the tests run jobs in: tiny busybox, and localhost/fleet/torch
+	@docker image inspect localhost/fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
+	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	@docker image inspect localhost/fleet/torch:latest >/dev/null 2>&1 || bash images/torch/build.sh
 
-image-python: install  ## fleet/python, the default job image (debootstrap rootfs + SDK)
-	@docker image inspect fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
-	docker build -q -t fleet/python:latest -f images/python/Dockerfile . >/dev/null
-	@echo "built fleet/python"
+image-python: install  ## localhost/fleet/python, the default job image (debootstrap rootfs + SDK)
+	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	docker build -q -t localhost/fleet/python:latest -f images/python/Dockerfile . >/dev/null
+	@echo "built localhost/fleet/python"
 
 images: images-test image-python  ## every image, rebuilt, without any registry
 	bash images/torch/build.sh

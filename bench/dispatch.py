@@ -28,6 +28,7 @@ from fleet.agent.gpus import SimulatedGpus
 from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.service import Agent
+from fleet.agent.supervision import SupervisorClient
 from fleet.bus import Bus
 from fleet.client import Client
 from fleet.config import load_settings
@@ -61,7 +62,8 @@ def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float
     client_r = connect(settings)
     client_r.flushall()
     keys = Keys(settings.key_prefix)
-    runtime = TimedRuntime("bench", settings.agent.state_dir / "attempts")
+    supervisor = SupervisorClient(settings.agent.state_dir, settings.agent.fence_margin_s)
+    runtime = TimedRuntime("bench", settings.agent.state_dir / "attempts", supervisor)
     agent = Agent(
         settings,
         JobStore(connect(settings), keys),
@@ -69,6 +71,7 @@ def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float
         Bus(settings),
         SimulatedGpus("bench", 4, "sim", 1 << 30),
         runtime,
+        supervisor,
     )
     controller = Controller(
         settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)

@@ -13,12 +13,20 @@ from typing import Any
 
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, JobTimeout, SpecError
+from fleet.errors import DrainTimeout, JobTimeout, NotFound, SpecError
 from fleet.keys import Keys
-from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState
+from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState, check_job_id
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.jobs import LogLine
+
+
+def _known_id(job_id: str) -> str:
+    """``job_id`` if it could name a job; else :class:`NotFound` (it never reaches a Redis key)."""
+    try:
+        return check_job_id(job_id)
+    except SpecError:
+        raise NotFound(f"no job {job_id!r}: not a valid job id") from None
 
 
 class Client:
@@ -51,29 +59,29 @@ class Client:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        job_id = job_id or f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
+        job_id = check_job_id(job_id) if job_id is not None else f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
         if not self._jobs.create(job_id, spec, time.time()) and self._jobs.get(job_id).spec != spec:
             raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
         self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
         return JobHandle(self, job_id)
 
     def get(self, job_id: str) -> Job:
-        return self._jobs.get(job_id)
+        return self._jobs.get(_known_id(job_id))
 
     def job(self, job_id: str) -> JobHandle:
-        self._jobs.get(job_id)
+        self.get(job_id)
         return JobHandle(self, job_id)
 
     def jobs(self, state: JobState | str | None = None, limit: int = 1000) -> list[Job]:
         return self._jobs.list_jobs(JobState(state) if state else None, limit)
 
     def history(self, job_id: str) -> list[Event]:
-        self._jobs.get(job_id)
+        self.get(job_id)
         return self._jobs.history(job_id)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
-        job = self._jobs.get(job_id)
+        job = self.get(job_id)
         if job.state.final:
             return job
         self._jobs.request_cancel(job_id, time.time())
@@ -99,12 +107,12 @@ class Client:
 
     def logs(self, job_id: str, attempt: int | None = None) -> list[LogLine]:
         """Log lines of ``attempt`` (default: the latest)."""
-        job = self._jobs.get(job_id)
+        job = self.get(job_id)
         return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1))
 
     def follow_logs(self, job_id: str, attempt: int | None = None, poll_s: float = 1.0) -> Iterator[LogLine]:
         """Yield log lines as they arrive until the attempt is over and its stream drained."""
-        job = self._jobs.get(job_id)
+        job = self.get(job_id)
         attempt = attempt or max(job.attempt, 1)
         cursor = "0"
         while True:

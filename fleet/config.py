@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,9 +35,11 @@ class ControllerSettings(_Section):
 
 
 class AgentSettings(_Section):
-    node_name: str = Field(default_factory=socket.gethostname)
+    node_name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     node_lease_ttl_s: float = Field(default=10.0, gt=0)
+    #: the supervisor kills every attempt this long before an unrenewed lease would expire
+    fence_margin_s: float = Field(default=2.0, ge=0.2)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
     gpus: Literal["auto", "nvml", "simulated"] = "auto"
     simulated_gpus: int = Field(default=4, ge=0)
@@ -52,6 +54,23 @@ class AgentSettings(_Section):
     stop_grace_s: float = Field(default=30.0, ge=0)
     worker_threads: int = Field(default=4, ge=1)
     stop_jobs_on_exit: bool = Field(default=False, description="`fleet up` sets it; systemd agents keep jobs")
+    job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
+    allow_root_jobs: bool = False
+    pids_limit: int | None = Field(default=4096, ge=16)
+
+    @model_validator(mode="after")
+    def _can_fence_in_time(self) -> AgentSettings:
+        """A lease renewed every heartbeat must survive one late heartbeat, and still leave the
+        supervisor its margin to stop every attempt before the controller may requeue them."""
+        needed = self.fence_margin_s + 2 * self.heartbeat_interval_s
+        if self.node_lease_ttl_s < needed:
+            raise ValueError(
+                f"node_lease_ttl_s ({self.node_lease_ttl_s:g}) must be at least fence_margin_s "
+                f"({self.fence_margin_s:g}) + 2 x heartbeat_interval_s ({self.heartbeat_interval_s:g}) = "
+                f"{needed:g}: jobs are stopped fence_margin_s before an unrenewed lease expires, and one "
+                "late heartbeat must not stop them"
+            )
+        return self
 
 
 class Settings(BaseSettings):
@@ -64,7 +83,7 @@ class Settings(BaseSettings):
     bus_db: int = Field(default=1, ge=0, le=15)
     bus_poll_ms: int = Field(default=20, ge=1, le=10_000)
     key_prefix: str = "fleet"
-    default_image: str = "fleet/python"
+    default_image: str = "localhost/fleet/python:latest"
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")
     allowed_mounts: list[Path] = Field(default_factory=list)
     log_max_lines: int = Field(default=10_000, ge=100)
@@ -86,13 +105,16 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
     def redis_url_for(self, db: int | None = None) -> str:
-        """The Redis URL with the password from ``redis_password`` and the logical DB swapped in."""
+        """The Redis URL with the logical DB swapped in. Credentials are never spliced into it:
+        :meth:`redis_password_for` passes them to the client separately, so a password holding
+        ``@``, ``/`` or ``#`` cannot change which host is dialled."""
         parts = urlsplit(self.redis_url)
-        netloc = parts.netloc
-        if self.redis_password is not None and "@" not in netloc:
-            netloc = f":{self.redis_password.get_secret_value()}@{netloc}"
         path = parts.path if db is None else f"/{db}"
-        return urlunsplit((parts.scheme, netloc, path, parts.query, parts.fragment))
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+    def redis_password_for(self) -> str | None:
+        """``redis_password`` (``FLEET_REDIS_PASSWORD``), else None: a password in the URL applies."""
+        return self.redis_password.get_secret_value() if self.redis_password is not None else None
 
     @property
     def redis_display(self) -> str:

@@ -1,17 +1,19 @@
 """``fleet install agent|controller``: write the config and systemd unit, then enable and start it.
 
 With ``--root DIR`` everything goes under DIR and systemctl is not called (packaging, tests).
-The Redis password never goes into fleet.toml: it is written to a root-only ``fleet.env``.
+The Redis password never goes into fleet.toml nor onto a command line: it is read from a file
+(or standard input) and written to a root-only ``fleet.env``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
 
@@ -41,17 +43,41 @@ def fleet_executable() -> str:
     return shutil.which("fleet") or f"{sys.executable} -m fleet"
 
 
-def _split_password(url: str) -> tuple[str, str | None]:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url, None
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.password
+def check_url(url: str) -> str:
+    """``url`` if it holds no password: a command line is visible to every user through ``ps``."""
+    if urlsplit(url).password is not None:
+        raise ConfigError(
+            "--redis-url: it holds a password, and a command line is visible to every user (ps); "
+            "give the URL without it and the password with --redis-password-file FILE (or - for stdin)"
+        )
+    return url
 
 
-def install(service: str, root: Path = Path("/"), redis_url: str | None = None) -> Installed:
+def read_password(source: str) -> str:
+    """The password from a file, or from standard input when ``source`` is ``-``."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--redis-password-file: cannot read {source}: {exc.strerror}") from None
+    password = text.rstrip("\r\n")
+    if not password or "\n" in password or "\x00" in password:
+        raise ConfigError("--redis-password-file: expected one line holding the password")
+    return password
+
+
+def _env_line(name: str, value: str) -> str:
+    """A systemd EnvironmentFile line; double quotes keep spaces, '#' and '$' literal."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{name}="{escaped}"\n'
+
+
+def install(
+    service: str, root: Path = Path("/"), redis_url: str | None = None, password: str | None = None
+) -> Installed:
     if service not in SERVICES:
         raise ConfigError(f"service: {service!r} is not one of {', '.join(SERVICES)}")
+    if redis_url:
+        check_url(redis_url)
     etc = root / "etc" / "fleet"
     etc.mkdir(parents=True, exist_ok=True)
     config = etc / "fleet.toml"
@@ -59,13 +85,14 @@ def install(service: str, root: Path = Path("/"), redis_url: str | None = None) 
     if not config.exists():
         text = _template("fleet.toml")
         if redis_url:
-            url, password = _split_password(redis_url)
-            text = text.replace('redis_url = "redis://127.0.0.1:6379/0"', f'redis_url = "{url}"')
-            if password is not None:
-                env = etc / "fleet.env"
-                env.touch(mode=0o600)
-                env.write_text(f"FLEET_REDIS_PASSWORD={password}\n")
+            text = text.replace('redis_url = "redis://127.0.0.1:6379/0"', f"redis_url = {redis_url!r}")
         config.write_text(text)
+    if password is not None:
+        env = etc / "fleet.env"
+        fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)
+            f.write(_env_line("FLEET_REDIS_PASSWORD", password))
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     unit.parent.mkdir(parents=True, exist_ok=True)

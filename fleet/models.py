@@ -6,12 +6,30 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fleet.errors import SpecError
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+#: a job id becomes a Redis key and a directory name: no ':', no '/', never '.' or '..'
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$"
+#: numeric uid[:gid]: names resolve differently on the host and in each image
+_USER = r"^\d{1,10}(:\d{1,10})?$"
+#: a Docker image reference: [registry[:port]/]path[:tag][@digest], lower-case path
+_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
+#: bytes a spec's command, env or labels may hold in total (the record lives in Redis)
+SPEC_BYTES_MAX = 128 << 10
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -28,6 +46,26 @@ def parse_size(value: object) -> int | None:
 
 
 Size = Annotated[Annotated[int, Field(ge=1)] | None, BeforeValidator(parse_size)]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+#: free text a user sends: bounded and NUL-free (it becomes argv, env or a label)
+Text = Annotated[str, Field(max_length=32 << 10), AfterValidator(_no_nul)]
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if valid, else :class:`SpecError` naming the rule: ids become keys and paths."""
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise SpecError(
+            f"job id {_clip(repr(job_id))} is invalid: use 1-128 letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return job_id
 
 
 class JobState(StrEnum):
@@ -58,8 +96,8 @@ class Mount(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: str = Field(description="absolute host path")
-    target: str = Field(description="absolute path in the container")
+    source: Text = Field(max_length=4096, description="absolute host path")
+    target: Text = Field(max_length=4096, description="absolute path in the container")
     read_only: bool = True
 
     @field_validator("source", "target")
@@ -76,20 +114,29 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
-    command: list[str] = Field(min_length=1)
-    image: str | None = Field(default=None, min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    command: list[Text] = Field(min_length=1, max_length=4096)
+    image: str | None = Field(
+        default=None, pattern=_IMAGE, description="an image reference, e.g. repo/name:tag"
+    )
+    env: dict[Annotated[str, Field(max_length=256)], Text] = Field(default_factory=dict, max_length=1024)
+    user: str | None = Field(
+        default=None, pattern=_USER, description="uid[:gid] the job runs as (default: the node's job_user)"
+    )
     gpus: int = Field(default=0, ge=0, le=64)
     cpus: float | None = Field(default=None, gt=0, le=1024)
     memory: Size = None
     shm_size: Size = None
-    gpu_model: str | None = Field(default=None, min_length=1, description="substring of the GPU model name")
+    gpu_model: Text | None = Field(
+        default=None, min_length=1, max_length=128, description="substring of the GPU model name"
+    )
     min_gpu_memory: Size = None
     priority: int = Field(default=0, ge=-1000, le=1000)
     max_attempts: int = Field(default=3, ge=1, le=100)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[Annotated[str, Field(pattern=_LABEL_KEY)], Annotated[Text, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=64
+    )
     tenant: str = Field(default="default", pattern=_NAME)
-    mounts: list[Mount] = Field(default_factory=list)
+    mounts: list[Mount] = Field(default_factory=list, max_length=32)
 
     @field_validator("command")
     @classmethod
@@ -107,6 +154,18 @@ class JobSpec(BaseModel):
             if key.startswith("FLEET_"):
                 raise ValueError(f"{key!r}: FLEET_* variables are set by fleet itself")
         return value
+
+    @model_validator(mode="after")
+    def _total_size(self) -> JobSpec:
+        used = sum(len(a.encode()) for a in self.command)
+        used += sum(len(k.encode()) + len(v.encode()) for k, v in self.env.items())
+        used += sum(len(k.encode()) + len(v.encode()) for k, v in self.labels.items())
+        if used > SPEC_BYTES_MAX:
+            raise ValueError(
+                f"command, env and labels hold {used} bytes together, more than {SPEC_BYTES_MAX}; "
+                "ship large inputs as files (a mount or the image), not in the spec"
+            )
+        return self
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> JobSpec:
@@ -127,9 +186,13 @@ def describe_errors(exc: ValidationError) -> str:
         elif err["type"] == "missing":
             message = "is required"
         elif "input" in err and err["type"] not in ("value_error",):
-            message = f"{message} (got {err['input']!r})"
+            message = f"{message} (got {_clip(repr(err['input']))})"
         lines.append(f"{field}: {message.removeprefix('Value error, ')}")
     return "invalid job spec:\n  " + "\n  ".join(lines)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class Exit(BaseModel):
@@ -169,6 +232,9 @@ class Job(BaseModel):
     preempt: str = ""
     checkpoint: str | None = None
     seq: int = 0
+    #: how an attempt ended, written before its container is removed (see JobStore.record_exit)
+    last_exit: Exit | None = None
+    last_exit_attempt: int = 0
 
 
 class Event(BaseModel):

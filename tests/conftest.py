@@ -25,7 +25,7 @@ from fleet.config import Settings, load_settings
 from fleet.local import free_port
 
 IN_CI = os.environ.get("CI") == "true"
-TEST_IMAGE = "fleet/busybox:latest"
+TEST_IMAGE = "localhost/fleet/busybox:latest"
 
 
 def need_torch() -> None:
@@ -126,6 +126,7 @@ class FleetProcs:
             FLEET_CONTROLLER__LEADER_LEASE_S="2",
             FLEET_AGENT__HEARTBEAT_INTERVAL_S="0.25",
             FLEET_AGENT__NODE_LEASE_TTL_S="3",
+            FLEET_AGENT__FENCE_MARGIN_S="0.5",
             FLEET_AGENT__RECONCILE_INTERVAL_S="0.5",
             FLEET_AGENT__STOP_GRACE_S="2",
             FLEET_AGENT__DOCKER_PULL="never",
@@ -134,6 +135,11 @@ class FleetProcs:
             FLEET_CONTROLLER__METRICS_PORT="0",
             FLEET_AGENT__METRICS_PORT="0",
         )
+        if runtime == "process" and not world_reachable(Path(sys.executable)):
+            # jobs run this interpreter (torch is installed there); where it sits in a private home
+            # the unprivileged default job_user cannot exec it. tests/integration/test_security.py
+            # checks the default user with programs every user can run.
+            self.env.update(FLEET_AGENT__JOB_USER="0:0", FLEET_AGENT__ALLOW_ROOT_JOBS="true")
 
     def settings(self) -> Settings:
         return load_settings(redis_url=self.redis_url)
@@ -165,8 +171,9 @@ class FleetProcs:
         raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
 
     def kill_node(self, node: str) -> None:
-        """A machine losing power: the agent and every job process it started, SIGKILLed at once."""
+        """A machine losing power: the agent, its supervisor and every job process, SIGKILLed at once."""
         self.procs[node].send_signal(signal.SIGKILL)
+        kill_supervisor(self.root / node)
         for meta in (self.root / node / "attempts").glob("*/meta.json"):
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
@@ -180,9 +187,23 @@ class FleetProcs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        for state in self.root.glob("*/"):  # supervisors outlive agents on purpose
+            kill_supervisor(state)
         for meta in self.root.glob("*/attempts/*/meta.json"):  # process-runtime jobs run in own sessions
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+
+
+def world_reachable(path: Path) -> bool:
+    """Whether any user may execute ``path`` (every directory above it searchable)."""
+    real = path.resolve()
+    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents])
+
+
+def kill_supervisor(state_dir: Path) -> None:
+    """SIGKILL the node supervisor whose pid file is in ``state_dir`` (its jobs die with it)."""
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+        os.kill(int((state_dir / "supervisor.pid").read_text()), signal.SIGKILL)
 
 
 def remove_containers(*nodes: str) -> None:
@@ -213,6 +234,19 @@ def _fleet(redis_url: str, runtime: str, root: Path) -> Iterator[FleetProcs]:
     yield fleet
     fleet.stop()
     remove_containers(*fleet.nodes)
+
+
+@pytest.fixture(autouse=True)
+def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
+    """Jobs run as an unprivileged user (``job_user``): let them reach the test's directory, as
+    they would reach an operator's checkpoint root. pytest makes its temp dirs private (0700)."""
+    if "tmp_path" not in request.fixturenames:
+        return
+    path = request.getfixturevalue("tmp_path")
+    path.chmod(0o755)
+    for parent in list(path.parents)[:2]:
+        with contextlib.suppress(PermissionError):
+            parent.chmod(0o711)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ changes nothing, and a restarted agent reattaches to the attempts still running.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -18,14 +19,16 @@ from pathlib import Path
 import psutil
 
 from fleet import checkpoints, metrics
+from fleet.agent import reconcile as plan
 from fleet.agent.gpucheck import await_released, check_assigned
 from fleet.agent.gpus import GpuInventory, busy_reason
 from fleet.agent.logship import LogShipper
-from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
+from fleet.agent.runtime import LaunchSpec, Runtime
+from fleet.agent.supervision import SupervisorClient
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
-from fleet.config import Settings
+from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
-from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RetryPolicy, decide
+from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
@@ -45,12 +48,13 @@ class Agent:
         bus: Bus,
         inventory: GpuInventory,
         runtime: Runtime,
+        supervisor: SupervisorClient,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings, self.cfg = settings, settings.agent
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
-        self.inventory, self.runtime, self.clock = inventory, runtime, clock
+        self.inventory, self.runtime, self.supervisor, self.clock = inventory, runtime, supervisor, clock
         self.policy = RetryPolicy(
             settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
         )
@@ -58,11 +62,10 @@ class Agent:
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
         self._shippers: dict[tuple[str, int], LogShipper] = {}
-        #: attempts this agent stopped because it lost its lease: their exit is not the job's fault
-        self._fenced: set[tuple[str, int]] = set()
         self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
-        self._renewed = time.monotonic()
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
+        #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
+        self._fleet_pids: set[int] = set()
         self.stop_event = threading.Event()
         self._health = StepHealth(log)
         self.notifier = Notifier()
@@ -70,8 +73,11 @@ class Agent:
     # -- main loop -------------------------------------------------------------------
 
     def run(self) -> None:
+        """The heartbeat loop runs here and waits on nothing but Redis and the local supervisor;
+        launches (image pulls), exits and reconcile run on other threads."""
         event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
               redis=self.settings.redis_display)  # fmt: skip
+        self.supervisor.ensure()
         self.heartbeat()
         metrics.serve(metrics.agent_registry(self, self.clock), self.cfg.metrics_port, log)
         queue = node_queue(self.node)
@@ -79,8 +85,8 @@ class Agent:
         self.bus.handle(queue, Stop, self.on_stop)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
         self.runtime.watch(self.on_exit, self.stop_event)
-        threading.Thread(target=self._fence_watchdog, name="fence-watchdog", daemon=True).start()
-        next_reconcile = 0.0
+        reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
+        reconciler.start()
         self.notifier.ready(
             f"node {self.node}: {len(self.inventory.gpus())} GPUs, {self.runtime.name} runtime"
         )
@@ -88,24 +94,27 @@ class Agent:
             while not self.stop_event.is_set():
                 self.notifier.watchdog()
                 self._guarded(self.heartbeat)
-                if time.monotonic() >= next_reconcile:
-                    self._guarded(self.reconcile)
-                    next_reconcile = time.monotonic() + self.cfg.reconcile_interval_s
                 self.stop_event.wait(self.cfg.heartbeat_interval_s)
         finally:
             self.notifier.stopping()
             worker.stop(timeout=2000)
+            reconciler.join(timeout=10)
             if self.cfg.stop_jobs_on_exit:
                 self._stop_all()
+                self.supervisor.shutdown()
             self.runtime.close()
             event(log, "agent_stop", node=self.node)
+
+    def _reconcile_loop(self) -> None:
+        while not self.stop_event.wait(self.cfg.reconcile_interval_s):
+            self._guarded(self.reconcile)
 
     def _guarded(self, step: Callable[[], object]) -> None:
         self._health.guard(step, node=self.node)
 
     def heartbeat(self) -> None:
         gpus = self.inventory.gpus()
-        fleet_pids = self.runtime.pids() if any(g.processes for g in gpus) else set()
+        fleet_pids = self._fleet_pids
         gpus = [
             g.model_copy(update={"busy": busy_reason(g, fleet_pids, self.cfg.gpu_busy_memory)}) for g in gpus
         ]
@@ -113,34 +122,20 @@ class Agent:
             gpus=gpus, cpus=os.cpu_count() or 0, memory=psutil.virtual_memory().total,
             runtime=self.runtime.name, gpu_backend=self.inventory.backend,
         )  # fmt: skip
+        sent = time.monotonic()  # the lease runs from no later than this
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
-        self._renewed, self.renewed_at = time.monotonic(), self.clock()
+        self.renewed_at = self.clock()
+        self._guarded(functools.partial(self._confirm_lease, sent + self.cfg.node_lease_ttl_s))
         if joined:
             event(log, "node_joined", node=self.node, gpus=len(gpus))
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=self.node))
 
-    def _fence_watchdog(self) -> None:
-        """Apart from the heartbeat loop, which may hang in a socket when the network blackholes."""
-        while not self.stop_event.wait(self.cfg.heartbeat_interval_s / 2):
-            self._guarded(self._fence_if_lease_lost)
-
-    def _fence_if_lease_lost(self) -> None:
-        """Stop every attempt before the lease can expire unrenewed (two heartbeats of margin).
-
-        The controller requeues the jobs of a node whose lease expired; an agent that cannot
-        reach Redis must not keep running them, or a partitioned node would run a job that also
-        runs elsewhere.
-        """
-        margin = 2 * self.cfg.heartbeat_interval_s
-        if time.monotonic() - self._renewed < self.cfg.node_lease_ttl_s - margin:
-            return
-        running = [a for a in self.runtime.attempts() if a.running]
-        for status in running:
-            self._fenced.add((status.job_id, status.attempt))
-            self.runtime.stop(status.job_id, status.attempt, 0)
-        if running:
-            event(log, "self_fenced", logging.WARNING, node=self.node, stopped=len(running),
-                  why=f"lease not renewed for {time.monotonic() - self._renewed:.1f}s")  # fmt: skip
+    def _confirm_lease(self, until: float) -> None:
+        """Tell the supervisor how long the lease holds; it stops every attempt before then."""
+        try:
+            self.supervisor.lease(until)
+        except OSError as exc:
+            raise LaunchError(f"node supervisor unreachable: {exc}", retryable=True) from exc
 
     # -- launch ----------------------------------------------------------------------
 
@@ -182,7 +177,9 @@ class Agent:
         try:
             check_assigned(self.inventory, self.runtime, job.gpus, self.node, self.cfg.gpu_busy_memory)
             self.runtime.start(self._spec(job))
-        except (LaunchError, SpecError) as exc:
+        except (LaunchError, SpecError, OSError) as exc:
+            if isinstance(exc, OSError):
+                exc = LaunchError(f"cannot prepare the attempt on {self.node}: {exc}", retryable=True)
             retryable = isinstance(exc, LaunchError) and exc.retryable
             kind = "gpu_busy" if isinstance(exc, GpuBusy) else ""
             self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL, kind=kind))
@@ -209,15 +206,15 @@ class Agent:
     def _spec(self, job: Job) -> LaunchSpec:
         spec = job.spec
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        ckpt = checkpoints.job_dir(self.settings.checkpoint_root, job.id)
-        ckpt.mkdir(parents=True, exist_ok=True)
-        ckpt.chmod(0o777)  # the job's container user may not be root
+        user = job_user(spec.user, self.cfg)
+        uid, gid = user if user else (None, None)
+        ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
         return LaunchSpec(
             job_id=job.id, attempt=job.attempt, image=spec.image or self.settings.default_image,
             command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus),
             gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
             shm_size=spec.shm_size, mounts=tuple(spec.mounts), checkpoint_dir=ckpt,
-            resume_from=checkpoints.latest(ckpt),
+            resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
         )  # fmt: skip
 
     # -- stop and exit ---------------------------------------------------------------
@@ -238,13 +235,10 @@ class Agent:
             event(log, "exit_not_recorded", logging.WARNING, job=job_id, attempt=attempt, error=exc)
 
     def finish(self, job_id: str, attempt: int, exit: Exit) -> None:
-        if (job_id, attempt) in self._fenced:
-            exit = Exit(
-                code=exit.code,
-                fault=INFRA,
-                kind="fenced",
-                reason=f"stopped by node {self.node}: it lost its lease",
-            )
+        fenced = self.supervisor.fenced(f"{job_id}.{attempt}")
+        if fenced is not None:
+            exit = Exit(code=exit.code, fault=INFRA, kind="fenced",
+                        reason=f"stopped by node {self.node}'s supervisor: {fenced}")  # fmt: skip
         if not self._claim(job_id, attempt):
             return
         try:
@@ -257,52 +251,43 @@ class Agent:
             self.runtime.remove(job_id, attempt)
         finally:
             self._release(job_id, attempt)
-        # only once recorded: a Redis error above keeps them for the next try
-        self._fenced.discard((job_id, attempt))
-        self._stopping.discard((job_id, attempt))
+        self._stopping.discard((job_id, attempt))  # only once recorded: an error above keeps it
 
     def _finish(self, job: Job, exit: Exit) -> None:
-        """Ship the last logs, remove the attempt, then record how it ended and free its GPUs.
+        """Ship the last logs, record how the attempt ended, remove it, then end it in the store.
 
-        The claims are released only once the container is gone, so a GPU is never handed to the
-        next job while a process of this one may still hold it.
+        The end is recorded before the removal, so a Redis error in between cannot make a finished
+        attempt look lost (and run a SUCCEEDED job again). The claims are released only once the
+        container is gone, so a GPU is never handed to the next job while a process of this one
+        may still hold it.
         """
         shipper = self._shippers.pop((job.id, job.attempt), None)
         if shipper is not None:
             shipper.join(timeout=10)
+        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
+            exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="drain",
+                        reason=f"{job.preempt}: {exit.reason}")  # fmt: skip
+        self.jobs.record_exit(job, exit, self.clock())
         self.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)
-        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
-            exit = Exit(
-                code=exit.code,
-                oom=exit.oom,
-                fault=INFRA,
-                kind="drain",
-                reason=f"{job.preempt}: {exit.reason}",
-            )
-        now = self.clock()
-        decision = decide(job, exit, self.policy)
-        ckpt = checkpoints.latest(checkpoints.job_dir(self.settings.checkpoint_root, job.id))
-        fields = {
-            "exit_code": exit.code, "checkpoint": ckpt, "not_before": now + decision.delay, "preempt": "",
-            "finished_at": now if decision.state.final else None,
-        }  # fmt: skip
-        applied = self.jobs.transition(
-            job.id, attempt=job.attempt, allowed=[JobState.STARTING, JobState.RUNNING], to=decision.state,
-            reason=decision.reason, now=now, fields=fields, incr=decision.incr, release=True,
+        decision = self.jobs.end_attempt(
+            job, exit, self.policy, self.clock(), {"checkpoint": self._latest(job)}
+        )
+        if decision is None:
+            return
+        event(log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
+              state=decision.state, reason=decision.reason)  # fmt: skip
+        self.bus.send(
+            CONTROLLER_QUEUE,
+            AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
+                          exit_code=exit.code, oom=exit.oom, reason=exit.reason),
         )  # fmt: skip
-        if applied and decision.state == JobState.QUEUED:
-            self.jobs.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
-        if applied:
-            event(
-                log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
-                state=decision.state, reason=decision.reason,
-            )  # fmt: skip
-            self.bus.send(
-                CONTROLLER_QUEUE,
-                AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
-                              exit_code=exit.code, oom=exit.oom, reason=exit.reason),
-            )  # fmt: skip
+
+    def _latest(self, job: Job) -> str | None:
+        try:
+            return checkpoints.latest(checkpoints.job_dir(self.settings.checkpoint_root, job.id))
+        except SpecError:  # an id that cannot be a path has no checkpoints
+            return None
 
     def _await_gpus_released(self, job: Job) -> None:
         """Claims are released either way, but a GPU still holding a process is reported and
@@ -317,46 +302,46 @@ class Agent:
 
     def reconcile(self) -> None:
         """Make the node match state: finish exited attempts, kill stale ones, launch lost launches."""
-        held = {(a.job_id, a.attempt): a for a in self.runtime.attempts()}
-        jobs = {j.id: j for j in self.jobs.get_many({job_id for job_id, _ in held})}
-        for status in held.values():
-            self._reconcile_attempt(status, jobs.get(status.job_id))
-        for job in self.jobs.on_node(self.node):
-            if (job.id, job.attempt) in held or (job.id, job.attempt) in self._busy:
-                continue
-            if job.state == JobState.SCHEDULED:
-                self.launch(job.id, job.attempt)
-            elif job.state in (JobState.STARTING, JobState.RUNNING) and self._claim(job.id, job.attempt):
-                try:
-                    self._finish(
-                        job,
-                        Exit(
-                            code=None,
-                            fault=INFRA,
-                            kind="lost",
-                            reason=f"attempt vanished from node {self.node}",
-                        ),
-                    )
-                finally:
-                    self._release(job.id, job.attempt)
-
-    def _reconcile_attempt(self, status: AttemptStatus, job: Job | None) -> None:
-        key = (status.job_id, status.attempt)
-        if key in self._busy:
-            return
-        current = job is not None and job.attempt == status.attempt and job.node == self.node
-        if status.running and not (current and job is not None and job.state.on_node):
+        # in this order: a launch running while the node's jobs are read is still busy when busy is
+        # read, or already held when the runtime is listed, so it never looks lost
+        on_node = self.jobs.on_node(self.node)
+        with self._lock:
+            busy = set(self._busy)
+        held = self.runtime.attempts()
+        self._fleet_pids = self.runtime.pids()
+        jobs = {j.id: j for j in self.jobs.get_many({a.job_id for a in held})}
+        todo = plan.reconcile(self.node, held, jobs, on_node, busy, set(self._shippers))
+        for status in todo.stale:
             event(log, "stale_attempt_killed", job=status.job_id, attempt=status.attempt)
             self.runtime.stop(status.job_id, status.attempt, 0)
             self.runtime.remove(status.job_id, status.attempt)
-        elif status.running and job is not None:
-            if job.cancel_requested or job.preempt:
-                self._stop_in_background(status.job_id, status.attempt)
-            elif key not in self._shippers:
-                event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
-                self._ship(status.job_id, status.attempt)
-        elif status.exit is not None:
+        for status in todo.stop:
+            self._stop_in_background(status.job_id, status.attempt)
+        for status in todo.reattach:
+            event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
+            self.runtime.supervise(status.job_id, status.attempt)
+            self._ship(status.job_id, status.attempt)
+        for status in todo.finish:
+            assert status.exit is not None
             self.finish(status.job_id, status.attempt, status.exit)
+        for job in todo.launch:
+            self.launch(job.id, job.attempt)
+        for job in todo.lost:
+            self._lost(job)
+
+    def _lost(self, job: Job) -> None:
+        """An attempt Redis places here that the runtime does not hold: use the end recorded
+        before its removal if there is one, else it vanished (not the job's fault)."""
+        if not self._claim(job.id, job.attempt):
+            return
+        try:
+            if any((a.job_id, a.attempt) == (job.id, job.attempt) for a in self.runtime.attempts()):
+                return  # it started after the reconcile looked
+            exit = job.last_exit if job.last_exit_attempt == job.attempt else None
+            self._finish(job, exit or Exit(code=None, fault=INFRA, kind="lost",
+                                           reason=f"attempt vanished from node {self.node}"))  # fmt: skip
+        finally:
+            self._release(job.id, job.attempt)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -392,6 +377,23 @@ class Agent:
             if status.running:
                 self.runtime.stop(status.job_id, status.attempt, self.cfg.stop_grace_s)
             self.runtime.remove(status.job_id, status.attempt)
+
+
+def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | None:
+    """(uid, gid) a job runs as: its spec's ``user`` or the node's ``job_user``. Root only where the
+    operator allows it. An agent that is not root cannot switch users: None (its own), and a job
+    that asked for another user is refused."""
+    uid, _, gid = (requested or cfg.job_user).partition(":")
+    user = (int(uid), int(gid) if gid else int(uid))
+    if user[0] == 0 and not cfg.allow_root_jobs:
+        raise SpecError(f"user: jobs may not run as root (uid 0) on node {cfg.node_name}; drop `user` to "
+                        "run as the node's job_user, or ask an operator to set allow_root_jobs")  # fmt: skip
+    if os.geteuid() != 0:
+        if requested and user[0] != os.geteuid():
+            raise SpecError(f"user: node {cfg.node_name}'s agent is not root and runs jobs as uid "
+                            f"{os.geteuid()} only; drop `user`")  # fmt: skip
+        return None
+    return user
 
 
 def _agent_id(state_dir: Path) -> str:

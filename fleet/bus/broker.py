@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import dramatiq
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, Retries
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from fleet.bus.messages import Message
 from fleet.config import Settings
 from fleet.errors import MalformedMessage
 from fleet.log import event
+from fleet.state.connection import pool
 
 log = logging.getLogger("fleet.bus")
 M = TypeVar("M", bound=Message)
@@ -48,7 +50,7 @@ class Bus:
     def __init__(self, settings: Settings) -> None:
         self.poll_ms = settings.bus_poll_ms
         self.broker = RedisBroker(  # type: ignore[no-untyped-call]
-            url=settings.redis_url_for(settings.bus_db),
+            client=redis.Redis(connection_pool=pool(settings, settings.bus_db)),
             namespace=NAMESPACE,
             middleware=[Retries(max_retries=0), DeadLetterLog()],
         )

@@ -35,10 +35,12 @@ def register(sub: Any) -> None:
         p.add_argument("--root", default="/", help="install under this directory instead of / (no systemctl)")
         if verb == "install":
             p.add_argument(
-                "--redis-url",
-                default=argparse.SUPPRESS,
-                help="the fleet's Redis; a password in it goes to a 0600 fleet.env, not fleet.toml",
+                "--redis-url", default=argparse.SUPPRESS, help="the fleet's Redis, without a password"
             )
+            p.add_argument(
+                "--redis-password-file", metavar="FILE",
+                help="file holding the Redis password (- reads stdin); it goes to a 0600 fleet.env",
+            )  # fmt: skip
         p.set_defaults(handler=install if verb == "install" else uninstall)
 
     p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
@@ -77,13 +79,17 @@ def agent(args: argparse.Namespace) -> int:
     from fleet.agent.gpus import open_inventory
     from fleet.agent.runtime import open_runtime
     from fleet.agent.service import Agent
+    from fleet.agent.supervision import SupervisorClient
 
     log.setup(args.log_level)
     settings = load_settings(args.config, redis_url=args.redis_url)
     overrides = {"node_name": args.node_name, "runtime": args.runtime, "gpus": args.gpus}
     settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
     jobs, nodes, bus = _stores(settings)
-    service = Agent(settings, jobs, nodes, bus, open_inventory(settings.agent), open_runtime(settings.agent))
+    cfg = settings.agent
+    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4))
+    runtime = open_runtime(cfg, supervisor)
+    service = Agent(settings, jobs, nodes, bus, open_inventory(cfg), runtime, supervisor)
     _stop_on_signals(service.stop_event)
     service.run()
     return 0
@@ -102,8 +108,10 @@ def up(args: argparse.Namespace) -> int:
 
 def install(args: argparse.Namespace) -> int:
     from fleet.install import install as do_install
+    from fleet.install import read_password
 
-    done = do_install(args.service, Path(args.root), args.redis_url)
+    password = read_password(args.redis_password_file) if args.redis_password_file else None
+    done = do_install(args.service, Path(args.root), args.redis_url, password)
     print(f"wrote {done.unit}\nconfig {done.config}" + (f"\nsecrets {done.env} (0600)" if done.env else ""))
     print(
         f"started fleet-{args.service}"

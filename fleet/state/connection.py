@@ -18,14 +18,18 @@ R = TypeVar("R")
 
 def connect(settings: Settings, db: int | None = None) -> redis.Redis:
     """A client for the state DB (or ``db``), with timeouts so a dead Redis never hangs a service."""
-    url = settings.redis_url_for(db)
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_connect_timeout=2,
-        socket_timeout=5,
-        health_check_interval=10,
-    )
+    return redis.Redis(connection_pool=pool(settings, db, decode_responses=True))
+
+
+def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.ConnectionPool:
+    """A connection pool for ``db`` with the password passed apart from the URL (never spliced in)."""
+    password = settings.redis_password_for()
+    if password is not None:
+        options["password"] = password
+    return redis.ConnectionPool.from_url(
+        settings.redis_url_for(db), socket_connect_timeout=2, socket_timeout=5, health_check_interval=10,
+        **options,
+    )  # fmt: skip
 
 
 def translated(fn: Callable[P, R]) -> Callable[P, R]:

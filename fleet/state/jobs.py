@@ -11,7 +11,8 @@ import redis
 
 from fleet.errors import NotFound
 from fleet.keys import Keys
-from fleet.models import ON_NODE_STATES, Event, Job, JobSpec, JobState
+from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
+from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobSpec, JobState, check_job_id
 from fleet.state.connection import load_scripts, translated
 
 
@@ -34,6 +35,7 @@ class JobStore:
     @translated
     def create(self, job_id: str, spec: JobSpec, now: float) -> bool:
         """Store a new QUEUED job; False when ``job_id`` already exists (idempotent submit)."""
+        check_job_id(job_id)
         k = self.keys
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
         created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
@@ -144,6 +146,36 @@ class JobStore:
             raise NotFound(f"no job {job_id!r}")
         return bool(code == 1)
 
+    def record_exit(self, job: Job, exit: Exit, now: float) -> bool:
+        """Keep how ``job``'s current attempt ended before its container is removed, so a Redis
+        error between the removal and :meth:`end_attempt` cannot turn a finished attempt into a
+        lost one (and a SUCCEEDED job into one that runs again)."""
+        saved = json.dumps({"attempt": job.attempt, **exit.model_dump()})
+        return self.transition(
+            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES, now=now, record=False,
+            reason=f"attempt {job.attempt} ended: {exit.reason}", fields={"exit": saved},
+        )  # fmt: skip
+
+    def end_attempt(
+        self, job: Job, exit: Exit, policy: RetryPolicy, now: float, fields: dict[str, Any] | None = None
+    ) -> Decision | None:
+        """End ``job``'s current attempt: decide (retry policy), transition, release its GPUs, count a
+        requeue. The one place an attempt ends, for the agent and the controller alike; None if stale."""
+        decision = decide(job, exit, policy)
+        changes = {
+            "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "",
+            "finished_at": now if decision.state.final else None, **(fields or {}),
+        }  # fmt: skip
+        applied = self.transition(
+            job.id, attempt=job.attempt, allowed=ON_NODE_STATES, to=decision.state, reason=decision.reason,
+            now=now, fields=changes, incr=decision.incr, release=True,
+        )  # fmt: skip
+        if not applied:
+            return None
+        if decision.state == JobState.QUEUED:
+            self.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
+        return decision
+
     def request_cancel(self, job_id: str, now: float) -> bool:
         """Cancel a queued job at once, or flag one on a node for its agent; False if already final."""
         if self.transition(
@@ -227,4 +259,12 @@ def _job(raw: dict[str, str]) -> Job:
         preempt=raw.get("preempt", ""),
         checkpoint=raw.get("checkpoint") or None,
         seq=int(raw.get("seq", 0)),
+        **_last_exit(raw.get("exit")),
     )
+
+
+def _last_exit(saved: str | None) -> dict[str, Any]:
+    if not saved:
+        return {}
+    data = json.loads(saved)
+    return {"last_exit_attempt": int(data.pop("attempt", 0)), "last_exit": Exit.model_validate(data)}

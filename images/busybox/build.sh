@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# fleet/busybox: a ~2 MB image from the host's busybox-static, for the test suite. No registry.
+# localhost/fleet/busybox: a ~2 MB image from the host's busybox-static, for the test suite. No registry.
 set -euo pipefail
-tag=${1:-fleet/busybox:latest}
+tag=${1:-localhost/fleet/busybox:latest}
 busybox=$(command -v busybox)
 file -L "$busybox" 2>/dev/null | grep -q "statically linked" || ldd "$busybox" 2>&1 | grep -q "not a dynamic" \
   || { echo "busybox at $busybox is not static: apt-get install busybox-static" >&2; exit 1; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# fleet/rootfs-bookworm: Debian bookworm minbase + python3, made with debootstrap and `docker import`
+# localhost/fleet/rootfs-bookworm: Debian bookworm minbase + python3, made with debootstrap and `docker import`
 # (no container registry needed, only Debian's package mirror). Base of the framework images.
 set -euo pipefail
-tag=${1:-fleet/rootfs-bookworm:latest}
+tag=${1:-localhost/fleet/rootfs-bookworm:latest}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 root=$(mktemp -d /var/tmp/fleet-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build fleet/torch without a registry: wheels from the package index on the host, then an
+# Build localhost/fleet/torch without a registry: wheels from the package index on the host, then an
 # offline install into the image. Run from the repository root (make images).
 set -euo pipefail
 mkdir -p .build/wheels
 python3 -m pip download -q --only-binary=:all: --python-version 3.11 --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .build/wheels torch==2.13.0 numpy
-docker build -q -t fleet/torch:latest -f images/torch/Dockerfile . >/dev/null
-echo "built fleet/torch"
+docker build -q -t localhost/fleet/torch:latest -f images/torch/Dockerfile . >/dev/null
+echo "built localhost/fleet/torch"

@@ -40,6 +40,7 @@ def test_password_comes_from_env_and_is_never_displayed(monkeypatch: pytest.Monk
     monkeypatch.setenv("FLEET_REDIS_URL", "redis://redis.internal:6379/0")
     monkeypatch.setenv("FLEET_REDIS_PASSWORD", "s3cret")
     settings = load_settings()
-    assert settings.redis_url_for(1) == "redis://:s3cret@redis.internal:6379/1"
+    assert settings.redis_url_for(1) == "redis://redis.internal:6379/1"
+    assert settings.redis_password_for() == "s3cret"
     assert "s3cret" not in settings.redis_display + repr(settings)
     assert load_settings(redis_url="redis://u:pw@h:1/0").redis_display == "redis://u:***@h:1/0"

@@ -59,22 +59,34 @@ def test_notifier_without_systemd_is_silent(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None:
-    assert (
-        main(["install", "agent", "--root", str(tmp_path), "--redis-url", "redis://:s3cret@10.0.0.5:6379/0"])
-        == 0
-    )
+    secret = tmp_path / "pw"
+    secret.write_text('s3"cret#x\n')
+    argv = ["install", "agent", "--root", str(tmp_path), "--redis-url", "redis://10.0.0.5:6379/0"]
+    assert main([*argv, "--redis-password-file", str(secret)]) == 0
     unit = (tmp_path / "etc/systemd/system/fleet-agent.service").read_text()
     config = tmp_path / "etc/fleet/fleet.toml"
     env = tmp_path / "etc/fleet/fleet.env"
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "KillMode=process" in unit
     assert "ExecStart=/" in unit and " agent --config /etc/fleet/fleet.toml" in unit
+    assert "cret" not in config.read_text()
     assert (
-        "s3cret" not in config.read_text() and 'redis_url = "redis://10.0.0.5:6379/0"' in config.read_text()
+        env.read_text() == 'FLEET_REDIS_PASSWORD="s3\\"cret#x"\n'
+        and stat.S_IMODE(env.stat().st_mode) == 0o600
     )
-    assert env.read_text() == "FLEET_REDIS_PASSWORD=s3cret\n" and stat.S_IMODE(env.stat().st_mode) == 0o600
     assert load_settings(config).redis_url == "redis://10.0.0.5:6379/0"
     assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service").exists() and config.exists()
+
+
+def test_install_refuses_a_password_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an operator who puts the password into the URL (visible to every user in ps)
+    argv = ["install", "agent", "--root", str(tmp_path), "--redis-url", "redis://:s3cret@10.0.0.5:6379/0"]
+    # Then install refuses with a usage error naming the safe way, and writes nothing
+    assert main(argv) == 2
+    assert "--redis-password-file" in capsys.readouterr().err
+    assert not (tmp_path / "etc/fleet/fleet.toml").exists()
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:

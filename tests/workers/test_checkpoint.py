@@ -48,3 +48,58 @@ def test_resume_from_names_the_checkpoint(ckpt_env: Path, monkeypatch: pytest.Mo
 def test_marker_pointing_outside_the_directory_is_ignored(ckpt_env: Path) -> None:
     (ckpt_env / "latest").write_text("../../etc/passwd\n")
     assert checkpoints.latest(ckpt_env) is None
+
+
+def test_marker_that_is_a_symlink_is_not_followed(
+    ckpt_env: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Given a job that replaced its marker (and a checkpoint name) with symlinks to host files
+    outside = tmp_path_factory.mktemp("host")
+    (outside / "secret").write_text("step-0000000001.ckpt\n")
+    (ckpt_env / "latest").symlink_to(outside / "secret")
+    # Then the host side (the agent, as root) reads neither
+    assert checkpoints.latest(ckpt_env) is None
+    (ckpt_env / "latest").unlink()
+    (ckpt_env / "step-0000000001.ckpt").symlink_to(outside / "secret")
+    (ckpt_env / "latest").write_text("step-0000000001.ckpt\n")
+    assert checkpoints.latest(ckpt_env) is None
+
+
+def test_marker_that_is_a_fifo_does_not_hang_the_reader(ckpt_env: Path) -> None:
+    import os
+
+    os.mkfifo(ckpt_env / "latest")
+    assert checkpoints.latest(ckpt_env) is None
+
+
+def test_a_stale_attempt_never_moves_latest_backwards(
+    ckpt_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given attempt 1 saved step 10, then the agent started attempt 2 (it writes .fleet-attempt)
+    monkeypatch.setenv("FLEET_ATTEMPT", "1")
+    fw.save({"w": 10}, 10)
+    checkpoints.prepare(ckpt_env.parent, ckpt_env.name, 2, None, None)
+    # When attempt 1, still running somewhere, tries to save step 20
+    with pytest.raises(fw.StaleAttempt, match="attempt 2"):
+        fw.save({"w": 20}, 20)
+    # Then latest still names attempt 1's step 10; attempt 2 saves and is recorded in the marker
+    assert checkpoints.read_marker(ckpt_env) == checkpoints.Marker("step-0000000010.ckpt", 1)
+    monkeypatch.setenv("FLEET_ATTEMPT", "2")
+    fw.save({"w": 15}, 15)
+    assert checkpoints.read_marker(ckpt_env) == checkpoints.Marker("step-0000000015.ckpt", 2)
+    monkeypatch.setenv("FLEET_ATTEMPT", "1")
+    with pytest.raises(fw.StaleAttempt):
+        fw.save({"w": 30}, 30)
+
+
+def test_temporary_names_differ_per_attempt(ckpt_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_worker import checkpoint
+
+    seen = []
+    real = checkpoint.os.replace
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (seen.append(Path(a).name), real(a, b)))
+    for n in ("1", "2"):
+        monkeypatch.setenv("FLEET_ATTEMPT", n)
+        fw.save({"w": n}, 1)
+    assert seen[0].split(".tmp-")[1].startswith("1-") and seen[2].split(".tmp-")[1].startswith("2-")
+    assert len(set(seen)) == len(seen)

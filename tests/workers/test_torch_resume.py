@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet import checkpoints
 from tests.conftest import need
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py"
@@ -70,4 +71,4 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     assert proc.returncode == 143
     assert "stopping on SIGTERM after checkpoint" in output
     last = int(re.findall(r'"step": (\d+)', output)[-1])
-    assert (tmp_path / "latest").read_text().strip() == f"step-{last:010d}.ckpt"
+    assert checkpoints.latest(tmp_path) == f"step-{last:010d}.ckpt"

@@ -14,11 +14,11 @@ Pure Python; torch is optional (used for tensors when present). Inside a fleet j
             fw.exit_after_checkpoint()
 """
 
-from fleet_worker.checkpoint import checkpoint_dir, latest_name, load_latest, save
+from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
 from fleet_worker.env import attempt, job_id
 from fleet_worker.signals import exit_after_checkpoint, progress, stop_requested
 
 __all__ = [
-    "attempt", "checkpoint_dir", "exit_after_checkpoint", "job_id", "latest_name", "load_latest", "progress",
-    "save", "stop_requested",
+    "StaleAttempt", "attempt", "checkpoint_dir", "exit_after_checkpoint", "job_id", "latest_name",
+    "load_latest", "progress", "save", "stop_requested",
 ]  # fmt: skip

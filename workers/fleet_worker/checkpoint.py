@@ -2,6 +2,11 @@
 
 A crash at any point leaves either the previous checkpoint or the new one as ``latest``, never a
 half-written file. Files are named ``step-<step>.ckpt``; the newest ``keep`` are kept.
+
+Fenced by attempt: temporary names carry the attempt and a random part (pids repeat across
+containers), the ``latest`` marker records the attempt that wrote it, and ``save`` refuses with
+:class:`StaleAttempt` once the agent has started a newer attempt (``.fleet-attempt``) or a newer
+attempt has written ``latest``, so a stale attempt never moves ``latest`` backwards.
 """
 
 from __future__ import annotations
@@ -9,10 +14,18 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import secrets
 from pathlib import Path
 from typing import Any
 
+from fleet_worker.env import attempt
+
 MARKER = "latest"
+ATTEMPT_FILE = ".fleet-attempt"
+
+
+class StaleAttempt(RuntimeError):
+    """A newer attempt of this job exists: this one must not write checkpoints any more."""
 
 
 def checkpoint_dir() -> Path:
@@ -43,7 +56,7 @@ def _load(data: bytes) -> Any:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{attempt()}-{os.getpid()}-{secrets.token_hex(4)}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -56,12 +69,36 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+def _newest_attempt(folder: Path) -> int:
+    """The highest attempt the agent started or that wrote ``latest`` (0 when unknown)."""
+    found = 0
+    for name, line in ((ATTEMPT_FILE, 0), (MARKER, 1)):
+        try:
+            lines = (folder / name).read_text().split("\n")
+        except (FileNotFoundError, UnicodeDecodeError):
+            continue
+        value = lines[line].strip() if len(lines) > line else ""
+        found = max(found, int(value) if value.isdigit() else 0)
+    return found
+
+
+def _check_current(folder: Path) -> None:
+    mine, newest = attempt(), _newest_attempt(folder)
+    if mine and newest > mine:
+        raise StaleAttempt(f"attempt {mine} is stale: attempt {newest} of this job has started")
+
+
 def save(state: Any, step: int, keep: int = 2) -> Path:
-    """Checkpoint ``state`` as of ``step`` and make it the latest; return its path."""
+    """Checkpoint ``state`` as of ``step`` and make it the latest; return its path.
+
+    Raises :class:`StaleAttempt` (and writes nothing) when a newer attempt of the job exists.
+    """
     folder = checkpoint_dir()
+    _check_current(folder)
     path = folder / f"step-{step:010d}.ckpt"
     _write_atomic(path, _dump({"step": step, "state": state}))
-    _write_atomic(folder / MARKER, f"{path.name}\n".encode())
+    _check_current(folder)  # the newer attempt may have started while this one was writing
+    _write_atomic(folder / MARKER, f"{path.name}\n{attempt()}\n".encode())
     for old in sorted(folder.glob("step-*.ckpt"))[:-keep]:
         old.unlink(missing_ok=True)
     return path
@@ -69,7 +106,7 @@ def save(state: Any, step: int, keep: int = 2) -> Path:
 
 def latest_name() -> str | None:
     try:
-        return (checkpoint_dir() / MARKER).read_text().strip() or None
+        return (checkpoint_dir() / MARKER).read_text().split("\n")[0].strip() or None
     except FileNotFoundError:
         return None
 

@@ -3,28 +3,71 @@
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, Runtime
+from fleet.agent.supervision import SupervisorClient
 from fleet.config import AgentSettings
-from fleet.errors import RuntimeUnavailable
+from fleet.errors import ConfigError, RuntimeUnavailable
 from fleet.log import event
 
 log = logging.getLogger("fleet.agent.runtime")
 
 __all__ = ["AttemptStatus", "LaunchSpec", "Runtime", "open_runtime"]
+RECORD = "runtime"
 
 
-def open_runtime(settings: AgentSettings) -> Runtime:
-    """Docker when asked for or when a daemon answers (``auto``); else the process runtime."""
-    if settings.runtime != "process":
+def open_runtime(settings: AgentSettings, supervisor: SupervisorClient) -> Runtime:
+    """The configured runtime; ``auto`` is the one recorded in the state dir, else Docker when it is
+    installed, else processes. Docker installed but not answering is an error, never a fallback."""
+    name = choose(settings.runtime, _recorded(settings.state_dir), docker_installed())
+    if name == "docker":
         from fleet.agent.runtime.docker import DockerRuntime
 
         try:
-            return DockerRuntime(settings.node_name, pull=settings.docker_pull)
+            runtime: Runtime = DockerRuntime(settings.node_name, supervisor, pull=settings.docker_pull)
         except RuntimeUnavailable as exc:
-            if settings.runtime == "docker":
-                raise
-            event(log, "docker_unavailable", error=exc, fallback="process runtime")
-    from fleet.agent.runtime.process import ProcessRuntime
+            raise RuntimeUnavailable(
+                f"{exc}; this node runs the docker runtime (runtime={settings.runtime!r}): start dockerd, "
+                'or set runtime = "process" once no container of this node is left'
+            ) from exc
+    else:
+        from fleet.agent.runtime.process import ProcessRuntime
 
-    return ProcessRuntime(settings.node_name, settings.state_dir / "attempts")
+        runtime = ProcessRuntime(settings.node_name, settings.state_dir / "attempts", supervisor)
+    _record(settings.state_dir, name)
+    event(log, "runtime_chosen", runtime=name, configured=settings.runtime)
+    return runtime
+
+
+def choose(configured: str, recorded: str | None, docker: bool) -> str:
+    """Pure: which runtime to open. A configured one must match the recorded one (its attempts may
+    still run); ``auto`` keeps the recorded one, else takes Docker wherever Docker is installed."""
+    if configured != "auto":
+        if recorded and recorded != configured:
+            raise ConfigError(
+                f"agent.runtime: this node's attempts ran under the {recorded} runtime (recorded in "
+                f"state_dir/{RECORD}); stop them and delete that file before switching to {configured}"
+            )
+        return configured
+    if recorded:
+        return recorded
+    return "docker" if docker else "process"
+
+
+def docker_installed() -> bool:
+    return shutil.which("dockerd") is not None or Path("/var/run/docker.sock").exists()
+
+
+def _recorded(state_dir: Path) -> str | None:
+    try:
+        name = (state_dir / RECORD).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return name if name in ("docker", "process") else None
+
+
+def _record(state_dir: Path, name: str) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / RECORD).write_text(f"{name}\n")

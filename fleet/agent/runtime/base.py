@@ -32,6 +32,10 @@ class LaunchSpec:
     checkpoint_dir: Path | None = None
     #: checkpoint to resume from, relative to ``checkpoint_dir``
     resume_from: str | None = None
+    #: (uid, gid) the job runs as; None: the runtime's own user (an agent that is not root)
+    user: tuple[int, int] | None = None
+    #: most processes (threads) the job may hold; None: no limit
+    pids_limit: int | None = None
 
     @property
     def name(self) -> str:
@@ -78,6 +82,10 @@ class Runtime(Protocol):
         ...
 
     def remove(self, job_id: str, attempt: int) -> None: ...
+
+    def supervise(self, job_id: str, attempt: int) -> None:
+        """Make sure the node supervisor fences this running attempt (after an agent restart)."""
+        ...
 
     def pids(self) -> set[int]:
         """Host pids of every process fleet started on this node (to tell foreign GPU users apart)."""

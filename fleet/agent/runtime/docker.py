@@ -1,9 +1,12 @@
 """Attempts as Docker containers, through the Docker Engine API (docker-py).
 
 Containers are named ``fleet-<job>-<attempt>`` and labelled with job, attempt and node, so a
-restarted agent finds its own by label. Never privileged; ``no-new-privileges``; ``init=True`` so
-signals reach the job and zombies are reaped. Exits are seen through Docker events, and the
-agent's periodic reconcile lists containers by label in case an event was missed.
+restarted agent finds its own by label. Never privileged: every capability dropped,
+``no-new-privileges``, the job's user (never root unless the operator allows it), a pids limit;
+``init=True`` so signals reach the job and zombies are reaped. Each started container's init is
+handed to the node supervisor, which kills it if the node's lease lapses, agent or no agent.
+Images named ``localhost/...`` are built on the node and never pulled. Exits are seen through
+Docker events, and the agent's periodic reconcile lists containers by label in case one was missed.
 """
 
 from __future__ import annotations
@@ -29,20 +32,24 @@ from fleet.agent.runtime.base import (
     AttemptStatus,
     LaunchSpec,
 )  # fmt: skip
+from fleet.agent.supervision import SupervisorClient
 from fleet.errors import ImageNotFound, LaunchError, RuntimeUnavailable
 from fleet.log import event
 from fleet.models import Exit
 
 log = logging.getLogger("fleet.agent.docker")
 MiB = 1 << 20
+#: images under this name exist only where they were built (``make images``): never pulled
+LOCAL_REGISTRY = "localhost/"
 
 
 class DockerRuntime:
     name = "docker"
 
-    def __init__(self, node: str, pull: str = "missing", client: Any = None) -> None:
-        self.node = node
-        self.pull = pull
+    def __init__(
+        self, node: str, supervisor: SupervisorClient, pull: str = "missing", client: Any = None
+    ) -> None:
+        self.node, self.supervisor, self.pull = node, supervisor, pull
         try:
             self.client = client or docker.from_env(timeout=30)
             self.client.ping()
@@ -67,19 +74,41 @@ class DockerRuntime:
             container = self._container(spec.job_id, spec.attempt) or self._create(spec)
             if container.status == "created":
                 container.start()
+            self._supervise(spec.job_id, spec.attempt, container)
+        except LaunchError:
+            self.remove(spec.job_id, spec.attempt)
+            raise
         except DockerImageNotFound as exc:
-            raise ImageNotFound(f"image {spec.image!r} not found on node {self.node}") from exc
+            hint = (
+                "; it is built on each node (make images), never pulled"
+                if spec.image.startswith(LOCAL_REGISTRY)
+                else ""
+            )
+            raise ImageNotFound(f"image {spec.image!r} not found on node {self.node}{hint}") from exc
         except APIError as exc:
             raise LaunchError(f"docker refused to start the container: {exc.explanation or exc}") from exc
         except DockerException as exc:
             raise LaunchError(f"docker failed: {exc}", retryable=True) from exc
+
+    def supervise(self, job_id: str, attempt: int) -> None:
+        """Put a running container found on the node (agent restart) back under the fence."""
+        container = self._container(job_id, attempt)
+        if container is not None:
+            self._supervise(job_id, attempt, container)
+
+    def _supervise(self, job_id: str, attempt: int, container: Any) -> None:
+        """Hand the container's init to the node supervisor, which fences it with the lease."""
+        container.reload()
+        pid = int(container.attrs["State"].get("Pid") or 0)
+        if pid:
+            self.supervisor.adopt(f"{job_id}.{attempt}", pid)
 
     def _ensure_image(self, image: str) -> None:
         try:
             self.client.images.get(image)
             return
         except DockerImageNotFound:
-            if self.pull == "never":
+            if self.pull == "never" or image.startswith(LOCAL_REGISTRY):
                 raise
         try:
             event(log, "image_pull", image=image, node=self.node)
@@ -105,7 +134,10 @@ class DockerRuntime:
             environment=spec.fleet_env(checkpoint),
             init=True,
             privileged=False,
+            cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
+            user=f"{spec.user[0]}:{spec.user[1]}" if spec.user else None,
+            pids_limit=spec.pids_limit,
             mounts=mounts,
             device_requests=devices,
             mem_limit=spec.memory,
@@ -186,12 +218,14 @@ class DockerRuntime:
         if container is not None:
             with contextlib.suppress(NotFound):
                 container.remove(force=True)
+        self.supervisor.forget_fence(f"{job_id}.{attempt}")
 
     def close(self) -> None:
         if self._events is not None:
             with contextlib.suppress(Exception):
                 self._events.close()
         self.client.close()
+        self.supervisor.close()
 
 
 def _stamped(raw: bytes) -> tuple[str, str]:

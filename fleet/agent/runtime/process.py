@@ -1,18 +1,19 @@
 """Attempts as plain processes (bare metal, development): own session, same environment contract.
 
-Each attempt lives in ``<root>/<job>.<attempt>/``: ``meta.json`` (pid), ``output.log`` and, once it
-ended, ``exit``. Memory and CPU limits are not enforced by this runtime (no cgroups); use Docker.
+The node supervisor (``fleet/agent/supervisor.py``) starts them, as the job's user, and records
+their exit, so an agent restarted later learns how an attempt it did not start ended, and an
+attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
+(root-owned: ``meta.json`` with the pid, ``output.log``, ``exit`` once it ended) with a ``work``
+directory the job owns as its working and home directory. Memory and CPU limits are not enforced
+by this runtime (no cgroups); use Docker.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,21 +22,18 @@ from pathlib import Path
 import psutil
 
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec
+from fleet.agent.supervision import SupervisorClient
 from fleet.models import Exit
 
-_PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
+_PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
 
 
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, node: str, root: Path) -> None:
-        self.node = node
-        self.root = root
+    def __init__(self, node: str, root: Path, supervisor: SupervisorClient) -> None:
+        self.node, self.root, self.supervisor = node, root, supervisor
         self.root.mkdir(parents=True, exist_ok=True)
-        self._children: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
-        self._on_exit: Callable[[str, int], None] | None = None
-        self._lock = threading.Lock()
 
     def _dir(self, job_id: str, attempt: int) -> Path:
         return self.root / f"{job_id}.{attempt}"
@@ -44,26 +42,19 @@ class ProcessRuntime:
         folder = self._dir(spec.job_id, spec.attempt)
         if (folder / "meta.json").exists():
             return
-        folder.mkdir(parents=True, exist_ok=True)
+        work = folder / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        uid, gid = spec.user if spec.user else (None, None)
+        if uid is not None and os.geteuid() == 0:
+            os.chown(work, uid, gid if gid is not None else -1)
+        work.chmod(0o700)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+        env.update(HOME=str(work), TMPDIR=str(work))
         env.update(spec.fleet_env(str(spec.checkpoint_dir) if spec.checkpoint_dir else None))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet.agent.runtime.shim", str(folder), *spec.command],
-            env=env, cwd=folder, start_new_session=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        meta = {"job": spec.job_id, "attempt": spec.attempt, "pid": proc.pid, "created": _created(proc.pid)}
-        (folder / "meta.json").write_text(json.dumps(meta))
-        with self._lock:
-            self._children[(spec.job_id, spec.attempt)] = proc
-        threading.Thread(target=self._reap, args=(spec.job_id, spec.attempt, proc), daemon=True).start()
+        self.supervisor.spawn(f"{spec.job_id}.{spec.attempt}", list(spec.command), env, str(work), uid, gid)
 
-    def _reap(self, job_id: str, attempt: int, proc: subprocess.Popen[bytes]) -> None:
-        proc.wait()
-        with self._lock:
-            self._children.pop((job_id, attempt), None)
-        if self._on_exit is not None:
-            self._on_exit(job_id, attempt)
+    def supervise(self, job_id: str, attempt: int) -> None:
+        """Nothing to do: process attempts are the supervisor's own children."""
 
     def status(self, job_id: str, attempt: int) -> AttemptStatus | None:
         folder = self._dir(job_id, attempt)
@@ -77,9 +68,9 @@ class ProcessRuntime:
             return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=_describe(code)))
         if _alive(meta["pid"], meta["created"]):
             return AttemptStatus(job_id, attempt, True)
-        return AttemptStatus(
-            job_id, attempt, False, Exit(code=137, reason="killed before it could record an exit")
-        )
+        return AttemptStatus(job_id, attempt, False, Exit(
+            code=137, fault="infra", kind="lost", reason="its supervisor died before recording an exit",
+        ))  # fmt: skip
 
     def attempts(self) -> list[AttemptStatus]:
         found = []
@@ -93,14 +84,13 @@ class ProcessRuntime:
         status = self.status(job_id, attempt)
         if status is None or not status.running:
             return
-        meta = json.loads((self._dir(job_id, attempt) / "meta.json").read_text())
-        _signal_group(meta["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+        self.supervisor.stop(f"{job_id}.{attempt}", grace_s)
+        deadline = time.monotonic() + grace_s + 5
         while time.monotonic() < deadline:
-            if not _group(meta["pid"]):
+            status = self.status(job_id, attempt)
+            if status is None or not status.running:
                 return
             time.sleep(0.05)
-        _signal_group(meta["pid"], signal.SIGKILL)
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -112,6 +102,11 @@ class ProcessRuntime:
         return found
 
     def remove(self, job_id: str, attempt: int) -> None:
+        key = f"{job_id}.{attempt}"
+        status = self.status(job_id, attempt)
+        if status is not None and status.running:
+            self.stop(job_id, attempt, 0)
+        self.supervisor.forget_fence(key)
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
     def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
@@ -139,30 +134,28 @@ class ProcessRuntime:
                 time.sleep(0.05)
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
-        self._on_exit = on_exit
+        def exited(key: str) -> None:
+            job_id, _, attempt = key.rpartition(".")
+            if attempt.isdigit():
+                on_exit(job_id, int(attempt))
+
+        self.supervisor.watch(exited, stop)
 
     def close(self) -> None:
-        self._on_exit = None
-
-
-def _created(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return 0.0
+        self.supervisor.close()
 
 
 def _alive(pid: int, created: float) -> bool:
-    """The shim ``pid`` still runs (and is not a recycled pid)."""
+    """The attempt's leader ``pid`` still runs (and is not a recycled pid: same start time)."""
     try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return False
+    return stat[0] != "Z" and float(stat[19]) == created
 
 
 def _group(pid: int) -> list[int]:
-    """Live processes in the session the shim ``pid`` leads."""
+    """Live processes in the session the attempt's leader ``pid`` started."""
     members = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
@@ -171,11 +164,6 @@ def _group(pid: int) -> list[int]:
         except (ProcessLookupError, PermissionError):
             continue
     return members
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
 
 
 def _describe(code: int) -> str:

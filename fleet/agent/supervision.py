@@ -1,0 +1,176 @@
+"""The agent's side of the node supervisor (``fleet/agent/supervisor.py``): start it, talk to it.
+
+Requests go over one connection under a lock; exits come back on a second, ``watch`` connection
+read by a thread. The supervisor outlives the agent, so a restarted agent connects to the one
+already holding its attempts instead of starting another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fleet.agent import supervisor as server
+from fleet.errors import LaunchError, RuntimeUnavailable
+from fleet.log import event
+
+log = logging.getLogger("fleet.agent.supervision")
+
+
+class SupervisorClient:
+    def __init__(self, state_dir: Path, margin_s: float, tick_s: float = 0.05) -> None:
+        self.state_dir, self.margin_s, self.tick_s = state_dir, margin_s, tick_s
+        self.path = state_dir / server.SOCKET
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    # -- connection ------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Connect to the node's supervisor, starting one when none answers."""
+        with self._lock:
+            if self._sock is None:
+                self._connect_or_start()
+
+    def _connect_or_start(self) -> None:
+        try:
+            self._attach(self._open())
+            return
+        except OSError:
+            pass
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-I", server.__file__, str(self.state_dir), "--margin", str(self.margin_s),
+                "--tick", str(self.tick_s)]  # fmt: skip
+        with open(self.state_dir / "supervisor.log", "ab") as out:
+            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                self._attach(self._open())
+                event(log, "supervisor_started", dir=self.state_dir)
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeUnavailable(f"the node supervisor did not start; see {self.state_dir}/supervisor.log")
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5)
+            sock.connect(str(self.path))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _attach(self, sock: socket.socket) -> None:
+        self._sock, self._file = sock, sock.makefile("rb")
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request; on a broken connection reconnect (or restart the supervisor) and retry once."""
+        with self._lock:
+            for tried in range(2):
+                try:
+                    if self._sock is None:
+                        self._connect_or_start()
+                    return self._exchange({"op": op, **fields})
+                except OSError:
+                    self._drop()
+                    if tried:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _exchange(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self._sock is not None
+        self._sock.sendall(json.dumps(req).encode() + b"\n")
+        line = self._file.readline()
+        if not line:
+            raise ConnectionResetError("supervisor closed the connection")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+                self._sock.close()
+        self._sock = None
+
+    # -- operations ------------------------------------------------------------------
+
+    def lease(self, until_monotonic: float) -> None:
+        self.request("lease", until=until_monotonic)
+
+    def spawn(self, key: str, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,
+              gid: int | None) -> int:  # fmt: skip
+        reply = self.request("spawn", key=key, argv=argv, env=env, cwd=cwd, uid=uid, gid=gid)
+        if "error" in reply:
+            raise LaunchError(f"supervisor refused to start the attempt: {reply['error']}", retryable=True)
+        return int(reply["pid"])
+
+    def adopt(self, key: str, pid: int) -> bool:
+        """Fence ``pid`` with the node's attempts; False when it is already gone."""
+        reply = self.request("adopt", key=key, pid=pid)
+        if "error" in reply:
+            raise LaunchError(f"supervisor refused the attempt: {reply['error']}", retryable=True)
+        return not reply.get("gone", False)
+
+    def stop(self, key: str, grace_s: float) -> None:
+        self.request("stop", key=key, grace=grace_s)
+
+    def drop(self, key: str) -> None:
+        self.request("drop", key=key)
+
+    def held(self) -> list[str]:
+        return list(self.request("ping").get("held", []))
+
+    def fenced(self, key: str) -> str | None:
+        """Why the supervisor fenced this attempt, or None."""
+        try:
+            return (self.state_dir / server.FENCED / key).read_text().strip() or "fenced"
+        except FileNotFoundError:
+            return None
+
+    def forget_fence(self, key: str) -> None:
+        (self.state_dir / server.FENCED / key).unlink(missing_ok=True)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self.request("shutdown")
+        with self._lock:
+            self._drop()
+
+    def watch(self, on_exit: Callable[[str], None], stop: threading.Event) -> None:
+        """Call ``on_exit(key)`` from a thread for every attempt the supervisor reaps."""
+        threading.Thread(
+            target=self._watch, args=(on_exit, stop), name="supervisor-watch", daemon=True
+        ).start()
+
+    def _watch(self, on_exit: Callable[[str], None], stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                sock = self._open()
+                sock.settimeout(None)
+                sock.sendall(b'{"op": "watch"}\n')
+                with sock, sock.makefile("rb") as lines:
+                    for line in lines:
+                        key = json.loads(line).get("exit")
+                        if key:
+                            on_exit(str(key))
+            except OSError:
+                pass
+            stop.wait(0.5)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

@@ -1,0 +1,325 @@
+"""The node's attempt supervisor: holds every attempt and fences them even while the agent is down.
+
+``python -I fleet/agent/supervisor.py STATE_DIR --margin S`` runs one per node, in a session of its
+own, so it outlives agent restarts (and the agent unit's ``KillMode=process``). The agent starts it
+when none answers on ``STATE_DIR/supervisor.sock`` and then, over that socket (JSON lines):
+
+- ``lease {until}``: the node lease is confirmed until ``until`` (CLOCK_MONOTONIC, shared by every
+  process on the host). Once ``until - margin`` passes unconfirmed, every attempt is SIGKILLed and
+  recorded as fenced (``fenced/<job>.<attempt>``): the controller requeues the jobs of a node whose
+  lease expired, so they must be dead before it can. This holds whether the agent is alive or not.
+- ``spawn {key, argv, env, cwd, uid, gid}``: start a process-runtime attempt in a session of its own
+  as ``uid``/``gid``, output to ``attempts/<key>/output.log``, with a parent-death signal, so jobs
+  die with the supervisor and are never orphaned. Its pid goes to ``meta.json``, its exit code to
+  ``exit`` when it ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``.
+- ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
+- ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
+- ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
+
+Launching costs a fork and an exec, not a Python interpreter per attempt. Standard library only,
+one thread, nothing else imported: the supervisor must be small enough to trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attempts", "fenced"
+_PR_SET_PDEATHSIG = 1
+_EXITED = os.WEXITED | os.WNOHANG | os.WNOWAIT
+_SELF = [os.getpid()]
+
+
+@dataclass
+class Held:
+    key: str
+    pid: int
+    pidfd: int
+    group: bool  # a spawned attempt leads its own process group; an adopted pid is signalled alone
+    proc: subprocess.Popen[bytes] | None = None
+    kill_at: float | None = None
+    fenced: bool = False
+
+
+@dataclass
+class Supervisor:
+    state_dir: Path
+    margin: float
+    until: float = 0.0
+    held: dict[str, Held] = field(default_factory=dict)
+    watchers: list[socket.socket] = field(default_factory=list)
+    running: bool = True
+
+    # -- fencing ---------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        self._reap()
+        if self.held and now >= self.until - self.margin:
+            self.fence(now)
+        for held in list(self.held.values()):
+            if held.kill_at is not None and now >= held.kill_at:
+                self._signal(held, signal.SIGKILL)
+
+    def fence(self, now: float) -> None:
+        late = now - (self.until - self.margin)
+        fresh = [h for h in self.held.values() if not h.fenced]
+        for held in fresh:
+            (self.state_dir / FENCED).mkdir(exist_ok=True)
+            (self.state_dir / FENCED / held.key).write_text(
+                f"lease unconfirmed {late:.2f}s past the margin\n"
+            )
+            held.fenced = True
+        for held in list(self.held.values()):
+            self._signal(held, signal.SIGKILL)
+        if fresh:
+            _log(f"fenced attempts={len(fresh)} late_s={late:.2f}")
+
+    def _signal(self, held: Held, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if held.group:
+                os.killpg(held.pid, sig)
+            else:
+                signal.pidfd_send_signal(held.pidfd, sig)
+
+    # -- children --------------------------------------------------------------------
+
+    def spawn(self, req: dict[str, Any]) -> dict[str, Any]:
+        key = _key(req["key"])
+        if key in self.held:
+            return {"pid": self.held[key].pid}
+        if time.monotonic() >= self.until - self.margin:
+            return {"error": "node lease not confirmed: refusing to start an attempt"}
+        folder = self.state_dir / ATTEMPTS / key
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "output.log", "ab") as out:
+            try:
+                proc = _popen(req, out)
+            except OSError as exc:
+                out.write(f"fleet: cannot run {req['argv'][0]!r}: {exc.strerror}\n".encode())
+                _write_json(folder / "exit", {"code": 127 if isinstance(exc, FileNotFoundError) else 126})
+                _write_json(folder / "meta.json", {"pid": 0, "created": 0})
+                self._notify(key)
+                return {"pid": 0}
+        _write_json(folder / "meta.json", {"pid": proc.pid, "created": _created(proc.pid)})
+        self.held[key] = Held(key, proc.pid, os.pidfd_open(proc.pid), True, proc)
+        return {"pid": proc.pid}
+
+    def adopt(self, req: dict[str, Any]) -> dict[str, Any]:
+        key, pid = _key(req["key"]), int(req["pid"])
+        if time.monotonic() >= self.until - self.margin:
+            return {"error": "node lease not confirmed: refusing to adopt an attempt"}
+        if key not in self.held:
+            try:
+                self.held[key] = Held(key, pid, os.pidfd_open(pid), False)
+            except ProcessLookupError:
+                return {"gone": True}
+        return {"pid": pid}
+
+    def stop(self, req: dict[str, Any]) -> dict[str, Any]:
+        held = self.held.get(_key(req["key"]))
+        if held is not None:
+            self._signal(held, signal.SIGTERM)
+            held.kill_at = time.monotonic() + max(float(req.get("grace", 0)), 0.0)
+        return {"held": held is not None}
+
+    def _reap(self) -> None:
+        for held in list(self.held.values()):
+            if held.proc is not None and os.waitid(os.P_PID, held.pid, _EXITED) is not None:
+                # the leader exited but is not reaped yet, so its group id cannot be reused: kill
+                # whatever of the job it left behind, then reap
+                self._signal(held, signal.SIGKILL)
+                code = held.proc.wait()
+                _write_json(self.state_dir / ATTEMPTS / held.key / "exit",
+                            {"code": 128 - code if code < 0 else code, "at": time.time()})  # fmt: skip
+                self._forget(held.key)
+                self._notify(held.key)
+            elif held.proc is None and not _alive(held.pidfd):
+                self._forget(held.key)
+
+    def _forget(self, key: str) -> None:
+        held = self.held.pop(key, None)
+        if held is not None:
+            os.close(held.pidfd)
+
+    def _notify(self, key: str) -> None:
+        for conn in list(self.watchers):
+            try:
+                conn.sendall(json.dumps({"exit": key}).encode() + b"\n")
+            except OSError:
+                self.watchers.remove(conn)
+
+    def shutdown(self) -> None:
+        for held in list(self.held.values()):
+            self._signal(held, signal.SIGKILL)
+        self.running = False
+
+    # -- requests --------------------------------------------------------------------
+
+    def handle(self, conn: socket.socket, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "lease":
+            self.until = max(self.until, float(req["until"]))
+            return {"ok": True}
+        if op == "watch":
+            self.watchers.append(conn)
+            return {"ok": True}
+        if op == "ping":
+            return {"pid": os.getpid(), "held": sorted(self.held)}
+        if op == "drop":
+            self._forget(_key(req["key"]))
+            return {"ok": True}
+        if op == "shutdown":
+            self.shutdown()
+            return {"ok": True}
+        handler = {"spawn": self.spawn, "adopt": self.adopt, "stop": self.stop}.get(str(op))
+        if handler is None:
+            return {"error": f"unknown op {op!r}"}
+        return handler(req)
+
+
+def _key(key: object) -> str:
+    """``<job>.<attempt>``: job ids are validated by fleet; checked again since it becomes a path."""
+    text = str(key)
+    if not text or text[0] == "." or "/" in text or "\x00" in text or len(text) > 160:
+        raise ValueError(f"bad attempt key {text!r}")
+    return text
+
+
+def _popen(req: dict[str, Any], out: Any) -> subprocess.Popen[bytes]:
+    uid, gid = req.get("uid"), req.get("gid")
+    switch = uid is not None and os.geteuid() == 0
+    return subprocess.Popen(
+        [str(a) for a in req["argv"]], env={str(k): str(v) for k, v in req["env"].items()},
+        cwd=req.get("cwd"), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True, preexec_fn=_die_with_parent, close_fds=True,
+        user=uid if switch else None, group=gid if switch else None, extra_groups=[] if switch else None,
+    )  # fmt: skip
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the supervisor dies, so no job is ever orphaned;
+    and the signals the supervisor ignores are the job's again (ignored ones survive exec)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != _SELF[0]:  # the supervisor died before the signal was armed
+        os._exit(137)
+
+
+def _alive(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)
+
+
+def _created(pid: int) -> float:
+    """Process start time in clock ticks (from /proc), to tell a recycled pid apart."""
+    try:
+        return float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _log(line: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor {line}", file=sys.stderr, flush=True)
+
+
+# -- the loop -------------------------------------------------------------------------
+
+
+def serve(state_dir: Path, margin: float, tick_s: float) -> None:
+    sup = Supervisor(state_dir, margin)
+    path = state_dir / SOCKET
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is the agent's (root's) alone
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    listener.listen(16)
+    (state_dir / PIDFILE).write_text(f"{os.getpid()}\n")
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    buffers: dict[socket.socket, bytes] = {}
+    _log(f"started pid={os.getpid()} margin_s={margin}")
+    while sup.running:
+        for ready, _ in sel.select(tick_s):
+            sock = ready.fileobj
+            assert isinstance(sock, socket.socket)
+            if sock is listener:
+                conn, _ = listener.accept()
+                sel.register(conn, selectors.EVENT_READ)
+                buffers[conn] = b""
+            else:
+                _read(sup, sel, sock, buffers)
+        try:
+            sup.tick(time.monotonic())
+        except Exception as exc:  # the fence must outlive any one bad attempt
+            _log(f"tick_failed error={type(exc).__name__}: {exc}")
+    path.unlink(missing_ok=True)
+
+
+def _read(
+    sup: Supervisor, sel: selectors.BaseSelector, conn: socket.socket, buffers: dict[Any, bytes]
+) -> None:
+    try:
+        data = conn.recv(1 << 16)
+    except OSError:
+        data = b""
+    if not data:
+        sel.unregister(conn)
+        buffers.pop(conn, None)
+        if conn in sup.watchers:
+            sup.watchers.remove(conn)
+        conn.close()
+        return
+    *lines, buffers[conn] = (buffers[conn] + data).split(b"\n")
+    for line in lines:
+        try:
+            reply = sup.handle(conn, json.loads(line))
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fleet-supervisor")
+    parser.add_argument("state_dir", type=Path)
+    parser.add_argument("--margin", type=float, required=True, help="seconds before the lease expires")
+    parser.add_argument("--tick", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping the agent's unit must not fence early
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    serve(args.state_dir, args.margin, args.tick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""An attempt is fenced even when its agent is gone: the node supervisor stops it before the lease
+can expire, so the controller never starts the job elsewhere while it still runs here.
+
+Both runtimes; the job writes the host's uptime (one clock for every process and container on the
+machine) into its checkpoint directory, so the test sees exactly when each attempt ran.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from tests.conftest import FleetProcs, kill_supervisor
+
+pytestmark = pytest.mark.integration
+TICKER = (
+    'for i in $(seq 120); do cut -d" " -f1 /proc/uptime >> "$FLEET_CHECKPOINT_DIR/ticks-$FLEET_ATTEMPT"; '
+    "sleep 0.05; done"
+)
+
+
+def ticks(ckpt: Path, attempt: int) -> list[float]:
+    try:
+        return [float(t) for t in (ckpt / f"ticks-{attempt}").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met within {timeout}s")
+
+
+def test_a_killed_agent_never_leaves_its_attempt_running_past_the_lease(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    # Given a job running on t-a, and a second node t-b
+    procs.controller()
+    procs.agent("t-a", gpus=1)
+    procs.wait_nodes(client, 1)
+    job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
+    ckpt = procs.root / "checkpoints" / job.id
+    wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "attempt 1 ticking")
+    procs.agent("t-b", gpus=1)
+    procs.wait_nodes(client, 2)
+    # When t-a's agent is SIGKILLed and not restarted (its supervisor and the job stay up)
+    procs.procs["t-a"].send_signal(signal.SIGKILL)
+    procs.procs["t-a"].wait()
+    status = job.wait(timeout=90)
+    # Then the job ran again on t-b, and attempt 1's last line came before attempt 2's first
+    assert status.state == JobState.SUCCEEDED, procs.logs()
+    assert (status.node, status.attempt, status.failures) == ("t-b", 2, 0)
+    first, second = ticks(ckpt, 1), ticks(ckpt, 2)
+    assert len(second) == 120 and max(first) < min(second), (max(first), min(second))
+    # And the supervisor on t-a says it fenced the attempt; its requeue spent no retry
+    assert "fenced attempts=1" in (procs.root / "t-a" / "supervisor.log").read_text()
+    assert any("node t-a down" in e.reason for e in client.history(job.id))
+
+
+def test_a_supervisor_that_dies_takes_its_process_jobs_with_it(procs: FleetProcs, client: Client) -> None:
+    if procs.runtime != "process":
+        pytest.skip("process runtime: Docker containers are not the supervisor's children")
+    # Given a running process-runtime job
+    procs.controller()
+    procs.agent("t-a", gpus=1)
+    procs.wait_nodes(client, 1)
+    job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
+    ckpt = procs.root / "checkpoints" / job.id
+    wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "attempt 1 ticking")
+    # When the node's supervisor is SIGKILLed
+    kill_supervisor(procs.root / "t-a")
+    # Then the job stops ticking at once (never orphaned), and the agent requeues it with a new supervisor
+    time.sleep(0.5)
+    count = len(ticks(ckpt, 1))
+    time.sleep(0.5)
+    assert len(ticks(ckpt, 1)) == count
+    status = job.wait(timeout=60)
+    assert status.state == JobState.SUCCEEDED and status.attempt == 2 and status.failures == 0, procs.logs()
