@@ -3,7 +3,8 @@
 A handler whose payload fails validation raises :class:`MalformedMessage`; dramatiq's Retries
 middleware (``throws``) fails it without retry and the Redis broker moves it to the queue's
 dead-letter set (``<queue>.XQ``), where :class:`DeadLetterLog` logs it. dramatiq itself
-dead-letters messages for unknown actors. No handler error ever stops a service.
+dead-letters messages for unknown actors; :class:`_Consumer` dead-letters bytes that are not a
+dramatiq message at all. No handler error ever stops a service.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import dramatiq
-from dramatiq.brokers.redis import RedisBroker
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
 from pydantic import ValidationError
 
@@ -40,14 +44,72 @@ class DeadLetterLog(Middleware):
         event(
             log, "message_dead_lettered", logging.WARNING,
             queue=message.queue_name, actor=message.actor_name, message_id=message.message_id,
+            redis_message_id=message.options.get("redis_message_id"),
             error=message.options.get("fleet_error", "see previous log line"),
         )  # fmt: skip
+
+
+class _Consumer(_RedisConsumer):
+    """dramatiq's Redis consumer, except that bytes it cannot decode are dead-lettered, not fatal.
+
+    dramatiq decodes inside ``__next__`` (brokers/redis.py ``Message.decode(data)``): a decode
+    error escapes to the ConsumerThread, which drops the consumer with its prefetched messages
+    and restarts it 3 s later, leaving the bad bytes and the rest of the batch fetched but never
+    acked, to be redelivered (and crash again) once this process is gone.
+    """
+
+    def __next__(self) -> MessageProxy | None:
+        while True:
+            try:
+                proxy: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+                return proxy
+            except DecodeError as exc:
+                self._dead_letter(exc)
+
+    def _dead_letter(self, exc: DecodeError) -> None:
+        try:
+            message_id = self._fetched_id(exc.data)
+            if message_id is not None:
+                self.broker.do_nack(self.queue_name, message_id)  # dispatch.lua: acks -> XQ, atomically
+        except redis.ConnectionError as e:
+            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
+        event(
+            log, "message_dead_lettered", logging.WARNING,
+            queue=self.queue_name, redis_message_id=message_id, error=undecodable(exc),
+        )  # fmt: skip
+
+    def _fetched_id(self, data: bytes) -> str | None:
+        """The Redis id of a fetched, unacked message holding ``data`` (dramatiq's fetch returns
+        only the data). The unacked set holds at most ``prefetch`` ids, so this is cheap."""
+        unacked, messages = dramatiq_keys(self.broker, self.queue_name)
+        ids = sorted(self.broker.client.smembers(unacked))
+        found = self.broker.client.hmget(messages, ids) if ids else []
+        return next((i.decode() for i, d in zip(ids, found, strict=True) if d == data), None)
+
+
+def dramatiq_keys(broker: RedisBroker, queue: str) -> tuple[str, str]:
+    """dramatiq's keys (brokers/redis/dispatch.lua) for the set of ids this broker fetched from
+    ``queue`` and has not acked, and the hash of message id -> data still on ``queue``."""
+    return f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}", f"{broker.namespace}:{queue}.msgs"
+
+
+def undecodable(exc: DecodeError) -> str:
+    cause = getattr(exc.error, "error", exc.error)  # dramatiq's JSON encoder wraps its error once more
+    return f"not a dramatiq message ({type(cause).__name__}: {cause}): {exc.data[:80]!r}".replace("\n", " ")
+
+
+class _Broker(RedisBroker):
+    """dramatiq's Redis broker with fleet's consumer."""
+
+    @property
+    def consumer_class(self) -> type[_Consumer]:
+        return _Consumer
 
 
 class Bus:
     def __init__(self, settings: Settings) -> None:
         self.poll_ms = settings.bus_poll_ms
-        self.broker = RedisBroker(  # type: ignore[no-untyped-call]
+        self.broker = _Broker(  # type: ignore[no-untyped-call]
             url=settings.redis_url_for(settings.bus_db),
             namespace=NAMESPACE,
             middleware=[Retries(max_retries=0), DeadLetterLog()],
