@@ -99,11 +99,28 @@ def undecodable(exc: DecodeError) -> str:
 
 
 class _Broker(RedisBroker):
-    """dramatiq's Redis broker with fleet's consumer."""
+    """dramatiq's Redis broker with fleet's consumer and no delay queues.
+
+    fleet never delays a message (Retries is at ``max_retries=0``), but dramatiq declares a
+    ``<queue>.DQ`` for every queue and its Worker starts a consumer polling each one.
+    """
 
     @property
     def consumer_class(self) -> type[_Consumer]:
         return _Consumer
+
+    def declare_queue(self, queue_name: str) -> None:
+        # RedisBroker.declare_queue without its delay-queue half (delay_queues, declare_delay_queue)
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def enqueue(self, message: dramatiq.Message[Any], *, delay: int | None = None) -> dramatiq.Message[Any]:
+        if delay is not None:
+            raise ValueError(f"no delay queue on {message.queue_name}: a delayed message would never run")
+        sent: dramatiq.Message[Any] = super().enqueue(message)
+        return sent
 
 
 class Bus:

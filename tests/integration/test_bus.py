@@ -118,3 +118,36 @@ def test_bytes_that_are_not_a_message_do_not_hold_up_the_messages_fetched_with_t
     assert redelivery_pending(redis_url, QUEUE) == []
     [line] = dead_lettered_logs(caplog)
     assert "garbage-1" in line and "not a dramatiq message" in line
+
+
+def test_a_worker_polls_only_its_own_queue(redis_url: str) -> None:
+    # Given a bus with a handler on a queue
+    rec = Recorder(redis_url)
+    # When a worker starts on it
+    worker = rec.bus.worker(QUEUE, threads=1)
+    try:
+        commands = monitor(redis_url, seconds=0.5)
+        consumers = set(worker.consumers)
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    # Then it runs one consumer, for the queue itself, and no Redis command touches its delay queue
+    assert consumers == {QUEUE}
+    assert any(QUEUE in c for c in commands)
+    assert [c for c in commands if f"{QUEUE}.DQ" in c] == []
+    # And a delayed message (which nothing would consume) is refused
+    with pytest.raises(ValueError, match="delay"):
+        rec.bus.broker.enqueue(
+            dramatiq.Message(queue_name=QUEUE, actor_name="job_submitted", args=(), kwargs={}, options={}),
+            delay=1000,
+        )
+
+
+def monitor(redis_url: str, seconds: float) -> list[str]:
+    """Every command Redis receives during ``seconds`` (MONITOR), as text."""
+    seen: list[str] = []
+    with redis.Redis.from_url(redis_url, socket_timeout=5) as r, r.monitor() as m:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            seen.append(m.next_command()["command"])
+    return seen
