@@ -19,6 +19,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
+from dramatiq.worker import _WorkerMiddleware
 from pydantic import ValidationError
 
 from fleet.bus.messages import Message
@@ -123,6 +124,25 @@ class _Broker(RedisBroker):
         return sent
 
 
+class _Worker(dramatiq.Worker):
+    """A dramatiq Worker that leaves the broker as it found it once stopped.
+
+    ``Worker.start`` adds a middleware that starts consumers for queues declared later and
+    ``stop`` never takes it off: a controller that gains leadership N times would keep N - 1
+    stopped workers on its broker (each new one logging dramatiq's same-middleware warning
+    once per old one), ready to start consumers for any queue declared afterwards.
+    """
+
+    def stop(self, timeout: int = 600_000) -> None:
+        # first, so that no queue declared while stopping gets a consumer; rebound, not removed in
+        # place, because another thread may be iterating the list in emit_*
+        self.broker.middleware = [m for m in self.broker.middleware if not self._started(m)]
+        super().stop(timeout)
+
+    def _started(self, middleware: Middleware) -> bool:
+        return isinstance(middleware, _WorkerMiddleware) and middleware.worker is self
+
+
 class Bus:
     def __init__(self, settings: Settings) -> None:
         self.poll_ms = settings.bus_poll_ms
@@ -158,9 +178,7 @@ class Bus:
 
     def worker(self, queue: str, threads: int) -> dramatiq.Worker:
         """A started worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""
-        worker = dramatiq.Worker(
-            self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms
-        )
+        worker = _Worker(self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms)
         worker.start()
         return worker
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import dramatiq
@@ -9,7 +11,7 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.bus import Bus, JobSubmitted, node_queue
+from fleet.bus import Bus, JobSubmitted, NodeChanged, node_queue
 from fleet.config import load_settings
 from tests.conftest import FleetProcs
 
@@ -118,6 +120,37 @@ def test_bytes_that_are_not_a_message_do_not_hold_up_the_messages_fetched_with_t
     assert redelivery_pending(redis_url, QUEUE) == []
     [line] = dead_lettered_logs(caplog)
     assert "garbage-1" in line and "not a dramatiq message" in line
+
+
+def test_leadership_changes_leave_the_process_as_one_does(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a bus whose handlers are declared once, as the controller does at start
+    rec = Recorder(redis_url)
+    threads = threading.active_count()
+
+    def lead(job_id: str) -> None:
+        worker = rec.bus.worker(QUEUE, threads=1)  # what Controller._lead does on leadership_acquired
+        rec.send(job_id)
+        rec.wait_seen(len(rec.seen) + 1)
+        worker.stop(timeout=2000)  # what Controller._follow does on leadership_lost
+
+    lead("j0")
+    middleware = list(rec.bus.broker.middleware)
+    # When it gains and loses leadership three more times
+    for job_id in ("j1", "j2", "j3"):
+        lead(job_id)
+    # Then the broker's middleware is as after one leadership, and no thread is left behind
+    assert rec.bus.broker.middleware == middleware
+    assert threading.active_count() == threads
+    # And every message was handled exactly once, with no warning logged on the way
+    assert rec.seen == ["j0", "j1", "j2", "j3"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # And a handler declared afterwards wakes no stopped worker up to consume its queue
+    rec.bus.handle("fleet.later", NodeChanged, lambda msg: None)
+    time.sleep(0.1)
+    assert threading.active_count() == threads
+    rec.bus.close()
 
 
 def test_a_worker_polls_only_its_own_queue(redis_url: str) -> None:
