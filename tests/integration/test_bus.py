@@ -1,4 +1,4 @@
-"""Malformed messages are dead-lettered and logged; the agent keeps serving."""
+"""Bad messages are dead-lettered and logged once; workers poll only their queue and leave nothing behind."""
 
 from __future__ import annotations
 
