@@ -20,6 +20,12 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
+
+The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
+``brokers/redis/dispatch.lua``): ``<queue>`` and ``<queue>.msgs`` (pending ids, id -> data),
+``<queue>.XQ`` and ``<queue>.XQ.msgs`` (dead letters), ``__acks__.<broker id>.<queue>`` (fetched,
+not yet acked) and ``__heartbeats__``. fleet changes them only through dramatiq's dispatch script;
+``fleet.bus.broker.dramatiq_keys`` reads two of them to find the id of bytes it cannot decode.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A handler whose payload fails validation raises :class:`MalformedMessage`; dramatiq's Retries
 middleware (``throws``) fails it without retry and the Redis broker moves it to the queue's
 dead-letter set (``<queue>.XQ``), where :class:`DeadLetterLog` logs it. dramatiq itself
-dead-letters messages for unknown actors. No handler error ever stops a service.
+dead-letters messages for unknown actors; :class:`_Consumer` dead-letters bytes that are not a
+dramatiq message at all. No handler error ever stops a service.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from typing import Any, TypeVar
 
 import dramatiq
 import redis
-from dramatiq.brokers.redis import RedisBroker
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
+from dramatiq.worker import _WorkerMiddleware
 from pydantic import ValidationError
 
 from fleet.bus.messages import Message
@@ -42,14 +46,108 @@ class DeadLetterLog(Middleware):
         event(
             log, "message_dead_lettered", logging.WARNING,
             queue=message.queue_name, actor=message.actor_name, message_id=message.message_id,
+            redis_message_id=message.options.get("redis_message_id"),
             error=message.options.get("fleet_error", "see previous log line"),
         )  # fmt: skip
+
+
+class _Consumer(_RedisConsumer):
+    """dramatiq's Redis consumer, except that bytes it cannot decode are dead-lettered, not fatal.
+
+    dramatiq decodes inside ``__next__`` (brokers/redis.py ``Message.decode(data)``): a decode
+    error escapes to the ConsumerThread, which drops the consumer with its prefetched messages
+    and restarts it 3 s later, leaving the bad bytes and the rest of the batch fetched but never
+    acked, to be redelivered (and crash again) once this process is gone.
+    """
+
+    def __next__(self) -> MessageProxy | None:
+        while True:
+            try:
+                proxy: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+                return proxy
+            except DecodeError as exc:
+                self._dead_letter(exc)
+
+    def _dead_letter(self, exc: DecodeError) -> None:
+        try:
+            message_id = self._fetched_id(exc.data)
+            if message_id is not None:
+                self.broker.do_nack(self.queue_name, message_id)  # dispatch.lua: acks -> XQ, atomically
+        except redis.ConnectionError as e:
+            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
+        event(
+            log, "message_dead_lettered", logging.WARNING,
+            queue=self.queue_name, redis_message_id=message_id, error=undecodable(exc),
+        )  # fmt: skip
+
+    def _fetched_id(self, data: bytes) -> str | None:
+        """The Redis id of a fetched, unacked message holding ``data`` (dramatiq's fetch returns
+        only the data). The unacked set holds at most ``prefetch`` ids, so this is cheap."""
+        unacked, messages = dramatiq_keys(self.broker, self.queue_name)
+        ids = sorted(self.broker.client.smembers(unacked))
+        found = self.broker.client.hmget(messages, ids) if ids else []
+        return next((i.decode() for i, d in zip(ids, found, strict=True) if d == data), None)
+
+
+def dramatiq_keys(broker: RedisBroker, queue: str) -> tuple[str, str]:
+    """dramatiq's keys (brokers/redis/dispatch.lua) for the set of ids this broker fetched from
+    ``queue`` and has not acked, and the hash of message id -> data still on ``queue``."""
+    return f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}", f"{broker.namespace}:{queue}.msgs"
+
+
+def undecodable(exc: DecodeError) -> str:
+    cause = getattr(exc.error, "error", exc.error)  # dramatiq's JSON encoder wraps its error once more
+    return f"not a dramatiq message ({type(cause).__name__}: {cause}): {exc.data[:80]!r}".replace("\n", " ")
+
+
+class _Broker(RedisBroker):
+    """dramatiq's Redis broker with fleet's consumer and no delay queues.
+
+    fleet never delays a message (Retries is at ``max_retries=0``), but dramatiq declares a
+    ``<queue>.DQ`` for every queue and its Worker starts a consumer polling each one.
+    """
+
+    @property
+    def consumer_class(self) -> type[_Consumer]:
+        return _Consumer
+
+    def declare_queue(self, queue_name: str) -> None:
+        # RedisBroker.declare_queue without its delay-queue half (delay_queues, declare_delay_queue)
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def enqueue(self, message: dramatiq.Message[Any], *, delay: int | None = None) -> dramatiq.Message[Any]:
+        if delay is not None:
+            raise ValueError(f"no delay queue on {message.queue_name}: a delayed message would never run")
+        sent: dramatiq.Message[Any] = super().enqueue(message)
+        return sent
+
+
+class _Worker(dramatiq.Worker):
+    """A dramatiq Worker that leaves the broker as it found it once stopped.
+
+    ``Worker.start`` adds a middleware that starts consumers for queues declared later and
+    ``stop`` never takes it off: a controller that gains leadership N times would keep N - 1
+    stopped workers on its broker (each new one logging dramatiq's same-middleware warning
+    once per old one), ready to start consumers for any queue declared afterwards.
+    """
+
+    def stop(self, timeout: int = 600_000) -> None:
+        # first, so that no queue declared while stopping gets a consumer; rebound, not removed in
+        # place, because another thread may be iterating the list in emit_*
+        self.broker.middleware = [m for m in self.broker.middleware if not self._started(m)]
+        super().stop(timeout)
+
+    def _started(self, middleware: Middleware) -> bool:
+        return isinstance(middleware, _WorkerMiddleware) and middleware.worker is self
 
 
 class Bus:
     def __init__(self, settings: Settings) -> None:
         self.poll_ms = settings.bus_poll_ms
-        self.broker = RedisBroker(  # type: ignore[no-untyped-call]
+        self.broker = _Broker(  # type: ignore[no-untyped-call]
             client=redis.Redis(connection_pool=pool(settings, settings.bus_db)),
             namespace=NAMESPACE,
             middleware=[Retries(max_retries=0), DeadLetterLog()],
@@ -81,9 +179,7 @@ class Bus:
 
     def worker(self, queue: str, threads: int) -> dramatiq.Worker:
         """A started worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""
-        worker = dramatiq.Worker(
-            self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms
-        )
+        worker = _Worker(self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms)
         worker.start()
         return worker
 

@@ -1,13 +1,18 @@
-"""Malformed messages are dead-lettered and logged; the agent keeps serving."""
+"""Bad messages are dead-lettered and logged once; workers poll only their queue and leave nothing behind."""
 
 from __future__ import annotations
+
+import logging
+import threading
+import time
 
 import dramatiq
 import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.bus import Bus, node_queue
+from fleet.bus import Bus, JobSubmitted, NodeChanged, node_queue
+from fleet.config import load_settings
 from tests.conftest import FleetProcs
 
 pytestmark = pytest.mark.integration
@@ -18,9 +23,13 @@ def runtime() -> str:
     return "process"
 
 
-def dead_letters(settings_url: str, queue: str) -> list[str]:
-    with redis.Redis.from_url(settings_url.rsplit("/", 1)[0] + "/1", decode_responses=True) as bus_db:
-        return list(bus_db.zrange(f"fleet:{queue}.XQ", 0, -1))
+def bus_db(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/1", decode_responses=True)
+
+
+def dead_letters(redis_url: str, queue: str) -> list[str]:
+    with bus_db(redis_url) as db:
+        return list(db.zrange(f"fleet:{queue}.XQ", 0, -1))
 
 
 def test_malformed_messages_are_dead_lettered_and_the_agent_keeps_serving(
@@ -32,20 +41,146 @@ def test_malformed_messages_are_dead_lettered_and_the_agent_keeps_serving(
     procs.wait_nodes(client, 1)
     bus = Bus(procs.settings())
     queue = node_queue("t-bus")
-    # When messages arrive with a bad payload, with positional args, and for an unknown actor
+    # When messages arrive with a bad payload, with positional args, for an unknown actor,
+    # and as bytes that are not a dramatiq message at all
     bad = [
         dramatiq.Message(queue_name=queue, actor_name="launch", args=(), kwargs={"job_id": 7}, options={}),
         dramatiq.Message(queue_name=queue, actor_name="launch", args=("x", 1), kwargs={}, options={}),
         dramatiq.Message(queue_name=queue, actor_name="no_such_actor", args=(), kwargs={}, options={}),
     ]
     sent = [bus.broker.enqueue(m).options["redis_message_id"] for m in bad]
+    bus.broker.do_enqueue(queue, "not-a-message", b"{not json")
+    sent.append("not-a-message")
     # Then the agent still runs jobs
     job = client.submit(JobSpec(name="after", command=["true"]))
     assert job.wait(timeout=30).state == JobState.SUCCEEDED
-    # And every bad message sits in the node queue's dead-letter set, logged with what was wrong
+    # And every bad message sits in the node queue's dead-letter set, logged once with what was
+    # wrong, and none is left for dramatiq to deliver again
     assert sorted(dead_letters(procs.redis_url, queue)) == sorted(sent)
+    assert redelivery_pending(procs.redis_url, queue) == []
     agent_log = (procs.root / "t-bus.log").read_text()
-    assert agent_log.count("message_dead_lettered") == 3
+    assert agent_log.count("message_dead_lettered") == 4
     assert "malformed Launch" in agent_log and "attempt" in agent_log
+    assert "not a dramatiq message" in agent_log
     assert procs.procs["t-bus"].poll() is None
     bus.close()
+
+
+QUEUE = "fleet.test"
+
+
+class Recorder:
+    """A bus with one handler on QUEUE that records the job id of every message it handles."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.bus = Bus(load_settings(redis_url=redis_url, bus_poll_ms=10))
+        self.seen: list[str] = []
+        self.bus.handle(QUEUE, JobSubmitted, lambda msg: self.seen.append(msg.job_id))
+
+    def send(self, *job_ids: str) -> None:
+        for job_id in job_ids:
+            self.bus.send(QUEUE, JobSubmitted(job_id=job_id))
+
+    def wait_seen(self, count: int, timeout: float = 8.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return sorted(self.seen)
+
+
+def redelivery_pending(redis_url: str, queue: str) -> list[str]:
+    """Ids still on the queue or fetched and not yet acked: what dramatiq would deliver again."""
+    with bus_db(redis_url) as db:
+        acks = [k for k in db.scan_iter("fleet:__acks__.*") if k.endswith("." + queue)]
+        return sorted([*db.lrange(f"fleet:{queue}", 0, -1), *(m for k in acks for m in db.smembers(k))])
+
+
+def dead_lettered_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "message_dead_lettered" in r.getMessage()]
+
+
+def test_bytes_that_are_not_a_message_do_not_hold_up_the_messages_fetched_with_them(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given bytes that are not a dramatiq message queued ahead of three messages
+    rec = Recorder(redis_url)
+    rec.bus.broker.do_enqueue(QUEUE, "garbage-1", b"\x00not a dramatiq message")
+    rec.send("j0", "j1", "j2")
+    # When a worker consumes the queue (fetching them together: prefetch is twice the threads)
+    worker = rec.bus.worker(QUEUE, threads=2)
+    try:
+        seen = rec.wait_seen(3)
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    # Then every message is handled exactly once
+    assert seen == ["j0", "j1", "j2"]
+    # And the bytes sit in the dead-letter set, logged once, and nothing is left to redeliver
+    assert dead_letters(redis_url, QUEUE) == ["garbage-1"]
+    assert redelivery_pending(redis_url, QUEUE) == []
+    [line] = dead_lettered_logs(caplog)
+    assert "garbage-1" in line and "not a dramatiq message" in line
+
+
+def test_leadership_changes_leave_the_process_as_one_does(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a bus whose handlers are declared once, as the controller does at start
+    rec = Recorder(redis_url)
+    threads = threading.active_count()
+
+    def lead(job_id: str) -> None:
+        worker = rec.bus.worker(QUEUE, threads=1)  # what Controller._lead does on leadership_acquired
+        rec.send(job_id)
+        rec.wait_seen(len(rec.seen) + 1)
+        worker.stop(timeout=2000)  # what Controller._follow does on leadership_lost
+
+    lead("j0")
+    middleware = list(rec.bus.broker.middleware)
+    # When it gains and loses leadership three more times
+    for job_id in ("j1", "j2", "j3"):
+        lead(job_id)
+    # Then the broker's middleware is as after one leadership, and no thread is left behind
+    assert rec.bus.broker.middleware == middleware
+    assert threading.active_count() == threads
+    # And every message was handled exactly once, with no warning logged on the way
+    assert rec.seen == ["j0", "j1", "j2", "j3"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # And a handler declared afterwards wakes no stopped worker up to consume its queue
+    rec.bus.handle("fleet.later", NodeChanged, lambda msg: None)
+    time.sleep(0.1)
+    assert threading.active_count() == threads
+    rec.bus.close()
+
+
+def test_a_worker_polls_only_its_own_queue(redis_url: str) -> None:
+    # Given a bus with a handler on a queue
+    rec = Recorder(redis_url)
+    # When a worker starts on it
+    worker = rec.bus.worker(QUEUE, threads=1)
+    try:
+        commands = monitor(redis_url, seconds=0.5)
+        consumers = set(worker.consumers)
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    # Then it runs one consumer, for the queue itself, and no Redis command touches its delay queue
+    assert consumers == {QUEUE}
+    assert any(QUEUE in c for c in commands)
+    assert [c for c in commands if f"{QUEUE}.DQ" in c] == []
+    # And a delayed message (which nothing would consume) is refused
+    with pytest.raises(ValueError, match="delay"):
+        rec.bus.broker.enqueue(
+            dramatiq.Message(queue_name=QUEUE, actor_name="job_submitted", args=(), kwargs={}, options={}),
+            delay=1000,
+        )
+
+
+def monitor(redis_url: str, seconds: float) -> list[str]:
+    """Every command Redis receives during ``seconds`` (MONITOR), as text."""
+    seen: list[str] = []
+    with redis.Redis.from_url(redis_url, socket_timeout=5) as r, r.monitor() as m:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            seen.append(m.next_command()["command"])
+    return seen
