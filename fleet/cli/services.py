@@ -41,7 +41,12 @@ def register(sub: Any) -> None:
             )
         p.set_defaults(handler=install if verb == "install" else uninstall)
 
-    p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
+    p = sub.add_parser(
+        "up",
+        help="run a whole local fleet in the foreground (Redis, controller, agent)",
+        description="Run Redis, a controller and an agent in the foreground. Ctrl-C, SIGTERM or "
+        "SIGHUP stops them all; should `fleet up` be killed, its children stop too (Linux).",
+    )
     p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
     p.add_argument("--runtime", choices=["auto", "docker", "process"], default="auto")
     p.add_argument(
