@@ -3,10 +3,16 @@
 It spawns its own ``redis-server`` on a free port (unless given a Redis URL), one controller and
 one agent as child processes. The agent picks real GPUs (NVML) or simulated ones, and Docker or
 the process runtime, as configured for ``auto``.
+
+Ctrl-C, SIGTERM (``kill``, systemd, CI runners) and SIGHUP (a closed terminal) all stop it the same
+way: each child gets SIGTERM and time to stop (the agent stops its jobs), then the temp dir goes.
+Should ``fleet up`` die without that chance (SIGKILL, a crash), the kernel sends each child SIGTERM
+(Linux's parent-death signal), so nothing outlives it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -14,7 +20,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,10 +41,49 @@ DEMO_JOBS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: Signals that stop ``fleet up`` as Ctrl-C (SIGINT) does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_Handler = Callable[[int, Any], Any] | int | None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, or None off Linux: children then rely on an orderly stop alone."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the kernel sends the child SIGTERM once this process dies,
+    even by SIGKILL; None where that is not available.
+
+    The kernel fires it when the *thread* that forked exits, not the process: spawn from a thread
+    that lives as long as the children should (``LocalFleet`` spawns from the thread that enters
+    it, which is the one that leaves it). prctl is looked up here: between fork and exec the
+    child should do as little as possible.
+    """
+    prctl = _libc_prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl: no signal will ever come
+            os._exit(128 + signal.SIGTERM)
+
+    return preexec
 
 
 class LocalFleet:
@@ -46,8 +93,12 @@ class LocalFleet:
         self.dir = Path(state_dir or self._tmp or ".").resolve()
         self.redis_url = redis_url
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._handlers: dict[int, _Handler] = {}
+        self._preexec = die_with_parent()
 
     def __enter__(self) -> LocalFleet:
+        # default_int_handler raises KeyboardInterrupt: the path Ctrl-C takes, during start-up too
+        self._redirect(STOP_SIGNALS, signal.default_int_handler)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             if not self.redis_url:
@@ -99,7 +150,9 @@ class LocalFleet:
         return env
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None) -> None:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        # own session: a terminal's Ctrl-C reaches only us, and we stop them in order (Redis last)
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=self._preexec)  # fmt: skip
         self.children.append((name, proc))
 
     def _wait_for_node(self, timeout: float = 30) -> None:
@@ -146,6 +199,16 @@ class LocalFleet:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # a second Ctrl-C or SIGTERM must not cut the stop short and leave the temp dir behind
+        self._redirect((signal.SIGINT, *STOP_SIGNALS), signal.SIG_IGN)
+        try:
+            self._stop_children()
+            if self._tmp:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+        finally:
+            self._restore_handlers()
+
+    def _stop_children(self) -> None:
         for _name, proc in reversed(self.children):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -154,5 +217,22 @@ class LocalFleet:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _redirect(self, signals: Iterable[signal.Signals], handler: _Handler) -> None:
+        """Handle ``signals`` with ``handler``, remembering the first handlers to restore them.
+
+        A signal ignored on purpose (``nohup`` ignores SIGHUP) stays ignored. Only the main
+        thread may set handlers; elsewhere the embedding program keeps its own.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in signals:
+            previous = signal.getsignal(sig)
+            if previous is not signal.SIG_IGN:
+                signal.signal(sig, handler)
+                self._handlers.setdefault(sig, signal.SIG_DFL if previous is None else previous)
+
+    def _restore_handlers(self) -> None:
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        self._handlers.clear()

@@ -8,7 +8,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_name(text: str) -> str:
+    """``text`` as one of :data:`LEVELS`, whatever its case (logging itself knows only upper case)."""
+    if text.upper() not in LEVELS:
+        raise ConfigError(f"unknown level {text!r}: choose from {', '.join(LEVELS).lower()}")
+    return text.upper()
 
 
 def setup(level: str = "INFO") -> None:
@@ -16,7 +25,7 @@ def setup(level: str = "INFO") -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level_name(level))
     logging.getLogger("dramatiq").setLevel("WARNING")
     handler.addFilter(OncePerOutage())
 

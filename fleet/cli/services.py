@@ -11,20 +11,21 @@ from typing import Any
 from fleet import log
 from fleet.bus import Bus
 from fleet.config import Settings, load_settings
+from fleet.errors import ConfigError
 from fleet.keys import Keys
 from fleet.state import JobStore, NodeStore, connect
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("controller", help="run the controller service (scheduling, failure detection)")
-    p.add_argument("--log-level", default="INFO")
+    _log_level_option(p)
     p.set_defaults(handler=controller)
 
     p = sub.add_parser("agent", help="run the node agent service (GPUs, containers, heartbeats)")
     p.add_argument("--node-name", help="this node's name (default: hostname)")
     p.add_argument("--runtime", choices=["auto", "docker", "process"])
     p.add_argument("--gpus", choices=["auto", "nvml", "simulated"], help="GPU inventory backend")
-    p.add_argument("--log-level", default="INFO")
+    _log_level_option(p)
     p.set_defaults(handler=agent)
 
     verbs = (("install", "write config and systemd unit, enable and start it"),
@@ -43,7 +44,12 @@ def register(sub: Any) -> None:
             )  # fmt: skip
         p.set_defaults(handler=install if verb == "install" else uninstall)
 
-    p = sub.add_parser("up", help="run a whole local fleet in the foreground (Redis, controller, agent)")
+    p = sub.add_parser(
+        "up",
+        help="run a whole local fleet in the foreground (Redis, controller, agent)",
+        description="Run Redis, a controller and an agent in the foreground. Ctrl-C, SIGTERM or "
+        "SIGHUP stops them all; should `fleet up` be killed, its children stop too (Linux).",
+    )
     p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
     p.add_argument("--runtime", choices=["auto", "docker", "process"], default="auto")
     p.add_argument(
@@ -51,6 +57,19 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--demo", action="store_true", help="submit example jobs, show them finish, then stop")
     p.set_defaults(handler=up)
+
+
+def _log_level_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
+                        help=f"{', '.join(log.LEVELS).lower()} (any case; default info)")  # fmt: skip
+
+
+def _log_level(text: str) -> str:
+    """argparse turns ArgumentTypeError into a usage error (exit 2) carrying our message."""
+    try:
+        return log.level_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _stores(settings: Settings) -> tuple[JobStore, NodeStore, Bus]:

@@ -108,3 +108,34 @@ def test_logs_follow_streams_until_the_attempt_ends(fleet_cli) -> None:  # type:
     followed = fleet_cli("logs", job_id, "-f", timeout=60)
     assert followed.returncode == 0
     assert followed.stdout.splitlines() == [f"line {i}" for i in range(1, 6)]
+
+
+def test_services_take_a_log_level_in_any_case(procs: FleetProcs, client: Client) -> None:
+    # Given a controller started with --log-level WARNING and an agent with --log-level warning
+    procs.start("controller", ["controller", "--log-level", "WARNING"])
+    procs.start("t-quiet", ["agent", "--node-name", "t-quiet", "--log-level", "warning"],
+                FLEET_AGENT__STATE_DIR=str(procs.root / "t-quiet"))  # fmt: skip
+
+    # When a job runs through them
+    procs.wait_nodes(client, 1)
+    job = client.submit({"name": "quiet", "command": ["true"]}).wait(timeout=60)
+
+    # Then it succeeds, and neither service logged below WARNING
+    assert job.state == JobState.SUCCEEDED
+    logs = procs.logs()
+    assert " INFO " not in logs and "Traceback" not in logs, logs
+
+
+@pytest.mark.parametrize("service", ["controller", "agent"])
+def test_an_unknown_log_level_is_a_usage_error(service: str) -> None:
+    # Given a log level that logging does not have (and a Redis nothing answers on, should it start)
+    nowhere = "redis://127.0.0.1:1/0"
+    argv = [sys.executable, "-m", "fleet", "--redis-url", nowhere, service, "--log-level", "loud"]
+
+    # When the service is started with it
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    # Then it is refused like any bad option: exit 2, the allowed levels named, no traceback
+    assert done.returncode == 2, done.stderr
+    assert "--log-level: unknown level 'loud'" in done.stderr
+    assert "debug, info, warning, error, critical" in done.stderr and "Traceback" not in done.stderr

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
+
+from fleet import Client
 
 pytestmark = pytest.mark.integration
 
@@ -30,3 +37,122 @@ def test_fleet_up_demo_runs_jobs_to_completion_and_leaves_nothing(tmp_path) -> N
         if str(tmp_path) in " ".join(p.info["cmdline"] or [])
     ]  # fmt: skip
     assert leftovers == []
+
+
+class Up:
+    """`fleet up --runtime process` as a real subprocess, with its temp dir under ``root``.
+
+    It remembers every process under it that the test looked at, so that the teardown can kill
+    them even once `fleet up` is gone and they were reparented.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.log = root, root / "up.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.seen: dict[int, psutil.Process] = {}
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        env["TMPDIR"] = str(self.root)  # its fleet-up-* temp dir lands where the test can look
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleet", "up", "--runtime", "process"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        return self.proc
+
+    def wait_up(self, timeout: float = 60) -> str:
+        """The Redis URL it prints once the agent registered."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := re.search(r"fleet is up.*?export FLEET_REDIS_URL=(\S+)", self.output(), re.S):
+                return found.group(1)
+            assert self.proc.poll() is None, f"fleet up exited early:\n{self.output()}"
+            time.sleep(0.1)
+        raise AssertionError(f"fleet up did not come up in {timeout}s:\n{self.output()}")
+
+    def descendants(self) -> list[psutil.Process]:
+        assert self.proc is not None
+        found = psutil.Process(self.proc.pid).children(recursive=True)
+        self.seen.update((p.pid, p) for p in found)
+        return found
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill_all(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for p in self.seen.values():
+            if running(p):
+                p.kill()
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    fleet = Up(tmp_path)
+    yield fleet
+    fleet.kill_all()
+
+
+def running(p: psutil.Process) -> bool:
+    """Still running: a zombie has exited, whoever is left to reap it."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running(procs: list[psutil.Process], within: float) -> list[list[str]]:
+    """The command lines of those of ``procs`` that did not exit ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p.cmdline() for p in alive if running(p)]
+
+
+def role(p: psutil.Process) -> str:
+    argv = p.cmdline()
+    return "redis" if "redis-server" in argv[0] else argv[-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_fleet_up_stopped_by_a_signal_stops_everything_it_started(up: Up, sig: signal.Signals) -> None:
+    # Given `fleet up` running on its own temp dir, with its redis-server, controller and agent
+    proc = up.start()
+    up.wait_up()
+    children = up.descendants()
+    assert sorted(role(p) for p in children) == ["agent", "controller", "redis"]
+
+    # When it is sent the signal `kill`, systemd or a CI runner sends (or a closed terminal)
+    proc.send_signal(sig)
+
+    # Then it stops as Ctrl-C stops it: children stopped, temp dir removed, exit 0
+    assert proc.wait(timeout=60) == 0, up.output()
+    assert "stopping fleet" in up.output()
+    assert still_running(children, within=1) == []
+    assert list(up.root.glob("fleet-up-*")) == []
+
+
+def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
+    # Given `fleet up` running a job (a sleep, under the process runtime)
+    proc = up.start()
+    client = Client(up.wait_up())
+    try:
+        client.submit({"name": "sleeper", "command": ["sleep", "300"]})
+    finally:
+        client.close()
+    deadline = time.monotonic() + 60
+    while ["sleep", "300"] not in [p.cmdline() for p in up.descendants()]:
+        assert time.monotonic() < deadline, f"the job did not start:\n{up.output()}"
+        time.sleep(0.1)
+    started = up.descendants()  # redis-server, controller, agent, the job's shim and its sleep
+
+    # When it is SIGKILLed: no chance to stop anything itself
+    proc.kill()
+    proc.wait()
+
+    # Then redis-server, controller, agent and the job all exit by themselves within seconds
+    assert still_running(started, within=15) == [], up.output()

@@ -1,0 +1,58 @@
+"""`fleet up`'s children die with it: the parent-death signal, where Linux offers it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fleet.local import die_with_parent
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+PR_GET_PDEATHSIG = 2
+READ_PDEATHSIG = (
+    "import ctypes; v = ctypes.c_int(); "
+    f"ctypes.CDLL(None).prctl({PR_GET_PDEATHSIG}, ctypes.byref(v)); print(v.value)"
+)
+
+
+@linux_only
+def test_a_child_spawned_with_it_gets_sigterm_when_the_parent_dies() -> None:
+    # Given the preexec hook
+    preexec = die_with_parent()
+
+    # When a child is spawned with it
+    out = subprocess.run([sys.executable, "-c", READ_PDEATHSIG], preexec_fn=preexec, capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+
+    # Then the kernel will send it SIGTERM
+    assert int(out.stdout) == signal.SIGTERM
+
+
+@linux_only
+def test_a_child_whose_parent_already_died_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a hook made by a parent that is no longer this child's parent (it died before prctl)
+    with monkeypatch.context() as m:
+        m.setattr(os, "getpid", lambda: 1)
+        preexec = die_with_parent()
+
+    # When a child is spawned with it
+    child = subprocess.Popen([sys.executable, "-c", "print('ran')"], preexec_fn=preexec,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    out, _ = child.communicate(timeout=60)
+
+    # Then it exits as SIGTERM would have made it, before running anything
+    assert (child.returncode, out) == (128 + signal.SIGTERM, "")
+
+
+def test_without_prctl_children_are_spawned_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a system without prctl
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(ctypes, "CDLL", None)  # would fail loudly if still looked up
+
+    # When / Then there is no hook to run in the child
+    assert die_with_parent() is None
