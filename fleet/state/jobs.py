@@ -144,17 +144,21 @@ class JobStore:
             raise NotFound(f"no job {job_id!r}")
         return bool(code == 1)
 
+    @translated
     def request_cancel(self, job_id: str, now: float) -> bool:
-        """Cancel a queued job at once, or flag one on a node for its agent; False if already final."""
-        if self.transition(
-            job_id, to=JobState.CANCELLED, allowed=[JobState.QUEUED], reason="cancelled by user", now=now,
-            fields={"finished_at": now, "cancel_requested": 1},
-        ):  # fmt: skip
-            return True
-        return self.transition(
-            job_id, to=None, allowed=ON_NODE_STATES,
-            reason="cancel requested", now=now, fields={"cancel_requested": 1},
-        )  # fmt: skip
+        """Cancel a queued job at once, or flag one on a node for its agent; False if already final.
+
+        One script (cancel.lua): a placement or requeue can land before or after it, never between.
+        """
+        k = self.keys
+        keys = [k.job(job_id), k.events(job_id), k.queued]
+        keys += [k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED)]
+        code, _state = self._scripts["cancel"](
+            keys=keys, args=[job_id, now, ",".join(s.value for s in ON_NODE_STATES)]
+        )
+        if code == -1:
+            raise NotFound(f"no job {job_id!r}")
+        return bool(code > 0)
 
     # -- metrics ----------------------------------------------------------------------
 
