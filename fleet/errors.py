@@ -51,6 +51,10 @@ class StoreUnavailable(FleetError):
     exit_code = 5
 
 
+class NotLeader(FleetError):
+    """A controller write was refused: another controller holds the leader lease (fencing token)."""
+
+
 class MalformedMessage(FleetError):
     """A bus message whose payload does not match its schema: dead-lettered, never retried."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from fleet.errors import NotFound
+from fleet.errors import NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import ON_NODE_STATES, Event, Job, JobSpec, JobState
 from fleet.state.connection import load_scripts, translated
@@ -102,9 +102,11 @@ class JobStore:
             k.job(job_id), k.events(job_id), k.claims, k.queued, k.jobs_in(JobState.QUEUED),
             k.jobs_in(JobState.SCHEDULED), k.node_jobs(node), k.node(node), k.node_lease(node), k.leader,
         ]  # fmt: skip
-        attempt, _why = self._scripts["place"](
+        attempt, why = self._scripts["place"](
             keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason]
         )
+        if why == "not the leader":
+            raise NotLeader(f"placement of {job_id} refused: another controller holds the leader lease")
         return int(attempt)
 
     @translated
@@ -121,8 +123,13 @@ class JobStore:
         incr: dict[str, int] | None = None,
         release: bool = False,
         record: bool = True,
+        leader: str = "",
     ) -> bool:
-        """Atomically move a job from one of ``allowed`` to ``to``; False when refused (stale)."""
+        """Atomically move a job from one of ``allowed`` to ``to``; False when refused (stale).
+
+        A controller passes its ``leader`` value: the write is refused with :class:`NotLeader`
+        unless it still holds the lease.
+        """
         k = self.keys
         args = [
             job_id,
@@ -136,12 +143,15 @@ class JobStore:
             k.prefix,
             "1" if release else "0",
             "1" if record else "0",
+            leader,
         ]
         code, _state = self._scripts["transition"](
-            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued], args=args
+            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader], args=args
         )
         if code == -1:
             raise NotFound(f"no job {job_id!r}")
+        if code == -2:
+            raise NotLeader(f"change of {job_id} refused: another controller holds the leader lease")
         return bool(code == 1)
 
     @translated

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from fleet.errors import FleetError, NotFound
+from fleet.errors import FleetError, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import Gpu, Node, NodeState
 from fleet.state.connection import load_scripts, translated
@@ -59,14 +60,27 @@ class NodeStore:
 
     @translated
     def set_state(
-        self, name: str, state: NodeState, reason: str, now: float, by: str = "", **extra: float | str
-    ) -> None:
-        """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared."""
-        if not self.redis.sismember(self.keys.nodes, name):
-            raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+        self, name: str, state: NodeState, reason: str, now: float, by: str = "", *, leader: str = "",
+        only_from: Iterable[NodeState] = (), **extra: float | str,
+    ) -> bool:  # fmt: skip
+        """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared.
+
+        False when the state is not one of ``only_from`` (when given). A controller passes its
+        ``leader`` value and is refused with :class:`NotLeader` unless it still holds the lease.
+        """
         fields = {"state": state.value, "reason": reason, "changed_at": now, "changed_by": by,
                   "drain_deadline": "", "drain_grace_s": "", **extra}  # fmt: skip
-        self.redis.hset(self.keys.node(name), mapping=fields)
+        k = self.keys
+        allowed = ",".join(s.value for s in only_from)
+        changes = json.dumps({f: str(v) for f, v in fields.items()})
+        code = self._scripts["node_state"](
+            keys=[k.node(name), k.nodes, k.leader], args=[name, leader, allowed, changes]
+        )
+        if code == -1:
+            raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+        if code == -2:
+            raise NotLeader(f"state of node {name} not set: another controller holds the leader lease")
+        return bool(code == 1)
 
     @translated
     def names(self) -> list[str]:
