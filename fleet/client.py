@@ -101,6 +101,10 @@ class Client:
     def jobs(self, state: JobState | str | None = None, limit: int = 1000) -> list[Job]:
         return self._jobs.list_jobs(JobState(state) if state else None, limit)
 
+    def quarantined_jobs(self) -> dict[str, str]:
+        """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
+        return self._jobs.quarantined()
+
     def history(self, job_id: str) -> list[Event]:
         self._jobs.get(job_id)
         return self._jobs.history(job_id)
@@ -159,6 +163,10 @@ class Client:
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()
+
+    def quarantined_nodes(self) -> dict[str, str]:
+        """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
+        return self._nodes.read_all().quarantined
 
     def node(self, name: str) -> Node:
         return self._nodes.get(name)

@@ -31,10 +31,11 @@ from fleet.controller.leader import LeaderLease
 from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
-from fleet.models import ON_NODE_STATES, Exit, JobState, Node, NodeState
+from fleet.models import ON_NODE_STATES, Exit, Job, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
+from fleet.state.records import JobBatch, NodeBatch
 
 log = logging.getLogger("fleet.controller")
 
@@ -145,11 +146,11 @@ class Controller:
 
     def _schedule_pass(self) -> Plan:
         now = self.clock()
-        queued = self.jobs.queued()
+        queued = self._readable(self.jobs.read_queued(), now)
         self._due = min((j.not_before for j in queued if j.not_before > now), default=float("inf"))
         if not queued:
             return Plan()
-        plan = schedule(snapshot.build(queued, self.nodes.all(), now), now)
+        plan = schedule(snapshot.build(queued, self._read_nodes().nodes, now), now)
         for p in plan.placements:
             reason = f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")
             attempt = self.jobs.place(p.job_id, p.node, list(p.gpus), self._token(), now, reason)
@@ -164,6 +165,27 @@ class Controller:
                 )  # fmt: skip
         return plan
 
+    # -- unreadable records ------------------------------------------------------------
+
+    def _readable(self, batch: JobBatch, now: float) -> list[Job]:
+        """The jobs that parsed; the others are quarantined (each logged once, by whoever leads)."""
+        for job_id, reason in batch.corrupt.items():
+            if self.jobs.quarantine(job_id, reason, now, self._token()):
+                event(log, "record_quarantined", logging.WARNING, kind="job", id=job_id, reason=reason)
+        return batch.jobs
+
+    def _read_nodes(self) -> NodeBatch:
+        """Nodes as stored; an unreadable record is left out of scheduling and quarantined (logged
+        once), and forgotten from quarantine once it reads again (an agent rewrote it)."""
+        batch = self.nodes.read_all()
+        for name, reason in batch.corrupt.items():
+            if self.nodes.quarantine(name, reason, self._token()):
+                event(log, "record_quarantined", logging.WARNING, kind="node", id=name, reason=reason)
+        for name in batch.quarantined.keys() - batch.corrupt.keys():
+            if self.nodes.quarantine(name, "", self._token()):
+                event(log, "record_recovered", kind="node", id=name)
+        return batch
+
     # -- failure detection -------------------------------------------------------------
 
     def reconcile(self) -> None:
@@ -174,7 +196,7 @@ class Controller:
             self._deposed()
 
     def _reconcile(self) -> None:
-        for node in self.nodes.all():
+        for node in self._read_nodes().nodes:
             if not node.alive:
                 for job in self.jobs.on_node(node.name):
                     if job.state.on_node:

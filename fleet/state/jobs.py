@@ -9,10 +9,11 @@ from typing import Any
 
 import redis
 
-from fleet.errors import NotFound, NotLeader
+from fleet.errors import CorruptRecord, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import ON_NODE_STATES, Event, Job, JobSpec, JobState
 from fleet.state.connection import load_scripts, translated
+from fleet.state.records import JobBatch, parse_job
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,33 @@ class JobStore:
         raw = self.redis.hgetall(self.keys.job(job_id))
         if not raw:
             raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
-        return _job(raw)
+        try:
+            return parse_job(raw)
+        except CorruptRecord as exc:
+            quarantined = self.redis.hget(self.keys.quarantined_jobs, job_id)
+            if quarantined is not None:
+                raise CorruptRecord(f"job {job_id} is quarantined: {quarantined}") from None
+            raise CorruptRecord(f"the record of job {job_id} cannot be read: {exc}") from None
+
+    def get_many(self, job_ids: Iterable[str]) -> list[Job]:
+        """The jobs that exist and can be read; unreadable ones are skipped (see ``read_many``)."""
+        return self.read_many(job_ids).jobs
 
     @translated
-    def get_many(self, job_ids: Iterable[str]) -> list[Job]:
+    def read_many(self, job_ids: Iterable[str]) -> JobBatch:
+        ids = list(job_ids)
         pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
+        for job_id in ids:
             pipe.hgetall(self.keys.job(job_id))
-        return [_job(raw) for raw in pipe.execute() if raw]
+        batch = JobBatch()
+        for job_id, raw in zip(ids, pipe.execute(), strict=True):
+            if not raw:
+                continue
+            try:
+                batch.jobs.append(parse_job(raw))
+            except CorruptRecord as exc:
+                batch.corrupt[job_id] = str(exc)
+        return batch
 
     @translated
     def list_jobs(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
@@ -62,9 +82,12 @@ class JobStore:
         jobs = self.get_many(self.redis.smembers(self.keys.jobs_in(state)))
         return sorted(jobs, key=lambda j: -j.seq)[:limit]
 
-    @translated
     def queued(self) -> list[Job]:
-        return self.get_many(self.redis.zrange(self.keys.queued, 0, -1))
+        return self.read_queued().jobs
+
+    @translated
+    def read_queued(self) -> JobBatch:
+        return self.read_many(self.redis.zrange(self.keys.queued, 0, -1))
 
     @translated
     def on_node(self, node: str) -> list[Job]:
@@ -170,6 +193,22 @@ class JobStore:
             raise NotFound(f"no job {job_id!r}")
         return bool(code > 0)
 
+    @translated
+    def quarantined(self) -> dict[str, str]:
+        """Job id -> why its record cannot be read, for every job set aside."""
+        return dict(self.redis.hgetall(self.keys.quarantined_jobs))
+
+    @translated
+    def quarantine(self, job_id: str, reason: str, now: float, leader: str) -> bool:
+        """Set aside a record that cannot be read (leader only); True the first time, False after."""
+        k = self.keys
+        keys = [k.job(job_id), k.events(job_id), k.quarantined_jobs, k.queued, k.claims, k.leader]
+        args = [job_id, reason, now, k.prefix, leader, ",".join(s.value for s in JobState)]
+        code = self._scripts["quarantine_job"](keys=keys, args=args)
+        if code == -2:
+            raise NotLeader(f"quarantine of {job_id} refused: another controller holds the leader lease")
+        return bool(code == 1)
+
     # -- metrics ----------------------------------------------------------------------
 
     @translated
@@ -214,31 +253,3 @@ class JobStore:
             got = self.redis.xread({key: after}, block=block_ms)
             entries = got[0][1] if got else []
         return [LogLine(id=eid, attempt=attempt, line=f["l"]) for eid, f in entries]
-
-
-def _job(raw: dict[str, str]) -> Job:
-    def num(field: str) -> float | None:
-        value = raw.get(field)
-        return float(value) if value not in (None, "") else None
-
-    return Job(
-        id=raw["id"],
-        spec=JobSpec.model_validate_json(raw["spec"]),
-        state=JobState(raw["state"]),
-        attempt=int(raw.get("attempt", 0)),
-        failures=int(raw.get("failures", 0)),
-        infra_requeues=int(raw.get("infra_requeues", 0)),
-        node=raw.get("node") or None,
-        gpus=json.loads(raw.get("gpus") or "[]"),
-        reason=raw.get("reason", ""),
-        exit_code=int(raw["exit_code"]) if raw.get("exit_code") else None,
-        created_at=float(raw.get("created_at", 0)),
-        updated_at=float(raw.get("updated_at", 0)),
-        started_at=num("started_at"),
-        finished_at=num("finished_at"),
-        not_before=num("not_before") or 0.0,
-        cancel_requested=raw.get("cancel_requested") == "1",
-        preempt=raw.get("preempt", ""),
-        checkpoint=raw.get("checkpoint") or None,
-        seq=int(raw.get("seq", 0)),
-    )
