@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import socket
 import time
@@ -13,12 +14,19 @@ from typing import Any
 
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, JobTimeout, NotFound, SpecError
+from fleet.errors import DrainTimeout, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
+from fleet.log import event
 from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState, check_job_id
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.jobs import LogLine
+
+log = logging.getLogger("fleet.client")
+#: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
+#: out the 5 s socket timeout), always with the same job id
+SUBMIT_RETRIES = 4
+SUBMIT_BACKOFF_S = 0.25
 
 
 def _known_id(job_id: str) -> str:
@@ -55,15 +63,41 @@ class Client:
     # -- jobs --------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
-        """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent)."""
+        """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
+
+        The id is chosen before the first try, so a retry after a Redis error that struck once the
+        job was stored finds it there and succeeds instead of queueing it twice.
+        """
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
         job_id = check_job_id(job_id) if job_id is not None else f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
+        self._create(job_id, spec)
+        self._notify_submitted(job_id)
+        return JobHandle(self, job_id)
+
+    def _create(self, job_id: str, spec: JobSpec) -> None:
+        for retry in range(SUBMIT_RETRIES + 1):
+            try:
+                self._create_once(job_id, spec)
+                return
+            except StoreUnavailable:
+                if retry == SUBMIT_RETRIES:
+                    raise
+                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+
+    def _create_once(self, job_id: str, spec: JobSpec) -> None:
         if not self._jobs.create(job_id, spec, time.time()) and self._jobs.get(job_id).spec != spec:
             raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
-        self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
-        return JobHandle(self, job_id)
+
+    def _notify_submitted(self, job_id: str) -> None:
+        """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that
+        fails here must not fail a submit whose job is stored (the caller would submit it twice)."""
+        try:
+            self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
+        except Exception as exc:
+            event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
+                  effect="placed by the controller's next periodic pass")  # fmt: skip
 
     def get(self, job_id: str) -> Job:
         return self._jobs.get(_known_id(job_id))
@@ -74,6 +108,10 @@ class Client:
 
     def jobs(self, state: JobState | str | None = None, limit: int = 1000) -> list[Job]:
         return self._jobs.list_jobs(JobState(state) if state else None, limit)
+
+    def quarantined_jobs(self) -> dict[str, str]:
+        """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
+        return self._jobs.quarantined()
 
     def history(self, job_id: str) -> list[Event]:
         self.get(job_id)
@@ -133,6 +171,10 @@ class Client:
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()
+
+    def quarantined_nodes(self) -> dict[str, str]:
+        """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
+        return self._nodes.read_all().quarantined
 
     def node(self, name: str) -> Node:
         return self._nodes.get(name)

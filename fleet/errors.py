@@ -32,6 +32,13 @@ class NotFound(FleetError, LookupError):
     exit_code = 3
 
 
+class CorruptRecord(NotFound):
+    """A stored job or node record fleet cannot read: skipped by readers, quarantined by the
+    controller with this reason. A kind of NotFound: there is no usable job or node by that name."""
+
+    exit_code = 7
+
+
 class JobTimeout(FleetError, TimeoutError):
     """``wait`` ran out of time before the job reached a final state."""
 
@@ -49,6 +56,10 @@ class StoreUnavailable(FleetError):
 
     retryable = True
     exit_code = 5
+
+
+class NotLeader(FleetError):
+    """A controller write was refused: another controller holds the leader lease (fencing token)."""
 
 
 class MalformedMessage(FleetError):

@@ -20,6 +20,8 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
+| ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
+| ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
 
 The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
 ``brokers/redis/dispatch.lua``): ``<queue>`` and ``<queue>.msgs`` (pending ids, id -> data),
@@ -93,3 +95,11 @@ class Keys:
     @property
     def requeues(self) -> str:
         return f"{self.prefix}:metrics:requeues"
+
+    @property
+    def quarantined_jobs(self) -> str:
+        return f"{self.prefix}:quarantine:jobs"
+
+    @property
+    def quarantined_nodes(self) -> str:
+        return f"{self.prefix}:quarantine:nodes"

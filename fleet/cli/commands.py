@@ -205,7 +205,8 @@ def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
 
 
 def jobs(args: argparse.Namespace) -> int:
-    found = _client(args).jobs(args.state, args.limit)
+    client = _client(args)
+    found = client.jobs(args.state, args.limit)
     if args.output == "json":
         emit_json(found)
         return 0
@@ -214,7 +215,14 @@ def jobs(args: argparse.Namespace) -> int:
         for j in found
     ]
     table(["ID", "STATE", "GPUS", "NODE", "ATTEMPT", "SUBMITTED", "REASON"], rows)
+    _note_quarantined("job", client.quarantined_jobs(), "fleet show ID")
     return 0
+
+
+def _note_quarantined(kind: str, records: dict[str, str], show: str) -> None:
+    if records:
+        print(f"fleet: {len(records)} {kind} record(s) unreadable and quarantined, not listed: "
+              f"{', '.join(sorted(records))} (`{show}` says why)", file=sys.stderr)  # fmt: skip
 
 
 def _short(text: str, width: int) -> str:
@@ -295,6 +303,7 @@ def nodes(args: argparse.Namespace) -> int:
     table(["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKEND", "REASON"], rows)
     for n in found:
         _gpu_rows(n)
+    _note_quarantined("node", client.quarantined_nodes(), "fleet nodes show NODE")
     return 0
 
 

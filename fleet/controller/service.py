@@ -28,13 +28,14 @@ from fleet.bus import (
 from fleet.config import Settings
 from fleet.controller import snapshot
 from fleet.controller.leader import LeaderLease
-from fleet.errors import FleetError
+from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import INFRA, RetryPolicy, decide
 from fleet.log import StepHealth, event
-from fleet.models import ON_NODE_STATES, Exit, JobState, Node, NodeState
+from fleet.models import ON_NODE_STATES, Exit, Job, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
+from fleet.state.records import JobBatch, NodeBatch
 
 log = logging.getLogger("fleet.controller")
 
@@ -111,6 +112,20 @@ class Controller:
             event(log, "leadership_acquired", id=self.id, lease=self.lease.value)
             self._worker = self.bus.worker(CONTROLLER_QUEUE, self.cfg.worker_threads)
 
+    def _token(self) -> str:
+        """The leader value every controller write is fenced by ('' would mean "not fenced")."""
+        if not self.lease.value:
+            raise NotLeader(f"controller {self.id} does not hold the leader lease")
+        return self.lease.value
+
+    def _deposed(self) -> None:
+        """A fenced write was refused: another controller took the lease. Stop leading at once
+        rather than at the next renewal; the loop tries to acquire the lease again as a follower."""
+        if self.lease.value:
+            event(log, "leadership_lost", logging.WARNING, id=self.id, why="write fenced off")
+        self.lease.value = ""
+        self._follow()
+
     def _follow(self) -> None:
         if self._worker is not None:
             self._worker.stop(timeout=2000)
@@ -123,33 +138,65 @@ class Controller:
 
     def schedule_pass(self) -> Plan:
         with self._pass_seconds.time():
-            return self._schedule_pass()
+            try:
+                return self._schedule_pass()
+            except NotLeader:
+                self._deposed()
+                return Plan()
 
     def _schedule_pass(self) -> Plan:
         now = self.clock()
-        queued = self.jobs.queued()
+        queued = self._readable(self.jobs.read_queued(), now)
         self._due = min((j.not_before for j in queued if j.not_before > now), default=float("inf"))
         if not queued:
             return Plan()
-        plan = schedule(snapshot.build(queued, self.nodes.all(), now), now)
+        plan = schedule(snapshot.build(queued, self._read_nodes().nodes, now), now)
         for p in plan.placements:
             reason = f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")
-            attempt = self.jobs.place(p.job_id, p.node, list(p.gpus), self.lease.value, now, reason)
+            attempt = self.jobs.place(p.job_id, p.node, list(p.gpus), self._token(), now, reason)
             if attempt:
                 self.bus.send(node_queue(p.node), Launch(job_id=p.job_id, attempt=attempt, gpus=list(p.gpus)))
         reasons = {j.id: j.reason for j in queued}
         for job_id, why in plan.waiting.items():
             if reasons.get(job_id) != why:
                 self.jobs.transition(
-                    job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False
-                )
+                    job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False,
+                    leader=self._token(),
+                )  # fmt: skip
         return plan
+
+    # -- unreadable records ------------------------------------------------------------
+
+    def _readable(self, batch: JobBatch, now: float) -> list[Job]:
+        """The jobs that parsed; the others are quarantined (each logged once, by whoever leads)."""
+        for job_id, reason in batch.corrupt.items():
+            if self.jobs.quarantine(job_id, reason, now, self._token()):
+                event(log, "record_quarantined", logging.WARNING, kind="job", id=job_id, reason=reason)
+        return batch.jobs
+
+    def _read_nodes(self) -> NodeBatch:
+        """Nodes as stored; an unreadable record is left out of scheduling and quarantined (logged
+        once), and forgotten from quarantine once it reads again (an agent rewrote it)."""
+        batch = self.nodes.read_all()
+        for name, reason in batch.corrupt.items():
+            if self.nodes.quarantine(name, reason, self._token()):
+                event(log, "record_quarantined", logging.WARNING, kind="node", id=name, reason=reason)
+        for name in batch.quarantined.keys() - batch.corrupt.keys():
+            if self.nodes.quarantine(name, "", self._token()):
+                event(log, "record_recovered", kind="node", id=name)
+        return batch
 
     # -- failure detection -------------------------------------------------------------
 
     def reconcile(self) -> None:
         """Requeue the jobs of every node whose lease expired; move drains along."""
-        for node in self.nodes.all():
+        try:
+            self._reconcile()
+        except NotLeader:
+            self._deposed()
+
+    def _reconcile(self) -> None:
+        for node in self._read_nodes().nodes:
             if not node.alive:
                 for job in self.jobs.on_node(node.name):
                     if job.state.on_node:
@@ -162,8 +209,9 @@ class Controller:
         now = self.clock()
         jobs = [j for j in self.jobs.on_node(node.name) if j.state.on_node]
         if not jobs:
-            self.nodes.set_state(node.name, NodeState.DRAINED, "drained", now, node.changed_by)
-            event(log, "node_drained", node=node.name)
+            if self.nodes.set_state(node.name, NodeState.DRAINED, "drained", now, node.changed_by,
+                                    leader=self._token(), only_from=[NodeState.DRAINING]):  # fmt: skip
+                event(log, "node_drained", node=node.name)
             return
         if node.drain_deadline is None or now < node.drain_deadline:
             return
@@ -174,7 +222,7 @@ class Controller:
             self.jobs.transition(
                 job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
                 reason=f"{reason}: stopping with {node.drain_grace_s:g}s to checkpoint", now=now,
-                fields={"preempt": reason},
+                fields={"preempt": reason}, leader=self._token(),
             )  # fmt: skip
             if node.alive:
                 stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=node.drain_grace_s)
@@ -191,6 +239,7 @@ class Controller:
             job_id, attempt=attempt, allowed=ON_NODE_STATES,
             to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
             fields={"finished_at": now if decision.state.final else None, "preempt": ""},
+            leader=self._token(),
         ):  # fmt: skip
             event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)
             if decision.state == JobState.QUEUED:

@@ -9,11 +9,12 @@ from typing import Any
 
 import redis
 
-from fleet.errors import NotFound
+from fleet.errors import CorruptRecord, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
 from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobSpec, JobState, check_job_id
 from fleet.state.connection import load_scripts, translated
+from fleet.state.records import JobBatch, parse_job
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,33 @@ class JobStore:
         raw = self.redis.hgetall(self.keys.job(job_id))
         if not raw:
             raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
-        return _job(raw)
+        try:
+            return parse_job(raw)
+        except CorruptRecord as exc:
+            quarantined = self.redis.hget(self.keys.quarantined_jobs, job_id)
+            if quarantined is not None:
+                raise CorruptRecord(f"job {job_id} is quarantined: {quarantined}") from None
+            raise CorruptRecord(f"the record of job {job_id} cannot be read: {exc}") from None
+
+    def get_many(self, job_ids: Iterable[str]) -> list[Job]:
+        """The jobs that exist and can be read; unreadable ones are skipped (see ``read_many``)."""
+        return self.read_many(job_ids).jobs
 
     @translated
-    def get_many(self, job_ids: Iterable[str]) -> list[Job]:
+    def read_many(self, job_ids: Iterable[str]) -> JobBatch:
+        ids = list(job_ids)
         pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
+        for job_id in ids:
             pipe.hgetall(self.keys.job(job_id))
-        return [_job(raw) for raw in pipe.execute() if raw]
+        batch = JobBatch()
+        for job_id, raw in zip(ids, pipe.execute(), strict=True):
+            if not raw:
+                continue
+            try:
+                batch.jobs.append(parse_job(raw))
+            except CorruptRecord as exc:
+                batch.corrupt[job_id] = str(exc)
+        return batch
 
     @translated
     def list_jobs(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
@@ -64,9 +84,12 @@ class JobStore:
         jobs = self.get_many(self.redis.smembers(self.keys.jobs_in(state)))
         return sorted(jobs, key=lambda j: -j.seq)[:limit]
 
-    @translated
     def queued(self) -> list[Job]:
-        return self.get_many(self.redis.zrange(self.keys.queued, 0, -1))
+        return self.read_queued().jobs
+
+    @translated
+    def read_queued(self) -> JobBatch:
+        return self.read_many(self.redis.zrange(self.keys.queued, 0, -1))
 
     @translated
     def on_node(self, node: str) -> list[Job]:
@@ -104,9 +127,11 @@ class JobStore:
             k.job(job_id), k.events(job_id), k.claims, k.queued, k.jobs_in(JobState.QUEUED),
             k.jobs_in(JobState.SCHEDULED), k.node_jobs(node), k.node(node), k.node_lease(node), k.leader,
         ]  # fmt: skip
-        attempt, _why = self._scripts["place"](
+        attempt, why = self._scripts["place"](
             keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason]
         )
+        if why == "not the leader":
+            raise NotLeader(f"placement of {job_id} refused: another controller holds the leader lease")
         return int(attempt)
 
     @translated
@@ -123,8 +148,13 @@ class JobStore:
         incr: dict[str, int] | None = None,
         release: bool = False,
         record: bool = True,
+        leader: str = "",
     ) -> bool:
-        """Atomically move a job from one of ``allowed`` to ``to``; False when refused (stale)."""
+        """Atomically move a job from one of ``allowed`` to ``to``; False when refused (stale).
+
+        A controller passes its ``leader`` value: the write is refused with :class:`NotLeader`
+        unless it still holds the lease.
+        """
         k = self.keys
         args = [
             job_id,
@@ -138,12 +168,15 @@ class JobStore:
             k.prefix,
             "1" if release else "0",
             "1" if record else "0",
+            leader,
         ]
         code, _state = self._scripts["transition"](
-            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued], args=args
+            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader], args=args
         )
         if code == -1:
             raise NotFound(f"no job {job_id!r}")
+        if code == -2:
+            raise NotLeader(f"change of {job_id} refused: another controller holds the leader lease")
         return bool(code == 1)
 
     def record_exit(self, job: Job, exit: Exit, now: float) -> bool:
@@ -176,17 +209,37 @@ class JobStore:
             self.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
         return decision
 
+    @translated
     def request_cancel(self, job_id: str, now: float) -> bool:
-        """Cancel a queued job at once, or flag one on a node for its agent; False if already final."""
-        if self.transition(
-            job_id, to=JobState.CANCELLED, allowed=[JobState.QUEUED], reason="cancelled by user", now=now,
-            fields={"finished_at": now, "cancel_requested": 1},
-        ):  # fmt: skip
-            return True
-        return self.transition(
-            job_id, to=None, allowed=ON_NODE_STATES,
-            reason="cancel requested", now=now, fields={"cancel_requested": 1},
-        )  # fmt: skip
+        """Cancel a queued job at once, or flag one on a node for its agent; False if already final.
+
+        One script (cancel.lua): a placement or requeue can land before or after it, never between.
+        """
+        k = self.keys
+        keys = [k.job(job_id), k.events(job_id), k.queued]
+        keys += [k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED)]
+        code, _state = self._scripts["cancel"](
+            keys=keys, args=[job_id, now, ",".join(s.value for s in ON_NODE_STATES)]
+        )
+        if code == -1:
+            raise NotFound(f"no job {job_id!r}")
+        return bool(code > 0)
+
+    @translated
+    def quarantined(self) -> dict[str, str]:
+        """Job id -> why its record cannot be read, for every job set aside."""
+        return dict(self.redis.hgetall(self.keys.quarantined_jobs))
+
+    @translated
+    def quarantine(self, job_id: str, reason: str, now: float, leader: str) -> bool:
+        """Set aside a record that cannot be read (leader only); True the first time, False after."""
+        k = self.keys
+        keys = [k.job(job_id), k.events(job_id), k.quarantined_jobs, k.queued, k.claims, k.leader]
+        args = [job_id, reason, now, k.prefix, leader, ",".join(s.value for s in JobState)]
+        code = self._scripts["quarantine_job"](keys=keys, args=args)
+        if code == -2:
+            raise NotLeader(f"quarantine of {job_id} refused: another controller holds the leader lease")
+        return bool(code == 1)
 
     # -- metrics ----------------------------------------------------------------------
 
@@ -232,39 +285,3 @@ class JobStore:
             got = self.redis.xread({key: after}, block=block_ms)
             entries = got[0][1] if got else []
         return [LogLine(id=eid, attempt=attempt, line=f["l"]) for eid, f in entries]
-
-
-def _job(raw: dict[str, str]) -> Job:
-    def num(field: str) -> float | None:
-        value = raw.get(field)
-        return float(value) if value not in (None, "") else None
-
-    return Job(
-        id=raw["id"],
-        spec=JobSpec.model_validate_json(raw["spec"]),
-        state=JobState(raw["state"]),
-        attempt=int(raw.get("attempt", 0)),
-        failures=int(raw.get("failures", 0)),
-        infra_requeues=int(raw.get("infra_requeues", 0)),
-        node=raw.get("node") or None,
-        gpus=json.loads(raw.get("gpus") or "[]"),
-        reason=raw.get("reason", ""),
-        exit_code=int(raw["exit_code"]) if raw.get("exit_code") else None,
-        created_at=float(raw.get("created_at", 0)),
-        updated_at=float(raw.get("updated_at", 0)),
-        started_at=num("started_at"),
-        finished_at=num("finished_at"),
-        not_before=num("not_before") or 0.0,
-        cancel_requested=raw.get("cancel_requested") == "1",
-        preempt=raw.get("preempt", ""),
-        checkpoint=raw.get("checkpoint") or None,
-        seq=int(raw.get("seq", 0)),
-        **_last_exit(raw.get("exit")),
-    )
-
-
-def _last_exit(saved: str | None) -> dict[str, Any]:
-    if not saved:
-        return {}
-    data = json.loads(saved)
-    return {"last_exit_attempt": int(data.pop("attempt", 0)), "last_exit": Exit.model_validate(data)}

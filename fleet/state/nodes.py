@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from fleet.errors import FleetError, NotFound
+from fleet.errors import CorruptRecord, FleetError, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import Gpu, Node, NodeState
 from fleet.state.connection import load_scripts, translated
+from fleet.state.records import NodeBatch, parse_node
 
 
 class LeaseConflict(FleetError):
@@ -59,21 +61,38 @@ class NodeStore:
 
     @translated
     def set_state(
-        self, name: str, state: NodeState, reason: str, now: float, by: str = "", **extra: float | str
-    ) -> None:
-        """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared."""
-        if not self.redis.sismember(self.keys.nodes, name):
-            raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+        self, name: str, state: NodeState, reason: str, now: float, by: str = "", *, leader: str = "",
+        only_from: Iterable[NodeState] = (), **extra: float | str,
+    ) -> bool:  # fmt: skip
+        """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared.
+
+        False when the state is not one of ``only_from`` (when given). A controller passes its
+        ``leader`` value and is refused with :class:`NotLeader` unless it still holds the lease.
+        """
         fields = {"state": state.value, "reason": reason, "changed_at": now, "changed_by": by,
                   "drain_deadline": "", "drain_grace_s": "", **extra}  # fmt: skip
-        self.redis.hset(self.keys.node(name), mapping=fields)
+        k = self.keys
+        allowed = ",".join(s.value for s in only_from)
+        changes = json.dumps({f: str(v) for f, v in fields.items()})
+        code = self._scripts["node_state"](
+            keys=[k.node(name), k.nodes, k.leader], args=[name, leader, allowed, changes]
+        )
+        if code == -1:
+            raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
+        if code == -2:
+            raise NotLeader(f"state of node {name} not set: another controller holds the leader lease")
+        return bool(code == 1)
 
     @translated
     def names(self) -> list[str]:
         return sorted(self.redis.smembers(self.keys.nodes))
 
-    @translated
     def all(self) -> list[Node]:
+        """Every node whose record can be read (see ``read_all`` for the others)."""
+        return self.read_all().nodes
+
+    @translated
+    def read_all(self) -> NodeBatch:
         names = self.names()
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
@@ -81,42 +100,37 @@ class NodeStore:
             pipe.exists(self.keys.node_lease(name))
             pipe.smembers(self.keys.node_jobs(name))
         pipe.hgetall(self.keys.claims)
-        results = pipe.execute()
-        claims: dict[str, str] = results[-1]
-        return [
-            _node(name, raw, bool(alive), claims, sorted(jobs))
-            for name, raw, alive, jobs in zip(
-                names, results[0:-1:3], results[1:-1:3], results[2:-1:3], strict=True
-            )
-            if raw
-        ]
+        pipe.hgetall(self.keys.quarantined_nodes)
+        *rows, claims, quarantined = pipe.execute()
+        nodes, corrupt, corrupt_alive = [], {}, set()
+        for name, raw, alive, jobs in zip(names, rows[0::3], rows[1::3], rows[2::3], strict=True):
+            if not raw:
+                continue
+            try:
+                nodes.append(parse_node(name, raw, bool(alive), claims, sorted(jobs)))
+            except CorruptRecord as exc:
+                corrupt[name] = str(exc)
+                if alive:
+                    corrupt_alive.add(name)
+        return NodeBatch(nodes, corrupt, frozenset(corrupt_alive), quarantined, claims)
 
     def get(self, name: str) -> Node:
-        for node in self.all():
+        batch = self.read_all()
+        for node in batch.nodes:
             if node.name == name:
                 return node
+        if name in batch.quarantined:
+            raise CorruptRecord(f"node {name} is quarantined: {batch.quarantined[name]}")
+        if name in batch.corrupt:
+            raise CorruptRecord(f"the record of node {name} cannot be read: {batch.corrupt[name]}")
         raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
 
-
-def _node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str], jobs: list[str]) -> Node:
-    gpus = [Gpu.model_validate(g) for g in json.loads(raw.get("gpus") or "[]")]
-    admin = NodeState(raw.get("state", NodeState.READY))
-    return Node(
-        name=name,
-        state=admin if alive else NodeState.DOWN,
-        admin_state=admin,
-        alive=alive,
-        reason=raw.get("reason", "") if alive else "lease expired (no heartbeat)",
-        heartbeat_at=float(raw.get("heartbeat_at", 0)),
-        gpus=gpus,
-        cpus=int(raw.get("cpus", 0)),
-        memory=int(raw.get("memory", 0)),
-        runtime=raw.get("runtime", ""),
-        gpu_backend=raw.get("gpu_backend", ""),
-        claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
-        changed_at=float(raw.get("changed_at") or 0),
-        changed_by=raw.get("changed_by", ""),
-        drain_deadline=float(raw["drain_deadline"]) if raw.get("drain_deadline") else None,
-        drain_grace_s=float(raw.get("drain_grace_s") or 0),
-        jobs=jobs,
-    )
+    @translated
+    def quarantine(self, name: str, reason: str, leader: str) -> bool:
+        """Record why a node record cannot be read (leader only); True the first time, False after.
+        An empty ``reason`` forgets the entry (the record is readable again)."""
+        keys = [self.keys.quarantined_nodes, self.keys.leader]
+        code = self._scripts["quarantine_node"](keys=keys, args=[name, reason, leader])
+        if code == -2:
+            raise NotLeader(f"quarantine of node {name} refused: another controller holds the leader lease")
+        return bool(code == 1)

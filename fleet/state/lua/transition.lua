@@ -1,5 +1,6 @@
 -- transition: move a job between states, fenced by its attempt number.
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] claims hash  KEYS[4] queued zset
+-- KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
 --   <prefix>:jobs:state:<STATE> sets and <prefix>:node:<node>:jobs, from ARGV[9].
 -- ARGV[1] job id
@@ -10,8 +11,15 @@
 -- ARGV[7] JSON object of fields to set   ARGV[8] JSON object of counters to increment
 -- ARGV[9] key prefix   ARGV[10] '1' to release the attempt's GPU claims and node binding
 -- ARGV[11] '0' to leave the event stream alone (a queued job's changing wait reason)
--- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job.
-local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'gpus')
+-- ARGV[12] the leader value ("<id>:<token>") a controller write is fenced by; '' for agents and users
+-- A requeue (to QUEUED) of a job flagged cancel_requested ends it CANCELLED instead: a cancel
+-- that raced the attempt's end (the caller decided from an older read) is never lost.
+-- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job,
+-- {-2, ''} when ARGV[12] is not the current leader.
+if ARGV[12] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[12] then
+  return {-2, ''}
+end
+local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'gpus', 'cancel_requested')
 local state, attempt, node, gpus = job[1], job[2], job[3], job[4]
 if not state then
   return {-1, ''}
@@ -26,15 +34,23 @@ end
 if not allowed then
   return {0, state}
 end
-local to = ARGV[4]
+local to, reason = ARGV[4], ARGV[5]
 if to == '' then to = state end
+local cancelled = to == 'QUEUED' and job[5] == '1'
+if cancelled then
+  to, reason = 'CANCELLED', 'cancelled by user'
+end
 local prefix = ARGV[9]
-redis.call('HSET', KEYS[1], 'state', to, 'reason', ARGV[5], 'updated_at', ARGV[6])
+redis.call('HSET', KEYS[1], 'state', to, 'reason', reason, 'updated_at', ARGV[6])
 for field, value in pairs(cjson.decode(ARGV[7])) do
   redis.call('HSET', KEYS[1], field, tostring(value))
 end
-for field, by in pairs(cjson.decode(ARGV[8])) do
-  redis.call('HINCRBY', KEYS[1], field, by)
+if cancelled then
+  redis.call('HSET', KEYS[1], 'finished_at', ARGV[6])
+else
+  for field, by in pairs(cjson.decode(ARGV[8])) do
+    redis.call('HINCRBY', KEYS[1], field, by)
+  end
 end
 if to ~= state then
   redis.call('SREM', prefix .. ':jobs:state:' .. state, ARGV[1])
@@ -60,5 +76,5 @@ if ARGV[11] == '0' then
   return {1, to}
 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[6], 'state', to,
-  'attempt', attempt, 'reason', ARGV[5], 'node', node or '')
+  'attempt', attempt, 'reason', reason, 'node', node or '')
 return {1, to}

@@ -1,0 +1,156 @@
+"""Job and node records as stored in Redis hashes, parsed into models.
+
+A record that cannot be parsed (a hand-edited hash, a field written by a buggy or newer
+version) raises :class:`CorruptRecord` naming the field and what is wrong with it, so that
+readers skip that one record instead of failing for the whole fleet, and the controller can
+quarantine it with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from fleet.errors import CorruptRecord
+from fleet.models import Exit, Gpu, Job, JobSpec, JobState, Node, NodeState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class JobBatch:
+    """Jobs read in one go: those that parsed, and why each of the others did not (id -> reason)."""
+
+    jobs: list[Job] = field(default_factory=list)
+    corrupt: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeBatch:
+    """Nodes read in one go: those that parsed; name -> reason for the others, and which of those
+    still hold a live lease; name -> reason for nodes already quarantined; the GPU claims hash."""
+
+    nodes: list[Node] = field(default_factory=list)
+    corrupt: dict[str, str] = field(default_factory=dict)
+    corrupt_alive: frozenset[str] = frozenset()
+    quarantined: dict[str, str] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
+
+
+def why(exc: Exception) -> str:
+    """One short line for a parse error (pydantic's are several lines long)."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    parts = []
+    for err in exc.errors()[:2]:
+        loc = ".".join(map(str, err["loc"]))
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(parts)
+
+
+class _Fields:
+    """Reads one hash field by field, so that an error names the field it comes from."""
+
+    def __init__(self, raw: dict[str, str]) -> None:
+        self.raw = raw
+
+    def get(self, name: str, parse: Callable[[str], T], default: T) -> T:
+        value = self.raw.get(name)
+        if value is None or value == "":
+            return default
+        return self.required(name, parse)
+
+    def required(self, name: str, parse: Callable[[str], T]) -> T:
+        value = self.raw.get(name)
+        if value is None:
+            raise CorruptRecord(f"{name}: missing")
+        try:
+            return parse(value)
+        except (ValueError, TypeError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+            raise CorruptRecord(f"{name}: {why(exc)}") from None
+
+
+def _gpus(text: str) -> list[Gpu]:
+    return [Gpu.model_validate(g) for g in json.loads(text)]
+
+
+def _uuids(text: str) -> list[str]:
+    value = json.loads(text)
+    if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+        raise ValueError("expected a JSON list of GPU UUIDs")
+    return value
+
+
+def parse_job(raw: dict[str, str]) -> Job:
+    try:
+        return _job(_Fields(raw))
+    except ValidationError as exc:
+        raise CorruptRecord(why(exc)) from None
+
+
+def _job(f: _Fields) -> Job:
+    raw = f.raw
+    return Job(
+        id=f.required("id", str),
+        spec=f.required("spec", JobSpec.model_validate_json),
+        state=f.required("state", JobState),
+        attempt=f.get("attempt", int, 0),
+        failures=f.get("failures", int, 0),
+        infra_requeues=f.get("infra_requeues", int, 0),
+        node=raw.get("node") or None,
+        gpus=f.get("gpus", _uuids, None) or [],
+        reason=raw.get("reason", ""),
+        exit_code=f.get("exit_code", int, None),
+        created_at=f.get("created_at", float, 0.0),
+        updated_at=f.get("updated_at", float, 0.0),
+        started_at=f.get("started_at", float, None),
+        finished_at=f.get("finished_at", float, None),
+        not_before=f.get("not_before", float, 0.0),
+        cancel_requested=raw.get("cancel_requested") == "1",
+        preempt=raw.get("preempt", ""),
+        checkpoint=raw.get("checkpoint") or None,
+        seq=f.get("seq", int, 0),
+        **(f.get("exit", _last_exit, None) or {}),
+    )
+
+
+def _last_exit(text: str) -> dict[str, Any]:
+    """How an attempt ended, as the agent recorded it before removing the attempt."""
+    data = json.loads(text)
+    return {"last_exit_attempt": int(data.pop("attempt", 0)), "last_exit": Exit.model_validate(data)}
+
+
+def parse_node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str], jobs: list[str]) -> Node:
+    try:
+        return _node(name, _Fields(raw), alive, claims, jobs)
+    except ValidationError as exc:
+        raise CorruptRecord(why(exc)) from None
+
+
+def _node(name: str, f: _Fields, alive: bool, claims: dict[str, str], jobs: list[str]) -> Node:
+    raw = f.raw
+    gpus = f.get("gpus", _gpus, None) or []
+    admin = f.get("state", NodeState, NodeState.READY)
+    return Node(
+        name=name,
+        state=admin if alive else NodeState.DOWN,
+        admin_state=admin,
+        alive=alive,
+        reason=raw.get("reason", "") if alive else "lease expired (no heartbeat)",
+        heartbeat_at=f.get("heartbeat_at", float, 0.0),
+        gpus=gpus,
+        cpus=f.get("cpus", int, 0),
+        memory=f.get("memory", int, 0),
+        runtime=raw.get("runtime", ""),
+        gpu_backend=raw.get("gpu_backend", ""),
+        claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
+        changed_at=f.get("changed_at", float, 0.0),
+        changed_by=raw.get("changed_by", ""),
+        drain_deadline=f.get("drain_deadline", float, None),
+        drain_grace_s=f.get("drain_grace_s", float, 0.0),
+        jobs=jobs,
+    )

@@ -1,0 +1,91 @@
+"""A controller that lost the leader lease changes nothing: every write it makes is fenced by the token.
+
+The controller runs in this process so that the test decides exactly when it acts: after another
+controller took the lease and before this one's next renewal would notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fleet.bus import Bus
+from fleet.config import load_settings
+from fleet.controller.service import Controller
+from fleet.keys import Keys
+from fleet.models import Gpu, JobSpec, JobState, NodeState
+from fleet.state import JobStore, NodeStore, connect
+from fleet.state.nodes import NodeInfo
+
+pytestmark = pytest.mark.integration
+
+
+def info(node: str, gpus: int = 1) -> NodeInfo:
+    inventory = [Gpu(uuid=f"{node}-g{i}", index=i, model="Sim", memory_total=1 << 30) for i in range(gpus)]
+    return NodeInfo(gpus=inventory, cpus=1, memory=1 << 30, runtime="process", gpu_backend="simulated")
+
+
+class Harness:
+    def __init__(self, redis_url: str) -> None:
+        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0})
+        self.client = connect(self.settings)
+        self.jobs, self.nodes = JobStore(self.client, Keys()), NodeStore(self.client, Keys())
+        self.bus = Bus(self.settings)
+        self.controller = Controller(self.settings, self.jobs, self.nodes, self.bus, controller_id="c1")
+
+    def node(self, name: str, ttl_s: float = 60) -> None:
+        self.nodes.heartbeat(name, f"agent-{name}", ttl_s, time.time(), info(name))
+
+    def running(self, job_id: str, node: str) -> None:
+        self.jobs.create(job_id, JobSpec(name="j", command=["sleep", "1"], gpus=1), time.time())
+        leader = self.controller.lease.value
+        assert self.jobs.place(job_id, node, [f"{node}-g0"], leader, time.time(), "placed")
+        for to in (JobState.STARTING, JobState.RUNNING):
+            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
+                                 reason="", now=time.time())  # fmt: skip
+
+    def close(self) -> None:
+        self.bus.close()
+        self.client.close()
+
+
+@pytest.fixture
+def harness(redis_url: str) -> Iterator[Harness]:
+    h = Harness(redis_url)
+    yield h
+    h.close()
+
+
+def test_a_deposed_controller_cannot_requeue_preempt_drain_or_annotate(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h, now = harness, time.time()
+    assert h.controller.lease.renew()
+    # Given a node that died with a job on it, a draining node past its deadline with a job on it,
+    # an empty draining node, and a job that waits for GPUs no node has
+    for name in ("dead", "busy", "empty"):
+        h.node(name)
+    h.running("on-dead", "dead")
+    h.running("on-busy", "busy")
+    h.client.delete(h.jobs.keys.node_lease("dead"))
+    for name in ("busy", "empty"):
+        h.nodes.set_state(name, NodeState.DRAINING, "draining", now, drain_deadline=now - 1, drain_grace_s=5)
+    h.jobs.create("waits", JobSpec(name="w", command=["true"], gpus=8), now)
+    # When another controller takes the lease, and this one runs its passes before it notices
+    h.client.set(h.jobs.keys.leader, "c2:99")
+    with caplog.at_level(logging.INFO, logger="fleet.controller"):
+        h.controller.reconcile()
+        h.controller.schedule_pass()
+    # Then nothing changed: no requeue, no drain stop, no DRAINED, no waiting reason
+    dead, busy, waits = (h.jobs.get(j) for j in ("on-dead", "on-busy", "waits"))
+    assert (dead.state, dead.attempt, dead.node) == (JobState.RUNNING, 1, "dead")
+    assert (busy.state, busy.preempt) == (JobState.RUNNING, "")
+    assert [n.admin_state for n in h.nodes.all() if n.name in ("busy", "empty")] == [NodeState.DRAINING] * 2
+    assert (waits.state, waits.reason) == (JobState.QUEUED, "submitted")
+    assert h.jobs.requeue_counts() == {} and h.client.get(h.jobs.keys.leader) == "c2:99"
+    # And the controller knows it no longer leads
+    assert h.controller.lease.value == ""
+    assert [r.getMessage().split()[0] for r in caplog.records].count("leadership_lost") == 1

@@ -1,0 +1,92 @@
+"""State-store races against a real Redis: what one user action and one fleet write do to each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from fleet.keys import Keys
+from fleet.lifecycle import RetryPolicy, decide
+from fleet.models import ON_NODE_STATES, Exit, JobSpec, JobState
+from fleet.state import JobStore, NodeStore
+from fleet.state.nodes import NodeInfo
+
+pytestmark = pytest.mark.integration
+LEADER = "ctl-test:1"
+
+
+class Interleaving(redis.Redis):
+    """A real Redis client that runs ``between`` once, right after its first script call while armed:
+    it puts a competing write between the Redis commands of one store call, deterministically."""
+
+    between: Callable[[], None] | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        result = super().execute_command(*args, **options)
+        if args[0] in ("EVALSHA", "EVAL") and self.between is not None:
+            between, self.between = self.between, None
+            between()
+        return result
+
+
+@pytest.fixture
+def stores(redis_url: str) -> Iterator[tuple[JobStore, JobStore, redis.Redis]]:
+    """(the user's store, on an interleaving client; the fleet's store; a plain client)."""
+    user = Interleaving.from_url(redis_url, decode_responses=True)
+    fleet = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys()
+    fleet.set(keys.leader, LEADER)
+    yield JobStore(user, keys), JobStore(fleet, keys), fleet
+    user.close()
+    fleet.close()
+
+
+def running_job(jobs: JobStore, client: redis.Redis, job_id: str) -> None:
+    """A job RUNNING on a live node, placed by the leader as the controller does."""
+    node = NodeStore(client, jobs.keys)
+    node.heartbeat("n1", "agent-1", 30, 100.0, NodeInfo(gpus=[], cpus=1, memory=1, runtime="process",
+                                                       gpu_backend="simulated"))  # fmt: skip
+    jobs.create(job_id, JobSpec(name="j", command=["true"]), 100.0)
+    assert jobs.place(job_id, "n1", [], LEADER, 101.0, "placed on n1") == 1
+    for to in (JobState.STARTING, JobState.RUNNING):
+        assert jobs.transition(job_id, attempt=1, allowed=ON_NODE_STATES, to=to, reason="", now=102.0)
+
+
+def test_a_cancel_racing_a_requeue_is_never_lost(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    user, fleet, client = stores
+    running_job(fleet, client, "j1")
+    stale = fleet.get("j1")  # the agent read the job before the user cancelled
+
+    def attempt_fails() -> None:  # the agent records attempt 1's exit 1 from what it read: a retry
+        decision = decide(stale, Exit(code=1, reason="exited with code 1"), RetryPolicy(backoff_s=0))
+        fleet.transition("j1", attempt=1, allowed=[JobState.RUNNING], to=decision.state,
+                         reason=decision.reason, now=103.0, incr=decision.incr, release=True)  # fmt: skip
+
+    # Given a running job, When the user cancels it while its attempt fails and is requeued
+    user.redis.between = attempt_fails
+    accepted = user.request_cancel("j1", 103.0)
+    # Then the cancel was accepted and wins: the job ends CANCELLED, not queued for another attempt
+    job = fleet.get("j1")
+    assert accepted and user.redis.between is None
+    assert (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")
+    assert fleet.queued() == [] and job.finished_at == 103.0
+
+
+def test_a_cancel_racing_a_placement_ends_cancelled_either_way(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    user, fleet, client = stores
+    running_job(fleet, client, "other")  # registers node n1
+    fleet.create("j2", JobSpec(name="j", command=["true"]), 100.0)
+    # Given a queued job, When the leader places it in the middle of the user's cancel
+    user.redis.between = lambda: fleet.place("j2", "n1", [], LEADER, 103.0, "placed on n1")
+    assert user.request_cancel("j2", 103.0)
+    # Then either it never left the queue (CANCELLED) or it is flagged for its agent to cancel
+    job = fleet.get("j2")
+    assert job.state == JobState.CANCELLED or (job.state.on_node and job.cancel_requested)
+    assert fleet.queued() == []

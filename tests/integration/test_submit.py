@@ -1,0 +1,99 @@
+"""Submitting while Redis or the bus misbehaves: the job exists once, and the caller is told so."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet import Client, JobSpec, JobState
+from fleet.config import load_settings
+from fleet.errors import StoreUnavailable
+from fleet.local import free_port
+from tests.conftest import FleetProcs
+from tests.integration.test_dependability import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def small_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of our own (the test freezes it), with only DBs 0 (state) and 1 (bus)."""
+    port = free_port()
+    argv = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(tmp_path), "--save", "", "--appendonly", "no", "--databases", "2"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for(lambda: _pings(url), timeout=10, what="redis up")
+    yield url, proc
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    proc.wait()
+
+
+def _pings(url: str) -> bool:
+    try:
+        with redis.Redis.from_url(url) as client:
+            return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def spec() -> JobSpec:
+    return JobSpec.parse({"name": "once", "command": [sys.executable, "-c", "print('ran')"]})
+
+
+def test_a_submit_whose_first_try_times_out_after_the_create_exists_once(
+    small_redis: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, server = small_redis
+    client = Client(url)
+    try:
+        earlier = client.submit(spec())  # connected, with the submit script loaded in Redis
+        # Given Redis frozen (SIGSTOP) for longer than the client's 5 s socket timeout, so the first
+        # create is sent, times out, and runs once Redis resumes
+        server.send_signal(signal.SIGSTOP)
+        threading.Timer(5.5, server.send_signal, args=(signal.SIGCONT,)).start()
+        # When the user submits, and submits again if told it failed (what a script does on error)
+        try:
+            handle = client.submit(spec())
+        except StoreUnavailable:
+            handle = client.submit(spec())
+        # Then exactly one job exists for that submit, the one it returned
+        assert [j.id for j in client.jobs()] == [handle.id, earlier.id]
+        assert handle.status().state == JobState.QUEUED
+    finally:
+        server.send_signal(signal.SIGCONT)
+        client.close()
+
+
+def test_a_submit_whose_notify_fails_succeeds_and_the_job_still_runs(
+    small_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _server = small_redis
+    procs = FleetProcs(url, tmp_path, "process")
+    # Given a client whose bus is broken (its bus DB does not exist on this Redis) next to a working fleet
+    client = Client(settings=load_settings(redis_url=url, bus_db=5))
+    try:
+        procs.controller()
+        procs.agent("t-a", gpus=1)
+        procs.wait_nodes(client, 1)
+        # When a job is submitted
+        with caplog.at_level(logging.WARNING, logger="fleet.client"):
+            handle = client.submit(spec())
+        # Then the submit succeeds with a warning, the job exists once, and the periodic pass runs it
+        assert [r.getMessage().split()[0] for r in caplog.records] == ["submit_notify_failed"]
+        assert f"job={handle.id}" in caplog.records[0].getMessage()
+        assert handle.wait(timeout=30).state == JobState.SUCCEEDED, procs.logs()
+        assert [j.id for j in client.jobs()] == [handle.id]
+    finally:
+        procs.stop()
+        client.close()
