@@ -29,7 +29,7 @@ from fleet.config import Settings
 from fleet.controller import snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.errors import FleetError, NotLeader
-from fleet.lifecycle import INFRA, RetryPolicy, decide
+from fleet.lifecycle import INFRA, RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Exit, Job, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
@@ -234,13 +234,6 @@ class Controller:
             return
         now = self.clock()
         lost = Exit(fault=INFRA, kind="node_down", reason=f"node {node} down (lease expired)")
-        decision = decide(job, lost, self.policy)
-        if self.jobs.transition(
-            job_id, attempt=attempt, allowed=ON_NODE_STATES,
-            to=decision.state, reason=decision.reason, now=now, incr=decision.incr, release=True,
-            fields={"finished_at": now if decision.state.final else None, "preempt": ""},
-            leader=self._token(),
-        ):  # fmt: skip
+        decision = self.jobs.end_attempt(job, lost, self.policy, now, leader=self._token())
+        if decision is not None:
             event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)
-            if decision.state == JobState.QUEUED:
-                self.jobs.count_requeue(lost.kind)

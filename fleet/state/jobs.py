@@ -190,10 +190,12 @@ class JobStore:
         )  # fmt: skip
 
     def end_attempt(
-        self, job: Job, exit: Exit, policy: RetryPolicy, now: float, fields: dict[str, Any] | None = None
-    ) -> Decision | None:
+        self, job: Job, exit: Exit, policy: RetryPolicy, now: float, fields: dict[str, Any] | None = None,
+        leader: str = "",
+    ) -> Decision | None:  # fmt: skip
         """End ``job``'s current attempt: decide (retry policy), transition, release its GPUs, count a
-        requeue. The one place an attempt ends, for the agent and the controller alike; None if stale."""
+        requeue. The one place an attempt ends, for the agent and the controller (which passes its
+        ``leader`` value, so a deposed one changes nothing) alike; None if stale."""
         decision = decide(job, exit, policy)
         changes = {
             "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "",
@@ -201,7 +203,7 @@ class JobStore:
         }  # fmt: skip
         applied = self.transition(
             job.id, attempt=job.attempt, allowed=ON_NODE_STATES, to=decision.state, reason=decision.reason,
-            now=now, fields=changes, incr=decision.incr, release=True,
+            now=now, fields=changes, incr=decision.incr, release=True, leader=leader,
         )  # fmt: skip
         if not applied:
             return None

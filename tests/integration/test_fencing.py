@@ -7,6 +7,7 @@ machine) into its checkpoint directory, so the test sees exactly when each attem
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -84,3 +85,96 @@ def test_a_supervisor_that_dies_takes_its_process_jobs_with_it(procs: FleetProcs
     assert len(ticks(ckpt, 1)) == count
     status = job.wait(timeout=60)
     assert status.state == JobState.SUCCEEDED and status.attempt == 2 and status.failures == 0, procs.logs()
+
+
+WAIT_FOR_GO = 'while [ ! -e "$FLEET_CHECKPOINT_DIR/go" ]; do sleep 0.05; done; echo done'
+
+
+def test_an_exit_the_agent_could_not_record_is_never_taken_for_a_lost_attempt(
+    procs: FleetProcs, client: Client, redis_url: str
+) -> None:
+    from tests.integration.test_dependability import CuttableProxy
+
+    proxy = CuttableProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    try:
+        # Given a job running on an agent whose Redis connection can be cut
+        procs.controller()
+        procs.agent("t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
+        procs.wait_nodes(client, 1)
+        job = client.submit(JobSpec(name="once", gpus=1, command=["sh", "-c", WAIT_FOR_GO]))
+        wait_for(lambda: job.status().state == JobState.RUNNING, 30, "running")
+        # When the job exits successfully while its agent cannot reach Redis (shorter than the lease)
+        proxy.cut()
+        (procs.root / "checkpoints" / job.id / "go").touch()
+        time.sleep(1.0)
+        proxy.heal()
+        status = job.wait(timeout=60)
+        # Then the exit is recorded once Redis is back: SUCCEEDED on the first attempt, not run again
+        assert (status.state, status.attempt, status.infra_requeues) == (JobState.SUCCEEDED, 1, 0), (
+            procs.logs()
+        )
+        assert "exit_not_recorded" in (procs.root / "t-a.log").read_text()
+    finally:
+        proxy.close()
+
+
+class HangingRegistry:
+    """A registry on this machine that accepts connections and never answers: a pull that hangs."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        self.thread.join(timeout=5)
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.docker
+def test_a_pull_that_hangs_never_delays_the_heartbeat(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    if runtime != "docker":
+        pytest.skip("docker only: the process runtime pulls nothing")
+    registry = HangingRegistry()
+    try:
+        # Given a node running a job, and pulls allowed
+        procs.controller()
+        procs.agent("t-a", gpus=2, FLEET_AGENT__DOCKER_PULL="missing")
+        procs.wait_nodes(client, 1)
+        running = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
+        ckpt = procs.root / "checkpoints" / running.id
+        wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "job ticking")
+        # When another job's image pull hangs for longer than the node lease (3 s)
+        image = f"127.0.0.1:{registry.port}/hangs:latest"
+        stuck = client.submit(JobSpec(name="pull", gpus=1, image=image, command=["true"]))
+        wait_for(lambda: stuck.status().state == JobState.STARTING, 30, "pull started")
+        time.sleep(5)
+        # Then the node stayed up, the running job was never fenced, and it finishes on attempt 1
+        assert all(n.alive for n in client.nodes())
+        assert running.wait(timeout=60).state == JobState.SUCCEEDED
+        assert running.status().attempt == 1
+        assert "fenced" not in (procs.root / "t-a" / "supervisor.log").read_text()
+        client.cancel(stuck.id)
+    finally:
+        registry.close()

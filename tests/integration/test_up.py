@@ -115,16 +115,19 @@ def still_running(procs: list[psutil.Process], within: float) -> list[list[str]]
 
 def role(p: psutil.Process) -> str:
     argv = p.cmdline()
-    return "redis" if "redis-server" in argv[0] else argv[-1]
+    if "redis-server" in argv[0]:
+        return "redis"
+    return "supervisor" if any(a.endswith("supervisor.py") for a in argv) else argv[-1]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_fleet_up_stopped_by_a_signal_stops_everything_it_started(up: Up, sig: signal.Signals) -> None:
-    # Given `fleet up` running on its own temp dir, with its redis-server, controller and agent
+    # Given `fleet up` running on its own temp dir, with its redis-server, controller, agent and the
+    # node supervisor the agent started
     proc = up.start()
     up.wait_up()
     children = up.descendants()
-    assert sorted(role(p) for p in children) == ["agent", "controller", "redis"]
+    assert sorted(role(p) for p in children) == ["agent", "controller", "redis", "supervisor"]
 
     # When it is sent the signal `kill`, systemd or a CI runner sends (or a closed terminal)
     proc.send_signal(sig)
@@ -148,7 +151,7 @@ def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
     while ["sleep", "300"] not in [p.cmdline() for p in up.descendants()]:
         assert time.monotonic() < deadline, f"the job did not start:\n{up.output()}"
         time.sleep(0.1)
-    started = up.descendants()  # redis-server, controller, agent, the job's shim and its sleep
+    started = up.descendants()  # redis-server, controller, agent, the node supervisor and the sleep
 
     # When it is SIGKILLed: no chance to stop anything itself
     proc.kill()

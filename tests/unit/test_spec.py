@@ -23,6 +23,14 @@ from fleet.models import JobSpec
         ({"env": {"FLEET_JOB_ID": "x"}}, "env: 'FLEET_JOB_ID': FLEET_* variables are set by fleet itself"),
         ({"name": "has space"}, "name: String should match pattern"),
         ({"mounts": [{"source": "data", "target": "/d"}]}, "mounts.0.source: must be an absolute path"),
+        ({"command": ["echo", "a\x00b"]}, "command.1: must not contain NUL bytes"),
+        ({"env": {"A": "x\x00"}}, "env.A: must not contain NUL bytes"),
+        ({"command": ["x"] * 5000}, "command: List should have at most 4096 items"),
+        ({"command": ["x" * 40000]}, "command.0: String should have at most 32768 characters"),
+        ({"env": {f"V{i}": "x" * 30000 for i in range(5)}}, "more than 131072; ship large inputs as files"),
+        ({"labels": {"team:x": "a"}}, "labels.team:x.[key]: String should match pattern"),
+        ({"user": "root"}, "user: String should match pattern"),
+        ({"image": "fleet python"}, "image: String should match pattern"),
     ],
 )
 def test_bad_spec_names_the_field(data: dict[str, object], message: str) -> None:
