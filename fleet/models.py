@@ -169,6 +169,8 @@ class Job(BaseModel):
     preempt: str = ""
     checkpoint: str | None = None
     seq: int = 0
+    #: when the job entered its current state (launch deadlines count from it)
+    state_since: float = 0.0
 
 
 class Event(BaseModel):
