@@ -32,6 +32,8 @@ class ControllerSettings(_Section):
     schedule_interval_s: float = Field(default=2.0, gt=0)
     worker_threads: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
+    starting_timeout_s: float = Field(default=1800.0, gt=0, description="STARTING longer: launch hung")
 
 
 class AgentSettings(_Section):

@@ -235,6 +235,8 @@ class Job(BaseModel):
     #: how an attempt ended, written before its container is removed (see JobStore.record_exit)
     last_exit: Exit | None = None
     last_exit_attempt: int = 0
+    #: when the job entered its current state (launch deadlines count from it)
+    state_since: float = 0.0
 
 
 class Event(BaseModel):

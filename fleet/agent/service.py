@@ -186,11 +186,17 @@ class Agent:
             if isinstance(exc, GpuBusy):
                 self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
             return
-        self._ship(job_id, attempt)
-        self.jobs.transition(
+        if not self.jobs.transition(
             job_id, attempt=attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
             reason=f"running on {self.node}", now=self.clock(), fields={"started_at": self.clock()},
-        )  # fmt: skip
+        ):  # fmt: skip
+            # the controller gave up on this launch meanwhile (start deadline, cancel): its GPUs may
+            # already be someone else's, so the attempt must not run on
+            event(log, "stale_launch_stopped", job=job_id, attempt=attempt)
+            self.runtime.stop(job_id, attempt, 0)
+            self.runtime.remove(job_id, attempt)
+            return
+        self._ship(job_id, attempt)
         event(
             log,
             "attempt_started",

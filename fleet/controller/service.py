@@ -2,7 +2,10 @@
 
 One controller holds the leader lease and runs a scheduling pass on every relevant message
 (submit, exit, node joined) and periodically; the others wait to take over. The periodic
-reconcile requeues the jobs of nodes whose lease expired (without spending their retries).
+reconcile (``reconcile.py``, pure) sorts jobs on nodes, nodes and claims into buckets that this
+service executes: requeue jobs of lost nodes and launches past their deadline (without spending
+retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Every write is fenced by the
+leader token; a refused one makes this controller step down at once.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from fleet.bus import (
 from fleet.config import Settings
 from fleet.controller import snapshot
 from fleet.controller.leader import LeaderLease
+from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.errors import FleetError, NotLeader
-from fleet.lifecycle import INFRA, RetryPolicy
+from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
-from fleet.models import ON_NODE_STATES, Exit, Job, JobState, Node, NodeState
+from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
 from fleet.scheduler import Plan, schedule
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
@@ -188,52 +192,57 @@ class Controller:
 
     # -- failure detection -------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Requeue the jobs of every node whose lease expired; move drains along."""
+    def reconcile(self) -> Buckets:
+        """Requeue lost and stuck jobs, move drains along, free orphan claims (see reconcile.py)."""
         try:
-            self._reconcile()
+            return self._reconcile()
         except NotLeader:
             self._deposed()
+            return Buckets()
 
-    def _reconcile(self) -> None:
-        for node in self._read_nodes().nodes:
-            if not node.alive:
-                for job in self.jobs.on_node(node.name):
-                    if job.state.on_node:
-                        self._requeue_lost(job.id, job.attempt, node.name)
-            if node.admin_state == NodeState.DRAINING:
-                self._drain(node)
-
-    def _drain(self, node: Node) -> None:
-        """DRAINED once empty; past the deadline, SIGTERM what is left (requeued, retries not spent)."""
+    def _reconcile(self) -> Buckets:
         now = self.clock()
-        jobs = [j for j in self.jobs.on_node(node.name) if j.state.on_node]
-        if not jobs:
-            if self.nodes.set_state(node.name, NodeState.DRAINED, "drained", now, node.changed_by,
+        nodes = self._read_nodes()
+        jobs = self._readable(self.jobs.read_on_nodes(), now)
+        # a node whose record cannot be read but whose agent holds its lease keeps its jobs
+        unreadable = [Node(name=n, state=NodeState.READY, alive=True) for n in nodes.corrupt_alive]
+        buckets = reconcile([*nodes.nodes, *unreadable], jobs, nodes.claims, now, self.cfg)
+        for requeue in (*buckets.requeue_lost, *buckets.timeouts):
+            self._requeue(requeue, now)
+        for stop in buckets.drain_stops:
+            self._drain_stop(stop, now)
+        operators = {n.name: n.changed_by for n in nodes.nodes}
+        for name in buckets.drained:
+            if self.nodes.set_state(name, NodeState.DRAINED, "drained", now, operators.get(name, ""),
                                     leader=self._token(), only_from=[NodeState.DRAINING]):  # fmt: skip
-                event(log, "node_drained", node=node.name)
-            return
-        if node.drain_deadline is None or now < node.drain_deadline:
-            return
-        reason = f"node {node.name} drained"
-        for job in jobs:
-            if job.preempt:
-                continue
-            self.jobs.transition(
-                job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
-                reason=f"{reason}: stopping with {node.drain_grace_s:g}s to checkpoint", now=now,
-                fields={"preempt": reason}, leader=self._token(),
-            )  # fmt: skip
-            if node.alive:
-                stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=node.drain_grace_s)
-                self.bus.send(node_queue(node.name), stop)
+                event(log, "node_drained", node=name)
+        if buckets.orphan_claims and self.jobs.release_orphan_claims(buckets.orphan_claims, self._token()):
+            event(log, "orphan_claims_released", logging.WARNING,
+                  claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims))  # fmt: skip
+        return buckets
 
-    def _requeue_lost(self, job_id: str, attempt: int, node: str) -> None:
-        job = self.jobs.get(job_id)
-        if job.attempt != attempt or not job.state.on_node:
+    def _requeue(self, requeue: Requeue, now: float) -> None:
+        """Requeue without spending retries, if the job is still where the snapshot saw it."""
+        job, exit = requeue.job, requeue.exit
+        decision = self.jobs.end_attempt(
+            job, exit, self.policy, now, leader=self._token(), allowed=[job.state]
+        )
+        if decision is None:
             return
-        now = self.clock()
-        lost = Exit(fault=INFRA, kind="node_down", reason=f"node {node} down (lease expired)")
-        decision = self.jobs.end_attempt(job, lost, self.policy, now, leader=self._token())
-        if decision is not None:
-            event(log, "job_requeued", job=job_id, attempt=attempt, node=node, state=decision.state)
+        event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
+              state=decision.state, reason=exit.reason)  # fmt: skip
+        if requeue.stop and job.node:
+            grace = self.settings.agent.stop_grace_s
+            stop = Stop(job_id=job.id, attempt=job.attempt, reason=exit.reason, grace_s=grace)
+            self.bus.send(node_queue(job.node), stop)
+
+    def _drain_stop(self, drain: DrainStop, now: float) -> None:
+        """SIGTERM with a grace period to checkpoint; the agent requeues it without spending retries."""
+        job = drain.job
+        if self.jobs.transition(
+            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
+            reason=f"{drain.reason}: stopping with {drain.grace_s:g}s to checkpoint", now=now,
+            fields={"preempt": drain.reason}, leader=self._token(),
+        ) and job.node:  # fmt: skip
+            stop = Stop(job_id=job.id, attempt=job.attempt, reason=drain.reason, grace_s=drain.grace_s)
+            self.bus.send(node_queue(job.node), stop)

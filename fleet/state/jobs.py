@@ -84,6 +84,11 @@ class JobStore:
         jobs = self.get_many(self.redis.smembers(self.keys.jobs_in(state)))
         return sorted(jobs, key=lambda j: -j.seq)[:limit]
 
+    @translated
+    def read_on_nodes(self) -> JobBatch:
+        """Every job bound to a node (SCHEDULED, STARTING, RUNNING), whichever node that is."""
+        return self.read_many(self.redis.sunion([self.keys.jobs_in(s) for s in ON_NODE_STATES]))
+
     def queued(self) -> list[Job]:
         return self.read_queued().jobs
 
@@ -191,7 +196,7 @@ class JobStore:
 
     def end_attempt(
         self, job: Job, exit: Exit, policy: RetryPolicy, now: float, fields: dict[str, Any] | None = None,
-        leader: str = "",
+        leader: str = "", allowed: Iterable[JobState] = ON_NODE_STATES,
     ) -> Decision | None:  # fmt: skip
         """End ``job``'s current attempt: decide (retry policy), transition, release its GPUs, count a
         requeue. The one place an attempt ends, for the agent and the controller (which passes its
@@ -202,7 +207,7 @@ class JobStore:
             "finished_at": now if decision.state.final else None, **(fields or {}),
         }  # fmt: skip
         applied = self.transition(
-            job.id, attempt=job.attempt, allowed=ON_NODE_STATES, to=decision.state, reason=decision.reason,
+            job.id, attempt=job.attempt, allowed=allowed, to=decision.state, reason=decision.reason,
             now=now, fields=changes, incr=decision.incr, release=True, leader=leader,
         )  # fmt: skip
         if not applied:
@@ -226,6 +231,18 @@ class JobStore:
         if code == -1:
             raise NotFound(f"no job {job_id!r}")
         return bool(code > 0)
+
+    @translated
+    def release_orphan_claims(self, claims: Iterable[tuple[str, str]], leader: str) -> int:
+        """Delete each ``(uuid, holder)`` claim still held so while ``holder`` is not the current
+        attempt of a job on a node (checked in the script); the number deleted (leader only)."""
+        k = self.keys
+        args = [leader, k.prefix, ",".join(s.value for s in ON_NODE_STATES)]
+        args += [part for claim in claims for part in claim]
+        deleted = int(self._scripts["release_orphans"](keys=[k.claims, k.leader], args=args))
+        if deleted == -2:
+            raise NotLeader("release of orphan claims refused: another controller holds the leader lease")
+        return deleted
 
     @translated
     def quarantined(self) -> dict[str, str]:

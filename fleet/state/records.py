@@ -114,6 +114,7 @@ def _job(f: _Fields) -> Job:
         preempt=raw.get("preempt", ""),
         checkpoint=raw.get("checkpoint") or None,
         seq=f.get("seq", int, 0),
+        state_since=f.get("state_since", float, None) or f.get("updated_at", float, 0.0),
         **(f.get("exit", _last_exit, None) or {}),
     )
 

@@ -12,44 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleet.bus import Bus
-from fleet.config import load_settings
-from fleet.controller.service import Controller
-from fleet.keys import Keys
-from fleet.models import Gpu, JobSpec, JobState, NodeState
-from fleet.state import JobStore, NodeStore, connect
-from fleet.state.nodes import NodeInfo
+from fleet.errors import NotLeader
+from fleet.models import JobSpec, JobState, NodeState
+from tests.integration.inprocess import Harness
 
 pytestmark = pytest.mark.integration
-
-
-def info(node: str, gpus: int = 1) -> NodeInfo:
-    inventory = [Gpu(uuid=f"{node}-g{i}", index=i, model="Sim", memory_total=1 << 30) for i in range(gpus)]
-    return NodeInfo(gpus=inventory, cpus=1, memory=1 << 30, runtime="process", gpu_backend="simulated")
-
-
-class Harness:
-    def __init__(self, redis_url: str) -> None:
-        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0})
-        self.client = connect(self.settings)
-        self.jobs, self.nodes = JobStore(self.client, Keys()), NodeStore(self.client, Keys())
-        self.bus = Bus(self.settings)
-        self.controller = Controller(self.settings, self.jobs, self.nodes, self.bus, controller_id="c1")
-
-    def node(self, name: str, ttl_s: float = 60) -> None:
-        self.nodes.heartbeat(name, f"agent-{name}", ttl_s, time.time(), info(name))
-
-    def running(self, job_id: str, node: str) -> None:
-        self.jobs.create(job_id, JobSpec(name="j", command=["sleep", "1"], gpus=1), time.time())
-        leader = self.controller.lease.value
-        assert self.jobs.place(job_id, node, [f"{node}-g0"], leader, time.time(), "placed")
-        for to in (JobState.STARTING, JobState.RUNNING):
-            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
-                                 reason="", now=time.time())  # fmt: skip
-
-    def close(self) -> None:
-        self.bus.close()
-        self.client.close()
 
 
 @pytest.fixture
@@ -89,3 +56,40 @@ def test_a_deposed_controller_cannot_requeue_preempt_drain_or_annotate(
     # And the controller knows it no longer leads
     assert h.controller.lease.value == ""
     assert [r.getMessage().split()[0] for r in caplog.records].count("leadership_lost") == 1
+
+
+def test_every_fenced_store_write_refuses_a_stale_leader_and_changes_nothing(harness: Harness) -> None:
+    h, now = harness, time.time()
+    assert h.controller.lease.renew()
+    stale = h.controller.lease.value
+    h.node("n1")
+    h.running("j", "n1")
+    h.client.hset(h.jobs.keys.claims, "n1-g9", "vanished:1")
+    h.client.hset(h.jobs.keys.job("j"), "spec", "{")  # unreadable, for the quarantine
+    before = {k: h.client.dump(k) for k in h.client.keys("*")}
+    # Given another controller took the lease
+    h.client.set(h.jobs.keys.leader, "c2:99")
+    # When the deposed one tries each kind of write with its old token
+    writes = {
+        "requeue": lambda: h.jobs.transition("j", attempt=1, allowed=[JobState.RUNNING], to=JobState.QUEUED,
+                                             reason="node down", now=now, release=True, leader=stale),
+        "drain stop": lambda: h.jobs.transition("j", attempt=1, allowed=[JobState.RUNNING], to=None,
+                                                reason="drain", now=now, fields={"preempt": "x"},
+                                                leader=stale),
+        "drained": lambda: h.nodes.set_state("n1", NodeState.DRAINED, "drained", now, leader=stale),
+        "orphan claims": lambda: h.jobs.release_orphan_claims([("n1-g9", "vanished:1")], stale),
+        "quarantine job": lambda: h.jobs.quarantine("j", "spec: bad", now, stale),
+        "quarantine node": lambda: h.nodes.quarantine("n1", "state: bad", stale),
+        "place": lambda: h.jobs.place("j", "n1", [], stale, now, "placed"),
+    }  # fmt: skip
+    not_fenced = []
+    for name, write in writes.items():
+        try:
+            write()
+            not_fenced.append(name)
+        except NotLeader:
+            pass
+    # Then every one is refused, and Redis holds exactly what it held before (but the new leader key)
+    assert not_fenced == []
+    after = {k: h.client.dump(k) for k in h.client.keys("*") if k != h.jobs.keys.leader}
+    assert after == {k: v for k, v in before.items() if k != h.jobs.keys.leader}

@@ -13,7 +13,7 @@ if not state then
 end
 if state == 'QUEUED' then
   redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'reason', 'cancelled by user', 'updated_at', ARGV[2],
-    'finished_at', ARGV[2], 'cancel_requested', '1')
+    'state_since', ARGV[2], 'finished_at', ARGV[2], 'cancel_requested', '1')
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('SADD', KEYS[5], ARGV[1])

@@ -30,7 +30,7 @@ for _, uuid in ipairs(gpus) do
   redis.call('HSET', KEYS[3], uuid, ARGV[1] .. ':' .. attempt)
 end
 redis.call('HSET', KEYS[1], 'state', 'SCHEDULED', 'node', ARGV[2], 'gpus', ARGV[3],
-  'reason', ARGV[6], 'updated_at', ARGV[5], 'scheduled_at', ARGV[5], 'exit_code', '')
+  'reason', ARGV[6], 'updated_at', ARGV[5], 'scheduled_at', ARGV[5], 'state_since', ARGV[5], 'exit_code', '')
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SREM', KEYS[5], ARGV[1])
 redis.call('SADD', KEYS[6], ARGV[1])

@@ -8,7 +8,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
-  'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3],
+  'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3], 'state_since', ARGV[3],
   'reason', ARGV[4], 'seq', seq, 'not_before', 0)
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('ZADD', KEYS[4], seq, ARGV[1])

@@ -53,6 +53,7 @@ else
   end
 end
 if to ~= state then
+  redis.call('HSET', KEYS[1], 'state_since', ARGV[6])
   redis.call('SREM', prefix .. ':jobs:state:' .. state, ARGV[1])
   redis.call('SADD', prefix .. ':jobs:state:' .. to, ARGV[1])
   if state == 'QUEUED' then redis.call('ZREM', KEYS[4], ARGV[1]) end

@@ -1,0 +1,45 @@
+"""A controller in the test's own process, over a real Redis and bus, for tests that must decide
+exactly when it acts (its passes are called directly; nothing runs in the background)."""
+
+from __future__ import annotations
+
+import time
+
+from fleet.bus import Bus
+from fleet.config import load_settings
+from fleet.controller.service import Controller
+from fleet.keys import Keys
+from fleet.models import Gpu, JobSpec, JobState
+from fleet.state import JobStore, NodeStore, connect
+from fleet.state.nodes import NodeInfo
+
+
+def info(node: str, gpus: int = 1) -> NodeInfo:
+    inventory = [Gpu(uuid=f"{node}-g{i}", index=i, model="Sim", memory_total=1 << 30) for i in range(gpus)]
+    return NodeInfo(gpus=inventory, cpus=1, memory=1 << 30, runtime="process", gpu_backend="simulated")
+
+
+class Harness:
+    def __init__(self, redis_url: str) -> None:
+        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0})
+        self.client = connect(self.settings)
+        self.jobs, self.nodes = JobStore(self.client, Keys()), NodeStore(self.client, Keys())
+        self.bus = Bus(self.settings)
+        self.controller = Controller(self.settings, self.jobs, self.nodes, self.bus, controller_id="c1")
+
+    def node(self, name: str, ttl_s: float = 60) -> None:
+        """A live node, as its agent's heartbeat registers it."""
+        self.nodes.heartbeat(name, f"agent-{name}", ttl_s, time.time(), info(name))
+
+    def running(self, job_id: str, node: str) -> None:
+        """A 1-GPU job placed on ``node`` by this controller and started there."""
+        self.jobs.create(job_id, JobSpec(name="j", command=["sleep", "1"], gpus=1), time.time())
+        leader = self.controller.lease.value
+        assert self.jobs.place(job_id, node, [f"{node}-g0"], leader, time.time(), "placed")
+        for to in (JobState.STARTING, JobState.RUNNING):
+            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
+                                 reason="", now=time.time())  # fmt: skip
+
+    def close(self) -> None:
+        self.bus.close()
+        self.client.close()
