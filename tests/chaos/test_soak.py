@@ -1,4 +1,5 @@
-"""Chaos soak: 3 agents, 30 checkpointing jobs, random SIGKILLs of agents, nodes, jobs and Redis.
+"""Chaos soak: 3 agents, 30 checkpointing jobs, random SIGKILLs of agents, nodes, jobs and Redis,
+and agents stopped (SIGSTOP) for longer than their lease while their jobs run on.
 
 At the end every job SUCCEEDED and finished its work exactly once, no two attempts of a job
 overlapped in time (as the jobs themselves recorded it), no GPU claim leaked, and every requeue
@@ -96,23 +97,39 @@ def test_chaos_soak(tmp_path: Path) -> None:
         redis_server.kill()
 
 
+#: longer than the test lease (3 s): the node goes DOWN and its jobs are requeued elsewhere, while
+#: the stopped agent's supervisor must have stopped them first
+PAUSE_S = 4.5
+
+
 class Chaos:
-    """One random fault per step: an agent, a whole node (back 2 s later), a job process, Redis."""
+    """One random fault per step: an agent killed or stopped past its lease, a whole node (back 2 s
+    later), a job process, Redis."""
 
     def __init__(
         self, procs: FleetProcs, redis_server: OwnRedis, rng: random.Random, counts: Counter[str]
     ) -> None:
         self.procs, self.redis, self.rng, self.counts = procs, redis_server, rng, counts
         self.down: dict[str, float] = {}
+        self.paused: dict[str, float] = {}
 
     def step(self) -> None:
         for node, since in list(self.down.items()):
             if time.monotonic() - since > 2:
                 self.procs.agent(node, gpus=2)
                 del self.down[node]
-        action = self.rng.choice(["agent", "node", "job", "job", "redis"])
-        up = [n for n in NODES if n not in self.down]
-        if action in ("agent", "node") and len(up) > 1:
+        for node, since in list(self.paused.items()):
+            if time.monotonic() - since > PAUSE_S:
+                self.procs.procs[node].send_signal(signal.SIGCONT)
+                del self.paused[node]
+        action = self.rng.choice(["agent", "node", "pause", "job", "job", "redis"])
+        up = [n for n in NODES if n not in self.down and n not in self.paused]
+        if action == "pause" and len(up) > 1:
+            victim = self.rng.choice(up)
+            self.procs.procs[victim].send_signal(signal.SIGSTOP)
+            self.paused[victim] = time.monotonic()
+            self.counts["stop agent past its lease"] += 1
+        elif action in ("agent", "node") and len(up) > 1:
             self._kill(action, self.rng.choice(up))
         elif action == "job" and _kill_a_job(self.procs, self.rng):
             self.counts["kill job process"] += 1
@@ -135,6 +152,8 @@ class Chaos:
     def heal(self) -> None:
         for node in self.down:
             self.procs.agent(node, gpus=2)
+        for node in self.paused:
+            self.procs.procs[node].send_signal(signal.SIGCONT)
 
 
 def _kill_a_job(procs: FleetProcs, rng: random.Random) -> bool:
