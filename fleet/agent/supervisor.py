@@ -41,6 +41,7 @@ SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attemp
 _PR_SET_PDEATHSIG = 1
 _EXITED = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _SELF = [os.getpid()]
+_WAKEUP: list[socket.socket] = []
 
 
 @dataclass
@@ -264,13 +265,18 @@ def serve(state_dir: Path, margin: float, tick_s: float) -> None:
     (state_dir / PIDFILE).write_text(f"{os.getpid()}\n")
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
+    wakeup = _child_wakeup()
+    sel.register(wakeup, selectors.EVENT_READ)  # reap at once, not on the next tick
     buffers: dict[socket.socket, bytes] = {}
     _log(f"started pid={os.getpid()} margin_s={margin}")
     while sup.running:
         for ready, _ in sel.select(tick_s):
             sock = ready.fileobj
             assert isinstance(sock, socket.socket)
-            if sock is listener:
+            if sock is wakeup:  # SIGCHLD: a child exited
+                with contextlib.suppress(BlockingIOError):
+                    wakeup.recv(4096)
+            elif sock is listener:
                 conn, _ = listener.accept()
                 sel.register(conn, selectors.EVENT_READ)
                 buffers[conn] = b""
@@ -281,6 +287,17 @@ def serve(state_dir: Path, margin: float, tick_s: float) -> None:
         except Exception as exc:  # the fence must outlive any one bad attempt
             _log(f"tick_failed error={type(exc).__name__}: {exc}")
     path.unlink(missing_ok=True)
+
+
+def _child_wakeup() -> socket.socket:
+    """A socket that turns readable whenever a child exits (SIGCHLD through the wakeup fd)."""
+    reader, writer = socket.socketpair()
+    for sock in (reader, writer):
+        sock.setblocking(False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    _WAKEUP.append(writer)  # open for the life of the process
+    return reader
 
 
 def _read(
