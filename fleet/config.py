@@ -30,6 +30,8 @@ class _Section(BaseModel):
 class ControllerSettings(_Section):
     leader_lease_s: float = Field(default=5.0, gt=0)
     schedule_interval_s: float = Field(default=2.0, gt=0)
+    #: the queue is kept in memory; this often it is compared with Redis (the truth) and mended
+    resync_interval_s: float = Field(default=30.0, gt=0)
     worker_threads: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
@@ -56,6 +58,9 @@ class AgentSettings(_Section):
     stop_grace_s: float = Field(default=30.0, ge=0)
     worker_threads: int = Field(default=4, ge=1)
     stop_jobs_on_exit: bool = Field(default=False, description="`fleet up` sets it; systemd agents keep jobs")
+    #: what the node offers jobs (scheduled, not only limits); default: every core, all memory
+    cpus: float | None = Field(default=None, gt=0)
+    memory: int | None = Field(default=None, gt=0)
     job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
     allow_root_jobs: bool = False
     pids_limit: int | None = Field(default=4096, ge=16)

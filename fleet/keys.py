@@ -17,6 +17,7 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:node:<name>``               | hash   | node record (state, inventory JSON, heartbeat)          |
 | ``<p>:node:<name>:lease``         | string | agent id, with the node lease TTL; gone = node DOWN     |
 | ``<p>:node:<name>:jobs``          | set    | ids of jobs placed on the node and not yet released     |
+| ``<p>:node:<name>:alloc``         | hash   | job id -> "<cpus> <memory>" granted on the node          |
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
@@ -83,6 +84,9 @@ class Keys:
 
     def node_jobs(self, name: str) -> str:
         return f"{self.prefix}:node:{name}:jobs"
+
+    def node_alloc(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}:alloc"
 
     @property
     def leader(self) -> str:

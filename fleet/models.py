@@ -287,8 +287,11 @@ class Node(BaseModel):
     reason: str = ""
     heartbeat_at: float = 0.0
     gpus: list[Gpu] = Field(default_factory=list)
-    cpus: int = 0
+    #: allocatable CPUs and memory the agent offers, and what placed jobs were granted of them
+    cpus: float = 0
     memory: int = 0
+    used_cpus: float = 0
+    used_memory: int = 0
     runtime: str = ""
     gpu_backend: str = ""
     claims: dict[str, str] = Field(default_factory=dict)

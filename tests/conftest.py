@@ -127,6 +127,9 @@ class FleetProcs:
             FLEET_AGENT__HEARTBEAT_INTERVAL_S="0.25",
             FLEET_AGENT__NODE_LEASE_TTL_S="3",
             FLEET_AGENT__FENCE_MARGIN_S="0.5",
+            # CPUs are scheduled (1 per CPU-only job by default): let a 2-core test machine's
+            # simulated nodes take as many jobs as the tests give them
+            FLEET_AGENT__CPUS="64",
             FLEET_AGENT__RECONCILE_INTERVAL_S="0.5",
             FLEET_AGENT__STOP_GRACE_S="2",
             FLEET_AGENT__DOCKER_PULL="never",

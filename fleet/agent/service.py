@@ -119,7 +119,8 @@ class Agent:
             g.model_copy(update={"busy": busy_reason(g, fleet_pids, self.cfg.gpu_busy_memory)}) for g in gpus
         ]
         info = NodeInfo(
-            gpus=gpus, cpus=os.cpu_count() or 0, memory=psutil.virtual_memory().total,
+            gpus=gpus, cpus=self.cfg.cpus or os.cpu_count() or 0,
+            memory=self.cfg.memory or psutil.virtual_memory().total,
             runtime=self.runtime.name, gpu_backend=self.inventory.backend,
         )  # fmt: skip
         sent = time.monotonic()  # the lease runs from no later than this

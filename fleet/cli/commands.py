@@ -238,7 +238,7 @@ def show(args: argparse.Namespace) -> int:
         return 0
     spec = job.spec
     print(f"Job:        {job.id}  ({spec.name}, tenant {spec.tenant})")
-    print(f"State:      {job.state.value}  {job.reason}")
+    print(f"State:      {job.state.value}  {job.reason}{_countdown(job)}")
     print(f"Image:      {spec.image or '(the fleet default_image)'}")
     print(f"Command:    {' '.join(spec.command)}")
     print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
@@ -253,6 +253,12 @@ def show(args: argparse.Namespace) -> int:
     table(["  TIME", "STATE", "ATTEMPT", "NODE", "REASON"],
           [(f"  {stamp(e.at)}", e.state, e.attempt, e.node, e.reason) for e in history])  # fmt: skip
     return 0
+
+
+def _countdown(job: Job) -> str:
+    """Stored reasons hold no countdown (they would change every pass); render it here."""
+    left = job.not_before - time.time()
+    return f" (next attempt in {left:.0f}s)" if job.state == JobState.QUEUED and left > 0 else ""
 
 
 def logs(args: argparse.Namespace) -> int:

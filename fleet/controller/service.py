@@ -36,7 +36,7 @@ from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
-from fleet.scheduler import Plan, schedule
+from fleet.scheduler import Capacity, NodeView, PendingQueue, Plan
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.records import JobBatch, NodeBatch
@@ -68,6 +68,17 @@ class Controller:
         self._worker: Any = None
         #: earliest end of a queued job's retry backoff: the loop wakes then instead of next interval
         self._due = float("inf")
+        self._lease_until = 0.0
+        #: the incremental scheduler core's state: the queue and the node views, kept in memory
+        self.queue = PendingQueue()
+        self._views: dict[str, NodeView] = {}
+        self._lock = threading.Lock()
+        self._touched_jobs: set[str] = set()
+        self._touched_nodes: set[str] = set()
+        self._next_resync = 0.0
+        self._next_node_refresh = 0.0
+        self._reload = False
+        self._next_count = 0.0
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes)
 
     def run(self) -> None:
@@ -75,34 +86,55 @@ class Controller:
         metrics.serve(self.registry, self.cfg.metrics_port, log)
         for schema in (JobSubmitted, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
+        leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)
+        leader.start()
         next_reconcile = 0.0
-        renew_every = self.cfg.leader_lease_s / 3
-        next_renew = 0.0
         self.notifier.ready(f"controller {self.id}")
         try:
             while not self.stop_event.is_set():
                 self.notifier.watchdog()
-                if time.monotonic() >= next_renew:
-                    self._guarded(self._lead)
-                    next_renew = time.monotonic() + renew_every
-                if self.lease.value:
+                if self.leading():
                     if time.monotonic() >= next_reconcile:
                         self._guarded(self.reconcile)
                         next_reconcile = time.monotonic() + self.cfg.schedule_interval_s
                     self._guarded(self.schedule_pass)
-                due_in = max(self._due - self.clock(), 0.0) if self.lease.value else float("inf")
-                self._wake.wait(min(renew_every, self.cfg.schedule_interval_s, due_in))
+                due_in = max(self._due - self.clock(), 0.0) if self.leading() else float("inf")
+                self._wake.wait(min(self.cfg.schedule_interval_s, due_in))
                 self._wake.clear()
         finally:
             self.notifier.stopping()
+            self.stop_event.set()
+            leader.join(timeout=5)
             self._follow()
             event(log, "controller_stop", id=self.id)
 
     def on_message(self, msg: Any) -> None:
+        """Messages are hints: note what they name, the next pass reads it from state."""
+        with self._lock:
+            if isinstance(msg, JobSubmitted):
+                self._touched_jobs.add(msg.job_id)
+            elif isinstance(msg, AttemptUpdate):
+                self._touched_jobs.add(msg.job_id)
+                self._touched_nodes.add(msg.node)
+            elif isinstance(msg, NodeChanged):
+                self._touched_nodes.add(msg.node)
         self._wake.set()
+
+    def leading(self) -> bool:
+        """Holding the lease, with a renewal recent enough that it cannot have lapsed."""
+        return bool(self.lease.value) and time.monotonic() < self._lease_until
+
+    def _lead_loop(self) -> None:
+        """Renew the lease on its own thread, so a long pass never loses it; a pass checks
+        ``leading()`` before it places, and placements are fenced by the token anyway."""
+        renew_every = self.cfg.leader_lease_s / 3
+        while not self.stop_event.is_set():
+            self._guarded(self._lead)
+            self.stop_event.wait(renew_every)
 
     def _lead(self) -> None:
         was = bool(self.lease.value)
+        started = time.monotonic()
         try:
             leading = self.lease.renew()
         except FleetError:
@@ -112,9 +144,13 @@ class Controller:
             if was and not self.lease.value:
                 event(log, "leadership_lost", id=self.id)
                 self._follow()
+        if leading:
+            self._lease_until = started + self.cfg.leader_lease_s
         if leading and not was:
             event(log, "leadership_acquired", id=self.id, lease=self.lease.value)
+            self._reload = True  # what a follower kept in memory may be stale: load it all again
             self._worker = self.bus.worker(CONTROLLER_QUEUE, self.cfg.worker_threads)
+            self._wake.set()
 
     def _token(self) -> str:
         """The leader value every controller write is fenced by ('' would mean "not fenced")."""
@@ -149,25 +185,89 @@ class Controller:
                 return Plan()
 
     def _schedule_pass(self) -> Plan:
+        """Cost follows what changed: the queue lives in memory (``PendingQueue``), refreshed from
+        the jobs and nodes the messages named, fully resynced from Redis every ``resync_interval_s``.
+        A pass with nothing new and no backoff ending does nothing."""
         now = self.clock()
-        queued = self._readable(self.jobs.read_queued(), now)
-        self._due = min((j.not_before for j in queued if j.not_before > now), default=float("inf"))
-        if not queued:
+        if not self._refresh(now) and now < self.queue.next_due():
             return Plan()
-        plan = schedule(snapshot.build(queued, self._read_nodes().nodes, now), now)
-        for p in plan.placements:
-            reason = f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")
-            attempt = self.jobs.place(p.job_id, p.node, list(p.gpus), self._token(), now, reason)
+        plan = self.queue.schedule(Capacity(list(self._views.values())), now)
+        if not self.leading():
+            return Plan()  # the lease may have lapsed during the pass: place nothing
+        self._apply(plan, now)
+        self._due = self.queue.next_due()
+        return plan
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        batch = [
+            {"job": p.job_id, "node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory,
+             "reason": f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")}
+            for p in plan.placements
+        ]  # fmt: skip
+        attempts = self.jobs.place_many(batch, self._token(), now)
+        for p, attempt in zip(plan.placements, attempts, strict=True):
+            with self._lock:
+                self._touched_nodes.add(p.node)  # its claims changed: read it again
+                if not attempt:
+                    self._touched_jobs.add(p.job_id)  # refused: see where the job stands now
             if attempt:
                 self.bus.send(node_queue(p.node), Launch(job_id=p.job_id, attempt=attempt, gpus=list(p.gpus)))
-        reasons = {j.id: j.reason for j in queued}
-        for job_id, why in plan.waiting.items():
-            if reasons.get(job_id) != why:
-                self.jobs.transition(
-                    job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now, record=False,
-                    leader=self._token(),
-                )  # fmt: skip
-        return plan
+        if plan.waiting:
+            self.jobs.set_reasons(plan.waiting, self._token(), now)
+
+    def _refresh(self, now: float) -> bool:
+        """Bring the queue and the node views up to date; True when anything changed."""
+        with self._lock:
+            jobs, nodes = self._touched_jobs, self._touched_nodes
+            self._touched_jobs, self._touched_nodes = set(), set()
+        if self._reload:
+            self._reload, self.queue, self._views, self._next_resync = False, PendingQueue(), {}, 0.0
+        if time.monotonic() >= self._next_resync or self._queue_drifted():
+            self._next_resync = time.monotonic() + self.cfg.resync_interval_s
+            self._next_node_refresh = 0.0
+            jobs |= self._resync_queue()
+        if jobs:
+            self._load_jobs(jobs, now)
+        return bool(jobs) | self._refresh_nodes(nodes, now)
+
+    def _queue_drifted(self) -> bool:
+        """Each ``schedule_interval_s``, one cheap count: a submit whose message was lost shows up
+        here within seconds, not at the next full resync."""
+        if time.monotonic() < self._next_count:
+            return False
+        self._next_count = time.monotonic() + self.cfg.schedule_interval_s
+        return self.jobs.count_queued() != len(self.queue)
+
+    def _resync_queue(self) -> set[str]:
+        """State is the truth: the ids to (re)load so the queue in memory matches Redis."""
+        stored = set(self.jobs.queued_ids())
+        for gone in set(self.queue.jobs) - stored:
+            self.queue.discard(gone)
+        return stored - set(self.queue.jobs)
+
+    def _load_jobs(self, ids: set[str], now: float) -> None:
+        batch = self.jobs.read_many(ids)
+        queued = [j for j in self._readable(batch, now) if j.state == JobState.QUEUED]
+        for job_id in ids - {j.id for j in queued}:
+            self.queue.discard(job_id)
+        self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
+
+    def _refresh_nodes(self, names: set[str], now: float) -> bool:
+        """Every node each ``schedule_interval_s`` (heartbeats change GPU health and busy flags),
+        else only the nodes messages named; True when a view changed."""
+        if time.monotonic() >= self._next_node_refresh:
+            self._next_node_refresh = time.monotonic() + self.cfg.schedule_interval_s
+            batch, views = self._read_nodes(), {}
+        elif names:
+            batch, views = self._read_nodes(sorted(names)), dict(self._views)
+            for name in names:
+                views.pop(name, None)
+        else:
+            return False
+        views.update({n.name: snapshot.node_view(n, now) for n in batch.nodes})
+        changed = views != self._views
+        self._views = views
+        return changed
 
     # -- unreadable records ------------------------------------------------------------
 
@@ -178,14 +278,15 @@ class Controller:
                 event(log, "record_quarantined", logging.WARNING, kind="job", id=job_id, reason=reason)
         return batch.jobs
 
-    def _read_nodes(self) -> NodeBatch:
+    def _read_nodes(self, names: list[str] | None = None) -> NodeBatch:
         """Nodes as stored; an unreadable record is left out of scheduling and quarantined (logged
         once), and forgotten from quarantine once it reads again (an agent rewrote it)."""
-        batch = self.nodes.read_all()
+        names = self.nodes.names() if names is None else names
+        batch = self.nodes.read(names)
         for name, reason in batch.corrupt.items():
             if self.nodes.quarantine(name, reason, self._token()):
                 event(log, "record_quarantined", logging.WARNING, kind="node", id=name, reason=reason)
-        for name in batch.quarantined.keys() - batch.corrupt.keys():
+        for name in (batch.quarantined.keys() & set(names)) - batch.corrupt.keys():
             if self.nodes.quarantine(name, "", self._token()):
                 event(log, "record_recovered", kind="node", id=name)
         return batch
@@ -229,6 +330,10 @@ class Controller:
         )
         if decision is None:
             return
+        with self._lock:  # back in the queue: the next pass reads it (no agent message will come)
+            self._touched_jobs.add(job.id)
+            if job.node:
+                self._touched_nodes.add(job.node)
         event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
               state=decision.state, reason=exit.reason)  # fmt: skip
         if requeue.stop and job.node:

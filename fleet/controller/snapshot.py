@@ -1,22 +1,28 @@
-"""Build the scheduler's read-only snapshot from stored jobs and nodes (the only I/O-facing part)."""
+"""The scheduler's view of stored jobs and nodes (the only I/O-facing part of scheduling)."""
 
 from __future__ import annotations
 
+import time
+
 from fleet.models import Job, Node, NodeState
-from fleet.scheduler import GpuSlot, NodeView, PendingJob, Snapshot
+from fleet.scheduler import GpuSlot, NodeView, PendingJob
+
+#: CPUs granted to a CPU-only job that names none (as Slurm grants one per task); GPU jobs get none
+DEFAULT_CPUS = 1.0
 
 
 def pending(job: Job) -> PendingJob:
     spec = job.spec
+    cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.gpus == 0 else 0.0)
     return PendingJob(
         id=job.id, priority=spec.priority, seq=job.seq, gpus=spec.gpus, gpu_model=spec.gpu_model,
-        min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before,
+        min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before, cpus=cpus, memory=spec.memory or 0,
     )  # fmt: skip
 
 
 def node_view(node: Node, now: float) -> NodeView:
-    if not node.alive:
-        why = f"down (no heartbeat for {now - node.heartbeat_at:.0f}s)" if node.heartbeat_at else "down"
+    if not node.alive:  # a time, not an age: the reason must not change while nothing does
+        why = f"down (no heartbeat since {_clock(node.heartbeat_at)})" if node.heartbeat_at else "down"
     elif node.state != NodeState.READY:
         state = node.state.value.lower()
         why = state + (f": {node.reason}" if node.reason and node.reason != state else "")
@@ -31,8 +37,9 @@ def node_view(node: Node, now: float) -> NodeView:
         )
         for g in node.gpus
     )  # fmt: skip
-    return NodeView(name=node.name, schedulable=not why, why=why, gpus=gpus)
+    return NodeView(name=node.name, schedulable=not why, why=why, gpus=gpus, cpus=node.cpus,
+                    memory=node.memory, used_cpus=node.used_cpus, used_memory=node.used_memory)  # fmt: skip
 
 
-def build(jobs: list[Job], nodes: list[Node], now: float) -> Snapshot:
-    return Snapshot(jobs=tuple(pending(j) for j in jobs), nodes=tuple(node_view(n, now) for n in nodes))
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))

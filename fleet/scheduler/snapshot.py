@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: what a job asks of a node, the unit the queue is grouped by:
+#: (GPUs, GPU model substring, minimum GPU memory, CPUs, memory bytes)
+Shape = tuple[int, str | None, int | None, float, int]
+
 
 @dataclass(frozen=True)
 class GpuSlot:
@@ -24,6 +28,12 @@ class NodeView:
     schedulable: bool
     why: str = ""
     gpus: tuple[GpuSlot, ...] = ()
+    #: allocatable CPUs and memory (bytes); 0 = not reported, nothing is checked against it
+    cpus: float = 0.0
+    memory: int = 0
+    #: CPUs and memory already granted to jobs placed on the node
+    used_cpus: float = 0.0
+    used_memory: int = 0
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,18 @@ class PendingJob:
     gpu_model: str | None = None
     min_gpu_memory: int | None = None
     not_before: float = 0.0
+    #: CPUs and memory the job is granted on its node (scheduled resources, not only limits)
+    cpus: float = 0.0
+    memory: int = 0
+
+    @property
+    def shape(self) -> Shape:
+        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Lower ranks first: priority, then submission order."""
+        return (-self.priority, self.seq)
 
 
 @dataclass(frozen=True)
@@ -48,10 +70,12 @@ class Placement:
     job_id: str
     node: str
     gpus: tuple[str, ...]
+    cpus: float = 0.0
+    memory: int = 0
 
 
 @dataclass
 class Plan:
     placements: list[Placement] = field(default_factory=list)
-    #: job id -> why it was not placed this pass
+    #: job id -> why it was not placed this pass (only jobs whose reason changed, in a core's pass)
     waiting: dict[str, str] = field(default_factory=dict)

@@ -140,6 +140,39 @@ class JobStore:
         return int(attempt)
 
     @translated
+    def place_many(self, placements: list[dict[str, Any]], leader: str, now: float) -> list[int]:
+        """Bind many QUEUED jobs at once (``{job, node, gpus, cpus, memory, reason}`` each) in one
+        atomic script; the new attempt per placement, 0 where refused."""
+        if not placements:
+            return []
+        result = self._scripts["place_many"](
+            keys=[self.keys.leader, self.keys.claims],
+            args=[self.keys.prefix, leader, now, json.dumps(placements)],
+        )
+        if result == [-2]:
+            raise NotLeader("placements refused: another controller holds the leader lease")
+        return [int(a) for a in result]
+
+    @translated
+    def set_reasons(self, reasons: dict[str, str], leader: str, now: float) -> None:
+        """Write the waiting reasons of QUEUED jobs in one pipeline (no history entry)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, why in reasons.items():
+            self._transition_call(job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now,
+                                  record=False, leader=leader, client=pipe)  # fmt: skip
+        for code, _ in pipe.execute():
+            if code == -2:
+                raise NotLeader("waiting reasons refused: another controller holds the leader lease")
+
+    @translated
+    def count_queued(self) -> int:
+        return int(self.redis.zcard(self.keys.queued))
+
+    @translated
+    def queued_ids(self) -> list[str]:
+        return list(self.redis.zrange(self.keys.queued, 0, -1))
+
+    @translated
     def transition(
         self,
         job_id: str,
@@ -160,29 +193,31 @@ class JobStore:
         A controller passes its ``leader`` value: the write is refused with :class:`NotLeader`
         unless it still holds the lease.
         """
-        k = self.keys
-        args = [
-            job_id,
-            "" if attempt is None else str(attempt),
-            ",".join(s.value for s in allowed),
-            "" if to is None else to.value,
-            reason,
-            now,
-            json.dumps({f: "" if v is None else str(v) for f, v in (fields or {}).items()}),
-            json.dumps(incr or {}),
-            k.prefix,
-            "1" if release else "0",
-            "1" if record else "0",
-            leader,
-        ]
-        code, _state = self._scripts["transition"](
-            keys=[k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader], args=args
-        )
+        code, _state = self._transition_call(
+            job_id, to=to, allowed=allowed, reason=reason, now=now, attempt=attempt, fields=fields,
+            incr=incr, release=release, record=record, leader=leader,
+        )  # fmt: skip
         if code == -1:
             raise NotFound(f"no job {job_id!r}")
         if code == -2:
             raise NotLeader(f"change of {job_id} refused: another controller holds the leader lease")
         return bool(code == 1)
+
+    def _transition_call(
+        self, job_id: str, *, to: JobState | None, allowed: Iterable[JobState], reason: str, now: float,
+        attempt: int | None = None, fields: dict[str, Any] | None = None, incr: dict[str, int] | None = None,
+        release: bool = False, record: bool = True, leader: str = "", client: Any = None,
+    ) -> Any:  # fmt: skip
+        """Run (or, with a pipeline as ``client``, queue) the transition script."""
+        k = self.keys
+        args = [
+            job_id, "" if attempt is None else str(attempt), ",".join(s.value for s in allowed),
+            "" if to is None else to.value, reason, now,
+            json.dumps({f: "" if v is None else str(v) for f, v in (fields or {}).items()}),
+            json.dumps(incr or {}), k.prefix, "1" if release else "0", "1" if record else "0", leader,
+        ]  # fmt: skip
+        keys = [k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader]
+        return self._scripts["transition"](keys=keys, args=args, client=client)
 
     def record_exit(self, job: Job, exit: Exit, now: float) -> bool:
         """Keep how ``job``'s current attempt ended before its container is removed, so a Redis

@@ -25,7 +25,8 @@ class NodeInfo:
     """What an agent publishes with each heartbeat."""
 
     gpus: list[Gpu]
-    cpus: int
+    #: allocatable: what jobs may be granted on this node
+    cpus: float
     memory: int
     runtime: str
     gpu_backend: str
@@ -33,11 +34,20 @@ class NodeInfo:
     def fields(self) -> dict[str, str]:
         return {
             "gpus": json.dumps([g.model_dump() for g in self.gpus]),
-            "cpus": str(self.cpus),
+            "cpus": f"{self.cpus:g}",
             "memory": str(self.memory),
             "runtime": self.runtime,
             "gpu_backend": self.gpu_backend,
         }
+
+
+def _granted(alloc: list[str]) -> dict[str, float]:
+    """Sum the "<cpus> <memory>" grants of the jobs on a node."""
+    cpus = memory = 0.0
+    for grant in alloc:
+        c, _, m = grant.partition(" ")
+        cpus, memory = cpus + float(c or 0), memory + float(m or 0)
+    return {"used_cpus": cpus, "used_memory": int(memory)}
 
 
 class NodeStore:
@@ -91,27 +101,33 @@ class NodeStore:
         """Every node whose record can be read (see ``read_all`` for the others)."""
         return self.read_all().nodes
 
-    @translated
     def read_all(self) -> NodeBatch:
-        names = self.names()
+        return self.read(self.names())
+
+    @translated
+    def read(self, names: list[str]) -> NodeBatch:
+        """These nodes as stored (with their claims and the CPUs and memory granted on them)."""
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(self.keys.node(name))
             pipe.exists(self.keys.node_lease(name))
             pipe.smembers(self.keys.node_jobs(name))
+            pipe.hvals(self.keys.node_alloc(name))
         pipe.hgetall(self.keys.claims)
         pipe.hgetall(self.keys.quarantined_nodes)
         *rows, claims, quarantined = pipe.execute()
         nodes, corrupt, corrupt_alive = [], {}, set()
-        for name, raw, alive, jobs in zip(names, rows[0::3], rows[1::3], rows[2::3], strict=True):
+        for name, raw, alive, jobs, alloc in zip(names, *(rows[i::4] for i in range(4)), strict=True):
             if not raw:
                 continue
             try:
-                nodes.append(parse_node(name, raw, bool(alive), claims, sorted(jobs)))
+                node = parse_node(name, raw, bool(alive), claims, sorted(jobs))
             except CorruptRecord as exc:
                 corrupt[name] = str(exc)
                 if alive:
                     corrupt_alive.add(name)
+                continue
+            nodes.append(node.model_copy(update=_granted(alloc)))
         return NodeBatch(nodes, corrupt, frozenset(corrupt_alive), quarantined, claims)
 
     def get(self, name: str) -> Node:

@@ -144,7 +144,7 @@ def _node(name: str, f: _Fields, alive: bool, claims: dict[str, str], jobs: list
         reason=raw.get("reason", "") if alive else "lease expired (no heartbeat)",
         heartbeat_at=f.get("heartbeat_at", float, 0.0),
         gpus=gpus,
-        cpus=f.get("cpus", int, 0),
+        cpus=f.get("cpus", float, 0.0),
         memory=f.get("memory", int, 0),
         runtime=raw.get("runtime", ""),
         gpu_backend=raw.get("gpu_backend", ""),

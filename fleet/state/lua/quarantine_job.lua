@@ -4,7 +4,7 @@
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] quarantined jobs hash (id -> reason)
 -- KEYS[4] queued zset  KEYS[5] claims hash  KEYS[6] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[4]:
---   <prefix>:jobs:state:<STATE> sets and <prefix>:node:<node>:jobs.
+--   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc.
 -- ARGV[1] job id  ARGV[2] reason  ARGV[3] now  ARGV[4] key prefix
 -- ARGV[5] the leader value this controller write is fenced by  ARGV[6] every job state, comma separated
 -- Returns 1 when quarantined now, 0 when it already was, -2 when ARGV[5] is not the current leader.
@@ -25,6 +25,7 @@ if job[1] then
 end
 if job[2] and job[2] ~= '' then
   redis.call('SREM', prefix .. ':node:' .. job[2] .. ':jobs', ARGV[1])
+  redis.call('HDEL', prefix .. ':node:' .. job[2] .. ':alloc', ARGV[1])
 end
 local owner = ARGV[1] .. ':'
 local claims = redis.call('HGETALL', KEYS[5])

@@ -2,7 +2,8 @@
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] claims hash  KEYS[4] queued zset
 -- KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
---   <prefix>:jobs:state:<STATE> sets and <prefix>:node:<node>:jobs, from ARGV[9].
+--   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc
+--   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9].
 -- ARGV[1] job id
 -- ARGV[2] expected attempt, '' for any (user actions); a stale attempt changes nothing
 -- ARGV[3] allowed current states, comma separated
@@ -69,6 +70,7 @@ if ARGV[10] == '1' and node and node ~= '' then
     end
   end
   redis.call('SREM', prefix .. ':node:' .. node .. ':jobs', ARGV[1])
+  redis.call('HDEL', prefix .. ':node:' .. node .. ':alloc', ARGV[1])
   if to == 'QUEUED' then
     redis.call('HSET', KEYS[1], 'node', '', 'gpus', '[]')
   end
