@@ -124,20 +124,10 @@ class JobStore:
 
     # -- change ----------------------------------------------------------------------
 
-    @translated
     def place(self, job_id: str, node: str, gpus: list[str], leader: str, now: float, reason: str) -> int:
-        """Bind a QUEUED job to ``node``/``gpus``; the new attempt, or 0 when refused."""
-        k = self.keys
-        keys = [
-            k.job(job_id), k.events(job_id), k.claims, k.queued, k.jobs_in(JobState.QUEUED),
-            k.jobs_in(JobState.SCHEDULED), k.node_jobs(node), k.node(node), k.node_lease(node), k.leader,
-        ]  # fmt: skip
-        attempt, why = self._scripts["place"](
-            keys=keys, args=[job_id, node, json.dumps(gpus), leader, now, reason]
-        )
-        if why == "not the leader":
-            raise NotLeader(f"placement of {job_id} refused: another controller holds the leader lease")
-        return int(attempt)
+        """Bind one QUEUED job to ``node``/``gpus``; the new attempt, or 0 when refused."""
+        batch = [{"job": job_id, "node": node, "gpus": gpus, "cpus": 0, "memory": 0, "reason": reason}]
+        return self.place_many(batch, leader, now)[0]
 
     @translated
     def place_many(self, placements: list[dict[str, Any]], leader: str, now: float) -> list[int]:
