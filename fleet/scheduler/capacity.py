@@ -88,18 +88,21 @@ class Capacity:
 
     def explain(self, job: PendingJob) -> tuple[str, list[str]]:
         """Why ``job`` fits nowhere now, and the nodes that could take it once work ends there."""
-        reasons, later = [], []
+        reasons: list[tuple[str, str, str]] = []  # (node, detail, category)
+        later = []
         for name in sorted(self.nodes):
             node = self.nodes[name]
             why = node_reason(node) or capacity_reason(job, node, matching(job, node))
-            if why is None:
-                later.append(name)
-                if job.gpus and name in self.reserved:
-                    why = "reserved for a higher-ranked job"
-                else:
-                    free = sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
-                    why = free_reason(job, node, free, self.cpus[name], self.memory[name])
-            reasons.append(f"{name}: {why}")
+            if why is not None:
+                reasons.append((name, why, why))
+                continue
+            later.append(name)
+            if job.gpus and name in self.reserved:
+                reasons.append((name, "reserved for a higher-ranked job", "reserved for a higher-ranked job"))
+            else:
+                free = sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
+                detail = free_reason(job, node, free, self.cpus[name], self.memory[name])
+                reasons.append((name, detail, _busy_category(detail)))
         return _summary(job, reasons), later
 
     def reserve_for(self, job: PendingJob, later: list[str]) -> None:
@@ -111,11 +114,18 @@ class Capacity:
         return sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
 
 
-def _summary(job: PendingJob, reasons: list[str]) -> str:
+def _busy_category(detail: str) -> str:
+    """What a busy node lacks, without counts: a large fleet's summary must not change with every
+    job that starts or ends, or every waiting job's reason would be rewritten every pass."""
+    lacking = "GPUs" if "GPUs free" in detail else "CPUs" if "CPUs free" in detail else "memory"
+    return f"busy (not enough free {lacking})"
+
+
+def _summary(job: PendingJob, reasons: list[tuple[str, str, str]]) -> str:
     need = f"needs {job.gpus} GPU{'s' if job.gpus != 1 else ''}{constraint_text(job)}"
     if not reasons:
         return f"{need}; no nodes registered"
     if len(reasons) <= 3:
-        return f"{need}; {'; '.join(reasons)}"
-    by_reason = Counter(r.split(": ", 1)[1] for r in reasons)
-    return f"{need}; " + "; ".join(f"{n} node{'s' if n > 1 else ''} {why}" for why, n in by_reason.items())
+        return f"{need}; " + "; ".join(f"{name}: {detail}" for name, detail, _ in reasons)
+    by_category = Counter(category for _, _, category in reasons)
+    return f"{need}; " + "; ".join(f"{n} node{'s' if n > 1 else ''} {why}" for why, n in by_category.items())
