@@ -22,6 +22,8 @@ from pydantic_settings import (
 
 from fleet.errors import ConfigError
 
+DAY = 86400.0
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -34,6 +36,8 @@ class ControllerSettings(_Section):
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
     starting_timeout_s: float = Field(default=1800.0, gt=0, description="STARTING longer: launch hung")
+    retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
+    retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
 
 
 class AgentSettings(_Section):
@@ -92,6 +96,11 @@ class Settings(BaseSettings):
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)
+    job_retention_s: float = Field(default=7 * DAY, gt=0, description="ended jobs are deleted after")
+    tombstone_retention_s: float = Field(default=7 * DAY, gt=0, description="`fleet show` says expired")
+    node_retention_s: float = Field(default=7 * DAY, gt=0, description="gone nodes are removed after")
+    bus_dead_message_ttl_s: float = Field(default=7 * DAY, gt=0)
+    bus_dead_letters_max: int = Field(default=10_000, ge=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
 
