@@ -63,6 +63,7 @@ class AgentSettings(_Section):
     job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
     allow_root_jobs: bool = False
     pids_limit: int | None = Field(default=4096, ge=16)
+    checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:

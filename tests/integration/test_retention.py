@@ -1,16 +1,20 @@
-"""Nothing grows forever: ended jobs, their history and logs, gone nodes and their bus queues are
-deleted after their retention.
+"""Nothing grows forever: ended jobs, their history and logs, gone nodes and their bus queues, and
+expired jobs' checkpoint directories are deleted after their retention; memory returns to baseline.
 
-The tests run the controller in this process with a clock the test sets, so "ended longer ago than
-the retention" is exact.
+The first tests run the controller in this process with a clock the test sets, so "ended longer ago
+than the retention" is exact; the last runs the real services and the CLI with a 1 s retention.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
+import redis as redis_py
 
 from fleet import Client, JobSpec, JobState
 from fleet.bus import Stop, node_queue
@@ -19,7 +23,9 @@ from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy
 from fleet.models import Exit
 from fleet.state.retention import RetentionStore
+from tests.conftest import FleetProcs
 from tests.integration.inprocess import Harness, info
+from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
 DAY = 86400.0
@@ -185,3 +191,63 @@ def test_retention_store_reports_only_jobs_it_deleted(harness: Harness, clock: C
     h.client.set(K.tombstone("deleted"), "{}")
     # Then only the deleted one is reported as expired (the agent removes only its directory)
     assert RetentionStore(h.client, K).expired(["alive", "deleted", "unknown"]) == {"deleted"}
+
+
+def test_an_expired_job_is_gone_for_users_agents_and_memory(
+    procs: FleetProcs, client: Client, redis_url: str
+) -> None:
+    r = redis_py.Redis.from_url(redis_url, decode_responses=True)
+    procs.env.update(
+        FLEET_JOB_RETENTION_S="1", FLEET_TOMBSTONE_RETENTION_S="4",
+        FLEET_CONTROLLER__RETENTION_INTERVAL_S="0.5", FLEET_AGENT__CHECKPOINT_SWEEP_INTERVAL_S="0.3",
+    )  # fmt: skip
+    procs.controller()
+    procs.agent("t-ret", gpus=2)
+    procs.wait_nodes(client, 1)
+    time.sleep(1)  # the empty fleet settles (leader lease, node record)
+    baseline = set(r.keys("*"))
+    root = procs.root / "checkpoints"
+    # Given a job that ran and logged, one still running, and in the checkpoint root a directory
+    # fleet knows nothing about and a link, named like a job with a tombstone, to a directory outside
+    done = client.submit(JobSpec(name="done", command=["sh", "-c", "echo hello from done"], gpus=1))
+    running = client.submit(JobSpec(name="long", command=["sleep", "60"], gpus=1))
+    assert done.wait(timeout=30).state == JobState.SUCCEEDED, procs.logs()
+    wait_for(lambda: running.status().state == JobState.RUNNING, what="running")
+    (root / "someone-elses").mkdir()
+    outside = procs.root / "outside"
+    outside.mkdir()
+    (outside / "model.pt").write_text("precious")
+    os.symlink(outside, root / "linked")
+    r.set(K.tombstone("linked"), '{"state": "SUCCEEDED", "ended_at": 1, "expired_at": 2}', ex=4)
+    # When more than the retention (1 s) passes after the job ended
+    wait_for(lambda: not r.exists(K.job(done.id)), timeout=30, what="the finished job deleted")
+    # Then its record, history and logs are gone
+    assert sorted(r.scan_iter(match=f"fleet:job:{done.id}*")) == [K.tombstone(done.id)]
+    # And `fleet show` says it expired, and when, with the not-found exit code
+    shown = cli(procs, "show", done.id)
+    assert shown.returncode == 3, shown.stderr
+    assert f"fleet: job '{done.id}' expired: it ended SUCCEEDED at " in shown.stderr
+    # And the running job is untouched
+    status = running.status()
+    assert (status.state, status.attempt) == (JobState.RUNNING, 1)
+    # And the agent removed the expired job's checkpoint directory and kept every other one
+    wait_for(lambda: not (root / done.id).exists(), timeout=10, what="checkpoint dir removed")
+    assert (root / running.id).is_dir() and (root / "someone-elses").is_dir()
+    assert (root / "linked").is_symlink() and (outside / "model.pt").read_text() == "precious"
+    # And once the running job ends too and every tombstone expired, Redis holds what the empty
+    # fleet held, and the submission counter (it keeps FIFO order across the fleet's life)
+    running.cancel()
+    wait_for(lambda: set(r.keys("*")) == baseline | {K.seq}, timeout=30, what="keys back to the baseline")
+    assert cli(procs, "show", done.id).stderr == f"fleet: no job '{done.id}' (list jobs with `fleet jobs`)\n"
+    r.close()
+
+
+def cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+    return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"

@@ -1,10 +1,15 @@
-"""Retention, pure: which ended jobs and which gone nodes are due; what a deleted job's reader is told."""
+"""Retention, pure: which ended jobs and which gone nodes are due; what a deleted job's reader is told;
+which checkpoint directories the agent's sweep may consider, and that it never follows a link."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet.agent.sweep import job_dirs, remove
 from fleet.controller.retention import due_jobs, gone_nodes
 from fleet.errors import JobExpired, NotFound
 from fleet.models import Node, NodeState
@@ -59,3 +64,42 @@ def test_a_reader_of_a_deleted_job_is_told_it_expired_and_when_and_it_is_still_n
         "logs were deleted at 2027-01-15 08:00:00 UTC (job_retention_s)"
     )
     assert isinstance(error, NotFound) and error.exit_code == 3
+
+
+def test_the_sweep_considers_only_real_directories_named_like_jobs(tmp_path: Path) -> None:
+    # Given a checkpoint root with a job's directory, a file, a name no job can have, and a link
+    # named like a job pointing at a directory outside the root
+    (tmp_path / "job-a").mkdir()
+    (tmp_path / "job-b.txt").write_text("not a directory")
+    (tmp_path / ".hidden").mkdir()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "keep.pt").write_text("precious")
+    os.symlink(outside, tmp_path / "job-link")
+    # When the sweep lists candidates and is asked to remove the link and the real directory
+    listed = job_dirs(tmp_path)
+    removed_link = remove(tmp_path, "job-link")
+    removed_dir = remove(tmp_path, "job-a")
+    # Then only the real directory was a candidate and went; the link and what it points at stay
+    assert listed == ["job-a"]
+    assert (removed_link, removed_dir) == (False, True)
+    assert not (tmp_path / "job-a").exists()
+    assert (tmp_path / "job-link").is_symlink() and (outside / "keep.pt").read_text() == "precious"
+    # And a directory already removed (by another node's agent on shared storage) is no error
+    assert remove(tmp_path, "job-a") is False
+    assert job_dirs(tmp_path / "missing-root") == []
+
+
+def test_the_sweep_removes_a_directory_without_following_links_inside_it(tmp_path: Path) -> None:
+    # Given an expired job's directory holding a link (the job wrote it) to a file outside
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    root = tmp_path / "root"
+    (root / "job-a").mkdir(parents=True)
+    os.symlink(outside, root / "job-a" / "latest")
+    os.symlink(tmp_path, root / "job-a" / "up")
+    # When it is removed
+    assert remove(root, "job-a")
+    # Then the directory is gone and what its links pointed at is untouched
+    assert not (root / "job-a").exists()
+    assert outside.read_text() == "precious"
