@@ -251,3 +251,36 @@ def cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def runtime() -> str:
     return "process"
+
+
+def test_a_redis_at_its_maxmemory_refuses_new_work_but_keeps_leases_and_frees_memory(
+    harness: Harness, clock: Clock, redis_url: str
+) -> None:
+    h, now = harness, clock.now
+    h.node("n")
+    submit(h, "old", now - 600)
+    run_attempt(h, "old", 0, now - 120)
+    r = redis_py.Redis.from_url(redis_url)
+    # Given Redis at its maxmemory (noeviction: it refuses writes rather than drop fleet data)
+    r.config_set("maxmemory", 1)
+    try:
+        # When a user submits a job, the node's agent heartbeats and the leader renews its lease
+        # and runs its retention pass
+        argv = [sys.executable, "-m", "fleet", "submit", "--", "true"]
+        env = {**os.environ, "FLEET_REDIS_URL": redis_url}
+        submitted = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        h.node("n")
+        renewed = h.controller.lease.renew()
+        deleted = h.controller.expire()
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
+    # Then the submit fails as Redis being unavailable (exit 5), saying what to change
+    assert submitted.returncode == 5, submitted.stderr
+    assert "fleet: redis is out of memory: it refuses writes at maxmemory" in submitted.stderr
+    # And the node stays alive (its jobs are not fenced), the leader leads, and the job that ended
+    # past the retention is deleted, freeing memory
+    assert [n.alive for n in h.nodes.all()] == [True]
+    assert renewed and deleted == 1
+    with pytest.raises(JobExpired):
+        h.jobs.get("old")
