@@ -48,9 +48,10 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch latency and poll cost; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch latency, recovery, memory under retention; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
+	$(PYTHON) -m bench.retention
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info
