@@ -134,10 +134,10 @@ def machine_line(what: str) -> str:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(*options: str) -> Iterator[str]:
     binary = shutil.which("redis-server") or "redis-server"
     port = free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no", *options],
                               stdout=subprocess.DEVNULL)  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):

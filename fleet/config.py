@@ -22,6 +22,8 @@ from pydantic_settings import (
 
 from fleet.errors import ConfigError
 
+DAY = 86400.0
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,6 +38,8 @@ class ControllerSettings(_Section):
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
     starting_timeout_s: float = Field(default=1800.0, gt=0, description="STARTING longer: launch hung")
+    retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
+    retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
 
 
 class AgentSettings(_Section):
@@ -64,6 +68,7 @@ class AgentSettings(_Section):
     job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
     allow_root_jobs: bool = False
     pids_limit: int | None = Field(default=4096, ge=16)
+    checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:
@@ -97,6 +102,11 @@ class Settings(BaseSettings):
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)
+    job_retention_s: float = Field(default=7 * DAY, gt=0, description="ended jobs are deleted after")
+    tombstone_retention_s: float = Field(default=7 * DAY, gt=0, description="`fleet show` says expired")
+    node_retention_s: float = Field(default=7 * DAY, gt=0, description="gone nodes are removed after")
+    bus_dead_message_ttl_s: float = Field(default=7 * DAY, gt=0)
+    bus_dead_letters_max: int = Field(default=10_000, ge=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
 

@@ -6,6 +6,8 @@ Whether a failure is worth retrying is part of its type: ``retryable`` is a clas
 
 from __future__ import annotations
 
+import time
+
 
 class FleetError(Exception):
     """Base of every error fleet raises on purpose."""
@@ -30,6 +32,24 @@ class NotFound(FleetError, LookupError):
     """A job or node that does not exist."""
 
     exit_code = 3
+
+
+class JobExpired(NotFound):
+    """A job that ended and was deleted by retention (``job_retention_s`` after it ended): its
+    tombstone, kept for ``tombstone_retention_s``, says how it ended and when it was deleted."""
+
+    def __init__(self, job_id: str, state: str = "", ended_at: float = 0.0, expired_at: float = 0.0) -> None:
+        when = f" it ended {state} at {_utc(ended_at)} and" if state else ""
+        deleted = f" at {_utc(expired_at)}" if expired_at else ""
+        super().__init__(
+            f"job {job_id!r} expired:{when} its record, history and logs were deleted{deleted} "
+            "(job_retention_s)"
+        )
+        self.job_id, self.state, self.ended_at, self.expired_at = job_id, state, ended_at, expired_at
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 class CorruptRecord(NotFound):

@@ -9,11 +9,13 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:jobs``                      | zset   | every job id, scored by submission seq                  |
 | ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs, scored by seq                       |
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
+| ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
 | ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...)   |
 | ``<p>:job:<id>:events``           | stream | every transition with its reason (``fleet show``)       |
 | ``<p>:job:<id>:logs:<attempt>``   | stream | log lines of one attempt, capped                        |
+| ``<p>:job:<id>:expired``          | string | tombstone of a deleted job (JSON: state, ended, deleted)|
 | ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |
-| ``<p>:nodes``                     | set    | every node name ever registered                         |
+| ``<p>:nodes``                     | set    | every node name registered and not removed              |
 | ``<p>:node:<name>``               | hash   | node record (state, inventory JSON, heartbeat)          |
 | ``<p>:node:<name>:lease``         | string | agent id, with the node lease TTL; gone = node DOWN     |
 | ``<p>:node:<name>:jobs``          | set    | ids of jobs placed on the node and not yet released     |
@@ -27,8 +29,15 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
 ``brokers/redis/dispatch.lua``): ``<queue>`` and ``<queue>.msgs`` (pending ids, id -> data),
 ``<queue>.XQ`` and ``<queue>.XQ.msgs`` (dead letters), ``__acks__.<broker id>.<queue>`` (fetched,
-not yet acked) and ``__heartbeats__``. fleet changes them only through dramatiq's dispatch script;
-``fleet.bus.broker.dramatiq_keys`` reads two of them to find the id of bytes it cannot decode.
+not yet acked) and ``__heartbeats__``. fleet changes them through dramatiq's dispatch script, except
+that it trims a queue's dead letters to the newest ``bus_dead_letters_max`` and deletes every key of
+a removed node's queue (``fleet.bus.broker``); ``fleet.bus.broker.dramatiq_keys`` reads two of them
+to find the id of bytes it cannot decode.
+
+Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the sets above are
+deleted ``job_retention_s`` after the job ended, leaving its tombstone for
+``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
+holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept.
 """
 
 from __future__ import annotations
@@ -59,6 +68,10 @@ class Keys:
     def jobs_in(self, state: str) -> str:
         return f"{self.state_prefix}{state}"
 
+    @property
+    def ended(self) -> str:
+        return f"{self.prefix}:jobs:ended"
+
     def job(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
 
@@ -67,6 +80,9 @@ class Keys:
 
     def logs(self, job_id: str, attempt: int) -> str:
         return f"{self.prefix}:job:{job_id}:logs:{attempt}"
+
+    def tombstone(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:expired"
 
     @property
     def claims(self) -> str:

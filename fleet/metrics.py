@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from fleet.log import event
 from fleet.models import NodeState
+from fleet.state.connection import used_memory
 
 if TYPE_CHECKING:
     from fleet.agent.service import Agent
@@ -59,6 +60,11 @@ class ControllerCollector(Collector):
         for kind, count in self.jobs.requeue_counts().items():
             requeues.add_metric([kind], count)
         yield requeues
+        memory = GaugeMetricFamily(
+            "fleet_redis_memory_bytes", "Memory Redis holds for fleet's state and bus (INFO used_memory)"
+        )
+        memory.add_metric([], used_memory(self.jobs.redis))
+        yield memory
 
     def _gpus_and_nodes(self) -> Iterator[Metric]:
         nodes = self.nodes.all()

@@ -25,6 +25,7 @@ from fleet.agent.gpus import GpuInventory, busy_reason
 from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import LaunchSpec, Runtime
 from fleet.agent.supervision import SupervisorClient
+from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
@@ -35,6 +36,7 @@ from fleet.mounts import check_mounts
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.nodes import NodeInfo
+from fleet.state.retention import RetentionStore
 
 log = logging.getLogger("fleet.agent")
 
@@ -54,6 +56,7 @@ class Agent:
         self.settings, self.cfg = settings, settings.agent
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
+        self.retention = RetentionStore(jobs.redis, jobs.keys)
         self.inventory, self.runtime, self.supervisor, self.clock = inventory, runtime, supervisor, clock
         self.policy = RetryPolicy(
             settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
@@ -87,6 +90,8 @@ class Agent:
         self.runtime.watch(self.on_exit, self.stop_event)
         reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         reconciler.start()
+        sweeper = threading.Thread(target=self._sweep_loop, name="checkpoint-sweep", daemon=True)
+        sweeper.start()
         self.notifier.ready(
             f"node {self.node}: {len(self.inventory.gpus())} GPUs, {self.runtime.name} runtime"
         )
@@ -99,6 +104,7 @@ class Agent:
             self.notifier.stopping()
             worker.stop(timeout=2000)
             reconciler.join(timeout=10)
+            sweeper.join(timeout=10)
             if self.cfg.stop_jobs_on_exit:
                 self._stop_all()
                 self.supervisor.shutdown()
@@ -108,6 +114,14 @@ class Agent:
     def _reconcile_loop(self) -> None:
         while not self.stop_event.wait(self.cfg.reconcile_interval_s):
             self._guarded(self.reconcile)
+
+    def _sweep_loop(self) -> None:
+        while not self.stop_event.wait(self.cfg.checkpoint_sweep_interval_s):
+            self._guarded(self.sweep_checkpoints)
+
+    def sweep_checkpoints(self) -> list[str]:
+        """Remove the checkpoint directories of jobs retention deleted (see sweep.py)."""
+        return sweep(self.settings.checkpoint_root, self.retention, log)
 
     def _guarded(self, step: Callable[[], object]) -> None:
         self._health.guard(step, node=self.node)

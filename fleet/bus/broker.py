@@ -34,7 +34,12 @@ NAMESPACE = "fleet"
 
 
 class DeadLetterLog(Middleware):
-    """Log every message that ends in a dead-letter queue, once, with what was wrong."""
+    """Log every message that ends in a dead-letter queue, once, with what was wrong, and keep only
+    the newest ``keep`` dead letters of that queue (dramatiq expires them by age only, and only
+    when someone dispatches on the queue)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
 
     def after_process_message(
         self, broker: Any, message: Any, *, result: Any = None, exception: BaseException | None = None
@@ -49,6 +54,7 @@ class DeadLetterLog(Middleware):
             redis_message_id=message.options.get("redis_message_id"),
             error=message.options.get("fleet_error", "see previous log line"),
         )  # fmt: skip
+        trim_dead_letters(broker, message.queue_name, self.keep)
 
 
 class _Consumer(_RedisConsumer):
@@ -79,6 +85,9 @@ class _Consumer(_RedisConsumer):
             log, "message_dead_lettered", logging.WARNING,
             queue=self.queue_name, redis_message_id=message_id, error=undecodable(exc),
         )  # fmt: skip
+        for middleware in self.broker.middleware:
+            if isinstance(middleware, DeadLetterLog):
+                trim_dead_letters(self.broker, self.queue_name, middleware.keep)
 
     def _fetched_id(self, data: bytes) -> str | None:
         """The Redis id of a fetched, unacked message holding ``data`` (dramatiq's fetch returns
@@ -93,6 +102,32 @@ def dramatiq_keys(broker: RedisBroker, queue: str) -> tuple[str, str]:
     """dramatiq's keys (brokers/redis/dispatch.lua) for the set of ids this broker fetched from
     ``queue`` and has not acked, and the hash of message id -> data still on ``queue``."""
     return f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}", f"{broker.namespace}:{queue}.msgs"
+
+
+def queue_keys(broker: RedisBroker, queue: str) -> list[str]:
+    """dramatiq's keys of ``queue`` (brokers/redis/dispatch.lua): pending ids, id -> data, and the
+    same two for its dead letters."""
+    name = f"{broker.namespace}:{queue}"
+    return [name, f"{name}.msgs", f"{name}.XQ", f"{name}.XQ.msgs"]
+
+
+#: keep the newest ARGV[1] dead letters: KEYS[1] the queue's dead-letter zset (id -> when),
+#: KEYS[2] its hash of id -> data; returns how many went
+_TRIM = """
+local old = redis.call('ZRANGE', KEYS[1], 0, -tonumber(ARGV[1]) - 1)
+for i = 1, #old, 500 do
+  local chunk = {unpack(old, i, math.min(i + 499, #old))}
+  redis.call('ZREM', KEYS[1], unpack(chunk))
+  redis.call('HDEL', KEYS[2], unpack(chunk))
+end
+return #old
+"""
+
+
+def trim_dead_letters(broker: RedisBroker, queue: str, keep: int) -> int:
+    """Drop all but the newest ``keep`` dead letters of ``queue`` (one script: both keys at once)."""
+    _name, _msgs, dead, dead_msgs = queue_keys(broker, queue)
+    return int(broker.client.eval(_TRIM, 2, dead, dead_msgs, keep))
 
 
 def undecodable(exc: DecodeError) -> str:
@@ -150,7 +185,8 @@ class Bus:
         self.broker = _Broker(  # type: ignore[no-untyped-call]
             client=redis.Redis(connection_pool=pool(settings, settings.bus_db)),
             namespace=NAMESPACE,
-            middleware=[Retries(max_retries=0), DeadLetterLog()],
+            middleware=[Retries(max_retries=0), DeadLetterLog(settings.bus_dead_letters_max)],
+            dead_message_ttl=int(settings.bus_dead_message_ttl_s * 1000),
         )
 
     def send(self, queue: str, message: Message) -> None:
@@ -182,6 +218,18 @@ class Bus:
         worker = _Worker(self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms)
         worker.start()
         return worker
+
+    def delete_queue(self, queue: str) -> int:
+        """Delete every key of ``queue``: its messages, dead letters and any broker's set of fetched,
+        unacked ids (a dead agent's, which dramatiq requeues only when someone sends to the queue).
+        For the queue of a removed node; the number of keys deleted."""
+        client, acks = self.broker.client, f"{self.broker.namespace}:__acks__."
+        keys = queue_keys(self.broker, queue)
+        for key in client.scan_iter(match=f"{acks}*", count=1000):
+            # "<namespace>:__acks__.<broker id>.<queue>"; broker ids are uuids, without dots
+            if key.decode().removeprefix(acks).partition(".")[2] == queue:
+                keys.append(key.decode())
+        return int(client.delete(*keys))
 
     def close(self) -> None:
         self.broker.close()

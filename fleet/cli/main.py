@@ -1,8 +1,9 @@
 """``fleet``: submit and follow jobs, inspect nodes, run the services.
 
 Exit codes: 0 ok (``wait``: SUCCEEDED); 1 job FAILED or other error; 2 bad input (spec, config,
-usage); 3 no such job or node; 4 ``wait`` timed out; 5 Redis unreachable; 6 job CANCELLED;
-7 the job's or node's record cannot be read (quarantined: the message says why).
+usage); 3 no such job or node (a job deleted by retention: the message says it expired, and when);
+4 ``wait`` timed out; 5 Redis unreachable or full (maxmemory); 6 job CANCELLED; 7 the job's or
+node's record cannot be read (quarantined: the message says why).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet",
         description="A serverless-style job queue for your own GPU fleet.",
-        epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found, 4 timeout, "
-        "5 Redis unreachable, 6 job cancelled, 7 record unreadable (quarantined). Start here: `fleet up`.",
+        epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
+        "5 Redis unreachable or full, 6 job cancelled, 7 record unreadable (quarantined). "
+        "Start here: `fleet up`.",
     )
     parser.add_argument("--version", action="version", version=f"fleet {__version__}")
     parser.add_argument("--config", help="fleet.toml (default: $FLEET_CONFIG)")

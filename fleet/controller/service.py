@@ -4,8 +4,9 @@ One controller holds the leader lease and runs a scheduling pass on every releva
 (submit, exit, node joined) and periodically; the others wait to take over. The periodic
 reconcile (``reconcile.py``, pure) sorts jobs on nodes, nodes and claims into buckets that this
 service executes: requeue jobs of lost nodes and launches past their deadline (without spending
-retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Every write is fenced by the
-leader token; a refused one makes this controller step down at once.
+retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Retention (``retention.py``,
+pure) deletes jobs ``job_retention_s`` after they ended and nodes gone for ``node_retention_s``.
+Every write is fenced by the leader token; a refused one makes this controller step down at once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fleet.bus import (
     node_queue,
 )
 from fleet.config import Settings
-from fleet.controller import snapshot
+from fleet.controller import retention, snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.errors import FleetError, NotLeader
@@ -40,8 +41,11 @@ from fleet.scheduler import Capacity, NodeView, PendingQueue, Plan
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.records import JobBatch, NodeBatch
+from fleet.state.retention import RetentionStore
 
 log = logging.getLogger("fleet.controller")
+#: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
+RETENTION_BATCHES = 20
 
 
 class Controller:
@@ -58,6 +62,9 @@ class Controller:
         self.jobs, self.nodes, self.bus, self.clock = jobs, nodes, bus, clock
         self.id = controller_id or uuid.uuid4().hex[:8]
         self.lease = LeaderLease(jobs.redis, jobs.keys, self.id, self.cfg.leader_lease_s)
+        self.retention = RetentionStore(jobs.redis, jobs.keys)
+        #: jobs that ended before fleet had retention are tracked once per leadership
+        self._tracked = False
         self.policy = RetryPolicy(
             settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
         )
@@ -88,18 +95,23 @@ class Controller:
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)
         leader.start()
-        next_reconcile = 0.0
+        periodic = [
+            (self.reconcile, self.cfg.schedule_interval_s),
+            (self.expire, self.cfg.retention_interval_s),
+        ]
+        next_run = [0.0] * len(periodic)
         self.notifier.ready(f"controller {self.id}")
         try:
             while not self.stop_event.is_set():
                 self.notifier.watchdog()
                 if self.leading():
-                    if time.monotonic() >= next_reconcile:
-                        self._guarded(self.reconcile)
-                        next_reconcile = time.monotonic() + self.cfg.schedule_interval_s
+                    for i, (step, every) in enumerate(periodic):
+                        if time.monotonic() >= next_run[i]:
+                            self._guarded(step)
+                            next_run[i] = time.monotonic() + every
                     self._guarded(self.schedule_pass)
                 due_in = max(self._due - self.clock(), 0.0) if self.leading() else float("inf")
-                self._wake.wait(min(self.cfg.schedule_interval_s, due_in))
+                self._wake.wait(min(self.cfg.schedule_interval_s, self.cfg.retention_interval_s, due_in))
                 self._wake.clear()
         finally:
             self.notifier.stopping()
@@ -149,6 +161,7 @@ class Controller:
         if leading and not was:
             event(log, "leadership_acquired", id=self.id, lease=self.lease.value)
             self._reload = True  # what a follower kept in memory may be stale: load it all again
+            self._tracked = False
             self._worker = self.bus.worker(CONTROLLER_QUEUE, self.cfg.worker_threads)
             self._wake.set()
 
@@ -351,3 +364,45 @@ class Controller:
         ) and job.node:  # fmt: skip
             stop = Stop(job_id=job.id, attempt=job.attempt, reason=drain.reason, grace_s=drain.grace_s)
             self.bus.send(node_queue(job.node), stop)
+
+    # -- retention ---------------------------------------------------------------------
+
+    def expire(self) -> int:
+        """Delete ended jobs past ``job_retention_s`` and nodes gone for ``node_retention_s`` (see
+        retention.py); the number of jobs deleted."""
+        try:
+            if not self._tracked:
+                self._track_ended()
+            deleted = self._expire_jobs()
+            self._remove_gone_nodes()
+            return deleted
+        except NotLeader:
+            self._deposed()
+            return 0
+
+    def _track_ended(self) -> None:
+        added = self.retention.track_ended(self.clock(), self._token())
+        if added:
+            event(log, "ended_jobs_tracked", count=added, why="ended before fleet had retention")
+        self._tracked = True
+
+    def _expire_jobs(self) -> int:
+        now, batch, keep = self.clock(), self.cfg.retention_batch, self.settings.job_retention_s
+        deleted = 0
+        for _ in range(RETENTION_BATCHES):
+            due = retention.due_jobs(self.retention.oldest_ended(batch), now, keep)
+            deleted += self.retention.expire_jobs(
+                due, now - keep, now, self.settings.tombstone_retention_s, self._token()
+            )
+            if len(due) < batch:
+                break
+        if deleted:
+            event(log, "jobs_expired", count=deleted, retention_s=f"{keep:g}")
+        return deleted
+
+    def _remove_gone_nodes(self) -> None:
+        now, keep = self.clock(), self.settings.node_retention_s
+        for name in retention.gone_nodes(self._read_nodes().nodes, now, keep):
+            if self.retention.remove_node(name, now - keep, self._token()):
+                keys = self.bus.delete_queue(node_queue(name))
+                event(log, "node_removed", node=name, bus_keys=keys, retention_s=f"{keep:g}")

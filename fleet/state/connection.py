@@ -33,7 +33,8 @@ def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.Con
 
 
 def translated(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn redis connection failures into :class:`StoreUnavailable` (retryable)."""
+    """Turn redis connection failures, and writes refused at ``maxmemory``, into
+    :class:`StoreUnavailable` (retryable: retention frees memory, an operator can raise the limit)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -41,8 +42,19 @@ def translated(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"redis unavailable: {redact(str(exc))}") from exc
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise StoreUnavailable(
+                "redis is out of memory: it refuses writes at maxmemory (fleet never lets it evict its "
+                "data); raise maxmemory in redis.conf, or shorten job_retention_s or log_max_lines"
+            ) from exc
 
     return wrapper
+
+
+@translated
+def used_memory(client: redis.Redis) -> int:
+    """Bytes Redis has allocated for its data, every logical DB (``INFO memory`` ``used_memory``)."""
+    return int(client.info("memory")["used_memory"])
 
 
 def load_scripts(client: redis.Redis) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import redis
 
-from fleet.errors import CorruptRecord, NotFound, NotLeader
+from fleet.errors import CorruptRecord, NotFound, NotLeader, SpecError
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
 from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobSpec, JobState, check_job_id
 from fleet.state.connection import load_scripts, translated
-from fleet.state.records import JobBatch, parse_job
+from fleet.state.records import JobBatch, parse_job, parse_tombstone
 
 
 @dataclass(frozen=True)
@@ -35,18 +35,27 @@ class JobStore:
 
     @translated
     def create(self, job_id: str, spec: JobSpec, now: float) -> bool:
-        """Store a new QUEUED job; False when ``job_id`` already exists (idempotent submit)."""
+        """Store a new QUEUED job; False when ``job_id`` already exists (idempotent submit).
+
+        The id of a job deleted by retention is refused while its tombstone lasts: a new job by that
+        name would inherit the old one's checkpoint directory until the agents' sweep removes it.
+        """
         check_job_id(job_id)
         k = self.keys
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
+        keys.append(k.tombstone(job_id))
         created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
+        if created == -1:
+            raise SpecError(f"{self._missing(job_id)}; its id is free again once that is forgotten "
+                            "(tombstone_retention_s): choose another id")  # fmt: skip
         return bool(created)
 
     @translated
     def get(self, job_id: str) -> Job:
+        """The job; :class:`JobExpired` (a NotFound) for one retention deleted, NotFound for no job."""
         raw = self.redis.hgetall(self.keys.job(job_id))
         if not raw:
-            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+            raise self._missing(job_id)
         try:
             return parse_job(raw)
         except CorruptRecord as exc:
@@ -54,6 +63,12 @@ class JobStore:
             if quarantined is not None:
                 raise CorruptRecord(f"job {job_id} is quarantined: {quarantined}") from None
             raise CorruptRecord(f"the record of job {job_id} cannot be read: {exc}") from None
+
+    def _missing(self, job_id: str) -> NotFound:
+        tombstone = self.redis.get(self.keys.tombstone(job_id))
+        if tombstone is not None:
+            return parse_tombstone(job_id, tombstone)
+        return NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
 
     def get_many(self, job_ids: Iterable[str]) -> list[Job]:
         """The jobs that exist and can be read; unreadable ones are skipped (see ``read_many``)."""
@@ -206,7 +221,7 @@ class JobStore:
             json.dumps({f: "" if v is None else str(v) for f, v in (fields or {}).items()}),
             json.dumps(incr or {}), k.prefix, "1" if release else "0", "1" if record else "0", leader,
         ]  # fmt: skip
-        keys = [k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader]
+        keys = [k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader, k.ended]
         return self._scripts["transition"](keys=keys, args=args, client=client)
 
     def record_exit(self, job: Job, exit: Exit, now: float) -> bool:
@@ -249,7 +264,7 @@ class JobStore:
         """
         k = self.keys
         keys = [k.job(job_id), k.events(job_id), k.queued]
-        keys += [k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED)]
+        keys += [k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED), k.ended]
         code, _state = self._scripts["cancel"](
             keys=keys, args=[job_id, now, ",".join(s.value for s in ON_NODE_STATES)]
         )
@@ -278,7 +293,7 @@ class JobStore:
     def quarantine(self, job_id: str, reason: str, now: float, leader: str) -> bool:
         """Set aside a record that cannot be read (leader only); True the first time, False after."""
         k = self.keys
-        keys = [k.job(job_id), k.events(job_id), k.quarantined_jobs, k.queued, k.claims, k.leader]
+        keys = [k.job(job_id), k.events(job_id), k.quarantined_jobs, k.queued, k.claims, k.leader, k.ended]
         args = [job_id, reason, now, k.prefix, leader, ",".join(s.value for s in JobState)]
         code = self._scripts["quarantine_job"](keys=keys, args=args)
         if code == -2:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from fleet.errors import CorruptRecord
+from fleet.errors import CorruptRecord, JobExpired
 from fleet.models import Exit, Gpu, Job, JobSpec, JobState, Node, NodeState
 
 T = TypeVar("T")
@@ -123,6 +123,15 @@ def _last_exit(text: str) -> dict[str, Any]:
     """How an attempt ended, as the agent recorded it before removing the attempt."""
     data = json.loads(text)
     return {"last_exit_attempt": int(data.pop("attempt", 0)), "last_exit": Exit.model_validate(data)}
+
+
+def parse_tombstone(job_id: str, text: str) -> JobExpired:
+    """What a deleted job's tombstone (expire_jobs.lua) says, as the error a reader of the job gets."""
+    try:
+        data = json.loads(text)
+        return JobExpired(job_id, str(data["state"]), float(data["ended_at"]), float(data["expired_at"]))
+    except (ValueError, TypeError, KeyError):
+        return JobExpired(job_id)
 
 
 def parse_node(name: str, raw: dict[str, str], alive: bool, claims: dict[str, str], jobs: list[str]) -> Node:

@@ -4,6 +4,8 @@ exactly when it acts (its passes are called directly; nothing runs in the backgr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fleet.bus import Bus
 from fleet.config import load_settings
@@ -20,12 +22,14 @@ def info(node: str, gpus: int = 1) -> NodeInfo:
 
 
 class Harness:
-    def __init__(self, redis_url: str) -> None:
-        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0})
+    def __init__(self, redis_url: str, clock: Callable[[], float] = time.time, **settings: Any) -> None:
+        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0}, **settings)
         self.client = connect(self.settings)
         self.jobs, self.nodes = JobStore(self.client, Keys()), NodeStore(self.client, Keys())
         self.bus = Bus(self.settings)
-        self.controller = Controller(self.settings, self.jobs, self.nodes, self.bus, controller_id="c1")
+        self.controller = Controller(
+            self.settings, self.jobs, self.nodes, self.bus, clock=clock, controller_id="c1"
+        )
 
     def node(self, name: str, ttl_s: float = 60) -> None:
         """A live node, as its agent's heartbeat registers it."""

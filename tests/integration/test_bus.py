@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import dramatiq
 import pytest
@@ -120,6 +121,39 @@ def test_bytes_that_are_not_a_message_do_not_hold_up_the_messages_fetched_with_t
     assert redelivery_pending(redis_url, QUEUE) == []
     [line] = dead_lettered_logs(caplog)
     assert "garbage-1" in line and "not a dramatiq message" in line
+
+
+def test_a_queue_keeps_only_the_newest_dead_letters(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a bus that keeps at most 2 dead letters per queue
+    bus = Bus(load_settings(redis_url=redis_url, bus_poll_ms=10, bus_dead_letters_max=2))
+    bus.handle(QUEUE, JobSubmitted, lambda msg: None)
+    # When 4 malformed messages (positional arguments), then bytes that are no message, arrive
+    sent = []
+    for _ in range(4):
+        message = dramatiq.Message(
+            queue_name=QUEUE, actor_name="job_submitted", args=(1,), kwargs={}, options={}
+        )
+        sent.append(bus.broker.enqueue(message).options["redis_message_id"])
+    worker = bus.worker(QUEUE, threads=1)
+    try:
+        wait_until(lambda: len(dead_lettered_logs(caplog)) == 4)
+        bus.broker.do_enqueue(QUEUE, "garbage-1", b"\x00not a dramatiq message")
+        wait_until(lambda: len(dead_lettered_logs(caplog)) == 5)
+    finally:
+        worker.stop(timeout=2000)
+        bus.close()
+    # Then each was logged, and only the newest 2 are kept, ids and data alike
+    kept = dead_letters(redis_url, QUEUE)
+    assert len(kept) == 2 and kept[-1] == "garbage-1" and kept[0] in sent
+    with bus_db(redis_url) as db:
+        assert sorted(db.hkeys(f"fleet:{QUEUE}.XQ.msgs")) == sorted(kept)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_leadership_changes_leave_the_process_as_one_does(

@@ -81,6 +81,8 @@ def test_every_fenced_store_write_refuses_a_stale_leader_and_changes_nothing(har
         "quarantine job": lambda: h.jobs.quarantine("j", "spec: bad", now, stale),
         "quarantine node": lambda: h.nodes.quarantine("n1", "state: bad", stale),
         "place": lambda: h.jobs.place("j", "n1", [], stale, now, "placed"),
+        "expire jobs": lambda: h.controller.retention.expire_jobs(["j"], now, now, 60, stale),
+        "remove node": lambda: h.controller.retention.remove_node("n1", now, stale),
     }  # fmt: skip
     not_fenced = []
     for name, write in writes.items():

@@ -55,6 +55,7 @@ def test_controller_and_agent_metrics(procs: FleetProcs, client: Client) -> None
     assert c['fleet_nodes{state="READY"}'] == 1
     assert c['fleet_requeues{kind="job_failure"}'] == 1
     assert c["fleet_schedule_pass_seconds_count"] >= 1
+    assert c["fleet_redis_memory_bytes"] > 100_000  # an empty redis-server holds ~1 MB
 
     a = scrape(aport)
     assert a['fleet_agent_attempts_running{node="t-m"}'] == 1

@@ -2,7 +2,7 @@
 -- A QUEUED job becomes CANCELLED at once; a job on a node is flagged for its agent to stop (and
 -- transition.lua turns any later requeue of a flagged job into CANCELLED).
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] queued zset  KEYS[4] QUEUED set
--- KEYS[5] CANCELLED set
+-- KEYS[5] CANCELLED set  KEYS[6] ended zset (final jobs by end time, for retention)
 -- ARGV[1] job id  ARGV[2] now  ARGV[3] on-node states, comma separated
 -- Returns {1, 'CANCELLED'} when cancelled at once, {2, state} when flagged (or already flagged),
 -- {0, state} when the job is already final, {-1, ''} for no such job.
@@ -17,6 +17,7 @@ if state == 'QUEUED' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('SADD', KEYS[5], ARGV[1])
+  redis.call('ZADD', KEYS[6], ARGV[2], ARGV[1])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[2], 'state', 'CANCELLED',
     'attempt', attempt, 'reason', 'cancelled by user', 'node', node or '')
   return {1, 'CANCELLED'}

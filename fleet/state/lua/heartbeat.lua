@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- heartbeat: renew a node's lease and publish its inventory.
+-- allow-oom (Redis >= 7.0): at maxmemory Redis refuses writes, but leases must still renew, or
+-- every node would fence its jobs; a renewal only overwrites what exists (memory-neutral).
 -- KEYS[1] node lease  KEYS[2] node hash  KEYS[3] nodes set
 -- ARGV[1] agent id  ARGV[2] lease TTL ms  ARGV[3] now  ARGV[4] node name
 -- ARGV[5] JSON object of node fields to set (inventory, capacity, runtime)

@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- leader: acquire or renew the controller leader lease (SET NX PX with a fencing token).
+-- allow-oom (Redis >= 7.0): at maxmemory Redis refuses writes, but a leader must still lead, to
+-- delete the expired jobs that free memory; this writes two small keys, mostly overwriting them.
 -- KEYS[1] leader key  KEYS[2] fencing token counter
 -- ARGV[1] controller id  ARGV[2] lease TTL ms  ARGV[3] the value this controller holds, '' if none
 -- Returns the leader value ("<id>:<token>") this controller now holds, or '' when another leads.

@@ -3,6 +3,7 @@
 -- every state set and its node's jobs set, and the GPU claims of any of its attempts are released.
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] quarantined jobs hash (id -> reason)
 -- KEYS[4] queued zset  KEYS[5] claims hash  KEYS[6] leader key
+-- KEYS[7] ended zset: a quarantined record is deleted job_retention_s after it was set aside
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[4]:
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc.
 -- ARGV[1] job id  ARGV[2] reason  ARGV[3] now  ARGV[4] key prefix
@@ -16,6 +17,7 @@ if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then
 end
 local prefix = ARGV[4]
 redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
 local job = redis.call('HMGET', KEYS[1], 'state', 'node', 'attempt')
 for s in string.gmatch(ARGV[6], '[^,]+') do
   redis.call('SREM', prefix .. ':jobs:state:' .. s, ARGV[1])

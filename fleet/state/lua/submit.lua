@@ -1,10 +1,15 @@
 -- submit: create a job unless its id exists (idempotent submit with a caller-chosen id).
 -- KEYS[1] job hash        KEYS[2] seq counter     KEYS[3] all-jobs zset
 -- KEYS[4] queued zset     KEYS[5] QUEUED set      KEYS[6] job event stream
+-- KEYS[7] the id's tombstone (a job by this id ended and was deleted by retention)
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
--- Returns 1 when created, 0 when a job with this id already existed.
+-- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
+-- an expired job holds the id (a new job must not inherit its checkpoint directory).
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return -1
 end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,

@@ -1,6 +1,6 @@
 -- transition: move a job between states, fenced by its attempt number.
 -- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] claims hash  KEYS[4] queued zset
--- KEYS[5] leader key
+-- KEYS[5] leader key  KEYS[6] ended zset (final jobs by end time, for retention)
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc
 --   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9].
@@ -15,6 +15,8 @@
 -- ARGV[12] the leader value ("<id>:<token>") a controller write is fenced by; '' for agents and users
 -- A requeue (to QUEUED) of a job flagged cancel_requested ends it CANCELLED instead: a cancel
 -- that raced the attempt's end (the caller decided from an older read) is never lost.
+-- A move into a final state (SUCCEEDED, FAILED, CANCELLED: fleet.models.FINAL_STATES) adds the job to
+-- the ended zset, scored by now, so that retention deletes it job_retention_s later.
 -- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job,
 -- {-2, ''} when ARGV[12] is not the current leader.
 if ARGV[12] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[12] then
@@ -60,6 +62,9 @@ if to ~= state then
   if state == 'QUEUED' then redis.call('ZREM', KEYS[4], ARGV[1]) end
   if to == 'QUEUED' then
     redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'seq'), ARGV[1])
+  end
+  if to == 'SUCCEEDED' or to == 'FAILED' or to == 'CANCELLED' then
+    redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
   end
 end
 if ARGV[10] == '1' and node and node ~= '' then
