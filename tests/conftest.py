@@ -89,6 +89,14 @@ def redis_url(redis_server: str) -> Iterator[str]:
     yield redis_server
 
 
+@pytest.fixture(name="redis")
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on the state DB, to look at or tamper with what fleet stored."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def docker_ready() -> bool:
     try:

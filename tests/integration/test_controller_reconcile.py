@@ -29,13 +29,6 @@ def runtime() -> str:
     return "process"
 
 
-@pytest.fixture
-def redis(redis_url: str) -> Iterator[redis_py.Redis]:
-    client = redis_py.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
-
-
 class GhostNode:
     """A node that heartbeats like a healthy agent but never launches what it is given (its launch
     worker is wedged); with ``starts``, it gets as far as STARTING and hangs there (an image pull

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_py
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def runtime() -> str:
     return "process"
-
-
-@pytest.fixture
-def redis(redis_url: str) -> Iterator[redis_py.Redis]:
-    client = redis_py.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 def fleet_cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:

@@ -47,17 +47,17 @@ def test_a_job_id_that_is_a_path_is_refused_at_submit(procs: FleetProcs, client:
     assert client.jobs() == []
 
 
-def test_an_agent_never_turns_a_crafted_id_into_a_path(procs: FleetProcs, client: Client) -> None:
-    # Given a record whose id escapes the checkpoint root, written around the client's checks
+def test_an_agent_never_turns_a_crafted_id_into_a_path(
+    procs: FleetProcs, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a record whose id escapes the checkpoint root, written around the store's own check
+    # (as an older fleet, or anyone with the Redis password, could have written it)
     start(procs, client)
     victim = procs.root / "victim"
     victim.mkdir(mode=0o700)
     store = JobStore(connect(procs.settings()), Keys())
-    spec = JobSpec(name="x", command=["true"])
-    k = store.keys
-    keys = [k.job("../victim"), k.seq, k.jobs, k.queued, k.jobs_in("QUEUED"), k.events("../victim")]
-    store._scripts["submit"](keys=keys, args=["../victim", spec.model_dump_json(), time.time(), "crafted"])
-    store.redis.publish("x", "")  # (nothing listens; the controller's periodic pass finds the job)
+    monkeypatch.setattr("fleet.state.jobs.check_job_id", lambda job_id: job_id)
+    store.create("../victim", JobSpec(name="x", command=["true"]), time.time())
     # When it is scheduled, the agent refuses to build a path from it: the job fails with the reason
     deadline = time.monotonic() + 30
     while (job := store.get_many(["../victim"])[0]).state != JobState.FAILED and time.monotonic() < deadline:

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from fleet import Client, JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
 from fleet.local import free_port
 from tests.conftest import FleetProcs
+from tests.integration.test_control_plane import _pings
 from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,14 +37,6 @@ def small_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]
     proc.send_signal(signal.SIGCONT)
     proc.terminate()
     proc.wait()
-
-
-def _pings(url: str) -> bool:
-    try:
-        with redis.Redis.from_url(url) as client:
-            return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 def spec() -> JobSpec:
