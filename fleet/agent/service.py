@@ -7,7 +7,6 @@ changes nothing, and a restarted agent reattaches to the attempts still running.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -140,10 +139,10 @@ class Agent:
         sent = time.monotonic()  # the lease runs from no later than this
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
         self.renewed_at = self.clock()
-        self._guarded(functools.partial(self._confirm_lease, sent + self.cfg.node_lease_ttl_s))
         if joined:
             event(log, "node_joined", node=self.node, gpus=len(gpus))
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=self.node))
+        self._confirm_lease(sent + self.cfg.node_lease_ttl_s)
 
     def _confirm_lease(self, until: float) -> None:
         """Tell the supervisor how long the lease holds; it stops every attempt before then."""
