@@ -48,10 +48,11 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch latency, poll cost, recovery, launch cost; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch latency, poll cost, recovery, launch cost, scale (small; see bench/scale.py); results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
+	$(PYTHON) -m bench.scale
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info
