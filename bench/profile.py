@@ -13,6 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 _SITE = re.compile(r".*/(site-packages|lib/python3\.\d+)/")
+#: frames on (nearly) every stack that say nothing about where the time goes
+WRAPPERS = ("<module> ", "_run_code ", "_run_module_as_main ", "main (bench/", "Thread.run ",
+            "Thread._bootstrap", "translated.<locals>.wrapper ", "Retry.call_with_retry ",
+            "StepHealth.guard ")  # fmt: skip
 
 
 def frame(text: str) -> str:
@@ -25,7 +29,7 @@ def frame(text: str) -> str:
     return f"{name} ({path})"
 
 
-def summarise(raw: str, top: int = 20) -> str:
+def summarise(raw: str, top: int = 25) -> str:
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
     total = 0
@@ -40,8 +44,8 @@ def summarise(raw: str, top: int = 20) -> str:
             inclusive[name] += int(count)
     if not total:
         return "no samples (the process was idle, or py-spy could not read it)\n"
-    rows = [f"| {name} | {100 * n / total:.1f} % | {100 * leaf[name] / total:.1f} % |"
-            for name, n in inclusive.most_common(top)]  # fmt: skip
+    shown = [(name, n) for name, n in inclusive.most_common() if not name.startswith(WRAPPERS)][:top]
+    rows = [f"| {name} | {100 * n / total:.1f} % | {100 * leaf[name] / total:.1f} % |" for name, n in shown]
     head = f"{total} samples while busy\n\n| function | inclusive | self |\n|---|---|---|\n"
     selfs = [f"| {name} | {100 * n / total:.1f} % |" for name, n in leaf.most_common(top // 2)]
     return head + "\n".join(rows) + "\n\n| leaf function | self |\n|---|---|\n" + "\n".join(selfs) + "\n"
@@ -50,7 +54,7 @@ def summarise(raw: str, top: int = 20) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("raw", type=Path)
-    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     print(summarise(args.raw.read_text(), args.top))
 
