@@ -1,0 +1,92 @@
+"""The node simulator (bench/nodesim.py) keeps the agent's promises under the real controller:
+every job runs once and succeeds once, and no GPU ever holds two attempts."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from bench.nodesim import SECONDS_LABEL, Group, NodeSim
+from fleet.bus import Bus
+from fleet.client import Client
+from fleet.config import load_settings
+from fleet.controller.service import Controller
+from fleet.keys import Keys
+from fleet.models import Job, JobSpec, JobState
+from fleet.state import JobStore, NodeStore, connect
+
+pytestmark = pytest.mark.integration
+
+
+def mixed_jobs(count: int, seed: int = 7) -> list[JobSpec]:
+    rng = random.Random(seed)
+    specs = []
+    for i in range(count):
+        model = rng.choice([None, None, "H100", "A100"])
+        specs.append(JobSpec(
+            name=f"sim-{i}", command=["true"], gpus=rng.choice([1, 1, 2, 4, 8]), gpu_model=model,
+            labels={SECONDS_LABEL: f"{rng.uniform(0, 0.2):.3f}"},
+        ))  # fmt: skip
+    return specs
+
+
+def overlaps(jobs: list[Job]) -> list[str]:
+    """GPUs that two jobs held at once, from the stored records (RUNNING until final)."""
+    by_gpu: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for job in jobs:
+        assert job.started_at is not None and job.finished_at is not None
+        for uuid in job.gpus:
+            by_gpu[uuid].append((job.started_at, job.finished_at, job.id))
+    found = []
+    for uuid, spans in by_gpu.items():
+        spans.sort()
+        found += [f"{uuid}: {a[2]} and {b[2]}" for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+    return found
+
+
+def story(store: JobStore, job: Job) -> str:
+    """A job's history, one line per transition, for a failure message."""
+    return f"{job.id}:\n" + "\n".join(
+        f"  {e.state} {e.attempt} {e.node} {e.reason}" for e in store.history(job.id)
+    )
+
+
+@pytest.mark.parametrize("consumer", ["shared", "dramatiq"])
+def test_every_job_succeeds_once_on_simulated_nodes(redis_url: str, consumer: str) -> None:
+    # Given 20 simulated nodes (10 A100, 10 H100, 8 GPUs each) and the real controller
+    settings = load_settings(redis_url=redis_url, bus_poll_ms=10,
+                             controller={"schedule_interval_s": 0.5, "metrics_port": 0})  # fmt: skip
+    keys = Keys(settings.key_prefix)
+    store = JobStore(connect(settings), keys)
+    controller = Controller(settings, store, NodeStore(connect(settings), keys), Bus(settings))
+    thread = threading.Thread(target=controller.run, daemon=True)
+    groups = [Group(10, 8, "Sim A100 80GB", "a100"), Group(10, 8, "Sim H100 80GB", "h100")]
+    client = Client(settings=settings)
+    with NodeSim(settings, groups, consumer=consumer, reconcile_s=1.0) as sim:
+        thread.start()
+        # When 200 jobs of 1 to 8 GPUs, some bound to a GPU model, are submitted
+        ids = [client.submit(spec).id for spec in mixed_jobs(200)]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(sim.stats.succeeded) < len(ids):
+            time.sleep(0.2)
+        summary = sim.summary()
+    controller.stop_event.set()
+    thread.join(timeout=10)
+
+    # Then every job SUCCEEDED once, on its first attempt, and the simulator ended each exactly once
+    jobs = store.get_many(ids)
+    assert [story(store, j) for j in jobs if j.state != JobState.SUCCEEDED or j.attempt != 1] == [], summary
+    assert [i for i in ids if sim.stats.succeeded[i] != 1] == []
+    assert [i for i in ids if [e.state for e in store.history(i)].count("SUCCEEDED") != 1] == []
+    # And no GPU was claimed twice: neither at launch (the simulated GPUs) nor in the records
+    assert sim.stats.conflicts == []
+    assert overlaps(jobs) == []
+    assert store.redis.hlen(keys.claims) == 0
+    h100 = [j for j in jobs if j.spec.gpu_model == "H100"]
+    assert h100 and all(j.node and j.node.startswith("h100-") for j in h100)
+    client.close()
