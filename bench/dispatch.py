@@ -181,6 +181,7 @@ def monitor(url: str, seconds: float) -> list[tuple[int, str]]:
     return seen
 
 
+TOP = 6
 SCRIPTS = {
     **{hashlib.sha1(body).hexdigest(): f"dramatiq {name}" for name, body in dramatiq_scripts.items()},
     **{
@@ -207,7 +208,7 @@ def summary(commands: list[tuple[int, str]], ports: set[int], wall: float) -> di
     mine = Counter(what for port, what in commands if port in ports)
     total = sum(mine.values())
     trips = sum(n for what, n in mine.items() if not what.startswith("lua:"))
-    top = ", ".join(f"{what} {n / wall:.1f}" for what, n in mine.most_common(6))
+    top = ", ".join(f"{what} {n / wall:.1f}" for what, n in mine.most_common(TOP))
     return {"cmds": total / wall, "trips": trips / wall, "top": top}
 
 

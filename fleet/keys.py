@@ -28,6 +28,16 @@ The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
 ``<queue>.XQ`` and ``<queue>.XQ.msgs`` (dead letters), ``__acks__.<broker id>.<queue>`` (fetched,
 not yet acked) and ``__heartbeats__``. fleet changes them only through dramatiq's dispatch script;
 ``fleet.bus.broker.dramatiq_keys`` reads two of them to find the id of bytes it cannot decode.
+fleet adds two lists there, so that idle consumers block instead of polling (``fleet.bus.wake``):
+
+| key                                   | type | holds                                              |
+|---------------------------------------|------|----------------------------------------------------|
+| ``fleet:__wake__.<queue>``            | list | at most one wake token, pushed after each enqueue; |
+|                                       |      | expires after 60 s                                 |
+| ``fleet:__stop__.<broker id>.<queue>``| list | a token that ends one process's consumer's BLPOP   |
+|                                       |      | when its worker stops; expires after 60 s          |
+
+Tokens are hints: a lost one costs a message at most ``bus_poll_ms``, a duplicated one an empty fetch.
 """
 
 from __future__ import annotations
