@@ -1,16 +1,21 @@
-"""Dispatch latency: ``submit()`` returning -> the agent calling ``Runtime.start``.
+"""Dispatch latency, and what an idle fleet costs Redis and its machines.
 
-Process runtime, one node, jobs one after another (each waits for the previous to finish, so
-nothing queues behind busy GPUs). The controller and agent run in this process, in threads, on a
-real redis-server and real dramatiq, so the start call can be timed exactly on one clock. Also
-measures what dramatiq's polling costs while idle, in Redis commands per second, for several
-``bus_poll_ms`` values. Run: ``make bench`` (or ``python -m bench.dispatch --jobs 200``).
+Latency: ``submit()`` returning -> the agent calling ``Runtime.start``, process runtime, one node,
+jobs one after another (each waits for the previous to finish, so nothing queues behind busy
+GPUs). The controller and agent run in this process, in threads, on a real redis-server and real
+dramatiq, so the start call can be timed exactly on one clock.
+
+Idle cost: a real ``fleet controller`` and ``fleet agent`` (separate processes, default settings,
+simulated GPUs, nothing to do). For a few seconds MONITOR attributes every command Redis runs to
+the service whose socket sent it (commands a Lua script runs count for the script's caller);
+psutil gives each process's CPU and RSS. Run: ``make bench`` (or ``python -m bench.dispatch``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import platform
 import shutil
 import statistics
@@ -18,11 +23,14 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 import psutil
 import redis
+from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
 from fleet.agent.gpus import SimulatedGpus
 from fleet.agent.runtime.base import LaunchSpec
@@ -37,6 +45,15 @@ from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import JobSpec, JobState
 from fleet.state import JobStore, NodeStore, connect
+from tests.conftest import FleetProcs
+
+#: what tests/conftest.py's FleetProcs speeds up; the idle services run with the defaults instead
+TEST_TIMINGS = (
+    "FLEET_BUS_POLL_MS", "FLEET_RETRY_BACKOFF_S", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S",
+    "FLEET_CONTROLLER__LEADER_LEASE_S", "FLEET_AGENT__HEARTBEAT_INTERVAL_S",
+    "FLEET_AGENT__NODE_LEASE_TTL_S", "FLEET_AGENT__FENCE_MARGIN_S", "FLEET_AGENT__RECONCILE_INTERVAL_S",
+    "FLEET_AGENT__STOP_GRACE_S",
+)  # fmt: skip
 
 
 class TimedRuntime(ProcessRuntime):
@@ -52,27 +69,22 @@ class TimedRuntime(ProcessRuntime):
         super().start(spec)
 
 
-def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float]:
+def latency(url: str, jobs: int, root: Path, poll_ms: int | None) -> dict[str, float]:
     settings = load_settings(
         redis_url=url,
         bus_poll_ms=poll_ms,
         checkpoint_root=root / "ckpt",
-        agent={"node_name": "bench", "state_dir": root / f"agent-{poll_ms}"},
+        agent={"node_name": "bench", "state_dir": root / "agent-latency", "metrics_port": 0},
+        controller={"metrics_port": 0},
     )
-    client_r = connect(settings)
-    client_r.flushall()
+    connect(settings).flushall()
     keys = Keys(settings.key_prefix)
     supervisor = SupervisorClient(settings.agent.state_dir, settings.agent.fence_margin_s)
     runtime = TimedRuntime("bench", settings.agent.state_dir / "attempts", supervisor)
     agent = Agent(
-        settings,
-        JobStore(connect(settings), keys),
-        NodeStore(connect(settings), keys),
-        Bus(settings),
-        SimulatedGpus("bench", 4, "sim", 1 << 30),
-        runtime,
-        supervisor,
-    )
+        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings),
+        SimulatedGpus("bench", 4, "sim", 1 << 30), runtime, supervisor,
+    )  # fmt: skip
     controller = Controller(
         settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
     )
@@ -93,37 +105,111 @@ def run_config(url: str, poll_ms: int, jobs: int, root: Path) -> dict[str, float
         if i >= 10:  # warm-up
             latencies.append((runtime.called[handle.id] - submitted) * 1000)
         assert handle.wait(timeout=30).state == JobState.SUCCEEDED
-    time.sleep(2)
-    before, t0 = _counts(url), time.monotonic()
-    time.sleep(5)
-    after, seconds = _counts(url), time.monotonic() - t0
-    idle, scripts = ((a - b) / seconds for a, b in zip(after, before, strict=True))
     agent.stop_event.set()
     controller.stop_event.set()
     controller._wake.set()
     for t in threads:
         t.join(timeout=10)
+    supervisor.shutdown()
     latencies.sort()
     return {
-        "poll_ms": poll_ms,
-        "jobs": jobs,
         "p50": statistics.median(latencies),
         "p90": latencies[int(0.90 * len(latencies)) - 1],
         "p99": latencies[int(0.99 * len(latencies)) - 1],
         "max": latencies[-1],
-        "idle_cmds": idle,
-        "idle_scripts": scripts,
     }
 
 
-def _counts(url: str) -> tuple[int, int]:
-    """(all commands, including those run inside Lua scripts; script calls, i.e. client round trips)."""
-    r = redis.Redis.from_url(url)
-    stats = r.info("commandstats")
-    scripts = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-    total = int(r.info("stats")["total_commands_processed"])
-    r.close()
-    return total, scripts
+def idle(url: str, seconds: float, root: Path, poll_ms: int | None) -> dict[str, dict[str, float | str]]:
+    """Per idle service: Redis commands/s (all, and client round trips), what they are, CPU, RSS."""
+    procs = FleetProcs(url, root / "idle", "process")
+    for name in TEST_TIMINGS:
+        procs.env.pop(name, None)
+    if poll_ms is not None:
+        procs.env["FLEET_BUS_POLL_MS"] = str(poll_ms)
+    procs.root.mkdir(parents=True, exist_ok=True)
+    client = Client(url)
+    client._jobs.redis.flushall()
+    try:
+        services = {"controller": procs.controller().pid, "agent": procs.agent("idle", gpus=4).pid}
+        procs.wait_nodes(client, 1)
+        time.sleep(3)  # leadership, the first reconciles, connections opened
+        services["agent's supervisor"] = int((procs.root / "idle" / "supervisor.pid").read_text())
+        ports = redis_ports(services, url)
+        cpu = {s: cpu_seconds(pid) for s, pid in services.items()}
+        started = time.monotonic()
+        commands = monitor(url, seconds)
+        wall = time.monotonic() - started
+        ports.update(redis_ports(services, url))
+        used = {s: (cpu_seconds(pid) - cpu[s]) / wall for s, pid in services.items()}
+        rss = {s: psutil.Process(pid).memory_info().rss / (1 << 20) for s, pid in services.items()}
+    finally:
+        procs.stop()
+        client.close()
+    return {s: summary(commands, {p for p, o in ports.items() if o == s}, wall) | {"cpu": used[s] * 100,
+            "rss": rss[s]} for s in services}  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def redis_ports(services: dict[str, int], url: str) -> dict[int, str]:
+    """Local port of every connection each service holds to Redis -> the service."""
+    redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
+    return {
+        c.laddr.port: name
+        for name, pid in services.items()
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == redis_port
+    }
+
+
+def monitor(url: str, seconds: float) -> list[tuple[int, str]]:
+    """(client port, command) of every command for ``seconds``; a Lua script's commands get the
+    port of the script's caller (MONITOR shows them right after the script call)."""
+    seen: list[tuple[int, str]] = []
+    caller = 0
+    with redis.Redis.from_url(url, socket_timeout=seconds + 5) as r, r.monitor() as m:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            line = m.next_command()
+            if line["client_type"] != "lua":
+                caller = int(line["client_port"] or 0)
+            seen.append((caller, describe(line["command"], line["client_type"] == "lua")))
+    return seen
+
+
+TOP = 6
+SCRIPTS = {
+    **{hashlib.sha1(body).hexdigest(): f"dramatiq {name}" for name, body in dramatiq_scripts.items()},
+    **{
+        hashlib.sha1(entry.read_bytes()).hexdigest(): entry.name.removesuffix(".lua")
+        for entry in (resources.files("fleet.state") / "lua").iterdir()
+        if entry.name.endswith(".lua")
+    },
+}
+
+
+def describe(command: str, in_lua: bool) -> str:
+    """``EVALSHA <script> [<dramatiq command>]`` for a script call, ``lua:<NAME>`` inside one."""
+    words = command.split()
+    name = words[0].upper()
+    if in_lua:
+        return f"lua:{name}"
+    if name == "EVALSHA" and len(words) > 3:
+        script = SCRIPTS.get(words[1], words[1][:8])
+        return f"EVALSHA {script} {words[4]}" if script == "dramatiq dispatch" else f"EVALSHA {script}"
+    return name
+
+
+def summary(commands: list[tuple[int, str]], ports: set[int], wall: float) -> dict[str, float | str]:
+    mine = Counter(what for port, what in commands if port in ports)
+    total = sum(mine.values())
+    trips = sum(n for what, n in mine.items() if not what.startswith("lua:"))
+    top = ", ".join(f"{what} {n / wall:.1f}" for what, n in mine.most_common(TOP))
+    return {"cmds": total / wall, "trips": trips / wall, "top": top}
 
 
 def machine_line(what: str) -> str:
@@ -156,23 +242,23 @@ def redis_server(*options: str) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--polls", default="10,20,50,100,1000", help="bus_poll_ms values to compare")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="how long the idle services are watched")
+    parser.add_argument("--poll-ms", type=int, default=None, help="bus_poll_ms (default: the setting's)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    print(machine_line("dispatch latency"))
-    print(
-        "| bus_poll_ms | jobs | p50 ms | p90 ms | p99 ms | max ms | idle cmds/s | of which script calls/s |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
     with redis_server() as url:
-        for poll in (int(p) for p in args.polls.split(",")):
-            jobs = args.jobs if poll <= 100 else min(args.jobs, 50)
-            r = run_config(url, poll, jobs, root)
-            print(
-                f"| {poll} | {jobs} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p99']:.1f} | {r['max']:.1f} "
-                f"| {r['idle_cmds']:.0f} | {r['idle_scripts']:.0f} |",
-                flush=True,
-            )
+        r = latency(url, args.jobs, root, args.poll_ms)
+        print(machine_line("dispatch latency"))
+        print("| jobs | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---|---|---|")
+        row = " | ".join(f"{r[k]:.1f}" for k in ("p50", "p90", "p99", "max"))
+        print(f"| {args.jobs} | {row} |", flush=True)
+        costs = idle(url, args.idle_s, root, args.poll_ms)
+    print(f"\n# idle services, watched for {args.idle_s:g} s")
+    print("| service | Redis cmds/s | round trips/s | CPU % | RSS MB | commands/s |")
+    print("|---|---|---|---|---|---|")
+    for name, c in costs.items():
+        cost = f"{c['cmds']:.1f} | {c['trips']:.1f} | {c['cpu']:.2f} | {c['rss']:.0f}"
+        print(f"| {name} | {cost} | {c['top']} |")
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -93,7 +93,8 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_password: SecretStr | None = None
     bus_db: int = Field(default=1, ge=0, le=15)
-    bus_poll_ms: int = Field(default=20, ge=1, le=10_000)
+    #: safety net: an idle consumer, woken by each send, still fetches this often (see fleet.bus.wake)
+    bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)
     key_prefix: str = "fleet"
     default_image: str = "localhost/fleet/python:latest"
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")

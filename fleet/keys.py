@@ -38,6 +38,17 @@ Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
 holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept.
+
+In the bus DB fleet adds two lists, so that idle consumers block instead of polling (``fleet.bus.wake``):
+
+| key                                   | type | holds                                              |
+|---------------------------------------|------|----------------------------------------------------|
+| ``fleet:__wake__.<queue>``            | list | at most one wake token, pushed after each enqueue; |
+|                                       |      | expires after 60 s                                 |
+| ``fleet:__stop__.<broker id>.<queue>``| list | a token that ends one process's consumer's BLPOP   |
+|                                       |      | when its worker stops; expires after 60 s          |
+
+Tokens are hints: a lost one costs a message at most ``bus_poll_ms``, a duplicated one an empty fetch.
 """
 
 from __future__ import annotations

@@ -126,7 +126,6 @@ class FleetProcs:
         self.env = dict(os.environ)
         self.env.update(
             FLEET_REDIS_URL=redis_url,
-            FLEET_BUS_POLL_MS="10",
             FLEET_CHECKPOINT_ROOT=str(root / "checkpoints"),
             FLEET_DEFAULT_IMAGE=TEST_IMAGE,
             FLEET_RETRY_BACKOFF_S="0.5",

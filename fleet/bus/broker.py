@@ -5,12 +5,16 @@ middleware (``throws``) fails it without retry and the Redis broker moves it to 
 dead-letter set (``<queue>.XQ``), where :class:`DeadLetterLog` logs it. dramatiq itself
 dead-letters messages for unknown actors; :class:`_Consumer` dead-letters bytes that are not a
 dramatiq message at all. No handler error ever stops a service.
+
+Consumers block instead of polling: see :mod:`fleet.bus.wake`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import dramatiq
@@ -19,9 +23,10 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
-from dramatiq.worker import _WorkerMiddleware
+from dramatiq.worker import ConsumerThread, _WorkerMiddleware
 from pydantic import ValidationError
 
+from fleet.bus import wake
 from fleet.bus.messages import Message
 from fleet.config import Settings
 from fleet.errors import MalformedMessage
@@ -31,6 +36,9 @@ from fleet.state.connection import pool
 log = logging.getLogger("fleet.bus")
 M = TypeVar("M", bound=Message)
 NAMESPACE = "fleet"
+#: how often idle worker threads look up from dramatiq's in-process work queue (no Redis I/O): a
+#: stopped worker ends within this
+WORKER_TIMEOUT_MS = 100
 
 
 class DeadLetterLog(Middleware):
@@ -58,21 +66,80 @@ class DeadLetterLog(Middleware):
 
 
 class _Consumer(_RedisConsumer):
-    """dramatiq's Redis consumer, except that bytes it cannot decode are dead-lettered, not fatal.
+    """dramatiq's Redis consumer, except that it blocks while idle and dead-letters undecodable bytes.
 
-    dramatiq decodes inside ``__next__`` (brokers/redis.py ``Message.decode(data)``): a decode
-    error escapes to the ConsumerThread, which drops the consumer with its prefetched messages
-    and restarts it 3 s later, leaving the bad bytes and the rest of the batch fetched but never
-    acked, to be redelivered (and crash again) once this process is gone.
+    Idle, dramatiq's consumer sleeps a few ms and fetches again; this one waits on its queue's wake
+    list (:mod:`fleet.bus.wake`), or, while its prefetch is full, for an ack. Fetching, acks, nacks,
+    requeues and heartbeats (each dispatch call) stay dramatiq's.
+
+    Bytes that are not a dramatiq message: dramatiq decodes inside ``__next__`` (brokers/redis.py
+    ``Message.decode(data)``), and a decode error escapes to the ConsumerThread, which drops the
+    consumer with its prefetched messages and restarts it 3 s later, leaving the bad bytes and the
+    rest of the batch fetched but never acked, to be redelivered (and crash again) once this
+    process is gone.
     """
+
+    broker: _Broker
+
+    def __init__(self, broker: _Broker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        self._settled = threading.Event()  # a message was acked or nacked: room to prefetch again
+        keys = [broker.stop_list(queue_name), wake.wake_list(broker.namespace, queue_name)]
+        self._waiter = wake.Waiter(broker.blocking_client, keys, broker.poll_s)
 
     def __next__(self) -> MessageProxy | None:
         while True:
             try:
+                if not self.message_cache and not self._refill():
+                    return None  # dramatiq's ConsumerThread checks whether it is stopping, and asks again
                 proxy: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
                 return proxy
             except DecodeError as exc:
                 self._dead_letter(exc)
+
+    def _refill(self) -> bool:
+        """Fetch what the prefetch has room for; when nothing came, wait for a reason to look again:
+        a wake token, a stop token, an ack making room, or ``bus_poll_ms`` (the safety net that also
+        finds messages requeued by dramatiq's maintenance, and keeps the heartbeat going)."""
+        self._settled.clear()
+        room = self.prefetch - self.outstanding_message_count
+        try:
+            if room <= 0:
+                self._settled.wait(self.broker.poll_s)
+                return False
+            self.message_cache = self.broker.do_fetch(self.queue_name, room)
+            if not self.message_cache:
+                self._waiter.wait()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
+        return bool(self.message_cache)
+
+    def ack(self, message: MessageProxy) -> None:
+        try:
+            super().ack(message)  # type: ignore[no-untyped-call]
+        finally:
+            self._settled.set()
+
+    def nack(self, message: MessageProxy) -> None:
+        try:
+            super().nack(message)  # type: ignore[no-untyped-call]
+        finally:
+            self._settled.set()
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        """dramatiq's requeue (a stopping worker's prefetched messages), then a wake-up for whichever
+        consumer of the queue runs next."""
+        messages = list(messages)
+        super().requeue(messages)  # type: ignore[no-untyped-call]
+        if messages:
+            self.broker.notify(self.queue_name)
+
+    def interrupt(self) -> None:
+        """Stop waiting for an ack (the stop token ends a blocking wait)."""
+        self._settled.set()
+
+    def close(self) -> None:
+        self._waiter.close()
 
     def _dead_letter(self, exc: DecodeError) -> None:
         try:
@@ -105,10 +172,10 @@ def dramatiq_keys(broker: RedisBroker, queue: str) -> tuple[str, str]:
 
 
 def queue_keys(broker: RedisBroker, queue: str) -> list[str]:
-    """dramatiq's keys of ``queue`` (brokers/redis/dispatch.lua): pending ids, id -> data, and the
-    same two for its dead letters."""
+    """The keys of ``queue``: dramatiq's (brokers/redis/dispatch.lua: pending ids, id -> data, and
+    the same two for its dead letters) and fleet's wake list."""
     name = f"{broker.namespace}:{queue}"
-    return [name, f"{name}.msgs", f"{name}.XQ", f"{name}.XQ.msgs"]
+    return [name, f"{name}.msgs", f"{name}.XQ", f"{name}.XQ.msgs", wake.wake_list(broker.namespace, queue)]
 
 
 #: keep the newest ARGV[1] dead letters: KEYS[1] the queue's dead-letter zset (id -> when),
@@ -136,11 +203,19 @@ def undecodable(exc: DecodeError) -> str:
 
 
 class _Broker(RedisBroker):
-    """dramatiq's Redis broker with fleet's consumer and no delay queues.
+    """dramatiq's Redis broker with fleet's consumer, wake-ups after each enqueue, no delay queues.
 
     fleet never delays a message (Retries is at ``max_retries=0``), but dramatiq declares a
     ``<queue>.DQ`` for every queue and its Worker starts a consumer polling each one.
     """
+
+    def __init__(
+        self, *, poll_ms: int, blocking_client: Callable[[float], redis.Redis], **options: Any
+    ) -> None:
+        super().__init__(**options)  # type: ignore[no-untyped-call]
+        self.poll_s = poll_ms / 1000
+        #: a client on a connection of its own, with this socket timeout (s), for a consumer's BLPOP
+        self.blocking_client = blocking_client
 
     @property
     def consumer_class(self) -> type[_Consumer]:
@@ -157,7 +232,41 @@ class _Broker(RedisBroker):
         if delay is not None:
             raise ValueError(f"no delay queue on {message.queue_name}: a delayed message would never run")
         sent: dramatiq.Message[Any] = super().enqueue(message)
+        self.notify(message.queue_name)  # after the enqueue: a consumer woken before it could miss it
         return sent
+
+    def notify(self, queue: str) -> None:
+        """Wake one idle consumer of ``queue``. Best effort: without it, the message waits for a
+        consumer's next safety-net fetch (``bus_poll_ms``)."""
+        try:
+            wake.push(self.client, wake.wake_list(self.namespace, queue))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            event(log, "bus_wake_failed", logging.WARNING, queue=queue, error=str(exc))
+
+    def stop_list(self, queue: str) -> str:
+        return wake.stop_list(self.namespace, self.broker_id, queue)
+
+    def interrupt(self, queue: str) -> None:
+        """End this process's consumer of ``queue``'s blocking wait (it is stopping)."""
+        # without Redis the consumer's own connection fails too, or its block ends by itself
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            wake.push(self.client, self.stop_list(queue))
+
+
+class _ConsumerThread(ConsumerThread):
+    """dramatiq's consumer thread, whose stop also ends its consumer's blocking wait.
+
+    The stop token goes to a list only this process's consumer of the queue reads, so it works
+    whichever consumer object the thread holds right now (one restarted after a connection error).
+    """
+
+    broker: _Broker
+
+    def stop(self) -> None:
+        super().stop()
+        if isinstance(self.consumer, _Consumer):
+            self.consumer.interrupt()
+        self.broker.interrupt(self.queue_name)
 
 
 class _Worker(dramatiq.Worker):
@@ -178,11 +287,27 @@ class _Worker(dramatiq.Worker):
     def _started(self, middleware: Middleware) -> bool:
         return isinstance(middleware, _WorkerMiddleware) and middleware.worker is self
 
+    def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
+        # Worker._add_consumer with fleet's consumer thread; fleet declares no delay queues
+        whitelist = self.consumer_whitelist
+        if queue_name in self.consumers or (whitelist and queue_name not in whitelist):
+            return
+        thread = self.consumers[queue_name] = _ConsumerThread(
+            broker=self.broker, queue_name=queue_name, prefetch=self.queue_prefetch,
+            work_queue=self.work_queue, worker_timeout=self.worker_timeout,
+        )  # fmt: skip
+        thread.start()
+
 
 class Bus:
     def __init__(self, settings: Settings) -> None:
-        self.poll_ms = settings.bus_poll_ms
-        self.broker = _Broker(  # type: ignore[no-untyped-call]
+        def blocking_client(socket_timeout: float) -> redis.Redis:
+            conn = pool(settings, settings.bus_db, socket_timeout=socket_timeout, max_connections=1)
+            return redis.Redis(connection_pool=conn)
+
+        self.broker = _Broker(
+            poll_ms=settings.bus_poll_ms,
+            blocking_client=blocking_client,
             client=redis.Redis(connection_pool=pool(settings, settings.bus_db)),
             namespace=NAMESPACE,
             middleware=[Retries(max_retries=0), DeadLetterLog(settings.bus_dead_letters_max)],
@@ -215,20 +340,23 @@ class Bus:
 
     def worker(self, queue: str, threads: int) -> dramatiq.Worker:
         """A started worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""
-        worker = _Worker(self.broker, queues={queue}, worker_threads=threads, worker_timeout=self.poll_ms)
+        worker = _Worker(
+            self.broker, queues={queue}, worker_threads=threads, worker_timeout=WORKER_TIMEOUT_MS
+        )
         worker.start()
         return worker
 
     def delete_queue(self, queue: str) -> int:
-        """Delete every key of ``queue``: its messages, dead letters and any broker's set of fetched,
-        unacked ids (a dead agent's, which dramatiq requeues only when someone sends to the queue).
+        """Delete every key of ``queue``: its messages, dead letters, wake and stop lists and any
+        broker's set of fetched, unacked ids (a dead agent's, which dramatiq requeues only when
+        someone sends to the queue).
         For the queue of a removed node; the number of keys deleted."""
-        client, acks = self.broker.client, f"{self.broker.namespace}:__acks__."
-        keys = queue_keys(self.broker, queue)
-        for key in client.scan_iter(match=f"{acks}*", count=1000):
-            # "<namespace>:__acks__.<broker id>.<queue>"; broker ids are uuids, without dots
-            if key.decode().removeprefix(acks).partition(".")[2] == queue:
-                keys.append(key.decode())
+        client, keys = self.broker.client, queue_keys(self.broker, queue)
+        for prefix in (f"{self.broker.namespace}:__acks__.", f"{self.broker.namespace}:__stop__."):
+            for key in client.scan_iter(match=f"{prefix}*", count=1000):
+                # "<namespace>:__acks__|__stop__.<broker id>.<queue>"; broker ids are uuids, no dots
+                if key.decode().removeprefix(prefix).partition(".")[2] == queue:
+                    keys.append(key.decode())
         return int(client.delete(*keys))
 
     def close(self) -> None:

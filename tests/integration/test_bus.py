@@ -1,4 +1,5 @@
-"""Bad messages are dead-lettered and logged once; workers poll only their queue and leave nothing behind."""
+"""Bad messages are dead-lettered and logged once; idle workers block on their own queue's wake list
+instead of polling it, stop at once, and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from collections.abc import Callable
 import dramatiq
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
 from fleet import Client, JobSpec, JobState
-from fleet.bus import Bus, JobSubmitted, NodeChanged, node_queue
+from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, node_queue
+from fleet.bus.wake import wake_list
 from fleet.config import load_settings
 from tests.conftest import FleetProcs
 
@@ -73,8 +76,8 @@ QUEUE = "fleet.test"
 class Recorder:
     """A bus with one handler on QUEUE that records the job id of every message it handles."""
 
-    def __init__(self, redis_url: str) -> None:
-        self.bus = Bus(load_settings(redis_url=redis_url, bus_poll_ms=10))
+    def __init__(self, redis_url: str, poll_ms: int | None = None) -> None:
+        self.bus = Bus(load_settings(redis_url=redis_url, bus_poll_ms=poll_ms))
         self.seen: list[str] = []
         self.bus.handle(QUEUE, JobSubmitted, lambda msg: self.seen.append(msg.job_id))
 
@@ -188,8 +191,8 @@ def test_leadership_changes_leave_the_process_as_one_does(
 
 
 def test_a_worker_polls_only_its_own_queue(redis_url: str) -> None:
-    # Given a bus with a handler on a queue
-    rec = Recorder(redis_url)
+    # Given a bus with a handler on a queue, looking at it every 100 ms even when not woken
+    rec = Recorder(redis_url, poll_ms=100)
     # When a worker starts on it
     worker = rec.bus.worker(QUEUE, threads=1)
     try:
@@ -218,3 +221,105 @@ def monitor(redis_url: str, seconds: float) -> list[str]:
         while time.monotonic() < deadline:
             seen.append(m.next_command()["command"])
     return seen
+
+
+def blocked_consumers(redis_url: str) -> int:
+    """Bus clients blocked in BLPOP right now: idle consumers waiting for a wake-up."""
+    with bus_db(redis_url) as db:
+        return sum(1 for c in db.client_list() if c["cmd"] == "blpop" and "b" in c["flags"])
+
+
+def wait_blocked(redis_url: str, count: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while blocked_consumers(redis_url) < count:
+        assert time.monotonic() < deadline, f"{count} consumers never blocked"
+        time.sleep(0.02)
+
+
+def test_a_message_sent_to_an_idle_consumer_is_handled(redis_url: str) -> None:
+    # Given an idle worker, blocked on its wake list
+    rec = Recorder(redis_url, poll_ms=500)
+    worker = rec.bus.worker(QUEUE, threads=1)
+    try:
+        wait_blocked(redis_url, 1)
+        # When a message is sent
+        rec.send("j0")
+        # Then it is handled
+        assert rec.wait_seen(1) == ["j0"]
+        # And when a message's wake-up is lost (enqueued by dramatiq alone, as by a sender that
+        # died between the two), the consumer's safety-net fetch still finds it
+        wait_blocked(redis_url, 1)
+        lost = dramatiq.Message(
+            queue_name=QUEUE, actor_name="job_submitted", args=(), kwargs={"job_id": "j1"}, options={}
+        )
+        RedisBroker.enqueue(rec.bus.broker, lost)
+        with bus_db(redis_url) as db:
+            assert db.llen(wake_list("fleet", QUEUE)) == 0
+        assert rec.wait_seen(2) == ["j0", "j1"]
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    assert redelivery_pending(redis_url, QUEUE) == []
+
+
+def test_a_duplicated_wake_up_handles_the_message_once(redis_url: str) -> None:
+    # Given an idle worker that is never woken by its safety net during the test
+    rec = Recorder(redis_url, poll_ms=10_000)
+    worker = rec.bus.worker(QUEUE, threads=2)
+    try:
+        wait_blocked(redis_url, 1)
+        # When a message is sent and its wake-up token is pushed twice more
+        with bus_db(redis_url) as db:
+            db.lpush(wake_list("fleet", QUEUE), "dup", "dup")
+        rec.send("j0")
+        # Then it is handled, and a message sent after it too, each once
+        rec.wait_seen(1)
+        wait_blocked(redis_url, 1)
+        rec.send("j1")
+        seen = rec.wait_seen(2)
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    assert seen == ["j0", "j1"] and len(rec.seen) == 2
+    assert redelivery_pending(redis_url, QUEUE) == []
+
+
+def test_a_stopped_worker_stops_without_waiting_out_its_block(redis_url: str) -> None:
+    # Given an idle worker blocked for up to 10 s, longer than its stop may take
+    rec = Recorder(redis_url, poll_ms=10_000)
+    threads = threading.active_count()
+    worker = rec.bus.worker(QUEUE, threads=2)
+    wait_blocked(redis_url, 1)
+    # When it is stopped, allowing 2 s for its worker threads and 2 s for its consumer
+    worker.stop(timeout=2000)
+    # Then every thread it started has ended, and nothing blocks on Redis any more
+    assert threading.active_count() == threads
+    assert blocked_consumers(redis_url) == 0
+    rec.bus.close()
+
+
+def test_idle_services_fetch_only_at_their_safety_net_rate(procs: FleetProcs, client: Client) -> None:
+    # Given a controller and an agent with nothing to do, both consumers blocked on their wake lists
+    procs.controller()
+    procs.agent("t-idle", gpus=1)
+    procs.wait_nodes(client, 1)
+    wait_blocked(procs.redis_url, 2)
+    poll_s = procs.settings().bus_poll_ms / 1000
+    # When they are watched for a few safety-net periods
+    with redis.Redis.from_url(procs.redis_url) as db:
+        before, started = db.info("commandstats"), time.monotonic()
+        commands = monitor(procs.redis_url, seconds=2 * poll_s + 0.5)
+        after, seconds = db.info("commandstats"), time.monotonic() - started
+    # Then each consumer fetched (one LPOP inside dramatiq's fetch script, on an empty queue) about
+    # once per bus_poll_ms, not every few ms as dramatiq's polling consumer does, and each wait
+    # in between was one BLPOP
+    fetches = calls(after, "lpop") - calls(before, "lpop")
+    assert 0 < fetches <= 2 * (seconds / poll_s + 2)
+    assert calls(after, "blpop") - calls(before, "blpop") <= fetches + 2
+    # And the two consumers were the controller's and the node's, each on its own queue's wake list
+    waited = {w.removeprefix("fleet:__wake__.") for c in commands if c.startswith("BLPOP") for w in c.split()}
+    assert {CONTROLLER_QUEUE, node_queue("t-idle")} <= waited
+
+
+def calls(stats: dict[str, dict[str, int]], command: str) -> int:
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
