@@ -11,7 +11,9 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
 | ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
 | ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...)   |
-| ``<p>:job:<id>:events``           | stream | every transition with its reason (``fleet show``)       |
+| ``<p>:job:<id>:events``           | stream | transitions with their reasons (``fleet show``); absent |
+|                                   |        | until the first one after submit (submit is implied by  |
+|                                   |        | ``created_at``: a stream costs a whole node, 1-4 KB)    |
 | ``<p>:job:<id>:logs:<attempt>``   | stream | log lines of one attempt, capped                        |
 | ``<p>:job:<id>:expired``          | string | tombstone of a deleted job (JSON: state, ended, deleted)|
 | ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |

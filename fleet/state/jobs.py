@@ -42,8 +42,7 @@ class JobStore:
         """
         check_job_id(job_id)
         k = self.keys
-        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
-        keys.append(k.tombstone(job_id))
+        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id)]
         created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
         if created == -1:
             raise SpecError(f"{self._missing(job_id)}; its id is free again once that is forgotten "
@@ -117,17 +116,23 @@ class JobStore:
 
     @translated
     def history(self, job_id: str) -> list[Event]:
-        entries = self.redis.xrange(self.keys.events(job_id))
-        return [
+        """Every transition, oldest first. The submit is not stored as an event (see submit.lua):
+        it is the job's ``created_at``, unless the stream holds it (jobs stored by older versions)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.job(job_id), "created_at")
+        pipe.xrange(self.keys.events(job_id))
+        created, entries = pipe.execute()
+        events = [
             Event(
-                at=float(f["at"]),
-                state=f["state"],
-                attempt=int(f["attempt"]),
-                reason=f["reason"],
+                at=float(f["at"]), state=f["state"], attempt=int(f["attempt"]), reason=f["reason"],
                 node=f.get("node") or None,
             )
             for _, f in entries
-        ]
+        ]  # fmt: skip
+        stored = events[:1] and events[0].state == JobState.QUEUED and events[0].attempt == 0
+        if created is not None and not stored:
+            events.insert(0, Event(at=float(created), state=JobState.QUEUED, attempt=0, reason="submitted"))
+        return events
 
     @translated
     def wait_event(self, job_id: str, after: str, block_ms: int) -> str:
