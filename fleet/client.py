@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
+import secrets
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, JobTimeout, NotFound, SpecError, StoreUnavailable
+from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState, check_job_id
@@ -27,6 +28,14 @@ log = logging.getLogger("fleet.client")
 #: out the 5 s socket timeout), always with the same job id
 SUBMIT_RETRIES = 4
 SUBMIT_BACKOFF_S = 0.25
+#: generated ids tried before a submit gives up (each is taken with odds of about jobs / 2^48)
+NEW_ID_TRIES = 5
+T = TypeVar("T")
+
+
+def new_id(name: str) -> str:
+    """A fresh job id: the name, and 48 random bits (collisions are caught and retried)."""
+    return f"{name[:40]}-{secrets.token_hex(6)}"
 
 
 def _known_id(job_id: str) -> str:
@@ -65,30 +74,54 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
 
-        The id is chosen before the first try, so a retry after a Redis error that struck once the
-        job was stored finds it there and succeeds instead of queueing it twice.
+        Every try of one submit stores the same ``created_at``, so a retry after a Redis error that
+        struck once the job was stored finds it there and succeeds instead of queueing it twice. An
+        id fleet generates is never taken for another job's: if one is already in use, the submit
+        picks another (a silent "already there" lost one job in a 10,000-job submit loop).
         """
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        job_id = check_job_id(job_id) if job_id is not None else f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
-        self._create(job_id, spec)
+        job_id = self._create(spec, None if job_id is None else check_job_id(job_id))
         self._notify_submitted(job_id)
         return JobHandle(self, job_id)
 
-    def _create(self, job_id: str, spec: JobSpec) -> None:
-        for retry in range(SUBMIT_RETRIES + 1):
-            try:
-                self._create_once(job_id, spec)
-                return
-            except StoreUnavailable:
-                if retry == SUBMIT_RETRIES:
-                    raise
-                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+    def _create(self, spec: JobSpec, chosen: str | None) -> str:
+        """Store the job under ``chosen`` or, if None, a new id; the id it was stored under."""
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            job_id = chosen or new_id(spec.name)
+            if self._retry_store(functools.partial(self._create_once, job_id, spec, now, chosen is None)):
+                return job_id
+        raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job_id")
 
-    def _create_once(self, job_id: str, spec: JobSpec) -> None:
-        if not self._jobs.create(job_id, spec, time.time()) and self._jobs.get(job_id).spec != spec:
+    def _retry_store(self, write: Callable[[], T]) -> T:
+        """Run an idempotent ``write``, retrying a Redis outage with backoff; what it returned."""
+        for retry in range(SUBMIT_RETRIES):
+            try:
+                return write()
+            except StoreUnavailable:
+                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+        return write()
+
+    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
+        """True once the job is stored, by this try or an earlier one of the same submit; False when
+        a ``generated`` id turns out to be another job's (or an expired one's)."""
+        try:
+            if self._jobs.create(job_id, spec, now):
+                return True
+        except IdInUse:
+            if generated:
+                return False
+            raise
+        stored = self._jobs.get(job_id)
+        if stored.created_at == now and stored.spec == spec:
+            return True  # this submit's own earlier try stored it, and its answer was lost
+        if generated:
+            return False
+        if stored.spec != spec:
             raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
+        return True
 
     def _notify_submitted(self, job_id: str) -> None:
         """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from fleet.errors import CorruptRecord, NotFound, NotLeader, SpecError
+from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
 from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobSpec, JobState, check_job_id
@@ -45,8 +45,8 @@ class JobStore:
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id)]
         created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
         if created == -1:
-            raise SpecError(f"{self._missing(job_id)}; its id is free again once that is forgotten "
-                            "(tombstone_retention_s): choose another id")  # fmt: skip
+            raise IdInUse(f"{self._missing(job_id)}; its id is free again once that is forgotten "
+                          "(tombstone_retention_s): choose another id")  # fmt: skip
         return bool(created)
 
     @translated
