@@ -9,18 +9,31 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fleet.arrays import check_indices, parse_indices, task_id
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
 from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
 from fleet.log import event
-from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState, check_job_id
+from fleet.models import (
+    FINAL_STATES,
+    CancelReport,
+    Event,
+    Job,
+    JobArray,
+    JobSpec,
+    JobState,
+    Node,
+    NodeState,
+    check_job_id,
+)
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
+from fleet.state.arrays import ArrayStore
 from fleet.state.jobs import LogLine
 
 log = logging.getLogger("fleet.client")
@@ -34,7 +47,7 @@ T = TypeVar("T")
 
 
 def new_id(name: str) -> str:
-    """A fresh job id: the name, and 48 random bits (collisions are caught and retried)."""
+    """A fresh job (or array) id: the name, and 48 random bits (collisions are caught and retried)."""
     return f"{name[:40]}-{secrets.token_hex(6)}"
 
 
@@ -61,6 +74,7 @@ class Client:
         keys = Keys(self.settings.key_prefix)
         self._jobs = JobStore(client, keys)
         self._nodes = NodeStore(client, keys)
+        self._arrays = ArrayStore(self._jobs)
         self._bus: Bus | None = None
 
     @property
@@ -106,7 +120,7 @@ class Client:
 
     def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
         """True once the job is stored, by this try or an earlier one of the same submit; False when
-        a ``generated`` id turns out to be another job's (or an expired one's)."""
+        a ``generated`` id turns out to be another job's (or an expired one's, or an array's)."""
         try:
             if self._jobs.create(job_id, spec, now):
                 return True
@@ -132,8 +146,50 @@ class Client:
             event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
                   effect="placed by the controller's next periodic pass")  # fmt: skip
 
+    def submit_array(
+        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
+        array_id: str | None = None,
+    ) -> ArrayHandle:  # fmt: skip
+        """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
+        ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
+
+        ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
+        once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
+        """
+        if isinstance(spec, dict):
+            spec = JobSpec.parse(spec)
+        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        try:
+            wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
+        except ValueError as exc:
+            raise SpecError(f"array indices {_clip(indices)}: {exc}") from None
+        if max_running is not None and (type(max_running) is not int or max_running < 1):
+            raise SpecError(f"max_running {max_running!r}: expected a whole number of tasks, at least 1")
+        chosen_id = None if array_id is None else check_job_id(array_id)
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            array_id = chosen_id or new_id(spec.name)
+            create = functools.partial(
+                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id
+            )
+            if self._retry_store(create):
+                break
+        else:
+            raise FleetError(f"no free job array id after {NEW_ID_TRIES} tries; pass array_id")
+        self._notify_submitted(task_id(array_id, wanted[0]))
+        return ArrayHandle(self, array_id)
+
     def get(self, job_id: str) -> Job:
         return self._jobs.get(_known_id(job_id))
+
+    def array(self, array_id: str) -> JobArray:
+        """A job array with its tasks counted by state."""
+        return self._arrays.get(_known_id(array_id))
+
+    def listing(self, state: JobState | str | None = None, limit: int = 100) -> list[Job | JobArray]:
+        """Jobs newest first, each job array as one entry with its tasks counted by state (what
+        ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it."""
+        return self._arrays.listing(JobState(state) if state else None, limit)
 
     def job(self, job_id: str) -> JobHandle:
         self.get(job_id)
@@ -158,10 +214,36 @@ class Client:
         self._jobs.request_cancel(job_id, time.time())
         job = self._jobs.get(job_id)
         if job.node and job.state.on_node:
-            stop = Stop(job_id=job_id, attempt=job.attempt, reason="cancelled by user",
-                        grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
-            self.bus.send(node_queue(job.node), stop)
+            self._stop(job_id, job.node, job.attempt)
         return job
+
+    def cancel_array(self, array_id: str) -> CancelReport:
+        """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
+        return self._cancel_many(self._arrays.task_ids(_known_id(array_id)))
+
+    def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
+        """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
+        names an array's tasks)."""
+        if not labels:
+            raise SpecError("cancel by label: give at least one label KEY=VALUE")
+        return self._cancel_many(self._arrays.matching(labels))
+
+    def _cancel_many(self, job_ids: list[str]) -> CancelReport:
+        report = CancelReport()
+        for outcome in self._jobs.cancel_many(job_ids, time.time()):
+            if outcome.code == 1:
+                report.cancelled.append(outcome.job_id)
+            elif outcome.code == 2 and outcome.node:
+                report.stopping.append(outcome.job_id)
+                self._stop(outcome.job_id, outcome.node, outcome.attempt)
+            elif outcome.code == 0:
+                report.already_final += 1
+        return report
+
+    def _stop(self, job_id: str, node: str, attempt: int) -> None:
+        stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",
+                    grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
+        self.bus.send(node_queue(node), stop)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
@@ -301,3 +383,40 @@ class JobHandle:
 
     def cancel(self) -> Job:
         return self.client.cancel(self.id)
+
+
+class ArrayHandle:
+    """A submitted job array: its status, its tasks, wait for all of them, cancel them."""
+
+    def __init__(self, client: Client, array_id: str) -> None:
+        self.client = client
+        self.id = array_id
+
+    def __repr__(self) -> str:
+        return f"ArrayHandle({self.id!r})"
+
+    def status(self) -> JobArray:
+        return self.client.array(self.id)
+
+    def task(self, index: int) -> JobHandle:
+        return JobHandle(self.client, task_id(self.id, index))
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> JobArray:
+        """Block until every task is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (array := self.status()).done:
+            if deadline is not None and time.monotonic() >= deadline:
+                left = array.size - sum(array.tasks.get(s, 0) for s in FINAL_STATES)
+                raise JobTimeout(
+                    f"job array {self.id}: {left} of {array.size} tasks not final after {timeout:g}s"
+                )
+            time.sleep(poll_s)
+        return array
+
+    def cancel(self) -> CancelReport:
+        return self.client.cancel_array(self.id)
+
+
+def _clip(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -23,7 +23,7 @@ class SpecError(FleetError, ValueError):
 
 
 class IdInUse(SpecError):
-    """The id asked for cannot name a new job: a job that expired held it (its tombstone lasts)."""
+    """The id asked for cannot name a new job: a job array has it, or a job that expired held it."""
 
 
 class ConfigError(FleetError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -155,6 +155,14 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{key!r}: FLEET_* variables are set by fleet itself")
         return value
 
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith("fleet."):
+                raise ValueError(f"{key!r}: fleet.* labels are set by fleet itself (array tasks carry them)")
+        return value
+
     @model_validator(mode="after")
     def _total_size(self) -> JobSpec:
         used = sum(len(a.encode()) for a in self.command)
@@ -237,6 +245,49 @@ class Job(BaseModel):
     last_exit_attempt: int = 0
     #: when the job entered its current state (launch deadlines count from it)
     state_since: float = 0.0
+    #: for a task of a job array: the array's id, the task's index (``FLEET_ARRAY_INDEX``) and how many
+    #: of the array's tasks may be on nodes at once (None: no limit); None for a job submitted alone
+    array_id: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
+
+
+class JobArray(BaseModel):
+    """A job array as stored (its spec once, for every task) with how its tasks stand."""
+
+    kind: Literal["array"] = "array"
+    id: str
+    #: the spec every task runs; each task adds the labels ``fleet.array`` and ``fleet.array.index``
+    spec: JobSpec
+    #: the indices in normal form: ``0-9999``, ``1,3,5-9``
+    indices: str
+    size: int
+    #: most tasks on nodes (SCHEDULED, STARTING, RUNNING) at once; None: no limit
+    max_running: int | None = None
+    created_at: float = 0.0
+    #: submission seq of its first task (arrays and jobs list in this order)
+    seq: int = 0
+    #: tasks in each state (every state present)
+    tasks: dict[JobState, int] = Field(default_factory=dict)
+    #: ids of its first FAILED tasks (at most 20), lowest index first
+    failed: list[str] = Field(default_factory=list)
+
+    @property
+    def on_nodes(self) -> int:
+        return sum(self.tasks.get(s, 0) for s in ON_NODE_STATES)
+
+    @property
+    def done(self) -> bool:
+        return sum(self.tasks.get(s, 0) for s in FINAL_STATES) >= self.size
+
+
+class CancelReport(BaseModel):
+    """What a bulk cancel did: jobs cancelled at once (queued), jobs whose agents were told to stop
+    them (on nodes: CANCELLED once stopped), and how many were already final."""
+
+    cancelled: list[str] = Field(default_factory=list)
+    stopping: list[str] = Field(default_factory=list)
+    already_final: int = 0
 
 
 class Event(BaseModel):

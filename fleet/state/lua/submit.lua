@@ -5,14 +5,19 @@
 -- KEYS[1] job hash        KEYS[2] seq counter     KEYS[3] all-jobs zset
 -- KEYS[4] queued zset     KEYS[5] QUEUED set
 -- KEYS[6] the id's tombstone (a job by this id ended and was deleted by retention)
+-- KEYS[7] the array hash with this id (job and array ids share one name space)
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
--- an expired job holds the id (a new job must not inherit its checkpoint directory).
+-- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
+-- job array has this id.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   return -1
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return -2
 end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
