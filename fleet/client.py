@@ -11,10 +11,10 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.arrays import check_indices, parse_indices, task_id
-from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
+from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
 from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
@@ -35,6 +35,9 @@ from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.arrays import ArrayStore
 from fleet.state.jobs import LogLine
+
+if TYPE_CHECKING:
+    from fleet.bus.broker import Bus
 
 log = logging.getLogger("fleet.client")
 #: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
@@ -80,6 +83,8 @@ class Client:
     @property
     def bus(self) -> Bus:
         if self._bus is None:
+            from fleet.bus.broker import Bus  # dramatiq: only commands that send a message import it
+
             self._bus = Bus(self.settings)
         return self._bus
 
@@ -286,6 +291,10 @@ class Client:
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()
+
+    def most_gpus(self) -> int:
+        """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
+        return self._nodes.most_gpus()
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""

@@ -28,6 +28,8 @@ _LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$"
 _USER = r"^\d{1,10}(:\d{1,10})?$"
 #: a Docker image reference: [registry[:port]/]path[:tag][@digest], lower-case path
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
+#: every model builds its validators on first use, not at import: a CLI command pays for the ones it uses
+_LAZY = ConfigDict(defer_build=True)
 #: bytes a spec's command, env or labels may hold in total (the record lives in Redis)
 SPEC_BYTES_MAX = 128 << 10
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -94,7 +96,7 @@ ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 class Mount(BaseModel):
     """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     source: Text = Field(max_length=4096, description="absolute host path")
     target: Text = Field(max_length=4096, description="absolute path in the container")
@@ -111,7 +113,7 @@ class Mount(BaseModel):
 class JobSpec(BaseModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
     command: list[Text] = Field(min_length=1, max_length=4096)
@@ -206,7 +208,7 @@ def _clip(text: str, limit: int = 80) -> str:
 class Exit(BaseModel):
     """How one attempt ended, as the agent saw it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     code: int | None = None
     oom: bool = False
@@ -219,6 +221,8 @@ class Exit(BaseModel):
 
 class Job(BaseModel):
     """A job as stored: its spec plus where it stands."""
+
+    model_config = _LAZY
 
     id: str
     spec: JobSpec
@@ -255,6 +259,8 @@ class Job(BaseModel):
 class JobArray(BaseModel):
     """A job array as stored (its spec once, for every task) with how its tasks stand."""
 
+    model_config = _LAZY
+
     kind: Literal["array"] = "array"
     id: str
     #: the spec every task runs; each task adds the labels ``fleet.array`` and ``fleet.array.index``
@@ -285,6 +291,8 @@ class CancelReport(BaseModel):
     """What a bulk cancel did: jobs cancelled at once (queued), jobs whose agents were told to stop
     them (on nodes: CANCELLED once stopped), and how many were already final."""
 
+    model_config = _LAZY
+
     cancelled: list[str] = Field(default_factory=list)
     stopping: list[str] = Field(default_factory=list)
     already_final: int = 0
@@ -292,6 +300,8 @@ class CancelReport(BaseModel):
 
 class Event(BaseModel):
     """One entry of a job's history."""
+
+    model_config = _LAZY
 
     at: float
     state: str
@@ -311,7 +321,7 @@ class NodeState(StrEnum):
 class Gpu(BaseModel):
     """One GPU as the node's inventory reports it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     uuid: str
     index: int
@@ -329,6 +339,8 @@ class Gpu(BaseModel):
 
 class Node(BaseModel):
     """A node record: what the agent last published and what operators set."""
+
+    model_config = _LAZY
 
     name: str
     state: NodeState

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleet.cli import arrays
 from fleet.cli.output import ago, emit_json, size, stamp, table
 from fleet.client import ArrayHandle, Client
@@ -184,6 +182,8 @@ def _mounts(values: list[str]) -> list[dict[str, Any]]:
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     data: dict[str, Any] = {}
     if args.file:
+        import yaml  # only -f needs it
+
         text = Path(args.file).read_text()
         loaded = yaml.safe_load(text)
         if not isinstance(loaded, dict):
@@ -244,7 +244,7 @@ def submit_array(args: argparse.Namespace, spec: JobSpec) -> int:
 def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
     if not spec.gpus:
         return
-    largest = max((len(n.gpus) for n in client.nodes() if n.alive), default=0)
+    largest = client.most_gpus()
     if spec.gpus > largest:
         print(
             f"fleet: warning: no live node has {spec.gpus} GPUs (largest: {largest}); "
