@@ -2,31 +2,56 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
+import secrets
 import socket
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, Stop, node_queue
+from fleet.arrays import check_indices, parse_indices, task_id
+from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, JobTimeout, NotFound, SpecError, StoreUnavailable
+from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
 from fleet.log import event
-from fleet.models import Event, Job, JobSpec, JobState, Node, NodeState, check_job_id
+from fleet.models import (
+    FINAL_STATES,
+    CancelReport,
+    Event,
+    Job,
+    JobArray,
+    JobSpec,
+    JobState,
+    Node,
+    NodeState,
+    check_job_id,
+)
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
+from fleet.state.arrays import ArrayStore
 from fleet.state.jobs import LogLine
+
+if TYPE_CHECKING:
+    from fleet.bus.broker import Bus
 
 log = logging.getLogger("fleet.client")
 #: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
 #: out the 5 s socket timeout), always with the same job id
 SUBMIT_RETRIES = 4
 SUBMIT_BACKOFF_S = 0.25
+#: generated ids tried before a submit gives up (each is taken with odds of about jobs / 2^48)
+NEW_ID_TRIES = 5
+T = TypeVar("T")
+
+
+def new_id(name: str) -> str:
+    """A fresh job (or array) id: the name, and 48 random bits (collisions are caught and retried)."""
+    return f"{name[:40]}-{secrets.token_hex(6)}"
 
 
 def _known_id(job_id: str) -> str:
@@ -52,11 +77,14 @@ class Client:
         keys = Keys(self.settings.key_prefix)
         self._jobs = JobStore(client, keys)
         self._nodes = NodeStore(client, keys)
+        self._arrays = ArrayStore(self._jobs)
         self._bus: Bus | None = None
 
     @property
     def bus(self) -> Bus:
         if self._bus is None:
+            from fleet.bus.broker import Bus  # dramatiq: only commands that send a message import it
+
             self._bus = Bus(self.settings)
         return self._bus
 
@@ -65,30 +93,54 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
 
-        The id is chosen before the first try, so a retry after a Redis error that struck once the
-        job was stored finds it there and succeeds instead of queueing it twice.
+        Every try of one submit stores the same ``created_at``, so a retry after a Redis error that
+        struck once the job was stored finds it there and succeeds instead of queueing it twice. An
+        id fleet generates is never taken for another job's: if one is already in use, the submit
+        picks another (a silent "already there" lost one job in a 10,000-job submit loop).
         """
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        job_id = check_job_id(job_id) if job_id is not None else f"{spec.name[:40]}-{uuid.uuid4().hex[:8]}"
-        self._create(job_id, spec)
+        job_id = self._create(spec, None if job_id is None else check_job_id(job_id))
         self._notify_submitted(job_id)
         return JobHandle(self, job_id)
 
-    def _create(self, job_id: str, spec: JobSpec) -> None:
-        for retry in range(SUBMIT_RETRIES + 1):
-            try:
-                self._create_once(job_id, spec)
-                return
-            except StoreUnavailable:
-                if retry == SUBMIT_RETRIES:
-                    raise
-                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+    def _create(self, spec: JobSpec, chosen: str | None) -> str:
+        """Store the job under ``chosen`` or, if None, a new id; the id it was stored under."""
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            job_id = chosen or new_id(spec.name)
+            if self._retry_store(functools.partial(self._create_once, job_id, spec, now, chosen is None)):
+                return job_id
+        raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job_id")
 
-    def _create_once(self, job_id: str, spec: JobSpec) -> None:
-        if not self._jobs.create(job_id, spec, time.time()) and self._jobs.get(job_id).spec != spec:
+    def _retry_store(self, write: Callable[[], T]) -> T:
+        """Run an idempotent ``write``, retrying a Redis outage with backoff; what it returned."""
+        for retry in range(SUBMIT_RETRIES):
+            try:
+                return write()
+            except StoreUnavailable:
+                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+        return write()
+
+    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
+        """True once the job is stored, by this try or an earlier one of the same submit; False when
+        a ``generated`` id turns out to be another job's (or an expired one's, or an array's)."""
+        try:
+            if self._jobs.create(job_id, spec, now):
+                return True
+        except IdInUse:
+            if generated:
+                return False
+            raise
+        stored = self._jobs.get(job_id)
+        if stored.created_at == now and stored.spec == spec:
+            return True  # this submit's own earlier try stored it, and its answer was lost
+        if generated:
+            return False
+        if stored.spec != spec:
             raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
+        return True
 
     def _notify_submitted(self, job_id: str) -> None:
         """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that
@@ -99,8 +151,50 @@ class Client:
             event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
                   effect="placed by the controller's next periodic pass")  # fmt: skip
 
+    def submit_array(
+        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
+        array_id: str | None = None,
+    ) -> ArrayHandle:  # fmt: skip
+        """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
+        ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
+
+        ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
+        once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
+        """
+        if isinstance(spec, dict):
+            spec = JobSpec.parse(spec)
+        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        try:
+            wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
+        except ValueError as exc:
+            raise SpecError(f"array indices {_clip(indices)}: {exc}") from None
+        if max_running is not None and (type(max_running) is not int or max_running < 1):
+            raise SpecError(f"max_running {max_running!r}: expected a whole number of tasks, at least 1")
+        chosen_id = None if array_id is None else check_job_id(array_id)
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            array_id = chosen_id or new_id(spec.name)
+            create = functools.partial(
+                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id
+            )
+            if self._retry_store(create):
+                break
+        else:
+            raise FleetError(f"no free job array id after {NEW_ID_TRIES} tries; pass array_id")
+        self._notify_submitted(task_id(array_id, wanted[0]))
+        return ArrayHandle(self, array_id)
+
     def get(self, job_id: str) -> Job:
         return self._jobs.get(_known_id(job_id))
+
+    def array(self, array_id: str) -> JobArray:
+        """A job array with its tasks counted by state."""
+        return self._arrays.get(_known_id(array_id))
+
+    def listing(self, state: JobState | str | None = None, limit: int = 100) -> list[Job | JobArray]:
+        """Jobs newest first, each job array as one entry with its tasks counted by state (what
+        ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it."""
+        return self._arrays.listing(JobState(state) if state else None, limit)
 
     def job(self, job_id: str) -> JobHandle:
         self.get(job_id)
@@ -125,10 +219,36 @@ class Client:
         self._jobs.request_cancel(job_id, time.time())
         job = self._jobs.get(job_id)
         if job.node and job.state.on_node:
-            stop = Stop(job_id=job_id, attempt=job.attempt, reason="cancelled by user",
-                        grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
-            self.bus.send(node_queue(job.node), stop)
+            self._stop(job_id, job.node, job.attempt)
         return job
+
+    def cancel_array(self, array_id: str) -> CancelReport:
+        """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
+        return self._cancel_many(self._arrays.task_ids(_known_id(array_id)))
+
+    def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
+        """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
+        names an array's tasks)."""
+        if not labels:
+            raise SpecError("cancel by label: give at least one label KEY=VALUE")
+        return self._cancel_many(self._arrays.matching(labels))
+
+    def _cancel_many(self, job_ids: list[str]) -> CancelReport:
+        report = CancelReport()
+        for outcome in self._jobs.cancel_many(job_ids, time.time()):
+            if outcome.code == 1:
+                report.cancelled.append(outcome.job_id)
+            elif outcome.code == 2 and outcome.node:
+                report.stopping.append(outcome.job_id)
+                self._stop(outcome.job_id, outcome.node, outcome.attempt)
+            elif outcome.code == 0:
+                report.already_final += 1
+        return report
+
+    def _stop(self, job_id: str, node: str, attempt: int) -> None:
+        stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",
+                    grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
+        self.bus.send(node_queue(node), stop)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
@@ -171,6 +291,10 @@ class Client:
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()
+
+    def most_gpus(self) -> int:
+        """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
+        return self._nodes.most_gpus()
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
@@ -268,3 +392,40 @@ class JobHandle:
 
     def cancel(self) -> Job:
         return self.client.cancel(self.id)
+
+
+class ArrayHandle:
+    """A submitted job array: its status, its tasks, wait for all of them, cancel them."""
+
+    def __init__(self, client: Client, array_id: str) -> None:
+        self.client = client
+        self.id = array_id
+
+    def __repr__(self) -> str:
+        return f"ArrayHandle({self.id!r})"
+
+    def status(self) -> JobArray:
+        return self.client.array(self.id)
+
+    def task(self, index: int) -> JobHandle:
+        return JobHandle(self.client, task_id(self.id, index))
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> JobArray:
+        """Block until every task is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (array := self.status()).done:
+            if deadline is not None and time.monotonic() >= deadline:
+                left = array.size - sum(array.tasks.get(s, 0) for s in FINAL_STATES)
+                raise JobTimeout(
+                    f"job array {self.id}: {left} of {array.size} tasks not final after {timeout:g}s"
+                )
+            time.sleep(poll_s)
+        return array
+
+    def cancel(self) -> CancelReport:
+        return self.client.cancel_array(self.id)
+
+
+def _clip(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

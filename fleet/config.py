@@ -26,7 +26,7 @@ DAY = 86400.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class ControllerSettings(_Section):
@@ -86,8 +86,10 @@ class AgentSettings(_Section):
 
 
 class Settings(BaseSettings):
+    # defer_build: validators are built when settings are first loaded (a CLI command loads them
+    # once, from Settings itself or from the subclass that names the config file), not at import
     model_config = SettingsConfigDict(
-        env_prefix="FLEET_", env_nested_delimiter="__", extra="forbid", toml_file=None
+        env_prefix="FLEET_", env_nested_delimiter="__", extra="forbid", toml_file=None, defer_build=True
     )
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -155,11 +157,15 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     if path is not None and not Path(path).is_file():
         raise ConfigError(f"config file {path} does not exist (set --config or FLEET_CONFIG to a fleet.toml)")
 
-    class _FromFile(Settings):
-        model_config = SettingsConfigDict(toml_file=path)
+    source: type[Settings] = Settings
+    if path is not None:
 
+        class _FromFile(Settings):
+            model_config = SettingsConfigDict(toml_file=path)
+
+        source = _FromFile
     try:
-        return _FromFile(**{k: v for k, v in overrides.items() if v is not None})
+        return source(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)

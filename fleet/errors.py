@@ -22,6 +22,10 @@ class SpecError(FleetError, ValueError):
     exit_code = 2
 
 
+class IdInUse(SpecError):
+    """The id asked for cannot name a new job: a job array has it, or a job that expired held it."""
+
+
 class ConfigError(FleetError):
     """The configuration file or environment is invalid."""
 

@@ -10,8 +10,17 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs, scored by seq                       |
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
 | ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
-| ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...)   |
-| ``<p>:job:<id>:events``           | stream | every transition with its reason (``fleet show``)       |
+| ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...);  |
+|                                   |        | an array task holds ``array`` and ``index``, not a spec |
+| ``<p>:job:<id>:events``           | stream | transitions with their reasons (``fleet show``); absent |
+|                                   |        | until the first one after submit (submit is implied by  |
+|                                   |        | ``created_at``: a stream costs ~4.7 KB even when tiny)  |
+| ``<p>:arrays``                    | zset   | every job array id, scored by its first task's seq      |
+| ``<p>:array:<id>``                | hash   | array record: spec JSON (once for all tasks), indices   |
+|                                   |        | in normal form, size, max_running, seq range, tasks     |
+|                                   |        | ``left`` (deleted with its last task by retention)      |
+| ``<p>:array:<id>:active``         | set    | ids of the array's tasks on nodes (SCHEDULED, STARTING, |
+|                                   |        | RUNNING): place_many.lua refuses one past max_running   |
 | ``<p>:job:<id>:logs:<attempt>``   | stream | log lines of one attempt, capped                        |
 | ``<p>:job:<id>:expired``          | string | tombstone of a deleted job (JSON: state, ended, deleted)|
 | ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |
@@ -94,6 +103,16 @@ class Keys:
 
     def tombstone(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:expired"
+
+    @property
+    def arrays(self) -> str:
+        return f"{self.prefix}:arrays"
+
+    def array(self, array_id: str) -> str:
+        return f"{self.prefix}:array:{array_id}"
+
+    def array_active(self, array_id: str) -> str:
+        return f"{self.prefix}:array:{array_id}:active"
 
     @property
     def claims(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,8 @@ _LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$"
 _USER = r"^\d{1,10}(:\d{1,10})?$"
 #: a Docker image reference: [registry[:port]/]path[:tag][@digest], lower-case path
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
+#: every model builds its validators on first use, not at import: a CLI command pays for the ones it uses
+_LAZY = ConfigDict(defer_build=True)
 #: bytes a spec's command, env or labels may hold in total (the record lives in Redis)
 SPEC_BYTES_MAX = 128 << 10
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -94,7 +96,7 @@ ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 class Mount(BaseModel):
     """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     source: Text = Field(max_length=4096, description="absolute host path")
     target: Text = Field(max_length=4096, description="absolute path in the container")
@@ -111,7 +113,7 @@ class Mount(BaseModel):
 class JobSpec(BaseModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
     command: list[Text] = Field(min_length=1, max_length=4096)
@@ -153,6 +155,14 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{key!r} is not a valid variable name (letters, digits, '_')")
             if key.startswith("FLEET_"):
                 raise ValueError(f"{key!r}: FLEET_* variables are set by fleet itself")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith("fleet."):
+                raise ValueError(f"{key!r}: fleet.* labels are set by fleet itself (array tasks carry them)")
         return value
 
     @model_validator(mode="after")
@@ -198,7 +208,7 @@ def _clip(text: str, limit: int = 80) -> str:
 class Exit(BaseModel):
     """How one attempt ended, as the agent saw it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     code: int | None = None
     oom: bool = False
@@ -211,6 +221,8 @@ class Exit(BaseModel):
 
 class Job(BaseModel):
     """A job as stored: its spec plus where it stands."""
+
+    model_config = _LAZY
 
     id: str
     spec: JobSpec
@@ -237,10 +249,59 @@ class Job(BaseModel):
     last_exit_attempt: int = 0
     #: when the job entered its current state (launch deadlines count from it)
     state_since: float = 0.0
+    #: for a task of a job array: the array's id, the task's index (``FLEET_ARRAY_INDEX``) and how many
+    #: of the array's tasks may be on nodes at once (None: no limit); None for a job submitted alone
+    array_id: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
+
+
+class JobArray(BaseModel):
+    """A job array as stored (its spec once, for every task) with how its tasks stand."""
+
+    model_config = _LAZY
+
+    kind: Literal["array"] = "array"
+    id: str
+    #: the spec every task runs; each task adds the labels ``fleet.array`` and ``fleet.array.index``
+    spec: JobSpec
+    #: the indices in normal form: ``0-9999``, ``1,3,5-9``
+    indices: str
+    size: int
+    #: most tasks on nodes (SCHEDULED, STARTING, RUNNING) at once; None: no limit
+    max_running: int | None = None
+    created_at: float = 0.0
+    #: submission seq of its first task (arrays and jobs list in this order)
+    seq: int = 0
+    #: tasks in each state (every state present)
+    tasks: dict[JobState, int] = Field(default_factory=dict)
+    #: ids of its first FAILED tasks (at most 20), lowest index first
+    failed: list[str] = Field(default_factory=list)
+
+    @property
+    def on_nodes(self) -> int:
+        return sum(self.tasks.get(s, 0) for s in ON_NODE_STATES)
+
+    @property
+    def done(self) -> bool:
+        return sum(self.tasks.get(s, 0) for s in FINAL_STATES) >= self.size
+
+
+class CancelReport(BaseModel):
+    """What a bulk cancel did: jobs cancelled at once (queued), jobs whose agents were told to stop
+    them (on nodes: CANCELLED once stopped), and how many were already final."""
+
+    model_config = _LAZY
+
+    cancelled: list[str] = Field(default_factory=list)
+    stopping: list[str] = Field(default_factory=list)
+    already_final: int = 0
 
 
 class Event(BaseModel):
     """One entry of a job's history."""
+
+    model_config = _LAZY
 
     at: float
     state: str
@@ -260,7 +321,7 @@ class NodeState(StrEnum):
 class Gpu(BaseModel):
     """One GPU as the node's inventory reports it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     uuid: str
     index: int
@@ -278,6 +339,8 @@ class Gpu(BaseModel):
 
 class Node(BaseModel):
     """A node record: what the agent last published and what operators set."""
+
+    model_config = _LAZY
 
     name: str
     state: NodeState

@@ -235,6 +235,7 @@ class Agent:
             gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
             shm_size=spec.shm_size, mounts=tuple(spec.mounts), checkpoint_dir=ckpt,
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
+            array_index=job.array_index,
         )  # fmt: skip
 
     # -- stop and exit ---------------------------------------------------------------

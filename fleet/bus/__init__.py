@@ -1,6 +1,13 @@
-"""The message bus: dramatiq's Redis broker in its own logical DB. Messages are hints; state is truth."""
+"""The message bus: dramatiq's Redis broker in its own logical DB. Messages are hints; state is truth.
 
-from fleet.bus.broker import Bus
+``Bus`` (and with it dramatiq) is imported on first use: a CLI command that sends nothing, or
+only builds messages, does not pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from fleet.bus.messages import (
     CONTROLLER_QUEUE,
     AttemptUpdate,
@@ -10,6 +17,9 @@ from fleet.bus.messages import (
     Stop,
     node_queue,
 )
+
+if TYPE_CHECKING:
+    from fleet.bus.broker import Bus
 
 __all__ = [
     "CONTROLLER_QUEUE",
@@ -21,3 +31,11 @@ __all__ = [
     "Stop",
     "node_queue",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "Bus":
+        raise AttributeError(f"module 'fleet.bus' has no attribute {name!r}")
+    from fleet.bus.broker import Bus
+
+    return Bus

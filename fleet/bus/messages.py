@@ -15,7 +15,7 @@ def node_queue(node: str) -> str:
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     #: dramatiq actor name, fixed per message type
     actor: str = ""
 

@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from fleet.cli import arrays
 from fleet.cli.output import ago, emit_json, size, stamp, table
-from fleet.client import Client
-from fleet.errors import SpecError
-from fleet.models import Job, JobSpec, JobState, Node
+from fleet.client import ArrayHandle, Client
+from fleet.errors import CorruptRecord, NotFound, SpecError
+from fleet.models import Job, JobArray, JobSpec, JobState, Node
 
 EXIT_FOR_STATE = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.CANCELLED: 6}
 
@@ -28,7 +27,11 @@ def _output(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("submit", help="queue a job; prints its id", description="Queue a job; prints its id.")
+    p = sub.add_parser(
+        "submit", help="queue a job (or a job array: --array); prints its id",
+        description="Queue a job, or with --array a job array (one task per index) in one call; "
+        "prints its id.",
+    )  # fmt: skip
     p.add_argument("-f", "--file", help="job spec YAML/JSON (flags override its fields)")
     p.add_argument("--name")
     p.add_argument("--image", help="container image (default: the fleet's default_image)")
@@ -52,20 +55,39 @@ def register(sub: Any) -> None:
         metavar="SRC:DST[:rw]",
         help="bind mount (read-only unless :rw); only under the operator's allowed_mounts",
     )
-    p.add_argument("--id", dest="job_id", help="job id to use; resubmitting the same id and spec is a no-op")
-    p.add_argument("--wait", action="store_true", help="wait for the job and exit with its result code")
+    p.add_argument(
+        "--id", dest="job_id",
+        help="job id (with --array: the array id) to use; resubmitting the same id and spec is a no-op",
+    )  # fmt: skip
+    p.add_argument(
+        "--array", metavar="INDICES",
+        help="submit a job array, one task per index (e.g. 0-9999 or 1,3,5-9): task I is the job ID-I, "
+        "gets FLEET_ARRAY_INDEX=I and the labels fleet.array=ID, fleet.array.index=I; prints the array id",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-running", type=int, metavar="K", help="with --array: at most K tasks on nodes at once"
+    )
+    p.add_argument(
+        "--wait", action="store_true",
+        help="wait for the job (every task of an --array) and exit with its result code",
+    )  # fmt: skip
     _output(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(handler=submit)
 
-    p = sub.add_parser("jobs", help="list jobs, newest first")
+    p = sub.add_parser(
+        "jobs", help="list jobs, newest first; a job array is one line with its tasks per state"
+    )
     p.add_argument("--state", type=str.upper, choices=[s.value for s in JobState])
     p.add_argument("--limit", type=int, default=100)
     _output(p)
     p.set_defaults(handler=jobs)
 
-    p = sub.add_parser("show", help="one job: spec, state, node, GPUs, attempts and history")
-    p.add_argument("job")
+    p = sub.add_parser(
+        "show",
+        help="one job: spec, state, node, GPUs, attempts and history; or a job array: its tasks per state",
+    )
+    p.add_argument("job", metavar="ID")
     _output(p)
     p.set_defaults(handler=show)
 
@@ -77,14 +99,24 @@ def register(sub: Any) -> None:
     p.add_argument("--attempt", type=int)
     p.set_defaults(handler=logs)
 
-    p = sub.add_parser("wait", help="wait for a job; exit 0 SUCCEEDED, 1 FAILED, 6 CANCELLED, 4 timeout")
-    p.add_argument("job")
+    p = sub.add_parser(
+        "wait", help="wait for a job (or every task of a job array); exit 0 SUCCEEDED, 1 FAILED, "
+        "6 CANCELLED, 4 timeout",
+    )  # fmt: skip
+    p.add_argument("job", metavar="ID")
     p.add_argument("--timeout", type=float, help="seconds (default: forever)")
     _output(p)
     p.set_defaults(handler=wait)
 
-    p = sub.add_parser("cancel", help="cancel a job (its container is stopped, its GPUs freed)")
-    p.add_argument("job")
+    p = sub.add_parser(
+        "cancel", help="cancel a job, every task of a job array (--array) or every job with labels (--label)",
+        description="Cancel jobs: queued ones at once, running ones are stopped by their agents (their "
+        "GPUs freed), then CANCELLED. Give one JOB, --array ID, or one or more --label K=V (the jobs not yet "
+        "finished that have all of them).",
+    )  # fmt: skip
+    p.add_argument("job", nargs="?", metavar="JOB")
+    p.add_argument("--array", dest="array_id", metavar="ID", help="every task of this job array")
+    p.add_argument("--label", action="append", default=[], metavar="K=V", help="every job with this label")
     _output(p)
     p.set_defaults(handler=cancel)
 
@@ -150,6 +182,8 @@ def _mounts(values: list[str]) -> list[dict[str, Any]]:
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     data: dict[str, Any] = {}
     if args.file:
+        import yaml  # only -f needs it
+
         text = Path(args.file).read_text()
         loaded = yaml.safe_load(text)
         if not isinstance(loaded, dict):
@@ -175,6 +209,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 def submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    if args.array is not None:
+        return submit_array(args, spec)
+    if args.max_running is not None:
+        raise SpecError("--max-running: only with --array (it limits the tasks of an array on nodes at once)")
     client = _client(args)
     handle = client.submit(spec, job_id=args.job_id)
     _warn_unplaceable(client, spec)
@@ -189,10 +227,24 @@ def submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def submit_array(args: argparse.Namespace, spec: JobSpec) -> int:
+    indices = arrays.indices(args.array, args.max_running)
+    client = _client(args)
+    handle = client.submit_array(spec, indices, max_running=args.max_running, array_id=args.job_id)
+    _warn_unplaceable(client, spec)
+    if args.wait:
+        return arrays.result(handle.wait(), args.output)
+    if args.output == "json":
+        emit_json(handle.status())
+    else:
+        print(handle.id)
+    return 0
+
+
 def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
     if not spec.gpus:
         return
-    largest = max((len(n.gpus) for n in client.nodes() if n.alive), default=0)
+    largest = client.most_gpus()
     if spec.gpus > largest:
         print(
             f"fleet: warning: no live node has {spec.gpus} GPUs (largest: {largest}); "
@@ -206,17 +258,18 @@ def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
 
 def jobs(args: argparse.Namespace) -> int:
     client = _client(args)
-    found = client.jobs(args.state, args.limit)
+    found = client.listing(args.state, args.limit)
     if args.output == "json":
         emit_json(found)
         return 0
-    rows = [
-        (j.id, j.state.value, j.spec.gpus, j.node, j.attempt, ago(j.created_at), _short(j.reason, 60))
-        for j in found
-    ]
+    rows = [_job_row(j) if isinstance(j, Job) else arrays.row(j) for j in found]
     table(["ID", "STATE", "GPUS", "NODE", "ATTEMPT", "SUBMITTED", "REASON"], rows)
     _note_quarantined("job", client.quarantined_jobs(), "fleet show ID")
     return 0
+
+
+def _job_row(j: Job) -> tuple[object, ...]:
+    return j.id, j.state.value, j.spec.gpus, j.node, j.attempt, ago(j.created_at), _short(j.reason, 60)
 
 
 def _note_quarantined(kind: str, records: dict[str, str], show: str) -> None:
@@ -231,7 +284,9 @@ def _short(text: str, width: int) -> str:
 
 def show(args: argparse.Namespace) -> int:
     client = _client(args)
-    job = client.get(args.job)
+    job = arrays.job_or_array(client, args.job)
+    if isinstance(job, JobArray):
+        return arrays.show(job, args.output)
     history = client.history(args.job)
     if args.output == "json":
         emit_json({**job.model_dump(mode="json"), "history": [e.model_dump(mode="json") for e in history]})
@@ -243,6 +298,9 @@ def show(args: argparse.Namespace) -> int:
     print(f"Command:    {' '.join(spec.command)}")
     print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
           f"shm={size(spec.shm_size)} priority={spec.priority}")  # fmt: skip
+    if job.array_id is not None:
+        limit = f" (array max running {job.array_max_running})" if job.array_max_running else ""
+        print(f"Array:      {job.array_id}, task {job.array_index}{limit}")
     print(f"Node:       {job.node or '-'}")
     print(f"GPUs:       {', '.join(job.gpus) or '-'}")
     print(f"Attempts:   {job.attempt} (failures {job.failures} of {spec.max_attempts} allowed, "
@@ -277,15 +335,42 @@ def _print_job_line(job: Job, output: str) -> None:
 
 
 def wait(args: argparse.Namespace) -> int:
-    job = _client(args).wait(args.job, args.timeout)
+    client = _client(args)
+    found = arrays.job_or_array(client, args.job)
+    if isinstance(found, JobArray):
+        return arrays.result(ArrayHandle(client, found.id).wait(args.timeout), args.output)
+    job = client.wait(args.job, args.timeout)
     _print_job_line(job, args.output)
     return EXIT_FOR_STATE[job.state]
 
 
 def cancel(args: argparse.Namespace) -> int:
-    job = _client(args).cancel(args.job)
-    _print_job_line(job, args.output)
+    given = [bool(args.job), bool(args.array_id), bool(args.label)]
+    if sum(given) != 1:
+        raise SpecError("cancel: give one JOB, or --array ID, or --label K=V (see `fleet cancel --help`)")
+    client = _client(args)
+    if args.job:
+        job = _cancel_one(client, args.job)
+        _print_job_line(job, args.output)
+        return 0
+    if args.array_id:
+        report = client.cancel_array(args.array_id)
+    else:
+        report = client.cancel_labels(_pairs(args.label, "--label"))
+    arrays.print_cancelled(report, args.output)
     return 0
+
+
+def _cancel_one(client: Client, job_id: str) -> Job:
+    try:
+        return client.cancel(job_id)
+    except CorruptRecord:
+        raise
+    except NotFound as missing:
+        arrays.array_or(client, job_id, missing)
+        raise NotFound(
+            f"{job_id!r} is a job array: cancel its tasks with `fleet cancel --array {job_id}`"
+        ) from None
 
 
 # -- nodes ----------------------------------------------------------------------------------

@@ -6,14 +6,15 @@ import argparse
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet import log
-from fleet.bus import Bus
-from fleet.config import Settings, load_settings
 from fleet.errors import ConfigError
-from fleet.keys import Keys
-from fleet.state import JobStore, NodeStore, connect
+
+if TYPE_CHECKING:  # the services' modules are imported when one runs, not for every CLI command
+    from fleet.bus import Bus
+    from fleet.config import Settings
+    from fleet.state import JobStore, NodeStore
 
 
 def register(sub: Any) -> None:
@@ -73,6 +74,10 @@ def _log_level(text: str) -> str:
 
 
 def _stores(settings: Settings) -> tuple[JobStore, NodeStore, Bus]:
+    from fleet.bus import Bus
+    from fleet.keys import Keys
+    from fleet.state import JobStore, NodeStore, connect
+
     client, keys = connect(settings), Keys(settings.key_prefix)
     return JobStore(client, keys), NodeStore(client, keys), Bus(settings)
 
@@ -83,6 +88,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
 
 
 def controller(args: argparse.Namespace) -> int:
+    from fleet.config import load_settings
     from fleet.controller.service import Controller
 
     log.setup(args.log_level)
@@ -99,6 +105,7 @@ def agent(args: argparse.Namespace) -> int:
     from fleet.agent.runtime import open_runtime
     from fleet.agent.service import Agent
     from fleet.agent.supervision import SupervisorClient
+    from fleet.config import load_settings
 
     log.setup(args.log_level)
     settings = load_settings(args.config, redis_url=args.redis_url)

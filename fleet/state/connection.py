@@ -58,9 +58,12 @@ def used_memory(client: redis.Redis) -> int:
 
 def load_scripts(client: redis.Redis) -> dict[str, Any]:
     """Register every Lua script in ``fleet/state/lua`` on ``client``, by file stem."""
+    return {name: client.register_script(text) for name, text in _script_texts().items()}
+
+
+@functools.cache
+def _script_texts() -> dict[str, str]:
+    """The scripts' sources, read once per process (every store of every client registers them)."""
     folder = resources.files("fleet.state") / "lua"
-    return {
-        entry.name.removesuffix(".lua"): client.register_script(entry.read_text())
-        for entry in folder.iterdir()
-        if entry.name.endswith(".lua")
-    }
+    lua = [entry for entry in folder.iterdir() if entry.name.endswith(".lua")]
+    return {entry.name.removesuffix(".lua"): entry.read_text() for entry in lua}

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from fleet.errors import CorruptRecord, NotFound, NotLeader, SpecError
+from fleet.arrays import ARRAY_BATCH
+from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
-from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobSpec, JobState, check_job_id
+from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobArray, JobSpec, JobState, check_job_id
 from fleet.state.connection import load_scripts, translated
-from fleet.state.records import JobBatch, parse_job, parse_tombstone
+from fleet.state.records import JobBatch, parse_array, parse_job, parse_tombstone
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What cancel.lua did to one job. ``code``: 1 cancelled at once (it was queued), 2 flagged on
+    ``node`` for its agent to stop ``attempt``, 0 already final (``state``), -1 no such job."""
+
+    job_id: str
+    code: int
+    state: str
+    node: str | None
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,8 @@ class JobStore:
         self.redis: Any = client
         self.keys = keys
         self._scripts = load_scripts(client)
+        #: parsed spec of each array seen, by (array id, spec JSON)
+        self._specs: dict[tuple[str, str], JobSpec] = {}
 
     # -- create and read ---------------------------------------------------------------
 
@@ -42,12 +57,14 @@ class JobStore:
         """
         check_job_id(job_id)
         k = self.keys
-        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
-        keys.append(k.tombstone(job_id))
+        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id)]
+        keys.append(k.array(job_id))
         created = self._scripts["submit"](keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"])
         if created == -1:
-            raise SpecError(f"{self._missing(job_id)}; its id is free again once that is forgotten "
-                            "(tombstone_retention_s): choose another id")  # fmt: skip
+            raise IdInUse(f"{self._missing(job_id)}; its id is free again once that is forgotten "
+                          "(tombstone_retention_s): choose another id")  # fmt: skip
+        if created == -2:
+            raise IdInUse(f"job id {job_id!r} is the id of a job array; choose another id")
         return bool(created)
 
     @translated
@@ -57,7 +74,7 @@ class JobStore:
         if not raw:
             raise self._missing(job_id)
         try:
-            return parse_job(raw)
+            return parse_job(raw, self.arrays([raw["array"]] if raw.get("array") else []))
         except CorruptRecord as exc:
             quarantined = self.redis.hget(self.keys.quarantined_jobs, job_id)
             if quarantined is not None:
@@ -70,6 +87,27 @@ class JobStore:
             return parse_tombstone(job_id, tombstone)
         return NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
 
+    @translated
+    def arrays(self, array_ids: Iterable[str]) -> dict[str, JobArray]:
+        """The records of these job arrays (without task counts) that exist and can be read; each
+        spec is parsed once per process (an array's spec never changes)."""
+        ids = sorted(set(array_ids))
+        pipe = self.redis.pipeline(transaction=False)
+        for array_id in ids:
+            pipe.hgetall(self.keys.array(array_id))
+        found = {}
+        for array_id, raw in zip(ids, pipe.execute(), strict=True):
+            if not raw:
+                continue
+            try:
+                found[array_id] = parse_array(raw, self._specs.get((array_id, raw.get("spec", ""))))
+            except CorruptRecord:
+                continue  # its tasks are reported unreadable, with the reason, by parse_job
+            if len(self._specs) > 4096:
+                self._specs.clear()
+            self._specs[array_id, raw["spec"]] = found[array_id].spec
+        return found
+
     def get_many(self, job_ids: Iterable[str]) -> list[Job]:
         """The jobs that exist and can be read; unreadable ones are skipped (see ``read_many``)."""
         return self.read_many(job_ids).jobs
@@ -80,12 +118,14 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(self.keys.job(job_id))
+        rows = pipe.execute()
+        arrays = self.arrays({raw["array"] for raw in rows if raw.get("array")})
         batch = JobBatch()
-        for job_id, raw in zip(ids, pipe.execute(), strict=True):
+        for job_id, raw in zip(ids, rows, strict=True):
             if not raw:
                 continue
             try:
-                batch.jobs.append(parse_job(raw))
+                batch.jobs.append(parse_job(raw, arrays))
             except CorruptRecord as exc:
                 batch.corrupt[job_id] = str(exc)
         return batch
@@ -112,22 +152,39 @@ class JobStore:
         return self.read_many(self.redis.zrange(self.keys.queued, 0, -1))
 
     @translated
+    def array_active_counts(self, array_ids: Iterable[str]) -> dict[str, int]:
+        """How many tasks of each array are on nodes (SCHEDULED, STARTING, RUNNING) now: what
+        ``max_running`` limits. place_many.lua keeps the set it counts, and refuses a task past the
+        limit; transition.lua and quarantine_job.lua take tasks out of it as they leave the nodes."""
+        ids = sorted(set(array_ids))
+        pipe = self.redis.pipeline(transaction=False)
+        for array_id in ids:
+            pipe.scard(self.keys.array_active(array_id))
+        return dict(zip(ids, map(int, pipe.execute()), strict=True))
+
+    @translated
     def on_node(self, node: str) -> list[Job]:
         return self.get_many(self.redis.smembers(self.keys.node_jobs(node)))
 
     @translated
     def history(self, job_id: str) -> list[Event]:
-        entries = self.redis.xrange(self.keys.events(job_id))
-        return [
+        """Every transition, oldest first. The submit is not stored as an event (see submit.lua):
+        it is the job's ``created_at``, unless the stream holds it (jobs stored by older versions)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.job(job_id), "created_at")
+        pipe.xrange(self.keys.events(job_id))
+        created, entries = pipe.execute()
+        events = [
             Event(
-                at=float(f["at"]),
-                state=f["state"],
-                attempt=int(f["attempt"]),
-                reason=f["reason"],
+                at=float(f["at"]), state=f["state"], attempt=int(f["attempt"]), reason=f["reason"],
                 node=f.get("node") or None,
             )
             for _, f in entries
-        ]
+        ]  # fmt: skip
+        stored = events[:1] and events[0].state == JobState.QUEUED and events[0].attempt == 0
+        if created is not None and not stored:
+            events.insert(0, Event(at=float(created), state=JobState.QUEUED, attempt=0, reason="submitted"))
+        return events
 
     @translated
     def wait_event(self, job_id: str, after: str, block_ms: int) -> str:
@@ -256,21 +313,31 @@ class JobStore:
             self.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
         return decision
 
-    @translated
     def request_cancel(self, job_id: str, now: float) -> bool:
         """Cancel a queued job at once, or flag one on a node for its agent; False if already final.
 
         One script (cancel.lua): a placement or requeue can land before or after it, never between.
         """
-        k = self.keys
-        keys = [k.job(job_id), k.events(job_id), k.queued]
-        keys += [k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED), k.ended]
-        code, _state = self._scripts["cancel"](
-            keys=keys, args=[job_id, now, ",".join(s.value for s in ON_NODE_STATES)]
-        )
-        if code == -1:
+        (outcome,) = self.cancel_many([job_id], now)
+        if outcome.code == -1:
             raise NotFound(f"no job {job_id!r}")
-        return bool(code > 0)
+        return outcome.code > 0
+
+    @translated
+    def cancel_many(self, job_ids: Sequence[str], now: float) -> list[CancelOutcome]:
+        """:meth:`request_cancel` for each of ``job_ids``, in one script (one atomic step) per
+        ``ARRAY_BATCH`` ids; for each id in order, what happened (see :class:`CancelOutcome`)."""
+        k = self.keys
+        keys = [k.queued, k.jobs_in(JobState.QUEUED), k.jobs_in(JobState.CANCELLED), k.ended]
+        head = [k.prefix, now, ",".join(s.value for s in ON_NODE_STATES)]
+        out: list[CancelOutcome] = []
+        for start in range(0, len(job_ids), ARRAY_BATCH):
+            flat = self._scripts["cancel"](keys=keys, args=[*head, *job_ids[start : start + ARRAY_BATCH]])
+            for i in range(0, len(flat), 4):
+                code, state, node, attempt = flat[i : i + 4]
+                job_id = job_ids[start + i // 4]
+                out.append(CancelOutcome(job_id, int(code), state, node or None, int(attempt)))
+        return out
 
     @translated
     def release_orphan_claims(self, claims: Iterable[tuple[str, str]], leader: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -96,6 +97,22 @@ class NodeStore:
     @translated
     def names(self) -> list[str]:
         return sorted(self.redis.smembers(self.keys.nodes))
+
+    @translated
+    def most_gpus(self) -> int:
+        """The most GPUs one live node has (what ``fleet submit`` warns against), read without
+        parsing whole node records."""
+        names = self.names()
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(self.keys.node_lease(name))
+            pipe.hget(self.keys.node(name), "gpus")
+        answers = pipe.execute()
+        most = 0
+        for alive, gpus in zip(answers[0::2], answers[1::2], strict=True):
+            with contextlib.suppress(ValueError, TypeError):
+                most = max(most, len(json.loads(gpus)) if alive and gpus else 0)
+        return most
 
     def all(self) -> list[Node]:
         """Every node whose record can be read (see ``read_all`` for the others)."""

@@ -9,14 +9,15 @@ quarantine it with the reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from fleet.arrays import ARRAY_LABEL, INDEX_LABEL
 from fleet.errors import CorruptRecord, JobExpired
-from fleet.models import Exit, Gpu, Job, JobSpec, JobState, Node, NodeState
+from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Node, NodeState
 
 T = TypeVar("T")
 
@@ -85,18 +86,20 @@ def _uuids(text: str) -> list[str]:
     return value
 
 
-def parse_job(raw: dict[str, str]) -> Job:
+def parse_job(raw: dict[str, str], arrays: Mapping[str, JobArray] | None = None) -> Job:
+    """The job in ``raw``; a task of a job array takes its spec from its record in ``arrays``."""
     try:
-        return _job(_Fields(raw))
+        return _job(_Fields(raw), arrays or {})
     except ValidationError as exc:
         raise CorruptRecord(why(exc)) from None
 
 
-def _job(f: _Fields) -> Job:
+def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
     raw = f.raw
+    created = f.get("created_at", float, 0.0)
+    updated = f.get("updated_at", float, None) or created
     return Job(
         id=f.required("id", str),
-        spec=f.required("spec", JobSpec.model_validate_json),
         state=f.required("state", JobState),
         attempt=f.get("attempt", int, 0),
         failures=f.get("failures", int, 0),
@@ -105,8 +108,8 @@ def _job(f: _Fields) -> Job:
         gpus=f.get("gpus", _uuids, None) or [],
         reason=raw.get("reason", ""),
         exit_code=f.get("exit_code", int, None),
-        created_at=f.get("created_at", float, 0.0),
-        updated_at=f.get("updated_at", float, 0.0),
+        created_at=created,
+        updated_at=updated,
         started_at=f.get("started_at", float, None),
         finished_at=f.get("finished_at", float, None),
         not_before=f.get("not_before", float, 0.0),
@@ -114,9 +117,43 @@ def _job(f: _Fields) -> Job:
         preempt=raw.get("preempt", ""),
         checkpoint=raw.get("checkpoint") or None,
         seq=f.get("seq", int, 0),
-        state_since=f.get("state_since", float, None) or f.get("updated_at", float, 0.0),
+        state_since=f.get("state_since", float, None) or updated,
         **(f.get("exit", _last_exit, None) or {}),
+        **_spec(f, arrays),
     )
+
+
+def _spec(f: _Fields, arrays: Mapping[str, JobArray]) -> dict[str, Any]:
+    """A job's own spec; or, for a task, its array's with the labels linking it to the array."""
+    array_id = f.raw.get("array")
+    if not array_id:
+        return {"spec": f.required("spec", JobSpec.model_validate_json)}
+    index = f.required("index", int)
+    array = arrays.get(array_id)
+    if array is None:
+        raise CorruptRecord(f"array: the record of array {array_id} is missing or unreadable")
+    labels = {**array.spec.labels, ARRAY_LABEL: array_id, INDEX_LABEL: str(index)}
+    return {
+        "spec": array.spec.model_copy(update={"labels": labels}), "array_id": array_id,
+        "array_index": index, "array_max_running": array.max_running,
+    }  # fmt: skip
+
+
+def parse_array(raw: dict[str, str], spec: JobSpec | None = None) -> JobArray:
+    """The array record in ``raw`` (task counts not filled in); ``spec``: its spec, already parsed."""
+    f = _Fields(raw)
+    try:
+        return JobArray(
+            id=f.required("id", str),
+            spec=spec or f.required("spec", JobSpec.model_validate_json),
+            indices=f.required("indices", str),
+            size=f.required("size", int),
+            max_running=f.get("max_running", int, None),
+            created_at=f.get("created_at", float, 0.0),
+            seq=f.get("seq", int, 0),
+        )
+    except ValidationError as exc:
+        raise CorruptRecord(why(exc)) from None
 
 
 def _last_exit(text: str) -> dict[str, Any]:

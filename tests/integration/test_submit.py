@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import fleet.client
 from fleet import Client, JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
@@ -89,3 +90,33 @@ def test_a_submit_whose_notify_fails_succeeds_and_the_job_still_runs(
     finally:
         procs.stop()
         client.close()
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
+    procs: FleetProcs, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a fleet whose only GPU is held by a long-running job
+    procs.controller()
+    procs.agent("t-busy", gpus=1)
+    procs.wait_nodes(client, 1)
+    running = client.submit({"name": "long", "command": ["sleep", "600"], "gpus": 1})
+    wait_for(lambda: running.status().state == JobState.RUNNING, timeout=30, what="long job running")
+    # And a generator of job ids that repeats itself once, as 32 random bits did about once in a
+    # 10,000-job submit loop (and every other time in a 50,000-job one)
+    draws, generated = iter(["q-twice", "q-twice"]), fleet.client.new_id
+    monkeypatch.setattr(fleet.client, "new_id", lambda name: next(draws, None) or generated(name))
+
+    # When 2,000 jobs are submitted one after another
+    spec = JobSpec.parse({"name": "q", "command": ["true"], "gpus": 1})
+    handles = [client.submit(spec) for _ in range(2000)]
+
+    # Then each submit returned a job of its own, and every one of them waits in the queue
+    assert len({h.id for h in handles}) == 2000 and handles[0].id == "q-twice"
+    queued = client.jobs(state="QUEUED", limit=5000)
+    assert sorted(j.id for j in queued) == sorted(h.id for h in handles)
+    assert client.get(running.id).state == JobState.RUNNING

@@ -36,6 +36,8 @@ class LaunchSpec:
     user: tuple[int, int] | None = None
     #: most processes (threads) the job may hold; None: no limit
     pids_limit: int | None = None
+    #: the task's index when the job is a task of a job array (``FLEET_ARRAY_INDEX``)
+    array_index: int | None = None
 
     @property
     def name(self) -> str:
@@ -51,6 +53,8 @@ class LaunchSpec:
             NVIDIA_VISIBLE_DEVICES=visible or "void",
             CUDA_VISIBLE_DEVICES=visible,
         )
+        if self.array_index is not None:
+            env["FLEET_ARRAY_INDEX"] = str(self.array_index)
         if checkpoint_dir:
             env["FLEET_CHECKPOINT_DIR"] = checkpoint_dir
             if self.resume_from:

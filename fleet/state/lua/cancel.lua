@@ -1,38 +1,56 @@
--- cancel: a user's cancel in one step, so no placement or requeue can slip between a check and a write.
--- A QUEUED job becomes CANCELLED at once; a job on a node is flagged for its agent to stop (and
--- transition.lua turns any later requeue of a flagged job into CANCELLED).
--- KEYS[1] job hash  KEYS[2] job event stream  KEYS[3] queued zset  KEYS[4] QUEUED set
--- KEYS[5] CANCELLED set  KEYS[6] ended zset (final jobs by end time, for retention)
--- ARGV[1] job id  ARGV[2] now  ARGV[3] on-node states, comma separated
--- Returns {1, 'CANCELLED'} when cancelled at once, {2, state} when flagged (or already flagged),
--- {0, state} when the job is already final, {-1, ''} for no such job.
-local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'cancel_requested')
-local state, attempt, node, flagged = job[1], job[2], job[3], job[4]
-if not state then
-  return {-1, ''}
-end
-if state == 'QUEUED' then
-  redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'reason', 'cancelled by user', 'updated_at', ARGV[2],
-    'state_since', ARGV[2], 'finished_at', ARGV[2], 'cancel_requested', '1')
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('SREM', KEYS[4], ARGV[1])
-  redis.call('SADD', KEYS[5], ARGV[1])
-  redis.call('ZADD', KEYS[6], ARGV[2], ARGV[1])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[2], 'state', 'CANCELLED',
-    'attempt', attempt, 'reason', 'cancelled by user', 'node', node or '')
-  return {1, 'CANCELLED'}
-end
-local on_node = false
+-- cancel: a user's cancel of one job or many (a job array, a label), so that no placement or
+-- requeue can slip between a check and a write. A QUEUED job becomes CANCELLED at once; a job on a
+-- node is flagged for its agent to stop (and transition.lua turns any later requeue of a flagged
+-- job into CANCELLED). The whole call is one atomic step.
+-- KEYS[1] queued zset  KEYS[2] QUEUED set  KEYS[3] CANCELLED set
+-- KEYS[4] ended zset (final jobs by end time, for retention)
+-- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[1]:
+--   <prefix>:job:<id> hashes and <prefix>:job:<id>:events streams.
+-- ARGV[1] key prefix  ARGV[2] now  ARGV[3] on-node job states, comma separated
+-- ARGV[4], ARGV[5], ...: job ids
+-- Returns, for each job id in order, four values: code, state, node, attempt. code 1: cancelled
+-- at once; 2: flagged (or already flagged) on a node; 0: already final; -1: no such job.
+local on_node = {}
 for s in string.gmatch(ARGV[3], '[^,]+') do
-  if s == state then on_node = true end
+  on_node[s] = true
 end
-if not on_node then
-  return {0, state}
+local prefix, now = ARGV[1], ARGV[2]
+
+local function cancel(id)
+  local key = prefix .. ':job:' .. id
+  local job = redis.call('HMGET', key, 'state', 'attempt', 'node', 'cancel_requested')
+  local state, attempt, node, flagged = job[1], job[2] or '0', job[3] or '', job[4]
+  if not state then
+    return -1, '', '', '0'
+  end
+  if state == 'QUEUED' then
+    redis.call('HSET', key, 'state', 'CANCELLED', 'reason', 'cancelled by user', 'updated_at', now,
+      'state_since', now, 'finished_at', now, 'cancel_requested', '1')
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('SREM', KEYS[2], id)
+    redis.call('SADD', KEYS[3], id)
+    redis.call('ZADD', KEYS[4], now, id)
+    redis.call('XADD', key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'CANCELLED',
+      'attempt', attempt, 'reason', 'cancelled by user', 'node', node)
+    return 1, 'CANCELLED', node, attempt
+  end
+  if not on_node[state] then
+    return 0, state, node, attempt
+  end
+  if flagged ~= '1' then
+    redis.call('HSET', key, 'cancel_requested', '1', 'reason', 'cancel requested', 'updated_at', now)
+    redis.call('XADD', key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', state,
+      'attempt', attempt, 'reason', 'cancel requested', 'node', node)
+  end
+  return 2, state, node, attempt
 end
-if flagged == '1' then
-  return {2, state}
+
+local out = {}
+for i = 4, #ARGV do
+  local code, state, node, attempt = cancel(ARGV[i])
+  out[#out + 1] = code
+  out[#out + 1] = state
+  out[#out + 1] = node
+  out[#out + 1] = attempt
 end
-redis.call('HSET', KEYS[1], 'cancel_requested', '1', 'reason', 'cancel requested', 'updated_at', ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[2], 'state', state,
-  'attempt', attempt, 'reason', 'cancel requested', 'node', node or '')
-return {2, state}
+return out

@@ -9,7 +9,9 @@
 -- KEYS[4] queued zset  KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[2]:
 --   <prefix>:job:<id>, <prefix>:job:<id>:events, <prefix>:job:<id>:logs:<1..attempt>,
---   <prefix>:job:<id>:expired (the tombstone) and <prefix>:jobs:state:<STATE> sets.
+--   <prefix>:job:<id>:expired (the tombstone) and <prefix>:jobs:state:<STATE> sets; for a task of a
+--   job array, <prefix>:array:<array id> (its count of tasks left), and once the array's last task
+--   is deleted, that hash, <prefix>:array:<array id>:active and its entry in <prefix>:arrays.
 -- ARGV[1] the leader value this write is fenced by  ARGV[2] key prefix  ARGV[3] cutoff (unix s)
 -- ARGV[4] now  ARGV[5] tombstone TTL ms  ARGV[6] final job states, comma separated
 -- ARGV[7], ARGV[8], ...: job ids
@@ -22,13 +24,21 @@ local final = {}
 for s in string.gmatch(ARGV[6], '[^,]+') do
   final[s] = true
 end
+-- an array record goes with its last task (it holds the spec every task reads)
+local function forget_task(array)
+  local record = prefix .. ':array:' .. array
+  if redis.call('EXISTS', record) == 1 and redis.call('HINCRBY', record, 'left', -1) <= 0 then
+    redis.call('DEL', record, record .. ':active')
+    redis.call('ZREM', prefix .. ':arrays', array)
+  end
+end
 local deleted = 0
 for i = 7, #ARGV do
   local id = ARGV[i]
   local ended = tonumber(redis.call('ZSCORE', KEYS[1], id))
   if ended and ended <= cutoff then
     local job = prefix .. ':job:' .. id
-    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at')
+    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at', 'array')
     local state = fields[1]
     local quarantined = redis.call('HEXISTS', KEYS[3], id) == 1
     redis.call('ZREM', KEYS[1], id)
@@ -48,6 +58,9 @@ for i = 7, #ARGV do
       redis.call('ZREM', KEYS[2], id)
       redis.call('ZREM', KEYS[4], id)
       redis.call('HDEL', KEYS[3], id)
+      if state and fields[4] then
+        forget_task(fields[4])
+      end
     end
   end
 end

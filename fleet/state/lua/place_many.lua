@@ -5,12 +5,13 @@
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[1]:
 --   <p>:job:<id>, <p>:job:<id>:events, <p>:jobs:queued, <p>:jobs:state:QUEUED|SCHEDULED,
 --   <p>:node:<node>, <p>:node:<node>:lease, <p>:node:<node>:jobs,
---   <p>:node:<node>:alloc (job id -> "<cpus> <memory>" granted on the node)
+--   <p>:node:<node>:alloc (job id -> "<cpus> <memory>" granted on the node); for a task of a job
+--   array, <p>:array:<array id> (its max_running) and <p>:array:<array id>:active (its tasks on nodes)
 -- ARGV[1] key prefix  ARGV[2] leader value  ARGV[3] now
 -- ARGV[4] JSON list of placements {job, node, gpus, cpus, memory, reason}
 -- Returns {-2} when not the leader, else one entry per placement: the new attempt, or 0 (refused:
--- the job is no longer queued, the node is down or not READY, a GPU is claimed, or the node's
--- CPUs or memory are taken).
+-- the job is no longer queued, the node is down or not READY, a GPU is claimed, the node's CPUs
+-- or memory are taken, or the job is a task of an array that has max_running tasks on nodes).
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {-2}
 end
@@ -31,10 +32,24 @@ local function fits(node_key, alloc_key, cpus, memory)
   return true
 end
 
+-- the active set of the job's array when a task may join it, false when the array is at its limit
+local function array_slot(array)
+  local active = p .. ':array:' .. array .. ':active'
+  local limit = tonumber(redis.call('HGET', p .. ':array:' .. array, 'max_running'))
+  if limit and redis.call('SCARD', active) >= limit then return false end
+  return active
+end
+
 local function place(e)
   local job_key, node_key = p .. ':job:' .. e.job, p .. ':node:' .. e.node
   local alloc_key = node_key .. ':alloc'
-  if redis.call('HGET', job_key, 'state') ~= 'QUEUED' then return 0 end
+  local job = redis.call('HMGET', job_key, 'state', 'array')
+  if job[1] ~= 'QUEUED' then return 0 end
+  local active = nil
+  if job[2] then
+    active = array_slot(job[2])
+    if not active then return 0 end
+  end
   if redis.call('EXISTS', node_key .. ':lease') == 0 then return 0 end
   if redis.call('HGET', node_key, 'state') ~= 'READY' then return 0 end
   for _, uuid in ipairs(e.gpus) do
@@ -57,6 +72,7 @@ local function place(e)
   redis.call('SREM', p .. ':jobs:state:QUEUED', e.job)
   redis.call('SADD', p .. ':jobs:state:SCHEDULED', e.job)
   redis.call('SADD', node_key .. ':jobs', e.job)
+  if active then redis.call('SADD', active, e.job) end
   redis.call('XADD', job_key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'SCHEDULED',
     'attempt', attempt, 'reason', e.reason, 'node', e.node)
   return attempt

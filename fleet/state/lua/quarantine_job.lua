@@ -5,7 +5,8 @@
 -- KEYS[4] queued zset  KEYS[5] claims hash  KEYS[6] leader key
 -- KEYS[7] ended zset: a quarantined record is deleted job_retention_s after it was set aside
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[4]:
---   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc.
+--   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs, <prefix>:node:<node>:alloc and,
+--   for a task of a job array, <prefix>:array:<array id>:active.
 -- ARGV[1] job id  ARGV[2] reason  ARGV[3] now  ARGV[4] key prefix
 -- ARGV[5] the leader value this controller write is fenced by  ARGV[6] every job state, comma separated
 -- Returns 1 when quarantined now, 0 when it already was, -2 when ARGV[5] is not the current leader.
@@ -18,7 +19,7 @@ end
 local prefix = ARGV[4]
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
-local job = redis.call('HMGET', KEYS[1], 'state', 'node', 'attempt')
+local job = redis.call('HMGET', KEYS[1], 'state', 'node', 'attempt', 'array')
 for s in string.gmatch(ARGV[6], '[^,]+') do
   redis.call('SREM', prefix .. ':jobs:state:' .. s, ARGV[1])
 end
@@ -28,6 +29,9 @@ end
 if job[2] and job[2] ~= '' then
   redis.call('SREM', prefix .. ':node:' .. job[2] .. ':jobs', ARGV[1])
   redis.call('HDEL', prefix .. ':node:' .. job[2] .. ':alloc', ARGV[1])
+end
+if job[4] then
+  redis.call('SREM', prefix .. ':array:' .. job[4] .. ':active', ARGV[1])
 end
 local owner = ARGV[1] .. ':'
 local claims = redis.call('HGETALL', KEYS[5])

@@ -1,15 +1,23 @@
 -- submit: create a job unless its id exists (idempotent submit with a caller-chosen id).
+-- The submit itself is not written to the job's event stream: history starts from created_at
+-- (a stream holds at least one node of stream-node-max-bytes, 1 to 4 KB, even with one entry, and
+-- most of a deep queue is jobs that have not run yet).
 -- KEYS[1] job hash        KEYS[2] seq counter     KEYS[3] all-jobs zset
--- KEYS[4] queued zset     KEYS[5] QUEUED set      KEYS[6] job event stream
--- KEYS[7] the id's tombstone (a job by this id ended and was deleted by retention)
+-- KEYS[4] queued zset     KEYS[5] QUEUED set
+-- KEYS[6] the id's tombstone (a job by this id ended and was deleted by retention)
+-- KEYS[7] the array hash with this id (job and array ids share one name space)
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
--- an expired job holds the id (a new job must not inherit its checkpoint directory).
+-- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
+-- job array has this id.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-if redis.call('EXISTS', KEYS[7]) == 1 then
+if redis.call('EXISTS', KEYS[6]) == 1 then
   return -1
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return -2
 end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
@@ -18,5 +26,4 @@ redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', '
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('ZADD', KEYS[4], seq, ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])
-redis.call('XADD', KEYS[6], '*', 'at', ARGV[3], 'state', 'QUEUED', 'attempt', 0, 'reason', ARGV[4], 'node', '')
 return 1

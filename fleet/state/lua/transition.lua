@@ -3,7 +3,8 @@
 -- KEYS[5] leader key  KEYS[6] ended zset (final jobs by end time, for retention)
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc
---   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9].
+--   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9]; for a
+--   task of a job array leaving the nodes, <prefix>:array:<array id>:active.
 -- ARGV[1] job id
 -- ARGV[2] expected attempt, '' for any (user actions); a stale attempt changes nothing
 -- ARGV[3] allowed current states, comma separated
@@ -22,7 +23,7 @@
 if ARGV[12] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[12] then
   return {-2, ''}
 end
-local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'gpus', 'cancel_requested')
+local job = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'node', 'gpus', 'cancel_requested', 'array')
 local state, attempt, node, gpus = job[1], job[2], job[3], job[4]
 if not state then
   return {-1, ''}
@@ -66,6 +67,9 @@ if to ~= state then
   if to == 'SUCCEEDED' or to == 'FAILED' or to == 'CANCELLED' then
     redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
   end
+  if job[6] and to ~= 'SCHEDULED' and to ~= 'STARTING' and to ~= 'RUNNING' then
+    redis.call('SREM', prefix .. ':array:' .. job[6] .. ':active', ARGV[1])
+  end
 end
 if ARGV[10] == '1' and node and node ~= '' then
   local owner = ARGV[1] .. ':' .. attempt
@@ -84,5 +88,5 @@ if ARGV[11] == '0' then
   return {1, to}
 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'at', ARGV[6], 'state', to,
-  'attempt', attempt, 'reason', reason, 'node', node or '')
+  'attempt', attempt or '0', 'reason', reason, 'node', node or '')
 return {1, to}
