@@ -82,6 +82,8 @@ class Controller:
         self._lock = threading.Lock()
         self._touched_jobs: set[str] = set()
         self._touched_nodes: set[str] = set()
+        #: max_running of the arrays whose tasks are queued (read with the tasks)
+        self._array_limits: dict[str, int] = {}
         self._next_resync = 0.0
         self._next_node_refresh = 0.0
         self._reload = False
@@ -204,12 +206,20 @@ class Controller:
         now = self.clock()
         if not self._refresh(now) and now < self.queue.next_due():
             return Plan()
-        plan = self.queue.schedule(Capacity(list(self._views.values())), now)
+        plan = self.queue.schedule(Capacity(list(self._views.values())), now, self._array_room())
         if not self.leading():
             return Plan()  # the lease may have lapsed during the pass: place nothing
         self._apply(plan, now)
         self._due = self.queue.next_due()
         return plan
+
+    def _array_room(self) -> dict[str, int]:
+        """How many more tasks each limited array waiting here may start (max_running - on nodes)."""
+        arrays = self.queue.arrays() & self._array_limits.keys()
+        if not arrays:
+            return {}
+        active = self.jobs.array_active_counts(arrays)
+        return {a: self._array_limits[a] - active.get(a, 0) for a in arrays}
 
     def _apply(self, plan: Plan, now: float) -> None:
         batch = [
@@ -264,6 +274,8 @@ class Controller:
         for job_id in ids - {j.id for j in queued}:
             self.queue.discard(job_id)
         self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
+        self._array_limits.update({j.array_id: j.array_max_running for j in queued
+                                   if j.array_id and j.array_max_running})  # fmt: skip
 
     def _refresh_nodes(self, names: set[str], now: float) -> bool:
         """Every node each ``schedule_interval_s`` (heartbeats change GPU health and busy flags),

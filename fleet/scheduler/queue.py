@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.snapshot import PendingJob, Plan, Shape
@@ -98,25 +98,34 @@ class PendingQueue:
 
     # -- a pass -----------------------------------------------------------------------
 
-    def schedule(self, capacity: Capacity, now: float) -> Plan:
-        """Place what fits, best-ranked first; the placed jobs leave the queue."""
+    def arrays(self) -> set[str]:
+        """Arrays with a ``max_running`` limit that have tasks waiting here."""
+        return {shape[5] for shape, entries in self._shapes.items() if entries and shape[5]}
+
+    def schedule(self, capacity: Capacity, now: float, room: Mapping[str, int] | None = None) -> Plan:
+        """Place what fits, best-ranked first; the placed jobs leave the queue. ``room``: how many
+        more tasks each array with a ``max_running`` may have on nodes (absent: no limit)."""
         plan = Plan()
+        left = dict(room or {})
         self._promote(now)
         heads = [(entries[-1][0], shape) for shape, entries in self._shapes.items() if entries]
         heapq.heapify(heads)
-        blocked: set[Shape] = set()
         while heads:
             _, shape = heapq.heappop(heads)
             entries = self._shapes[shape]
             job = self.jobs[entries[-1][1]]
+            if job.array is not None and left.get(job.array, 1) <= 0:
+                self._give_reason(shape, f"array {job.array} has its max_running tasks on nodes", plan)
+                continue
             placement = capacity.place(job)
             if placement is None:
                 why, later = capacity.explain(job)
                 capacity.reserve_for(job, later)
                 self._give_reason(shape, why, plan)
-                blocked.add(shape)
                 continue
             plan.placements.append(placement)
+            if job.array is not None and job.array in left:
+                left[job.array] -= 1
             entries.pop()
             self._in_shape.discard(job.id)
             del self.jobs[job.id]

@@ -11,10 +11,12 @@ passes instead (same code), and the property tests check that both place the sam
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.snapshot import Plan, Snapshot
 
 
-def schedule(snapshot: Snapshot, now: float) -> Plan:
-    return PendingQueue(snapshot.jobs).schedule(Capacity(snapshot.nodes), now)
+def schedule(snapshot: Snapshot, now: float, room: Mapping[str, int] | None = None) -> Plan:
+    return PendingQueue(snapshot.jobs).schedule(Capacity(snapshot.nodes), now, room)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: what a job asks of a node, the unit the queue is grouped by:
-#: (GPUs, GPU model substring, minimum GPU memory, CPUs, memory bytes)
-Shape = tuple[int, str | None, int | None, float, int]
+#: what a job asks of a node, the unit the queue is grouped by: (GPUs, GPU model substring,
+#: minimum GPU memory, CPUs, memory bytes, the array whose max_running limits it or None)
+Shape = tuple[int, str | None, int | None, float, int, str | None]
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,13 @@ class PendingJob:
     #: CPUs and memory the job is granted on its node (scheduled resources, not only limits)
     cpus: float = 0.0
     memory: int = 0
+    #: a task of an array with ``max_running``: that array's id (its tasks queue apart, so a full
+    #: array waits as one shape without holding up anyone else's)
+    array: str | None = None
 
     @property
     def shape(self) -> Shape:
-        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory)
+        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array)
 
     @property
     def rank(self) -> tuple[int, int]:

@@ -147,3 +147,13 @@ def test_the_queue_kept_across_passes_places_what_a_from_scratch_pass_places(
             for p in kept.placements:
                 del pending[p.job_id]
             assert set(queue.jobs) == set(pending)
+
+
+def test_an_array_at_its_max_running_waits_without_holding_up_other_jobs() -> None:
+    # Given an array whose max_running leaves room for 2 more tasks, and a later plain job
+    tasks = [PendingJob(f"a-{i}", 0, i, 1, array="a") for i in range(5)]
+    plain = PendingJob("plain", 0, 10, 1)
+    plan = schedule(Snapshot((*tasks, plain), (node("n", 8),)), 0, room={"a": 2})
+    # Then 2 tasks start, the plain job behind them too, and the rest of the array says why it waits
+    assert [p.job_id for p in plan.placements] == ["a-0", "a-1", "plain"]
+    assert plan.waiting["a-2"] == "array a has its max_running tasks on nodes"
