@@ -181,7 +181,7 @@ def monitor(url: str, seconds: float) -> list[tuple[int, str]]:
     return seen
 
 
-TOP = 6
+TOP = 12
 SCRIPTS = {
     **{hashlib.sha1(body).hexdigest(): f"dramatiq {name}" for name, body in dramatiq_scripts.items()},
     **{

@@ -26,6 +26,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from fleet.bus import Bus
+from fleet.bus.broker import WORKER_TIMEOUT_MS
 from fleet.log import event
 
 log = logging.getLogger("bench.simbus")
@@ -46,9 +47,9 @@ class SharedConsumer:
     """One polling thread for every queue; handlers run on ``pool``, each message acked after."""
 
     def __init__(self, bus: Bus, queues: list[str], handler: Handler, pool: ThreadPoolExecutor,
-                 prefetch: int = 64) -> None:  # fmt: skip
+                 prefetch: int = 64, poll_s: float = 0.02) -> None:  # fmt: skip
         self.broker, self.queues, self.handler, self.pool = bus.broker, queues, handler, pool
-        self.poll_s, self.prefetch = bus.poll_ms / 1000, prefetch
+        self.poll_s, self.prefetch = poll_s, prefetch
         self._keys = [f"{self.broker.namespace}:{q}" for q in queues]
         self._nonempty = self.broker.client.register_script(NONEMPTY_LUA)
         self._stop = threading.Event()
@@ -119,7 +120,7 @@ class DramatiqConsumer:
 
     def start(self) -> None:
         self.worker = dramatiq.Worker(self.bus.broker, queues=set(self.queues), worker_threads=self.threads,
-                                      worker_timeout=self.bus.poll_ms)  # fmt: skip
+                                      worker_timeout=WORKER_TIMEOUT_MS)  # fmt: skip
         self.worker.start()
 
     def stop(self) -> None:

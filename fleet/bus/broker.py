@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.brokers.redis import MAINTENANCE_COMMAND_BLACKLIST, RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
 from dramatiq.worker import ConsumerThread, _WorkerMiddleware
@@ -39,6 +40,8 @@ NAMESPACE = "fleet"
 #: how often idle worker threads look up from dramatiq's in-process work queue (no Redis I/O): a
 #: stopped worker ends within this
 WORKER_TIMEOUT_MS = 100
+#: dramatiq's queue maintenance runs with one dispatch call per this many seconds, per process
+MAINTENANCE_INTERVAL_S = 15.0
 
 
 class DeadLetterLog(Middleware):
@@ -172,10 +175,10 @@ def dramatiq_keys(broker: RedisBroker, queue: str) -> tuple[str, str]:
 
 
 def queue_keys(broker: RedisBroker, queue: str) -> list[str]:
-    """The keys of ``queue``: dramatiq's (brokers/redis/dispatch.lua: pending ids, id -> data, and
-    the same two for its dead letters) and fleet's wake list."""
+    """dramatiq's keys of ``queue`` (brokers/redis/dispatch.lua): pending ids, id -> data, and the
+    same two for its dead letters."""
     name = f"{broker.namespace}:{queue}"
-    return [name, f"{name}.msgs", f"{name}.XQ", f"{name}.XQ.msgs", wake.wake_list(broker.namespace, queue)]
+    return [name, f"{name}.msgs", f"{name}.XQ", f"{name}.XQ.msgs"]
 
 
 #: keep the newest ARGV[1] dead letters: KEYS[1] the queue's dead-letter zset (id -> when),
@@ -216,6 +219,19 @@ class _Broker(RedisBroker):
         self.poll_s = poll_ms / 1000
         #: a client on a connection of its own, with this socket timeout (s), for a consumer's BLPOP
         self.blocking_client = blocking_client
+        self._next_maintenance = 0.0
+
+    def _should_do_maintenance(self, command: str) -> int:
+        """Whether this dispatch call also runs dramatiq's maintenance (dispatch.lua: the unacked
+        messages of a process whose heartbeat is older than ``heartbeat_timeout`` go back to their
+        queue; expired dead letters go). dramatiq draws it for 0.1% of calls: every ~15 s for a
+        consumer polling 67 times a second, but every ~30 min for one that blocks, so a message a
+        dead process held would wait that long. fleet runs it on a clock instead."""
+        now = time.monotonic()
+        if command in MAINTENANCE_COMMAND_BLACKLIST or now < self._next_maintenance:
+            return 0
+        self._next_maintenance = now + MAINTENANCE_INTERVAL_S
+        return 1
 
     @property
     def consumer_class(self) -> type[_Consumer]:
@@ -351,7 +367,8 @@ class Bus:
         broker's set of fetched, unacked ids (a dead agent's, which dramatiq requeues only when
         someone sends to the queue).
         For the queue of a removed node; the number of keys deleted."""
-        client, keys = self.broker.client, queue_keys(self.broker, queue)
+        client = self.broker.client
+        keys = [*queue_keys(self.broker, queue), wake.wake_list(self.broker.namespace, queue)]
         for prefix in (f"{self.broker.namespace}:__acks__.", f"{self.broker.namespace}:__stop__."):
             for key in client.scan_iter(match=f"{prefix}*", count=1000):
                 # "<namespace>:__acks__|__stop__.<broker id>.<queue>"; broker ids are uuids, no dots

@@ -262,6 +262,29 @@ def test_a_message_sent_to_an_idle_consumer_is_handled(redis_url: str) -> None:
     assert redelivery_pending(redis_url, QUEUE) == []
 
 
+def test_a_message_a_dead_process_fetched_and_never_acked_is_delivered_again(redis_url: str) -> None:
+    # Given a message fetched by a process that then died: still in its unacked set, its last
+    # dramatiq heartbeat older than dramatiq's heartbeat timeout
+    dead = Bus(load_settings(redis_url=redis_url)).broker
+    dead.enqueue(dramatiq.Message(queue_name=QUEUE, actor_name="job_submitted", args=(),
+                                  kwargs={"job_id": "j0"}, options={}))  # fmt: skip
+    assert len(dead.do_fetch(QUEUE, 1)) == 1
+    with bus_db(redis_url) as db:
+        db.zadd("fleet:__heartbeats__", {dead.broker_id: 0})
+        assert redelivery_pending(redis_url, QUEUE) != []
+    # When a worker starts on the queue (and blocks there, instead of polling)
+    rec = Recorder(redis_url)
+    worker = rec.bus.worker(QUEUE, threads=1)
+    try:
+        # Then dramatiq's maintenance moves the message back and it is handled, once
+        seen = rec.wait_seen(1)
+    finally:
+        worker.stop(timeout=2000)
+        rec.bus.close()
+    assert seen == ["j0"]
+    assert redelivery_pending(redis_url, QUEUE) == []
+
+
 def test_a_duplicated_wake_up_handles_the_message_once(redis_url: str) -> None:
     # Given an idle worker that is never woken by its safety net during the test
     rec = Recorder(redis_url, poll_ms=10_000)
