@@ -189,7 +189,11 @@ class ScaleRun:
         self.args, self.url, self.root, self.out = args, url, root, out
         self.env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_CONTROLLER__METRICS_PORT": "0",
                     "FLEET_AGENT__METRICS_PORT": "0", "PYTHONPATH": pythonpath()}  # fmt: skip
+        if args.leader_lease_s:
+            self.env["FLEET_CONTROLLER__LEADER_LEASE_S"] = str(args.leader_lease_s)
         self.settings = load_settings(redis_url=url)
+        if args.leader_lease_s:
+            self.settings.controller.leader_lease_s = args.leader_lease_s
         self.store = JobStore(connect(self.settings), Keys(self.settings.key_prefix))
         self.services = Services(root, self.env)
         self.tap = root / "passes.jsonl"
@@ -204,7 +208,7 @@ class ScaleRun:
             self.steady_passes(settled)
             self.idle_cpu(settled)
             self.profile()
-            self.probes()
+            self.probes(settled)
         finally:
             self.services.stop()
 
@@ -245,24 +249,40 @@ class ScaleRun:
             return None
         first = passes(self.tap)[0][1]
         placed = self.args.queued + 2 - self.store.count_by_state()[JobState.QUEUED]
-        self.out.add(
-            "first pass", f"{first:.2f} s", f"places {placed} jobs onto empty nodes", first_pass_s=first
-        )
-
-        def settled() -> bool:
-            counts = self.store.count_by_state()
-            return (
-                counts[JobState.SCHEDULED] + counts[JobState.STARTING] == 0 and counts[JobState.RUNNING] > 0
-            )
-
-        if not until(settled, self.args.timeout, every=0.5):
+        note = f"places {placed} jobs onto empty nodes" + self.fenced_off()
+        self.out.add("first pass", f"{first:.2f} s", note, first_pass_s=first, first_pass_placed=placed)
+        if not until(self.settled, self.args.timeout, every=0.5):
             self.out.add("every placed job running", f"did not finish in {self.args.timeout:.0f} s")
+            return None
+        if not self.placed():
+            self.out.add("every placed job running", "never: nothing placed",
+                         f"in {len(passes(self.tap))} passes" + self.fenced_off())  # fmt: skip
             return None
         at = time.time()
         claimed = self.store.redis.hlen(Keys(self.settings.key_prefix).claims)
         self.out.add("every placed job running", f"{at - started:.1f} s after the controller started",
                      f"{claimed} of {self.sim_stats().get('gpus')} GPUs claimed")  # fmt: skip
         return at
+
+    def placed(self) -> int:
+        counts = self.store.count_by_state()
+        return sum(counts[s] for s in (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING))
+
+    def settled(self) -> bool:
+        """Every placed job runs, or three passes placed nothing at all."""
+        counts = self.store.count_by_state()
+        if not self.placed():
+            return len(passes(self.tap)) >= 3
+        return counts[JobState.SCHEDULED] + counts[JobState.STARTING] == 0
+
+    def fenced_off(self) -> str:
+        """What the controller's log says about leadership lost to its own slowness, or ''."""
+        lost = (self.root / "controller.log").read_text().count("leadership_lost")
+        if not lost:
+            return ""
+        lease = self.settings.controller.leader_lease_s
+        return (f"; leadership lost {lost} times: the lease ({lease:g} s) is renewed between passes, so a "
+                "longer pass has its writes fenced off")  # fmt: skip
 
     def steady_passes(self, settled: float | None) -> None:
         if settled is None:
@@ -271,7 +291,7 @@ class ScaleRun:
 
         def enough() -> bool:
             seen = [p for p in passes(self.tap) if p[0] >= settled]
-            return len(seen) >= minimum and time.time() - settled >= window
+            return len(seen) >= minimum and time.time() - settled >= float(window)
 
         finished = until(enough, self.args.timeout, every=0.5)
         seen = [s for start, s in passes(self.tap) if start >= settled]
@@ -291,7 +311,7 @@ class ScaleRun:
         used = cpu_over(pids, 10)
         note = ", ".join(f"{name} {pct:.0f} %" for name, pct in used.items() if name != "controller")
         if settled is None:
-            note += "; the controller never settled: still placing"
+            note += "; the fleet never settled (above): this is the controller's steady state"
         self.out.add("controller CPU, nothing changing (10 s)", f"{used['controller']:.0f} % of a core", note,
                      idle_cpu_percent=used)  # fmt: skip
 
@@ -315,7 +335,10 @@ class ScaleRun:
             "where the time goes", f"{self.args.profile_s} s of py-spy", "table above", profile=summary
         )
 
-    def probes(self) -> None:
+    def probes(self, settled: float | None) -> None:
+        if settled is None:
+            self.out.add("high-priority job -> RUNNING", "skipped", "the fleet never settled (above)")
+            return
         client, waits = Client(settings=self.settings), list[float]()
         for _ in range(self.args.probes):
             if not self._l4_free():
@@ -354,7 +377,7 @@ class ScaleRun:
 
 
 def joined(stats: Path, nodes: int) -> bool:
-    return stats.exists() and json.loads(stats.read_text())["joined"] >= nodes
+    return stats.exists() and int(json.loads(stats.read_text())["joined"]) >= nodes
 
 
 def sim_cost(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
@@ -437,6 +460,9 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=1000, help="jobs for the real-agent throughput")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of steady passes to time")
+    parser.add_argument(
+        "--leader-lease-s", type=float, help="the controller's leader lease (default: its own)"
+    )
     parser.add_argument("--min-passes", type=int, default=5, help="steady passes to time, at least")
     parser.add_argument("--profile-s", type=int, default=20, help="py-spy seconds (0: skip)")
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of each wait, in seconds")
