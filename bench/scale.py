@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 
-from bench.dispatch import _counts as redis_counts
 from bench.dispatch import machine_line, redis_server
 from bench.nodesim import SECONDS_LABEL
 from bench.profile import summarise
@@ -101,6 +101,16 @@ class Services:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def redis_counts(url: str) -> tuple[int, int]:
+    """(all commands, including those run inside Lua scripts; script calls, i.e. client round trips)."""
+    r = redis.Redis.from_url(url)
+    stats = r.info("commandstats")
+    scripts = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    total = int(r.info("stats")["total_commands_processed"])
+    r.close()
+    return total, scripts
 
 
 def until(condition: Callable[[], object], timeout: float, every: float = 0.2) -> bool:
