@@ -10,15 +10,12 @@ cost of the queue itself.
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
-import tempfile
 import time
 
 import redis
 
+from bench.dispatch import redis_server
 from fleet.client import Client
-from fleet.local import free_port
 from fleet.models import JobSpec
 
 SPEC = JobSpec(name="sweep", command=["python3", "train.py", "--lr", "0.1"], gpus=1)
@@ -52,18 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,50000,100000")
     args = parser.parse_args()
-    port, data = free_port(), tempfile.mkdtemp(prefix="fleet-bench-arrays-")
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
-                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)  # fmt: skip
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
+    with redis_server() as url:
         r = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         client = Client(url)
         print("| what | jobs | submit time | Redis bytes per queued job |")
         print("|---|---|---|---|")
@@ -73,10 +60,6 @@ def main() -> None:
         per_submit, per_job = single_run(client, r, 2000)
         print(f"| one submit per job | 2000 | {per_submit * 1000:.2f} ms each | {per_job:.0f} |")
         client.close()
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-import redis
-
-from fleet.local import free_port
+from bench.dispatch import redis_server
 
 
 def seed(url: str, pythonpath: str, array: bool) -> None:
@@ -55,18 +51,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--array", action="store_true", help="also queue a 10,000-task array")
     args = parser.parse_args()
-    port, data = free_port(), tempfile.mkdtemp(prefix="fleet-bench-cli-")
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
-                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)  # fmt: skip
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        r = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+    with redis_server() as url:
         seed(url, args.pythonpath, args.array)
         env = {**os.environ, "PYTHONPATH": args.pythonpath, "FLEET_REDIS_URL": url}
         fleet = [sys.executable, "-m", "fleet"]
@@ -82,10 +67,6 @@ def main() -> None:
             t = timed(argv, env, args.runs, args.warmup)
             print(f"| `{name}` | {statistics.mean(t):.0f} | {statistics.median(t):.0f} | {min(t):.0f} | "
                   f"{max(t):.0f} |")  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

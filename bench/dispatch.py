@@ -223,8 +223,8 @@ def machine_line(what: str) -> str:
 def redis_server(*options: str) -> Iterator[str]:
     binary = shutil.which("redis-server") or "redis-server"
     port = free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no", *options],
-                              stdout=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", *options], stdout=subprocess.DEVNULL)  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:
