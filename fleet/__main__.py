@@ -1,5 +1,5 @@
 import sys
 
-from fleet.cli.main import main
+from fleet.cli.main import run
 
-sys.exit(main())
+sys.exit(run())

@@ -9,15 +9,17 @@ node's record cannot be read (quarantined: the message says why).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable, Sequence
 
 from fleet import __version__
-from fleet.cli import commands, services
 from fleet.errors import FleetError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fleet.cli import commands, services
+
     parser = argparse.ArgumentParser(
         prog="fleet",
         description="A serverless-style job queue for your own GPU fleet.",
@@ -35,8 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # importing the commands (redis, pydantic, fleet) allocates a few hundred thousand objects and
+    # none of them is garbage: collecting meanwhile costs ~15 ms of a command's ~250 for nothing
+    gc.disable()
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        gc.enable()
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -47,5 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> int:
+    """The ``fleet`` program: :func:`main`, then an exit that skips the interpreter's last garbage
+    collection over every object the command left (~50 ms: a fifth of a short command's time)."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

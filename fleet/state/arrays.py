@@ -99,7 +99,10 @@ class ArrayStore:
         return out
 
     def task_ids(self, array_id: str) -> list[str]:
-        return task_ids(array_id, self.get(array_id).indices)
+        """Every task id of the array (without counting where its tasks stand)."""
+        # get() (which also counts the tasks) only to say why there is no readable record
+        record = self.jobs.arrays([array_id]).get(array_id) or self.get(array_id)
+        return task_ids(array_id, record.indices)
 
     @translated
     def matching(self, labels: dict[str, str]) -> list[str]:
