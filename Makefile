@@ -48,11 +48,12 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch latency, poll cost, recovery, launch cost, scale (small; see bench/scale.py); results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch latency, poll cost, recovery, launch cost, scale (small; see bench/scale.py), Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
 	$(PYTHON) -m bench.scale
+	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info
