@@ -48,12 +48,13 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py); results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
 	$(PYTHON) -m bench.retention
 	$(PYTHON) -m bench.scale
+	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -4,6 +4,8 @@ Everything runs as separate processes on one machine and one ``redis-server``: t
 (``bench/controller.py``: the real one, which also writes each scheduling pass's duration), the
 node simulator (``bench/nodesim.py``), and this driver. Scenarios:
 
+0. **The simulator's own cost.** ``--nodes`` idle simulated nodes for 10 s, with the shared
+   consumer and with one dramatiq Worker on every node queue: its CPU, Redis's, script calls/s.
 1. **Passes.** ``--nodes`` simulated nodes of 8 GPUs (half "A100", half "H100") and ``--queued``
    jobs of mixed shapes (1/2/4/8 GPUs, 40 % bound to a GPU model) that run for a day, stored
    before the controller starts. Reported: the first pass (it places what fits), the time until
@@ -19,9 +21,12 @@ node simulator (``bench/nodesim.py``), and this driver. Scenarios:
    (``started_at``), ``--probes`` times.
 5. **Throughput with one real agent.** Fresh controller (``fleet controller``) and agent
    (``fleet agent``: process runtime, 16 simulated GPUs), default settings; ``--jobs`` jobs of
-   ``true`` submitted at once; first submit -> last SUCCEEDED.
+   ``true`` submitted at once; first submit -> last SUCCEEDED. ``bash bench/slurm.sh`` runs the
+   same with Slurm.
 
-Every wait has a deadline (``--timeout`` s each): what does not finish is reported as such.
+Every wait has a deadline (``--timeout`` s each): what does not finish is reported as such. A
+controller whose pass outlasts its leader lease has its writes fenced off and places nothing; the
+run says so, and ``--leader-lease-s`` lengthens the lease to measure the passes anyway.
 Run: ``python -m bench.scale`` (small), ``python -m bench.scale --nodes 1000 --queued 100000``.
 """
 
@@ -37,19 +42,28 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import redis
 
 from bench.dispatch import machine_line, redis_server
-from bench.nodesim import SECONDS_LABEL
+from bench.harness import (
+    Result,
+    Services,
+    cpu_over,
+    cpu_seconds,
+    passes,
+    pythonpath,
+    quantile,
+    redis_pid,
+    until,
+)
 from bench.profile import summarise
+from bench.simfleet import SECONDS_LABEL
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted
 from fleet.client import Client
 from fleet.config import Settings, load_settings
@@ -60,47 +74,7 @@ from fleet.state.connection import load_scripts
 from tests.conftest import FleetProcs
 
 DAY = "86400"
-REPO = Path(__file__).resolve().parent.parent
 PROBE_MODEL = "L4"
-
-
-class Result:
-    """Rows of the report: what, value, and a note saying how it was measured or why it is missing."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str]] = []
-        self.data: dict[str, Any] = {}
-
-    def add(self, what: str, value: str, note: str = "", **data: Any) -> None:
-        self.rows.append((what, value, note))
-        self.data.update(data)
-        print(f"| {what} | {value} | {note} |", flush=True)
-
-
-class Services:
-    """Child processes of this benchmark, with their logs in ``root``; stopped on exit."""
-
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
-        with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", *argv], env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
-        self.procs[name] = proc
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def redis_counts(url: str) -> tuple[int, int]:
@@ -111,15 +85,6 @@ def redis_counts(url: str) -> tuple[int, int]:
     total = int(r.info("stats")["total_commands_processed"])
     r.close()
     return total, scripts
-
-
-def until(condition: Callable[[], object], timeout: float, every: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every)
-    return False
 
 
 def backlog(count: int, seed: int = 1) -> Iterator[tuple[str, JobSpec]]:
@@ -155,40 +120,6 @@ def bulk_create(settings: Settings, jobs: Iterator[tuple[str, JobSpec]], chunk: 
     bus.close()
     client.close()
     return count
-
-
-def passes(path: Path) -> list[tuple[float, float]]:
-    """(start, seconds) of every pass the controller finished, from its tap file."""
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [(r["at"] - r["s"], r["s"]) for r in rows]
-
-
-def cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
-def cpu_over(pids: dict[str, int], seconds: float) -> dict[str, float]:
-    """Percent of one core each process used over ``seconds``."""
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    time.sleep(seconds)
-    return {name: 100 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
-def pythonpath() -> str:
-    """Children import this checkout's fleet and bench, whichever fleet is installed."""
-    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-
-
-def redis_pid(url: str) -> int:
-    return int(connect(load_settings(redis_url=url)).info("server")["process_id"])
 
 
 # -- scenarios 1-4 ------------------------------------------------------------------------
@@ -279,10 +210,10 @@ class ScaleRun:
         return sum(counts[s] for s in (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING))
 
     def settled(self) -> bool:
-        """Every placed job runs, or three passes placed nothing at all."""
+        """Every placed job runs, or two passes placed nothing at all."""
         counts = self.store.count_by_state()
         if not self.placed():
-            return len(passes(self.tap)) >= 3
+            return len(passes(self.tap)) >= 2
         return counts[JobState.SCHEDULED] + counts[JobState.STARTING] == 0
 
     def fenced_off(self) -> str:
@@ -328,7 +259,8 @@ class ScaleRun:
     def profile(self) -> None:
         spy = shutil.which("py-spy")
         if spy is None or self.args.profile_s <= 0:
-            self.out.add("where the time goes", "skipped", "py-spy not installed (pip install py-spy)")
+            why = "--profile-s 0" if spy else "py-spy not installed (pip install py-spy)"
+            self.out.add("where the time goes", "skipped", why)
             return
         raw = self.root / "controller.pyspy.txt"
         pid = str(self.services.procs["controller"].pid)

@@ -11,7 +11,8 @@ from collections import defaultdict
 
 import pytest
 
-from bench.nodesim import SECONDS_LABEL, Group, NodeSim
+from bench.nodesim import NodeSim
+from bench.simfleet import SECONDS_LABEL, Group
 from fleet.bus import Bus
 from fleet.client import Client
 from fleet.config import load_settings
