@@ -102,7 +102,8 @@ def test_a_job_asking_for_root_fails_unless_the_operator_allows_it(procs: FleetP
 
 @pytest.mark.docker
 def test_a_local_image_is_never_pulled(procs: FleetProcs, client: Client, runtime: str) -> None:
-    need(runtime == "docker", "docker only")
+    if runtime != "docker":
+        pytest.skip("docker only: the process runtime has no images")
     # Given a node that pulls missing images
     start(procs, client, FLEET_AGENT__DOCKER_PULL="missing")
     # When a job names a localhost/ image that was never built on the node
