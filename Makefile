@@ -48,12 +48,14 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), Slurm if installed; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
 	$(PYTHON) -m bench.retention
 	$(PYTHON) -m bench.scale
+	$(PYTHON) -m bench.arrays
+	$(PYTHON) -m bench.cli
 	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
 
 clean:

@@ -1,72 +1,85 @@
 """Wall time of ``fleet submit`` and ``fleet jobs`` as a user runs them (``python -m bench.cli``).
 
-Like hyperfine: each command runs ``--runs`` times in a row after ``--warmup`` runs, as a fresh
-``python -m fleet`` process against its own ``redis-server``, which holds 1,000 queued jobs (and,
-with ``--array``, a 10,000-task array as well). ``--pythonpath`` picks the fleet code to time, so
-the same script times an older checkout (e.g. ``/work/main``) for a before/after. The floor is
-``python -c pass`` (interpreter start and site), also timed.
+Like hyperfine: each command runs ``--runs`` times after ``--warmup`` runs, as a fresh ``python -m
+fleet`` process, against a ``redis-server`` of its own holding 1,000 queued jobs (and, with
+``--array``, a 10,000-task array as well). ``--pythonpath`` names the fleet checkout to time, and
+may be given twice (e.g. ``/work/main`` and this one) for a before/after: the runs of the
+checkouts alternate, so a machine that gets busier halfway slows both alike. Each checkout gets a
+Redis of its own, seeded by its own code. The floor, ``python -c pass`` (interpreter start and
+site), is timed too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 
 from bench.dispatch import redis_server
 
-
-def seed(url: str, pythonpath: str, array: bool) -> None:
-    """Queue 1,000 jobs (and a 10,000-task array) with the fleet code under test."""
-    code = (
-        "from fleet.client import Client\n"
-        "from fleet.models import JobSpec\n"
-        f"c = Client({url!r})\n"
-        "spec = JobSpec(name='seed', command=['true'], gpus=1)\n"
-        "for _ in range(1000): c.submit(spec)\n" + ("c.submit_array(spec, '0-9999')\n" if array else "")
-    )
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": pythonpath}, check=True)
+COMMANDS = {
+    "python -c pass": ["-c", "pass"],
+    "fleet submit --gpus 1 -- true": ["-m", "fleet", "submit", "--gpus", "1", "--", "true"],
+    "fleet jobs": ["-m", "fleet", "jobs"],
+}
 
 
-def timed(argv: list[str], env: dict[str, str], runs: int, warmup: int) -> list[float]:
-    times = []
-    for i in range(warmup + runs):
-        start = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True)
-        elapsed = time.perf_counter() - start
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed: {done.stderr}")
-        if i >= warmup:
-            times.append(elapsed * 1000)
-    return times
+@contextlib.contextmanager
+def seeded_redis(pythonpath: str, array: bool) -> Iterator[tuple[dict[str, str], str]]:
+    """(the environment to run that checkout's ``fleet`` in, a working directory) over a fresh Redis
+    holding 1,000 queued jobs (and a 10,000-task array) stored by that checkout's own code."""
+    with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-cli-") as cwd:
+        env = {**os.environ, "PYTHONPATH": pythonpath, "FLEET_REDIS_URL": url}
+        code = (
+            "from fleet.client import Client\nfrom fleet.models import JobSpec\n"
+            f"c = Client({url!r})\nspec = JobSpec(name='seed', command=['true'], gpus=1)\n"
+            "for _ in range(1000): c.submit(spec)\n" + ("c.submit_array(spec, '0-9999')\n" if array else "")
+        )
+        # run from a directory holding no fleet package: `python -m` puts the working directory first
+        # on sys.path, where a checkout would shadow the one --pythonpath names
+        subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, check=True)
+        yield env, cwd
+
+
+def run_once(args: list[str], env: dict[str, str], cwd: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True)
+    elapsed = (time.perf_counter() - start) * 1000
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed: {done.stderr}")
+    return elapsed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pythonpath", default=os.getcwd(), help="the fleet checkout to time")
+    parser.add_argument("--pythonpath", action="append", help="a fleet checkout to time (default: .)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--array", action="store_true", help="also queue a 10,000-task array")
     args = parser.parse_args()
-    with redis_server() as url:
-        seed(url, args.pythonpath, args.array)
-        env = {**os.environ, "PYTHONPATH": args.pythonpath, "FLEET_REDIS_URL": url}
-        fleet = [sys.executable, "-m", "fleet"]
-        commands = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "fleet submit --gpus 1 -- true": [*fleet, "submit", "--gpus", "1", "--", "true"],
-            "fleet jobs": [*fleet, "jobs"],
-        }
-        print(f"fleet code: {args.pythonpath}; {args.runs} runs after {args.warmup} warm-up runs")
-        print("| command | mean ms | median ms | min ms | max ms |")
-        print("|---|---|---|---|---|")
-        for name, argv in commands.items():
-            t = timed(argv, env, args.runs, args.warmup)
-            print(f"| `{name}` | {statistics.mean(t):.0f} | {statistics.median(t):.0f} | {min(t):.0f} | "
-                  f"{max(t):.0f} |")  # fmt: skip
+    checkouts = args.pythonpath or [os.getcwd()]
+    times: dict[tuple[str, str], list[float]] = {(c, n): [] for c in checkouts for n in COMMANDS}
+    with contextlib.ExitStack() as stack:
+        fleets = {c: stack.enter_context(seeded_redis(c, args.array)) for c in checkouts}
+        for i in range(args.warmup + args.runs):
+            for name, argv in COMMANDS.items():
+                for checkout, (env, cwd) in fleets.items():
+                    elapsed = run_once(argv, env, cwd)
+                    if i >= args.warmup:
+                        times[checkout, name].append(elapsed)
+    print(f"{args.runs} runs after {args.warmup} warm-up runs, checkouts alternating" + (
+        "; a 10,000-task array queued too" if args.array else ""))  # fmt: skip
+    print("| checkout | command | mean ms | median ms | min ms | max ms |")
+    print("|---|---|---|---|---|---|")
+    for (checkout, name), t in times.items():
+        print(f"| {checkout} | `{name}` | {statistics.mean(t):.0f} | {statistics.median(t):.0f} | "
+              f"{min(t):.0f} | {max(t):.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

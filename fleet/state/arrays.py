@@ -132,9 +132,8 @@ class ArrayStore:
         out: dict[str, bool] = {}
         top = "+inf"
         while len(out) < limit:
-            chunk = self.redis.zrevrangebyscore(
-                self.keys.jobs, top, "-inf", start=0, num=_CHUNK, withscores=True
-            )
+            want = min(_CHUNK, limit - len(out) + 1)  # each id costs a read: no more than may be shown
+            chunk = self.redis.zrevrangebyscore(self.keys.jobs, top, "-inf", 0, want, withscores=True)
             if not chunk:
                 break
             owners = self._owners(job_id for job_id, _ in chunk)

@@ -44,3 +44,42 @@ def test_password_comes_from_env_and_is_never_displayed(monkeypatch: pytest.Monk
     assert settings.redis_password_for() == "s3cret"
     assert "s3cret" not in settings.redis_display + repr(settings)
     assert load_settings(redis_url="redis://u:pw@h:1/0").redis_display == "redis://u:***@h:1/0"
+
+
+def test_environment_names_are_case_insensitive_and_lists_or_sections_are_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a file with an agent section and variables: nested, whole-section JSON, a JSON list,
+    # lower case, and FLEET_* ones that name no setting (a job's own, the config path)
+    path = tmp_path / "fleet.toml"
+    path.write_text('[agent]\nsimulated_gpus = 2\nruntime = "process"\n')
+    monkeypatch.setenv("fleet_agent__simulated_gpus", "6")
+    monkeypatch.setenv("FLEET_CONTROLLER", '{"leader_lease_s": 9}')
+    monkeypatch.setenv("FLEET_ALLOWED_MOUNTS", '["/data", "/scratch"]')
+    monkeypatch.setenv("FLEET_JOB_ID", "not-a-setting")
+
+    # When settings are loaded, with an override of one more agent key
+    settings = load_settings(path, agent={"stop_grace_s": 1})
+
+    # Then every source counts, sections merge key by key, and the strangers are ignored
+    assert (settings.agent.simulated_gpus, settings.agent.runtime, settings.agent.stop_grace_s) == (
+        6,
+        "process",
+        1,
+    )
+    assert settings.controller.leader_lease_s == 9
+    assert [str(p) for p in settings.allowed_mounts] == ["/data", "/scratch"]
+
+
+def test_a_bad_value_from_the_environment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_AGENT__SIMULATED_GPUS", "many")
+    with pytest.raises(ConfigError, match=r"agent\.simulated_gpus: Input should be a valid integer"):
+        load_settings()
+    monkeypatch.setenv("FLEET_ALLOWED_MOUNTS", "/data")
+    with pytest.raises(ConfigError, match=r"FLEET_ALLOWED_MOUNTS: expected JSON"):
+        load_settings()
+    monkeypatch.delenv("FLEET_ALLOWED_MOUNTS")
+    monkeypatch.setenv("FLEET_AGENT__SIMULATED_GPUS", "2")
+    monkeypatch.setenv("FLEET_AGENT__HEARTBEAT_INTERVALL_S", "1")
+    with pytest.raises(ConfigError, match=r"agent\.heartbeat_intervall_s: Extra inputs are not permitted"):
+        load_settings()
