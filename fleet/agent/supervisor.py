@@ -114,7 +114,8 @@ class Supervisor:
                 _write_json(folder / "meta.json", {"pid": 0, "created": 0})
                 self._notify(key)
                 return {"pid": 0}
-        _write_json(folder / "meta.json", {"pid": proc.pid, "created": _created(proc.pid)})
+        meta = {"pid": proc.pid, "created": _created(proc.pid), "supervisor": os.getpid()}
+        _write_json(folder / "meta.json", meta)
         self.held[key] = Held(key, proc.pid, os.pidfd_open(proc.pid), True, proc)
         return {"pid": proc.pid}
 
@@ -138,13 +139,14 @@ class Supervisor:
 
     def _reap(self) -> None:
         for held in list(self.held.values()):
-            if held.proc is not None and os.waitid(os.P_PID, held.pid, _EXITED) is not None:
+            if held.proc is not None and (info := os.waitid(os.P_PID, held.pid, _EXITED)) is not None:
                 # the leader exited but is not reaped yet, so its group id cannot be reused: kill
-                # whatever of the job it left behind, then reap
+                # whatever of the job it left behind, write the exit code, and only then reap, so
+                # that a leader gone from /proc always has its exit file (see ProcessRuntime.status)
                 self._signal(held, signal.SIGKILL)
-                code = held.proc.wait()
-                _write_json(self.state_dir / ATTEMPTS / held.key / "exit",
-                            {"code": 128 - code if code < 0 else code, "at": time.time()})  # fmt: skip
+                code = info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+                _write_json(self.state_dir / ATTEMPTS / held.key / "exit", {"code": code, "at": time.time()})
+                held.proc.wait()
                 self._forget(held.key)
                 self._notify(held.key)
             elif held.proc is None and not _alive(held.pidfd):

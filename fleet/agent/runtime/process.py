@@ -10,6 +10,7 @@ by this runtime (no cgroups); use Docker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -62,11 +63,13 @@ class ProcessRuntime:
             meta = json.loads((folder / "meta.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        exit_file = folder / "exit"
-        if exit_file.exists():
-            code = int(json.loads(exit_file.read_text())["code"])
+        # /proc first, the exit file second: the supervisor writes the file before it reaps the
+        # leader, so a leader already gone from /proc has its file unless the supervisor died
+        leader = _leader(meta["pid"], meta["created"], meta.get("supervisor"))
+        with contextlib.suppress(FileNotFoundError):
+            code = int(json.loads((folder / "exit").read_text())["code"])
             return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=_describe(code)))
-        if _alive(meta["pid"], meta["created"]):
+        if leader != "gone":  # running, or exited and about to be reaped by the supervisor
             return AttemptStatus(job_id, attempt, True)
         return AttemptStatus(job_id, attempt, False, Exit(
             code=137, fault="infra", kind="lost", reason="its supervisor died before recording an exit",
@@ -145,13 +148,18 @@ class ProcessRuntime:
         self.supervisor.close()
 
 
-def _alive(pid: int, created: float) -> bool:
-    """The attempt's leader ``pid`` still runs (and is not a recycled pid: same start time)."""
+def _leader(pid: int, created: float, supervisor: int | None) -> str:
+    """ "running", "exited" (a zombie its live supervisor has not reaped yet) or "gone" (no such
+    process, a recycled pid with another start time, or a zombie orphaned by its supervisor)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return stat[0] != "Z" and float(stat[19]) == created
+        return "gone"
+    if float(stat[19]) != created:
+        return "gone"
+    if stat[0] != "Z":
+        return "running"
+    return "exited" if int(stat[1]) == supervisor else "gone"
 
 
 def _group(pid: int) -> list[int]:
