@@ -70,7 +70,6 @@ from fleet.config import Settings, load_settings
 from fleet.keys import Keys
 from fleet.models import JobSpec, JobState
 from fleet.state import JobStore, connect
-from fleet.state.connection import load_scripts
 from tests.conftest import FleetProcs
 
 DAY = "86400"
@@ -87,13 +86,15 @@ def redis_counts(url: str) -> tuple[int, int]:
     return total, scripts
 
 
-def backlog(count: int, seed: int = 1) -> Iterator[tuple[str, JobSpec]]:
-    """Mixed shapes: 1/2/4/8 GPUs (4:3:2:1), 20 % asking for "A100", 20 % for "H100"; a day long."""
+def backlog(count: int, churn_s: float = 0, seed: int = 1) -> Iterator[tuple[str, JobSpec]]:
+    """Mixed shapes: 1/2/4/8 GPUs (4:3:2:1), 20 % asking for "A100", 20 % for "H100"; a day long,
+    or with ``churn_s`` between half and one and a half times that."""
     rng = random.Random(seed)
     for i in range(count):
         gpus = rng.choice([1, 1, 1, 1, 2, 2, 2, 4, 4, 8])
         model = rng.choice([None, None, None, "A100", "H100"])
-        yield f"q-{i}", JobSpec(name="q", command=["sleep", DAY], gpus=gpus, gpu_model=model)
+        seconds = str(round(rng.uniform(churn_s / 2, churn_s * 1.5))) if churn_s else DAY
+        yield f"q-{i}", JobSpec(name="q", command=["sleep", seconds], gpus=gpus, gpu_model=model)
 
 
 def probe_setup() -> list[tuple[str, JobSpec]]:
@@ -107,14 +108,10 @@ def probe_setup() -> list[tuple[str, JobSpec]]:
 def bulk_create(settings: Settings, jobs: Iterator[tuple[str, JobSpec]], chunk: int = 2000) -> int:
     """Store QUEUED jobs exactly as ``JobStore.create`` does (its script, its keys), a chunk per round
     trip, then wake the controller once: a client submitting 100,000 jobs one by one takes minutes."""
-    client, k = connect(settings), Keys(settings.key_prefix)
-    submit, count = load_scripts(client)["submit"], 0
+    client = connect(settings)
+    store, count = JobStore(client, Keys(settings.key_prefix)), 0
     while batch := list(itertools.islice(jobs, chunk)):
-        pipe, now = client.pipeline(transaction=False), time.time()
-        for job_id, spec in batch:
-            keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.events(job_id)]
-            submit(keys=keys, args=[job_id, spec.model_dump_json(), now, "submitted"], client=pipe)
-        count += sum(pipe.execute())
+        count += store.create_many(batch, time.time())
     bus = Bus(settings)
     bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id="bulk"))
     bus.close()
@@ -150,6 +147,7 @@ class ScaleRun:
             self.idle_cpu(settled)
             self.profile()
             self.probes(settled)
+            self.churn(settled)
         finally:
             self.services.stop()
 
@@ -177,7 +175,7 @@ class ScaleRun:
     def load_queue(self) -> None:
         started = time.monotonic()
         stored = bulk_create(self.settings, iter(probe_setup()))
-        stored += bulk_create(self.settings, backlog(self.args.queued))
+        stored += bulk_create(self.settings, backlog(self.args.queued, self.args.churn_s))
         self.out.add("queue stored", f"{stored} jobs", f"in {time.monotonic() - started:.1f} s (pipelined)")
 
     def start_controller(self) -> float | None:
@@ -298,6 +296,26 @@ class ScaleRun:
                          f"{max(waits):.3f} s", f"{len(waits)} probes into a queue of {self.args.queued}",
                          probe_s=waits)  # fmt: skip
 
+    def churn(self, settled: float | None) -> None:
+        """With ``--churn-s``: passes while the first placed jobs end and queued ones take their GPUs."""
+        if not self.args.churn_s or settled is None:
+            return
+        time.sleep(max(settled + self.args.churn_s / 2 + 5 - time.time(), 0))  # the first ends began
+        ended = lambda: self.store.count_by_state()[JobState.SUCCEEDED]  # noqa: E731
+        start, ended_before = time.time(), ended()
+        time.sleep(self.args.window)
+        took, done, low = time.time() - start, ended() - ended_before, self.args.churn_s / 2
+        seen = [s for at, s in passes(self.tap) if start <= at <= start + took]
+        if not seen:
+            self.out.add("pass under churn", "no pass finished", f"{done} jobs ended in {took:.0f} s")
+            return
+        self.out.add("pass under churn: median / p99",
+                     f"{statistics.median(seen):.3f} s / {quantile(seen, 0.99):.3f} s",
+                     f"{len(seen)} passes in {took:.0f} s while {done / took:.1f} jobs/s ended and as many "
+                     f"queued ones were placed (durations {low:g}-{low * 3:g} s)",
+                     churn_pass_median_s=statistics.median(seen), churn_pass_p99_s=quantile(seen, 0.99),
+                     churn_ended_per_s=done / took)  # fmt: skip
+
     def _probe(self, client: Client) -> float | None:
         """Seconds from ``submit()`` to RUNNING of one high-priority job, once it has ended; None: timeout."""
         spec = JobSpec(name="probe", command=["true"], gpus=1, gpu_model=PROBE_MODEL, priority=1000,
@@ -407,6 +425,12 @@ def main() -> None:
     )
     parser.add_argument("--min-passes", type=int, default=5, help="steady passes to time, at least")
     parser.add_argument("--profile-s", type=int, default=20, help="py-spy seconds (0: skip)")
+    parser.add_argument(
+        "--churn-s",
+        type=float,
+        default=0,
+        help="queued jobs run 0.5-1.5x this long, and passes are also timed while they end (0: a day)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of each wait, in seconds")
     parser.add_argument("--skip", action="append", default=[], choices=["sim", "scale", "throughput"])
     parser.add_argument("--json", type=Path, help="also write the results here")
