@@ -122,11 +122,11 @@ class NodeSim:
 
     def heartbeat_round(self) -> None:
         """Renew every node's lease with the agent's own heartbeat script, all in one pipeline."""
-        started, now, k = time.monotonic(), self.clock(), self.keys
+        started, now = time.monotonic(), self.clock()
         ttl_ms = int(self.cfg.node_lease_ttl_s * 1000)
         pipe = self.nodes.redis.pipeline(transaction=False)
         for node in self.sim_nodes:
-            self._heartbeat(keys=[k.node_lease(node.name), k.node(node.name), k.nodes],
+            self._heartbeat(keys=self.nodes.heartbeat_keys(node.name),
                             args=[AGENT_ID, ttl_ms, now, node.name, node.fields], client=pipe)  # fmt: skip
         for node, (code, holder) in zip(self.sim_nodes, pipe.execute(), strict=True):
             if code == -1:

@@ -135,6 +135,17 @@ class Keys:
         return f"{self.prefix}:node:{name}:alloc"
 
     @property
+    def nodes_version(self) -> str:
+        """A counter bumped by every write that changes what the scheduler sees of a node."""
+        return f"{self.prefix}:nodes:version"
+
+    @property
+    def nodes_changed(self) -> str:
+        """Zset: node name -> the ``nodes_version`` of its last such change (the controller reads only
+        the nodes changed since its last look; lease expiry, which writes nothing, it checks itself)."""
+        return f"{self.prefix}:nodes:changed"
+
+    @property
     def leader(self) -> str:
         return f"{self.prefix}:leader"
 

@@ -79,13 +79,17 @@ class Controller:
         #: the incremental scheduler core's state: the queue and the node views, kept in memory
         self.queue = PendingQueue()
         self._views: dict[str, NodeView] = {}
+        #: each node as last read, and the nodes-changed version that read saw (see fleet.keys)
+        self._nodes: dict[str, Node] = {}
+        self._node_version = 0
+        self._views_changed = False
+        self._next_full_reconcile = 0.0
         self._lock = threading.Lock()
         self._touched_jobs: set[str] = set()
         self._touched_nodes: set[str] = set()
         #: max_running of the arrays whose tasks are queued (read with the tasks)
         self._array_limits: dict[str, int] = {}
         self._next_resync = 0.0
-        self._next_node_refresh = 0.0
         self._reload = False
         self._next_count = 0.0
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes)
@@ -245,13 +249,12 @@ class Controller:
             self._touched_jobs, self._touched_nodes = set(), set()
         if self._reload:
             self._reload, self.queue, self._views, self._next_resync = False, PendingQueue(), {}, 0.0
+            self._nodes, self._next_full_reconcile = {}, 0.0
         if time.monotonic() >= self._next_resync or self._queue_drifted():
             self._next_resync = time.monotonic() + self.cfg.resync_interval_s
-            self._next_node_refresh = 0.0
             jobs |= self._resync_queue()
-        if jobs:
-            self._load_jobs(jobs, now)
-        return bool(jobs) | self._refresh_nodes(nodes, now)
+        queue_changed = self._load_jobs(jobs, now) if jobs else False
+        return self._refresh_nodes(nodes, now) | queue_changed
 
     def _queue_drifted(self) -> bool:
         """Each ``schedule_interval_s``, one cheap count: a submit whose message was lost shows up
@@ -268,31 +271,48 @@ class Controller:
             self.queue.discard(gone)
         return stored - set(self.queue.jobs)
 
-    def _load_jobs(self, ids: set[str], now: float) -> None:
+    def _load_jobs(self, ids: set[str], now: float) -> bool:
+        """Read these jobs into the queue or out of it. True when a pass may now place something
+        it could not before: the queue gained or lost a job, or a task of an array with a
+        ``max_running`` left the nodes (its room grew). Jobs that only moved along on their nodes
+        (STARTING, RUNNING) change nothing: freed GPUs come through the nodes' feed."""
         batch = self.jobs.read_many(ids)
-        queued = [j for j in self._readable(batch, now) if j.state == JobState.QUEUED]
-        for job_id in ids - {j.id for j in queued}:
-            self.queue.discard(job_id)
-        self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
+        readable = self._readable(batch, now)
+        queued = [j for j in readable if j.state == JobState.QUEUED]
+        gone = [job_id for job_id in ids - {j.id for j in queued} if self.queue.discard(job_id) is not None]
+        added = self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
         self._array_limits.update({j.array_id: j.array_max_running for j in queued
                                    if j.array_id and j.array_max_running})  # fmt: skip
+        room = any(j.array_id in self._array_limits and not j.state.on_node for j in readable)
+        return bool(gone or added or room)
 
     def _refresh_nodes(self, names: set[str], now: float) -> bool:
-        """Every node each ``schedule_interval_s`` (heartbeats change GPU health and busy flags),
-        else only the nodes messages named; True when a view changed."""
-        if time.monotonic() >= self._next_node_refresh:
-            self._next_node_refresh = time.monotonic() + self.cfg.schedule_interval_s
-            batch, views = self._read_nodes(), {}
-        elif names:
-            batch, views = self._read_nodes(sorted(names)), dict(self._views)
-            for name in names:
-                views.pop(name, None)
+        """Read the nodes whose view changed: those the nodes-changed feed names since the last look
+        (heartbeats whose placement digest changed, admin states, jobs placed or released), and those
+        messages and lease checks named; every node when none is known yet or the feed's counter
+        went back (the full reconcile reads every node each ``resync_interval_s`` too, see
+        ``_install``). True when a view changed."""
+        changed, version = self.nodes.changed_since(self._node_version)
+        if not self._nodes or version < self._node_version:
+            self._install(self._read_nodes(), now)
+        elif names := names | set(changed):
+            self._install(self._read_nodes(sorted(names), all_claims=False), now, names)
+        self._node_version = version
+        dirty, self._views_changed = self._views_changed, False
+        return dirty
+
+    def _install(self, batch: NodeBatch, now: float, names: set[str] | None = None) -> None:
+        """Take the nodes just read as the scheduler's views: all of them (``names`` None), or those
+        named (a name not in the batch is gone or unreadable: its view goes)."""
+        if names is None:
+            views, nodes = {}, {}
         else:
-            return False
+            views = {n: v for n, v in self._views.items() if n not in names}
+            nodes = {n: v for n, v in self._nodes.items() if n not in names}
         views.update({n.name: snapshot.node_view(n, now) for n in batch.nodes})
-        changed = views != self._views
-        self._views = views
-        return changed
+        nodes.update({n.name: n for n in batch.nodes})
+        self._views_changed |= views != self._views
+        self._views, self._nodes = views, nodes
 
     # -- unreadable records ------------------------------------------------------------
 
@@ -303,11 +323,11 @@ class Controller:
                 event(log, "record_quarantined", logging.WARNING, kind="job", id=job_id, reason=reason)
         return batch.jobs
 
-    def _read_nodes(self, names: list[str] | None = None) -> NodeBatch:
+    def _read_nodes(self, names: list[str] | None = None, all_claims: bool = True) -> NodeBatch:
         """Nodes as stored; an unreadable record is left out of scheduling and quarantined (logged
         once), and forgotten from quarantine once it reads again (an agent rewrote it)."""
         names = self.nodes.names() if names is None else names
-        batch = self.nodes.read(names)
+        batch = self.nodes.read(names, all_claims)
         for name, reason in batch.corrupt.items():
             if self.nodes.quarantine(name, reason, self._token()):
                 event(log, "record_quarantined", logging.WARNING, kind="node", id=name, reason=reason)
@@ -328,8 +348,13 @@ class Controller:
 
     def _reconcile(self) -> Buckets:
         now = self.clock()
-        nodes = self._read_nodes()
-        jobs = self._readable(self.jobs.read_on_nodes(), now)
+        if time.monotonic() >= self._next_full_reconcile:
+            self._next_full_reconcile = time.monotonic() + self.cfg.resync_interval_s
+            nodes = self._read_nodes()
+            jobs = self._readable(self.jobs.read_on_nodes(), now)
+            self._install(nodes, now)  # the scheduler's safety net too: every view read again
+        else:
+            nodes, jobs = self._watched(now)
         # a node whose record cannot be read but whose agent holds its lease keeps its jobs
         unreadable = [Node(name=n, state=NodeState.READY, alive=True) for n in nodes.corrupt_alive]
         buckets = reconcile([*nodes.nodes, *unreadable], jobs, nodes.claims, now, self.cfg)
@@ -346,6 +371,25 @@ class Controller:
             event(log, "orphan_claims_released", logging.WARNING,
                   claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims))  # fmt: skip
         return buckets
+
+    def _watched(self, now: float) -> tuple[NodeBatch, list[Job]]:
+        """Between full reconciles (every ``resync_interval_s``), what can need the controller within
+        seconds: nodes whose lease came or went (one MGET over every lease), nodes down or draining,
+        and jobs being launched (deadlines) with their nodes. Claims are left to the full pass, so
+        the batch holds only these nodes' claims and finds no orphan."""
+        alive = self.nodes.alive(sorted(self._nodes))
+        flipped = {name for name, up in alive.items() if up != self._nodes[name].alive}
+        launching = self._readable(self.jobs.read_launching(), now)
+        watched = flipped | {j.node for j in launching if j.node}
+        watched |= {
+            n.name for n in self._nodes.values() if not n.alive or n.admin_state == NodeState.DRAINING
+        }
+        if not watched:
+            return NodeBatch(), launching
+        nodes = self._read_nodes(sorted(watched), all_claims=False)
+        self._install(nodes, now, watched)
+        on_watched = {job_id for n in nodes.nodes for job_id in n.jobs} - {j.id for j in launching}
+        return nodes, [*launching, *self._readable(self.jobs.read_many(on_watched), now)]
 
     def _requeue(self, requeue: Requeue, now: float) -> None:
         """Requeue without spending retries, if the job is still where the snapshot saw it."""
@@ -414,7 +458,13 @@ class Controller:
 
     def _remove_gone_nodes(self) -> None:
         now, keep = self.clock(), self.settings.node_retention_s
-        for name in retention.gone_nodes(self._read_nodes().nodes, now, keep):
+        # only nodes without a lease are read (one MGET tells which); the removal script checks
+        # lease, jobs and last heartbeat again
+        down = [name for name, up in self.nodes.alive(self.nodes.names()).items() if not up]
+        for name in retention.gone_nodes(
+            self._read_nodes(down, all_claims=False).nodes if down else [], now, keep
+        ):
             if self.retention.remove_node(name, now - keep, self._token()):
+                self._install(NodeBatch(), now, {name})
                 keys = self.bus.delete_queue(node_queue(name))
                 event(log, "node_removed", node=name, bus_keys=keys, retention_s=f"{keep:g}")

@@ -47,11 +47,14 @@ class PendingQueue:
     def add(self, job: PendingJob, reason: str = "") -> None:
         self.add_many([job], {job.id: reason})
 
-    def add_many(self, jobs: Iterable[PendingJob], reasons: dict[str, str]) -> None:
+    def add_many(self, jobs: Iterable[PendingJob], reasons: dict[str, str]) -> int:
+        """Add or update jobs; how many were new or changed."""
         touched: set[Shape] = set()
+        changed = 0
         for job in jobs:
             if self.jobs.get(job.id) == job:
                 continue
+            changed += 1
             self.discard(job.id)
             self.jobs[job.id] = job
             self.reasons[job.id] = reasons.get(job.id, "")
@@ -65,6 +68,7 @@ class PendingQueue:
                 touched.add(job.shape)
         for shape in touched:
             self._shapes[shape].sort(reverse=True)
+        return changed
 
     def discard(self, job_id: str) -> PendingJob | None:
         job = self.jobs.pop(job_id, None)

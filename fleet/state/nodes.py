@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,7 +40,15 @@ class NodeInfo:
             "memory": str(self.memory),
             "runtime": self.runtime,
             "gpu_backend": self.gpu_backend,
+            "sched": self.digest(),
         }
+
+    def digest(self) -> str:
+        """What placement depends on (not utilisation or temperature, which change every beat):
+        the heartbeat script marks the node changed for the scheduler only when this changes."""
+        gpus = [(g.uuid, g.index, g.model, g.memory_total, g.healthy, g.health, g.busy) for g in self.gpus]
+        text = json.dumps([gpus, self.cpus, self.memory, self.runtime])
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _granted(alloc: list[str]) -> dict[str, float]:
@@ -61,14 +70,17 @@ class NodeStore:
     @translated
     def heartbeat(self, name: str, agent_id: str, ttl_s: float, now: float, info: NodeInfo) -> bool:
         """Renew the node lease and publish ``info``; True when the node (re)joined."""
-        k = self.keys
         code, holder = self._scripts["heartbeat"](
-            keys=[k.node_lease(name), k.node(name), k.nodes],
+            keys=self.heartbeat_keys(name),
             args=[agent_id, int(ttl_s * 1000), now, name, json.dumps(info.fields())],
         )
         if code == -1:
             raise LeaseConflict(f"node {name!r} is held by agent {holder}; give each agent its own node_name")
         return bool(code == 1)
+
+    def heartbeat_keys(self, name: str) -> list[str]:
+        k = self.keys
+        return [k.node_lease(name), k.node(name), k.nodes, k.nodes_version, k.nodes_changed]
 
     @translated
     def set_state(
@@ -86,7 +98,8 @@ class NodeStore:
         allowed = ",".join(s.value for s in only_from)
         changes = json.dumps({f: str(v) for f, v in fields.items()})
         code = self._scripts["node_state"](
-            keys=[k.node(name), k.nodes, k.leader], args=[name, leader, allowed, changes]
+            keys=[k.node(name), k.nodes, k.leader, k.nodes_version, k.nodes_changed],
+            args=[name, leader, allowed, changes],
         )
         if code == -1:
             raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
@@ -97,6 +110,26 @@ class NodeStore:
     @translated
     def names(self) -> list[str]:
         return sorted(self.redis.smembers(self.keys.nodes))
+
+    @translated
+    def changed_since(self, version: int) -> tuple[list[str], int]:
+        """Nodes whose scheduling view changed after ``version`` (heartbeat digest, admin state, jobs
+        placed or released), and the version now. A version now below ``version`` means the counter
+        was reset (a Redis restored or flushed): the caller must read every node again."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.nodes_version)
+        pipe.zrangebyscore(self.keys.nodes_changed, f"({version}", "+inf")
+        now, names = pipe.execute()
+        return names, int(now or 0)
+
+    @translated
+    def alive(self, names: list[str]) -> dict[str, bool]:
+        """Which of these nodes hold their lease (one command: what a lease expiry, which writes
+        nothing, is noticed by)."""
+        if not names:
+            return {}
+        leases = self.redis.mget([self.keys.node_lease(n) for n in names])
+        return {n: lease is not None for n, lease in zip(names, leases, strict=True)}
 
     @translated
     def most_gpus(self) -> int:
@@ -122,17 +155,21 @@ class NodeStore:
         return self.read(self.names())
 
     @translated
-    def read(self, names: list[str]) -> NodeBatch:
-        """These nodes as stored (with their claims and the CPUs and memory granted on them)."""
+    def read(self, names: list[str], all_claims: bool = True) -> NodeBatch:
+        """These nodes as stored (with their claims and the CPUs and memory granted on them). The
+        batch's ``claims`` is the whole claims hash, or with ``all_claims=False`` (a few nodes out of
+        many) only the claims of these nodes' GPUs, read in a second round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(self.keys.node(name))
             pipe.exists(self.keys.node_lease(name))
             pipe.smembers(self.keys.node_jobs(name))
             pipe.hvals(self.keys.node_alloc(name))
-        pipe.hgetall(self.keys.claims)
+        if all_claims:
+            pipe.hgetall(self.keys.claims)
         pipe.hgetall(self.keys.quarantined_nodes)
-        *rows, claims, quarantined = pipe.execute()
+        *rows, quarantined = pipe.execute()
+        claims = rows.pop() if all_claims else self._claims_of(rows[0::4])
         nodes, corrupt, corrupt_alive = [], {}, set()
         for name, raw, alive, jobs, alloc in zip(names, *(rows[i::4] for i in range(4)), strict=True):
             if not raw:
@@ -146,6 +183,15 @@ class NodeStore:
                 continue
             nodes.append(node.model_copy(update=_granted(alloc)))
         return NodeBatch(nodes, corrupt, frozenset(corrupt_alive), quarantined, claims)
+
+    def _claims_of(self, records: list[dict[str, str]]) -> dict[str, str]:
+        uuids = []
+        for raw in records:
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                uuids += [g["uuid"] for g in json.loads(raw.get("gpus") or "[]")]
+        if not uuids:
+            return {}
+        return {u: c for u, c in zip(uuids, self.redis.hmget(self.keys.claims, uuids), strict=True) if c}
 
     def get(self, name: str) -> Node:
         batch = self.read_all()

@@ -10,7 +10,7 @@ import redis
 
 from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy, decide
-from fleet.models import ON_NODE_STATES, Exit, JobSpec, JobState
+from fleet.models import ON_NODE_STATES, Exit, Gpu, JobSpec, JobState, NodeState
 from fleet.state import JobStore, NodeStore
 from fleet.state.nodes import NodeInfo
 
@@ -90,3 +90,44 @@ def test_a_cancel_racing_a_placement_ends_cancelled_either_way(
     job = fleet.get("j2")
     assert job.state == JobState.CANCELLED or (job.state.on_node and job.cancel_requested)
     assert fleet.queued() == []
+
+
+def test_the_nodes_changed_feed_names_what_placement_sees_change_and_nothing_else(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    _, jobs, client = stores
+    nodes = NodeStore(client, jobs.keys)
+    gpu = Gpu(uuid="GPU-a", index=0, model="A100", memory_total=80)
+
+    def beat(**changes: Any) -> None:
+        info = NodeInfo(gpus=[gpu.model_copy(update=changes)], cpus=8, memory=1 << 30, runtime="process",
+                        gpu_backend="simulated")  # fmt: skip
+        nodes.heartbeat("n1", "agent-1", 30, 100.0, info)
+
+    def changed() -> list[str]:
+        names, version = nodes.changed_since(seen[0])
+        seen[0] = version
+        return names
+
+    seen = [0]
+    beat()  # a node joining is a change
+    assert changed() == ["n1"]
+    beat(utilization=97, temperature=80, memory_used=5)  # usage moves every beat: not a change
+    assert changed() == []
+    beat(busy="busy: foreign pid 4242 (python)")  # a GPU taken by something else: a change
+    assert changed() == ["n1"]
+    nodes.set_state("n1", NodeState.CORDONED, "maintenance", 101.0, "ops")
+    assert changed() == ["n1"]
+    jobs.create("j1", JobSpec(name="j", command=["true"]), 100.0)
+    assert jobs.place("j1", "n1", [], LEADER, 101.0, "placed on n1") == 0  # cordoned: refused, no change
+    assert changed() == []
+    nodes.set_state("n1", NodeState.READY, "", 102.0, "ops")
+    assert changed() == ["n1"]
+    assert jobs.place("j1", "n1", [], LEADER, 103.0, "placed on n1") == 1
+    assert changed() == ["n1"]
+    for to in (JobState.STARTING, JobState.RUNNING):  # a launch holds what it was placed with
+        assert jobs.transition("j1", attempt=1, allowed=ON_NODE_STATES, to=to, reason="", now=104.0)
+    assert changed() == []
+    assert jobs.transition("j1", attempt=1, allowed=ON_NODE_STATES, to=JobState.SUCCEEDED, reason="exited",
+                           now=105.0, release=True)  # fmt: skip
+    assert changed() == ["n1"]  # leaving the node releases what it held there

@@ -1,5 +1,6 @@
 -- node_state: set a node's admin state (operators; the controller's DRAINED, fenced by its lease).
--- KEYS[1] node hash  KEYS[2] nodes set  KEYS[3] leader key
+-- KEYS[1] node hash  KEYS[2] nodes set  KEYS[3] leader key  KEYS[4] nodes version counter
+-- KEYS[5] nodes changed zset
 -- ARGV[1] node name
 -- ARGV[2] the leader value a controller write is fenced by; '' for operators
 -- ARGV[3] states the admin state must be in now, comma separated; '' for any
@@ -25,4 +26,5 @@ end
 for field, value in pairs(cjson.decode(ARGV[4])) do
   redis.call('HSET', KEYS[1], field, tostring(value))
 end
+redis.call('ZADD', KEYS[5], redis.call('INCR', KEYS[4]), ARGV[1])
 return 1

@@ -6,7 +6,8 @@
 --   <p>:job:<id>, <p>:job:<id>:events, <p>:jobs:queued, <p>:jobs:state:QUEUED|SCHEDULED,
 --   <p>:node:<node>, <p>:node:<node>:lease, <p>:node:<node>:jobs,
 --   <p>:node:<node>:alloc (job id -> "<cpus> <memory>" granted on the node); for a task of a job
---   array, <p>:array:<array id> (its max_running) and <p>:array:<array id>:active (its tasks on nodes)
+--   array, <p>:array:<array id> (its max_running) and <p>:array:<array id>:active (its tasks on nodes);
+--   <p>:nodes:version and <p>:nodes:changed (each node placed on is marked changed: see fleet.keys)
 -- ARGV[1] key prefix  ARGV[2] leader value  ARGV[3] now
 -- ARGV[4] JSON list of placements {job, node, gpus, cpus, memory, reason}
 -- Returns {-2} when not the leader, else one entry per placement: the new attempt, or 0 (refused:
@@ -72,6 +73,7 @@ local function place(e)
   redis.call('SREM', p .. ':jobs:state:QUEUED', e.job)
   redis.call('SADD', p .. ':jobs:state:SCHEDULED', e.job)
   redis.call('SADD', node_key .. ':jobs', e.job)
+  redis.call('ZADD', p .. ':nodes:changed', redis.call('INCR', p .. ':nodes:version'), e.node)
   if active then redis.call('SADD', active, e.job) end
   redis.call('XADD', job_key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'SCHEDULED',
     'attempt', attempt, 'reason', e.reason, 'node', e.node)

@@ -6,7 +6,8 @@
 -- KEYS[7] ended zset: a quarantined record is deleted job_retention_s after it was set aside
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[4]:
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs, <prefix>:node:<node>:alloc and,
---   for a task of a job array, <prefix>:array:<array id>:active.
+--   for a task of a job array, <prefix>:array:<array id>:active; the node is marked changed
+--   (<prefix>:nodes:version, <prefix>:nodes:changed: see fleet.keys).
 -- ARGV[1] job id  ARGV[2] reason  ARGV[3] now  ARGV[4] key prefix
 -- ARGV[5] the leader value this controller write is fenced by  ARGV[6] every job state, comma separated
 -- Returns 1 when quarantined now, 0 when it already was, -2 when ARGV[5] is not the current leader.
@@ -29,6 +30,7 @@ end
 if job[2] and job[2] ~= '' then
   redis.call('SREM', prefix .. ':node:' .. job[2] .. ':jobs', ARGV[1])
   redis.call('HDEL', prefix .. ':node:' .. job[2] .. ':alloc', ARGV[1])
+  redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), job[2])
 end
 if job[4] then
   redis.call('SREM', prefix .. ':array:' .. job[4] .. ':active', ARGV[1])

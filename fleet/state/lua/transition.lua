@@ -4,7 +4,8 @@
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster):
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc
 --   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9]; for a
---   task of a job array leaving the nodes, <prefix>:array:<array id>:active.
+--   task of a job array leaving the nodes, <prefix>:array:<array id>:active; releasing a node's
+--   claims marks it changed (<prefix>:nodes:version, <prefix>:nodes:changed: see fleet.keys).
 -- ARGV[1] job id
 -- ARGV[2] expected attempt, '' for any (user actions); a stale attempt changes nothing
 -- ARGV[3] allowed current states, comma separated
@@ -80,6 +81,7 @@ if ARGV[10] == '1' and node and node ~= '' then
   end
   redis.call('SREM', prefix .. ':node:' .. node .. ':jobs', ARGV[1])
   redis.call('HDEL', prefix .. ':node:' .. node .. ':alloc', ARGV[1])
+  redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), node)
   if to == 'QUEUED' then
     redis.call('HSET', KEYS[1], 'node', '', 'gpus', '[]')
   end
