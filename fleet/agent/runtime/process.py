@@ -26,6 +26,10 @@ from fleet.agent.supervision import SupervisorClient
 from fleet.models import Exit
 
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+#: output read per attempt per call while it runs; the rest comes with the next call
+_READ_MAX = 1 << 20
+#: a line without its newline that grows past this is shipped as is (a progress bar never ending it)
+_LINE_MAX = 64 << 10
 
 
 class ProcessRuntime:
@@ -132,6 +136,24 @@ class ProcessRuntime:
                 return
             if not chunk:
                 time.sleep(0.05)
+
+    def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
+        """The cursor is the byte offset in ``output.log`` after the line; no supervisor call."""
+        offset = int(cursor or 0)
+        try:
+            with open(self._dir(job_id, attempt) / "output.log", "rb") as f:
+                f.seek(offset)
+                data = f.read() if ended else f.read(_READ_MAX)
+        except FileNotFoundError:
+            return []
+        *lines, rest = data.split(b"\n")
+        found = []
+        for line in lines:
+            offset += len(line) + 1
+            found.append((str(offset), line.decode(errors="replace")))
+        if rest and (ended or len(rest) >= _LINE_MAX):
+            found.append((str(offset + len(rest)), rest.decode(errors="replace")))
+        return found
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         def exited(key: str) -> None:
