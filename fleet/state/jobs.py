@@ -404,11 +404,6 @@ class JobStore:
         pipe.execute()
 
     @translated
-    def last_log_cursor(self, job_id: str, attempt: int) -> str | None:
-        last = self.redis.xrevrange(self.keys.logs(job_id, attempt), count=1)
-        return str(last[0][1]["c"]) if last else None
-
-    @translated
     def last_log_cursors(self, attempts: Sequence[tuple[str, int]]) -> list[str | None]:
         """The cursor of the last line stored for each attempt (None: none yet), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -93,10 +93,6 @@ class Runtime(Protocol):
 
     def pids(self) -> set[int]:
         """Host pids of every process fleet started on this node (to tell foreign GPU users apart)."""
-        ...
-
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        """Batches of (cursor, line) after ``cursor``, one per read, following until the attempt ends."""
         ...
 
     def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -178,19 +178,6 @@ class DockerRuntime:
                 root = psutil.Process(container.attrs["State"]["Pid"])
                 found.update(p.pid for p in [root, *root.children(recursive=True)])
         return found
-
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        container = self._container(job_id, attempt)
-        if container is None:
-            return
-        since = float(cursor) if cursor else None
-        pending = b""
-        for chunk in container.logs(stream=True, follow=True, timestamps=True, since=since):
-            *lines, pending = (pending + chunk).split(b"\n")
-            if lines:
-                yield [_stamped(raw) for raw in lines]
-        if pending:
-            yield [_stamped(pending)]
 
     def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
         """The cursor is the line's timestamp, to the nanosecond. Docker keeps a partial line until

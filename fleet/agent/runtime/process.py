@@ -16,7 +16,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -112,30 +112,6 @@ class ProcessRuntime:
             self.stop(job_id, attempt, 0)
         self.supervisor.forget_fence(key)
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
-
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        path = self._dir(job_id, attempt) / "output.log"
-        offset = int(cursor or 0)
-        pending = b""
-        while True:
-            ended = (status := self.status(job_id, attempt)) is None or not status.running
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
-            offset += len(chunk)
-            *lines, pending = (pending + chunk).split(b"\n")
-            consumed = str(offset - len(pending))
-            if lines:
-                yield [(consumed, line.decode(errors="replace")) for line in lines]
-            if ended and not chunk:
-                if pending:
-                    yield [(str(offset), pending.decode(errors="replace"))]
-                return
-            if not chunk:
-                time.sleep(0.05)
 
     def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
         """The cursor is the byte offset in ``output.log`` after the line; no supervisor call."""
