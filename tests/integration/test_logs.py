@@ -89,3 +89,23 @@ def test_an_agent_restart_mid_job_ships_no_line_twice_and_loses_none(
     assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()
     assert job.logs().splitlines() == [f"{job.id} line {i}" for i in range(120)]
     assert "attempt_reattached" in (procs.root / "t-logs.log").read_text()
+
+
+def test_output_of_a_job_that_ended_while_its_agent_was_down_is_shipped_whole(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    procs.controller()
+    lease = {"FLEET_AGENT__NODE_LEASE_TTL_S": "10"}  # the node stays up while its agent is away
+    procs.agent("t-logs", gpus=1, **lease)
+    procs.wait_nodes(client, 1)
+    job = client.submit(sh("echo before; sleep 1; echo after; printf 'the end'", gpus=1))
+    wait_for(lambda: job.logs() == "before", what="the first line shipped")
+    # When the agent is SIGKILLed, the job ends meanwhile, and the agent starts again
+    procs.procs["t-logs"].send_signal(signal.SIGKILL)
+    procs.procs["t-logs"].wait()
+    time.sleep(2)
+    procs.agent("t-logs", gpus=1, **lease)
+    # Then the job succeeded on its first attempt with all of its output
+    status = job.wait(timeout=60)
+    assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()
+    assert job.logs() == "before\nafter\nthe end"

@@ -138,6 +138,16 @@ def test_finish_ships_the_last_line_without_newline_then_lets_the_attempt_go(par
     assert shipper.following() == set()
 
 
+def test_finish_of_an_attempt_that_ended_unfollowed_ships_after_the_stored_cursor(parts: Any) -> None:
+    runtime, store, shipper = parts
+    store.streams[("a", 1)] = [("1", "a1")]  # shipped before the agent went down; it ended meanwhile
+    runtime.lines[("a", 1)] = ["a1", "a2"]
+    runtime.partial[("a", 1)] = "end"
+    shipper.start()
+    assert shipper.finish("a", 1, timeout=5)
+    assert store.text(("a", 1)) == ["a1", "a2", "end"]
+
+
 def test_an_idle_shipper_reads_nothing_and_calls_no_one(parts: Any) -> None:
     runtime, store, shipper = parts
     runtime.lines[("a", 1)] = ["a1"]
