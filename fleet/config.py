@@ -52,6 +52,8 @@ class AgentSettings(_Section):
     #: the supervisor kills every attempt this long before an unrenewed lease would expire
     fence_margin_s: float = Field(default=2.0, ge=0.2)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
+    #: how often running attempts' new output is shipped to Redis (one round for all of them)
+    log_ship_interval_s: float = Field(default=0.2, gt=0, le=10)
     gpus: Literal["auto", "nvml", "simulated"] = "auto"
     simulated_gpus: int = Field(default=4, ge=0)
     simulated_gpu_model: str = "Simulated A100 80GB"

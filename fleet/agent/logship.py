@@ -1,55 +1,133 @@
-"""Ship an attempt's output to its capped Redis stream, one batch per runtime read, from a thread.
+"""Ship the output of every attempt on the node to its capped Redis stream, from one thread.
 
-While Redis is unreachable the shipper holds its batch and retries with backoff, so a Redis
-restart loses no log line; the runtime keeps buffering (Docker's log, the attempt's file).
+Each round reads what every followed attempt wrote since its cursor (``Runtime.read_logs``, which
+never waits) and appends all of it to Redis in one pipeline. Rounds run every ``interval_s`` while
+some attempt is followed, and not at all otherwise. An attempt that ended gets its last read in the
+next round, woken at once, which ships its last line, newline or not (:meth:`LogShipper.finish`):
+the agent calls it before it records the end and removes the attempt with its output.
+
+While Redis is unreachable a round holds its batch and retries with backoff; cursors move only once
+a batch is stored, and a restarted agent resumes from the last cursor stored, so a Redis or agent
+restart loses no line and ships none twice. The runtime keeps the output meanwhile (the attempt's
+file, Docker's log).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fleet.agent.runtime.base import Runtime
 from fleet.errors import FleetError
-from fleet.log import event
+from fleet.log import StepHealth, event
 from fleet.state.jobs import JobStore
 
 log = logging.getLogger("fleet.agent.logs")
 T = TypeVar("T")
+Key = tuple[str, int]
+
+
+@dataclass
+class _Attempt:
+    cursor: str | None = None
+    #: the cursor was read from Redis (None until the first round that follows the attempt)
+    loaded: bool = False
+    #: the attempt ended: the next round reads to its end, then stops following it
+    ending: bool = False
+    #: its last read raised (logged once, until a read works again)
+    failing: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class LogShipper(threading.Thread):
     def __init__(
-        self,
-        runtime: Runtime,
-        jobs: JobStore,
-        job_id: str,
-        attempt: int,
-        max_lines: int,
-        stop: threading.Event,
+        self, runtime: Runtime, jobs: JobStore, max_lines: int, interval_s: float, stop: threading.Event
     ) -> None:
-        super().__init__(name=f"logs-{job_id}-{attempt}", daemon=True)
+        super().__init__(name="log-shipper", daemon=True)
         self.runtime, self.jobs, self.stop = runtime, jobs, stop
-        self.job_id, self.attempt, self.max_lines = job_id, attempt, max_lines
+        self.max_lines, self.interval_s = max_lines, interval_s
+        self._attempts: dict[Key, _Attempt] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._health = StepHealth(log)
+
+    def follow(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            idle = not self._attempts
+            self._attempts.setdefault((job_id, attempt), _Attempt())
+        if idle:
+            self._wake.set()
+
+    def finish(self, job_id: str, attempt: int, timeout: float) -> bool:
+        """Ship what the ended attempt wrote up to its end and stop following it (followed or not:
+        one that ended while no agent ran is shipped from its last stored cursor). False: not done
+        within ``timeout`` (Redis unreachable); the next call resumes where shipping got."""
+        if not self.is_alive():
+            return False
+        with self._lock:
+            state = self._attempts.setdefault((job_id, attempt), _Attempt())
+            state.ending = True
+        self._wake.set()
+        return state.done.wait(timeout)
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        """Stop following an attempt without a last read (a stale one, killed and removed)."""
+        with self._lock:
+            self._attempts.pop((job_id, attempt), None)
+
+    def following(self) -> set[Key]:
+        with self._lock:
+            return set(self._attempts)
+
+    def close(self) -> None:
+        """End the thread once ``stop`` is set."""
+        self._wake.set()
+        if self.is_alive():
+            self.join(timeout=10)
 
     def run(self) -> None:
+        while not self.stop.is_set():
+            self._wake.wait(self.interval_s if self._attempts else None)
+            self._wake.clear()  # before the round reads what to ship: a later wake is never lost
+            if not self.stop.is_set():
+                self._health.guard(self.ship_logs)
+
+    def ship_logs(self) -> None:
+        """One round: every followed attempt's new lines, in one pipeline."""
+        with self._lock:
+            todo = [(key, state, state.ending) for key, state in self._attempts.items()]
+        fresh = [(key, state) for key, state, _ in todo if not state.loaded]
+        if fresh:
+            cursors = self._retrying(lambda: self.jobs.last_log_cursors([key for key, _ in fresh]))
+            for (_, state), cursor in zip(fresh, cursors, strict=True):
+                state.cursor, state.loaded = cursor, True
+        batches = {key: lines for key, state, ending in todo if (lines := self._read(key, state, ending))}
+        if batches:
+            self._retrying(lambda: self.jobs.append_logs_many(batches, self.max_lines))
+        for key, state, ending in todo:
+            if key in batches:
+                state.cursor = batches[key][-1][0]
+            if ending:
+                with self._lock:
+                    if self._attempts.get(key) is state:
+                        del self._attempts[key]
+                state.done.set()
+
+    def _read(self, key: Key, state: _Attempt, ending: bool) -> list[tuple[str, str]]:
         try:
-            cursor = self._retrying(lambda: self.jobs.last_log_cursor(self.job_id, self.attempt))
-            for batch in self.runtime.logs(self.job_id, self.attempt, cursor):
-                if cursor is not None:  # skip what was shipped before an agent restart
-                    batch = [item for item in batch if float(item[0]) > float(cursor)]
-                if batch:
-                    ship = functools.partial(
-                        self.jobs.append_logs, self.job_id, self.attempt, batch, self.max_lines
-                    )
-                    self._retrying(ship)
-        except Exception as exc:  # a broken runtime stream must never take the agent down
-            event(
-                log, "log_shipping_failed", logging.WARNING, job=self.job_id, attempt=self.attempt, error=exc
-            )
+            lines = self.runtime.read_logs(*key, state.cursor, ending)
+        except Exception as exc:  # a broken runtime read must never stop the other attempts' shipping
+            if not state.failing:
+                event(log, "log_read_failing", logging.WARNING, job=key[0], attempt=key[1], error=exc)
+            state.failing = True
+            return []
+        if state.failing:
+            event(log, "log_read_recovered", job=key[0], attempt=key[1])
+            state.failing = False
+        return lines
 
     def _retrying(self, call: Callable[[], T]) -> T:
         delay = 0.1

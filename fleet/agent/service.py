@@ -63,12 +63,14 @@ class Agent:
         self.agent_id = _agent_id(self.cfg.state_dir)
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
-        self._shippers: dict[tuple[str, int], LogShipper] = {}
         self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
         self._fleet_pids: set[int] = set()
         self.stop_event = threading.Event()
+        self.logs = LogShipper(
+            runtime, jobs, settings.log_max_lines, self.cfg.log_ship_interval_s, self.stop_event
+        )
         self._health = StepHealth(log)
         self.notifier = Notifier()
 
@@ -86,6 +88,7 @@ class Agent:
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
+        self.logs.start()
         self.runtime.watch(self.on_exit, self.stop_event)
         reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         reconciler.start()
@@ -104,6 +107,7 @@ class Agent:
             worker.stop(timeout=2000)
             reconciler.join(timeout=10)
             sweeper.join(timeout=10)
+            self.logs.close()
             if self.cfg.stop_jobs_on_exit:
                 self._stop_all()
                 self.supervisor.shutdown()
@@ -208,9 +212,9 @@ class Agent:
             # already be someone else's, so the attempt must not run on
             event(log, "stale_launch_stopped", job=job_id, attempt=attempt)
             self.runtime.stop(job_id, attempt, 0)
-            self.runtime.remove(job_id, attempt)
+            self._remove(job_id, attempt)
             return
-        self._ship(job_id, attempt)
+        self.logs.follow(job_id, attempt)
         event(
             log,
             "attempt_started",
@@ -267,9 +271,9 @@ class Agent:
             if job.attempt == attempt and job.state in (JobState.STARTING, JobState.RUNNING):
                 self._finish(job, exit)
             else:
-                self.runtime.remove(job_id, attempt)
+                self._remove(job_id, attempt)
         except NotFound:
-            self.runtime.remove(job_id, attempt)
+            self._remove(job_id, attempt)
         finally:
             self._release(job_id, attempt)
         self._stopping.discard((job_id, attempt))  # only once recorded: an error above keeps it
@@ -277,14 +281,13 @@ class Agent:
     def _finish(self, job: Job, exit: Exit) -> None:
         """Ship the last logs, record how the attempt ended, remove it, then end it in the store.
 
-        The end is recorded before the removal, so a Redis error in between cannot make a finished
-        attempt look lost (and run a SUCCEEDED job again). The claims are released only once the
-        container is gone, so a GPU is never handed to the next job while a process of this one
-        may still hold it.
+        The last logs are read before the removal deletes the attempt's output. The end is recorded
+        before the removal, so a Redis error in between cannot make a finished attempt look lost
+        (and run a SUCCEEDED job again). The claims are released only once the container is gone,
+        so a GPU is never handed to the next job while a process of this one may still hold it.
         """
-        shipper = self._shippers.pop((job.id, job.attempt), None)
-        if shipper is not None:
-            shipper.join(timeout=10)
+        if not self.logs.finish(job.id, job.attempt, timeout=10):
+            event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
             exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="drain",
                         reason=f"{job.preempt}: {exit.reason}")  # fmt: skip
@@ -331,17 +334,17 @@ class Agent:
         held = self.runtime.attempts()
         self._fleet_pids = self.runtime.pids()
         jobs = {j.id: j for j in self.jobs.get_many({a.job_id for a in held})}
-        todo = plan.reconcile(self.node, held, jobs, on_node, busy, set(self._shippers))
+        todo = plan.reconcile(self.node, held, jobs, on_node, busy, self.logs.following())
         for status in todo.stale:
             event(log, "stale_attempt_killed", job=status.job_id, attempt=status.attempt)
             self.runtime.stop(status.job_id, status.attempt, 0)
-            self.runtime.remove(status.job_id, status.attempt)
+            self._remove(status.job_id, status.attempt)
         for status in todo.stop:
             self._stop_in_background(status.job_id, status.attempt)
         for status in todo.reattach:
             event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
             self.runtime.supervise(status.job_id, status.attempt)
-            self._ship(status.job_id, status.attempt)
+            self.logs.follow(status.job_id, status.attempt)
         for status in todo.finish:
             assert status.exit is not None
             self.finish(status.job_id, status.attempt, status.exit)
@@ -375,12 +378,10 @@ class Agent:
             target=self.runtime.stop, args=(job_id, attempt, self.cfg.stop_grace_s), daemon=True
         ).start()
 
-    def _ship(self, job_id: str, attempt: int) -> None:
-        shipper = LogShipper(
-            self.runtime, self.jobs, job_id, attempt, self.settings.log_max_lines, self.stop_event
-        )
-        self._shippers[(job_id, attempt)] = shipper
-        shipper.start()
+    def _remove(self, job_id: str, attempt: int) -> None:
+        """Remove an attempt whose output is not shipped any further (stale, or its job is gone)."""
+        self.logs.forget(job_id, attempt)
+        self.runtime.remove(job_id, attempt)
 
     def _claim(self, job_id: str, attempt: int) -> bool:
         with self._lock:
@@ -397,7 +398,7 @@ class Agent:
         for status in self.runtime.attempts():
             if status.running:
                 self.runtime.stop(status.job_id, status.attempt, self.cfg.stop_grace_s)
-            self.runtime.remove(status.job_id, status.attempt)
+            self._remove(status.job_id, status.attempt)
 
 
 def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | None:

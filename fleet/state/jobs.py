@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,16 +409,27 @@ class JobStore:
     @translated
     def append_logs(self, job_id: str, attempt: int, lines: list[tuple[str, str]], max_lines: int) -> None:
         """Append ``(cursor, line)`` pairs; the runtime's cursor lets a restarted agent resume shipping."""
+        self.append_logs_many({(job_id, attempt): lines}, max_lines)
+
+    @translated
+    def append_logs_many(
+        self, batches: Mapping[tuple[str, int], Sequence[tuple[str, str]]], max_lines: int
+    ) -> None:
+        """Append every attempt's ``(cursor, line)`` pairs, in order, in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        key = self.keys.logs(job_id, attempt)
-        for cursor, line in lines:
-            pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
+        for (job_id, attempt), lines in batches.items():
+            key = self.keys.logs(job_id, attempt)
+            for cursor, line in lines:
+                pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
         pipe.execute()
 
     @translated
-    def last_log_cursor(self, job_id: str, attempt: int) -> str | None:
-        last = self.redis.xrevrange(self.keys.logs(job_id, attempt), count=1)
-        return str(last[0][1]["c"]) if last else None
+    def last_log_cursors(self, attempts: Sequence[tuple[str, int]]) -> list[str | None]:
+        """The cursor of the last line stored for each attempt (None: none yet), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, attempt in attempts:
+            pipe.xrevrange(self.keys.logs(job_id, attempt), count=1)
+        return [str(last[0][1]["c"]) if last else None for last in pipe.execute()]
 
     @translated
     def read_logs(

@@ -1,9 +1,9 @@
-"""The Runtime interface: start, stop, list and follow job attempts on one node."""
+"""The Runtime interface: start, stop, list job attempts on one node, and read their output."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -95,8 +95,10 @@ class Runtime(Protocol):
         """Host pids of every process fleet started on this node (to tell foreign GPU users apart)."""
         ...
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        """Batches of (cursor, line) after ``cursor``, one per read, following until the attempt ends."""
+    def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
+        """(cursor, line) pairs the attempt wrote after ``cursor`` (None: from its start), at once,
+        never waiting for more. A last line without its newline may still grow: it comes only once
+        the attempt ``ended``. Nothing for an attempt the runtime does not hold (removed)."""
         ...
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:

@@ -15,7 +15,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import docker
@@ -41,6 +43,8 @@ log = logging.getLogger("fleet.agent.docker")
 MiB = 1 << 20
 #: images under this name exist only where they were built (``make images``): never pulled
 LOCAL_REGISTRY = "localhost/"
+#: lines asked for per log read: enough for a round's output, few enough to find from the log's end
+_TAIL = 1000
 
 
 class DockerRuntime:
@@ -175,18 +179,28 @@ class DockerRuntime:
                 found.update(p.pid for p in [root, *root.children(recursive=True)])
         return found
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        container = self._container(job_id, attempt)
-        if container is None:
-            return
-        since = float(cursor) if cursor else None
-        pending = b""
-        for chunk in container.logs(stream=True, follow=True, timestamps=True, since=since):
-            *lines, pending = (pending + chunk).split(b"\n")
-            if lines:
-                yield [_stamped(raw) for raw in lines]
-        if pending:
-            yield [_stamped(pending)]
+    def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
+        """The cursor is the line's timestamp, to the nanosecond. Docker keeps a partial line until
+        its newline or the container's end, so ``ended`` changes nothing here."""
+        name = f"fleet-{job_id}-{attempt}"
+        # ``since`` keeps lines at or after it; a float may round up past the next line's nanosecond,
+        # so ask from a microsecond earlier and compare exactly below
+        since = float(cursor) - 1e-6 if cursor else None
+        try:
+            raw = self._logs(name, since, _TAIL)
+            if len(raw) >= _TAIL:  # maybe more before them
+                raw = self._logs(name, since, "all")
+        except NotFound:
+            return []
+        except DockerException as exc:
+            raise RuntimeUnavailable(f"docker logs of {name} failed: {exc}") from exc
+        lines = map(_stamped, raw)
+        return [(c, text) for c, text in lines if cursor is None or Decimal(c) > Decimal(cursor)]
+
+    def _logs(self, name: str, since: float | None, tail: int | str) -> list[bytes]:
+        """Docker finds the last ``tail`` lines without reading the whole log, then applies ``since``."""
+        raw = self.client.api.logs(name, timestamps=True, since=since, tail=tail, stream=False)
+        return [line for line in bytes(raw).split(b"\n") if line]
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         threading.Thread(target=self._watch, args=(on_exit, stop), name="docker-events", daemon=True).start()
@@ -231,16 +245,15 @@ class DockerRuntime:
 def _stamped(raw: bytes) -> tuple[str, str]:
     """(cursor, text) from a ``<RFC 3339 timestamp> <text>`` line of ``docker logs --timestamps``."""
     stamp, _, text = raw.decode(errors="replace").partition(" ")
-    return str(_epoch(stamp)), text
+    return _epoch(stamp), text
 
 
-def _epoch(stamp: str) -> float:
-    """Seconds since the epoch from Docker's RFC 3339 nano timestamp (``2026-11-21T18:47:00.123456789Z``)."""
-    from datetime import datetime
-
+def _epoch(stamp: str) -> str:
+    """Seconds since the epoch, exact to the nanosecond, from Docker's RFC 3339 nano timestamp
+    (``2026-11-21T18:47:00.123456789Z`` -> ``1795286820.123456789``)."""
     head, _, frac = stamp.rstrip("Z").partition(".")
     try:
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
+        seconds = int(datetime.fromisoformat(head + "+00:00").timestamp())
     except ValueError:
-        return time.time()
-    return base + float(f"0.{frac[:6] or 0}")
+        return f"{time.time():.9f}"
+    return f"{seconds}.{(frac or '0')[:9]:0<9}"

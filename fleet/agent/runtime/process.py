@@ -17,7 +17,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -27,6 +27,10 @@ from fleet.agent.supervision import SupervisorClient
 from fleet.models import Exit
 
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+#: output read per attempt per call while it runs; the rest comes with the next call
+_READ_MAX = 1 << 20
+#: a line without its newline that grows past this is shipped as is (a progress bar never ending it)
+_LINE_MAX = 64 << 10
 
 
 class ProcessRuntime:
@@ -112,29 +116,23 @@ class ProcessRuntime:
         self.supervisor.forget_fence(key)
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
-    def logs(self, job_id: str, attempt: int, cursor: str | None) -> Iterator[list[tuple[str, str]]]:
-        path = self._dir(job_id, attempt) / "output.log"
+    def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
+        """The cursor is the byte offset in ``output.log`` after the line; no supervisor call."""
         offset = int(cursor or 0)
-        pending = b""
-        while True:
-            ended = (status := self.status(job_id, attempt)) is None or not status.running
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
-            offset += len(chunk)
-            *lines, pending = (pending + chunk).split(b"\n")
-            consumed = str(offset - len(pending))
-            if lines:
-                yield [(consumed, line.decode(errors="replace")) for line in lines]
-            if ended and not chunk:
-                if pending:
-                    yield [(str(offset), pending.decode(errors="replace"))]
-                return
-            if not chunk:
-                time.sleep(0.05)
+        try:
+            with open(self._dir(job_id, attempt) / "output.log", "rb") as f:
+                f.seek(offset)
+                data = f.read() if ended else f.read(_READ_MAX)
+        except FileNotFoundError:
+            return []
+        *lines, rest = data.split(b"\n")
+        found = []
+        for line in lines:
+            offset += len(line) + 1
+            found.append((str(offset), line.decode(errors="replace")))
+        if rest and (ended or len(rest) >= _LINE_MAX):
+            found.append((str(offset + len(rest)), rest.decode(errors="replace")))
+        return found
 
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         def exited(key: str) -> None:

@@ -1,0 +1,111 @@
+"""Job output as `fleet logs` shows it, on both runtimes: complete, in order, never twice.
+
+One thread per agent ships every attempt's output in rounds (``fleet/agent/logship.py``); these
+tests check what a user reads back, under many attempts at once, an abrupt end and an agent restart.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from tests.conftest import FleetProcs
+
+pytestmark = pytest.mark.integration
+
+
+def sh(script: str, **fields: object) -> JobSpec:
+    return JobSpec.parse({"name": "t", "command": ["sh", "-c", script], **fields})
+
+
+def counting(lines: int, pause_every: int, pause_s: float) -> JobSpec:
+    """A job printing ``<job id> line <i>`` for i < ``lines``, pausing now and then."""
+    script = (
+        f'i=0; while [ $i -lt {lines} ]; do echo "$FLEET_JOB_ID line $i"; i=$((i+1)); '
+        f"if [ $((i % {pause_every})) -eq 0 ]; then sleep {pause_s}; fi; done"
+    )
+    return sh(script, gpus=1)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not met in {timeout} s")
+
+
+def test_many_jobs_at_once_each_get_all_their_output_in_order(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    # Given a node with 8 GPUs
+    procs.controller()
+    procs.agent("t-logs", gpus=8)
+    procs.wait_nodes(client, 1)
+    # When 8 jobs print 300 lines each at the same time, in bursts spread over several rounds
+    handles = [client.submit(counting(300, 50, 0.2)) for _ in range(8)]
+    statuses = [h.wait(timeout=120) for h in handles]
+    # Then every job's output is all there, in order, each line once
+    assert [s.state for s in statuses] == [JobState.SUCCEEDED] * 8, procs.logs()
+    for h in handles:
+        assert h.logs().splitlines() == [f"{h.id} line {i}" for i in range(300)]
+
+
+def test_a_last_line_without_newline_of_a_job_that_exits_at_once_is_kept(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    procs.controller()
+    procs.agent("t-logs", gpus=2)
+    procs.wait_nodes(client, 1)
+    # When jobs print a last line without its newline and exit at once, one of them failing
+    ok = client.submit(sh("echo first; printf 'the last line, no newline'"))
+    failed = client.submit(sh("echo first; printf 'goodbye'; exit 3", max_attempts=1))
+    # Then that last line is in their logs too
+    assert ok.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
+    assert failed.wait(timeout=60).state == JobState.FAILED, procs.logs()
+    assert ok.logs() == "first\nthe last line, no newline"
+    assert failed.logs() == "first\ngoodbye"
+
+
+def test_an_agent_restart_mid_job_ships_no_line_twice_and_loses_none(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    procs.controller()
+    procs.agent("t-logs", gpus=1)
+    procs.wait_nodes(client, 1)
+    job = client.submit(counting(120, 1, 0.04))
+    wait_for(lambda: len(job.logs().splitlines()) >= 20, what="20 lines shipped")
+    # When the agent is SIGKILLed mid-job (the job keeps running) and started again
+    procs.procs["t-logs"].send_signal(signal.SIGKILL)
+    procs.procs["t-logs"].wait()
+    procs.agent("t-logs", gpus=1)
+    status = job.wait(timeout=120)
+    # Then the same attempt finished and its output reads as if nothing happened
+    assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()
+    assert job.logs().splitlines() == [f"{job.id} line {i}" for i in range(120)]
+    assert "attempt_reattached" in (procs.root / "t-logs.log").read_text()
+
+
+def test_output_of_a_job_that_ended_while_its_agent_was_down_is_shipped_whole(
+    procs: FleetProcs, client: Client, runtime: str
+) -> None:
+    procs.controller()
+    lease = {"FLEET_AGENT__NODE_LEASE_TTL_S": "10"}  # the node stays up while its agent is away
+    procs.agent("t-logs", gpus=1, **lease)
+    procs.wait_nodes(client, 1)
+    job = client.submit(sh("echo before; sleep 1; echo after; printf 'the end'", gpus=1))
+    wait_for(lambda: job.logs() == "before", what="the first line shipped")
+    # When the agent is SIGKILLed, the job ends meanwhile, and the agent starts again
+    procs.procs["t-logs"].send_signal(signal.SIGKILL)
+    procs.procs["t-logs"].wait()
+    time.sleep(2)
+    procs.agent("t-logs", gpus=1, **lease)
+    # Then the job succeeded on its first attempt with all of its output
+    status = job.wait(timeout=60)
+    assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()
+    assert job.logs() == "before\nafter\nthe end"
