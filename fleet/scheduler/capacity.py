@@ -8,7 +8,6 @@ first bucket with enough GPUs. Placements update the buckets as they go.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 
 from fleet.scheduler.feasible import (
     capacity_reason,
@@ -127,5 +126,7 @@ def _summary(job: PendingJob, reasons: list[tuple[str, str, str]]) -> str:
         return f"{need}; no nodes registered"
     if len(reasons) <= 3:
         return f"{need}; " + "; ".join(f"{name}: {detail}" for name, detail, _ in reasons)
-    by_category = Counter(category for _, _, category in reasons)
-    return f"{need}; " + "; ".join(f"{n} node{'s' if n > 1 else ''} {why}" for why, n in by_category.items())
+    # what the nodes lack, without counts: how many nodes are busy changes with every job that
+    # starts or ends, and every waiting job of the shape would have its reason rewritten
+    categories = sorted({category for _, _, category in reasons})
+    return f"{need}; on the {len(reasons)} nodes: " + ", ".join(categories)

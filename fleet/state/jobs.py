@@ -17,6 +17,9 @@ from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobArray, JobSpec, Jo
 from fleet.state.connection import load_scripts, translated
 from fleet.state.records import JobBatch, parse_array, parse_job, parse_tombstone
 
+#: waiting reasons per set_reasons.lua call (one call holds Redis for about a millisecond)
+REASONS_BATCH = 1000
+
 
 @dataclass(frozen=True)
 class CancelOutcome:
@@ -237,14 +240,15 @@ class JobStore:
 
     @translated
     def set_reasons(self, reasons: dict[str, str], leader: str, now: float) -> None:
-        """Write the waiting reasons of QUEUED jobs in one pipeline (no history entry)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id, why in reasons.items():
-            self._transition_call(job_id, to=None, allowed=[JobState.QUEUED], reason=why, now=now,
-                                  record=False, leader=leader, client=pipe)  # fmt: skip
-        for code, _ in pipe.execute():
-            if code == -2:
-                raise NotLeader("waiting reasons refused: another controller holds the leader lease")
+        """Write the waiting reasons of QUEUED jobs, ``REASONS_BATCH`` per script call, in one
+        pipeline (no history entry): a shape of 10,000 jobs whose reason changed costs milliseconds."""
+        pipe, items = self.redis.pipeline(transaction=False), list(reasons.items())
+        for start in range(0, len(items), REASONS_BATCH):
+            batch = json.dumps(dict(items[start : start + REASONS_BATCH]))
+            self._scripts["set_reasons"](keys=[self.keys.leader], args=[leader, self.keys.prefix, now, batch],
+                                         client=pipe)  # fmt: skip
+        if any(code == -2 for code in pipe.execute()):
+            raise NotLeader("waiting reasons refused: another controller holds the leader lease")
 
     @translated
     def count_queued(self) -> int:

@@ -28,7 +28,7 @@ def test_cpu_only_jobs_spread_by_cpus_instead_of_landing_on_one_node() -> None:
         per_node[p.node] = per_node.get(p.node, 0) + 1
     assert per_node == {"n0": 8, "n1": 8, "n2": 8, "n3": 8}
     assert [p.job_id for p in plan.placements] == [f"j{i}" for i in range(32)]
-    assert plan.waiting["j32"] == "needs 0 GPUs (1 CPUs); 4 nodes busy (not enough free CPUs)"
+    assert plan.waiting["j32"] == "needs 0 GPUs (1 CPUs); on the 4 nodes: busy (not enough free CPUs)"
 
 
 def test_memory_is_scheduled_and_a_node_too_small_is_named() -> None:
