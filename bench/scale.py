@@ -10,8 +10,8 @@ node simulator (``bench/nodesim.py``), and this driver. Scenarios:
    jobs of mixed shapes (1/2/4/8 GPUs, 40 % bound to a GPU model) that run for a day, stored
    before the controller starts. Reported: the first pass (it places what fits), the time until
    every placed job runs, then the median and p99 of the passes that follow while nothing changes.
-2. **Idle CPU.** The controller's CPU over 10 s in that state (psutil), the simulator's and
-   Redis's beside it.
+2. **Idle CPU.** The controller's CPU over one ``resync_interval_s`` in that state (psutil: it
+   holds one full reconcile and one queue resync), the simulator's and Redis's beside it.
 3. **Where the time goes.** ``py-spy record`` on the controller for ``--profile-s`` seconds,
    summarised by function (inclusive and self share of the samples).
 4. **A high-priority job into the deep queue.** One extra node ("L4") keeps GPUs free: one job
@@ -23,6 +23,9 @@ node simulator (``bench/nodesim.py``), and this driver. Scenarios:
    (``fleet agent``: process runtime, 16 simulated GPUs), default settings; ``--jobs`` jobs of
    ``true`` submitted at once; first submit -> last SUCCEEDED. ``bash bench/slurm.sh`` runs the
    same with Slurm.
+6. **Churn** (``--churn-s S``): queued jobs run S/2 to 3S/2 seconds, so once the first placed
+   ones end, jobs end and queued ones take their GPUs all the time; passes are timed over
+   ``--window`` seconds of that (it runs after scenario 4).
 
 Every wait has a deadline (``--timeout`` s each): what does not finish is reported as such. A
 controller whose pass outlasts its leader lease has its writes fenced off and places nothing; the
@@ -135,6 +138,8 @@ class ScaleRun:
         self.store = JobStore(connect(self.settings), Keys(self.settings.key_prefix))
         self.services = Services(root, self.env)
         self.tap = root / "passes.jsonl"
+        #: jobs RUNNING at the last look (see settled)
+        self._running = -1
 
     def run(self) -> None:
         self.store.redis.flushall()
@@ -208,11 +213,13 @@ class ScaleRun:
         return sum(counts[s] for s in (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING))
 
     def settled(self) -> bool:
-        """Every placed job runs, or two passes placed nothing at all."""
+        """Every placed job runs and none started since the last look (passes place in waves), or
+        two passes placed nothing at all."""
         counts = self.store.count_by_state()
         if not self.placed():
             return len(passes(self.tap)) >= 2
-        return counts[JobState.SCHEDULED] + counts[JobState.STARTING] == 0
+        before, self._running = self._running, counts[JobState.RUNNING]
+        return counts[JobState.SCHEDULED] + counts[JobState.STARTING] == 0 and before == self._running
 
     def fenced_off(self) -> str:
         """What the controller's log says about leadership lost to its own slowness, or ''."""
@@ -247,12 +254,14 @@ class ScaleRun:
     def idle_cpu(self, settled: float | None) -> None:
         pids = {name: p.pid for name, p in self.services.procs.items()}
         pids["redis"] = redis_pid(self.url)
-        used = cpu_over(pids, 10)
+        # over one full resync period, which holds one full reconcile and one full queue resync
+        used = cpu_over(pids, self.settings.controller.resync_interval_s)
         note = ", ".join(f"{name} {pct:.0f} %" for name, pct in used.items() if name != "controller")
         if settled is None:
             note += "; the fleet never settled (above): this is the controller's steady state"
-        self.out.add("controller CPU, nothing changing (10 s)", f"{used['controller']:.0f} % of a core", note,
-                     idle_cpu_percent=used)  # fmt: skip
+        window = f"{self.settings.controller.resync_interval_s:g} s"
+        self.out.add(f"controller CPU, nothing changing ({window})", f"{used['controller']:.1f} % of a core",
+                     note, idle_cpu_percent=used)  # fmt: skip
 
     def profile(self) -> None:
         spy = shutil.which("py-spy")
