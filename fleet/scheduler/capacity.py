@@ -3,11 +3,18 @@
 Built per pass from the node views (nodes x GPUs, cheap); nodes are bucketed by how many GPUs
 matching a constraint class (model substring, minimum memory) they have free, so best fit is the
 first bucket with enough GPUs. Placements update the buckets as they go.
+
+A multi-node job (a gang) is split into equal members (``split``) and placed whole or not at all:
+every member on its own node, best fit each, in one step of the pass, so no pass ever leaves part
+of a gang placed and two gangs can never each hold part of what the other needs. A gang that
+does not fit reserves as many nodes as it has members, the ones closest to fitting, so a stream of
+smaller jobs cannot starve it.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 
 from fleet.scheduler.feasible import (
     capacity_reason,
@@ -37,6 +44,42 @@ class Capacity:
         #: nodes kept for a higher-ranked GPU job that could not be placed yet
         self.reserved: set[str] = set()
         self._classes: dict[ConstraintClass, dict[int, list[str]]] = {}
+        self._largest: dict[ConstraintClass, int] = {}
+
+    # -- gangs ------------------------------------------------------------------------
+
+    def split(self, job: PendingJob) -> tuple[int, int]:
+        """(members, GPUs per member). As the user pinned it (``nodes`` or ``gpus_per_node``); else
+        one node when some node has that many matching GPUs, else the fewest equal shares that fit
+        the largest matching node (12 GPUs on 8-GPU nodes: 2 x 6; on 4-GPU nodes: 3 x 4), which
+        leaves the rest of each node to smaller jobs (7 GPUs there: 7 x 1; pin ``nodes`` to choose).
+        A job asking for GPUs no node has stays one member: it waits for such a node."""
+        if job.nodes:
+            return job.nodes, job.gpus // job.nodes
+        if job.gpus_per_node:
+            return job.gpus // job.gpus_per_node, job.gpus_per_node
+        largest = self.largest(job)
+        if job.gpus <= largest:
+            return 1, job.gpus
+        for members in range(2, job.gpus + 1):
+            if job.gpus % members == 0 and job.gpus // members <= largest:
+                return members, job.gpus // members
+        return 1, job.gpus
+
+    def largest(self, job: PendingJob) -> int:
+        """The most matching healthy GPUs one node has, free or not (down or cordoned nodes too:
+        they are the fleet's shape, and come back)."""
+        key = (job.gpu_model, job.min_gpu_memory)
+        if key not in self._largest:
+            self._largest[key] = max((len(matching(job, n)) for n in self.nodes.values()), default=0)
+        return self._largest[key]
+
+    @staticmethod
+    def member(job: PendingJob, per_node: int) -> PendingJob:
+        """What one member of ``job`` asks of its node."""
+        if not job.nodes and not job.gpus_per_node and per_node == job.gpus:
+            return job
+        return dataclasses.replace(job, gpus=per_node, nodes=0, gpus_per_node=0)
 
     # -- index ------------------------------------------------------------------------
 
@@ -62,31 +105,55 @@ class Capacity:
 
     # -- placing ----------------------------------------------------------------------
 
-    def place(self, job: PendingJob) -> Placement | None:
-        """Best fit: the node with the fewest matching free GPUs that still fit, ties by name."""
-        buckets = self._index(job)
-        for count in sorted(k for k in buckets if k >= job.gpus):
-            for name in buckets[count]:
-                if job.gpus and name in self.reserved:
-                    continue
-                if fits_resources(job, self.nodes[name], self.cpus[name], self.memory[name]):
-                    return self._take(job, name)
-        return None
+    def place(self, job: PendingJob) -> list[Placement] | None:
+        """Every member of ``job`` placed (one for a single-node job, rank 0 first), or None and
+        nothing taken. Best fit: the nodes with the fewest matching free GPUs that still fit,
+        ties by name."""
+        members, per_node = self.split(job)
+        member = self.member(job, per_node)
+        nodes = self._fitting(member, members)
+        if len(nodes) < members:
+            return None
+        return [self._take(member, name, rank, members) for rank, name in enumerate(nodes)]
 
-    def _take(self, job: PendingJob, name: str) -> Placement:
+    def _fitting(self, member: PendingJob, wanted: int) -> list[str]:
+        """Up to ``wanted`` distinct nodes that fit ``member`` now, best fit first."""
+        found: list[str] = []
+        buckets = self._index(member)
+        for count in sorted(k for k in buckets if k >= member.gpus):
+            for name in buckets[count]:
+                if member.gpus and name in self.reserved:
+                    continue
+                if fits_resources(member, self.nodes[name], self.cpus[name], self.memory[name]):
+                    found.append(name)
+                    if len(found) == wanted:
+                        return found
+        return found
+
+    def _take(self, member: PendingJob, name: str, rank: int = 0, members: int = 1) -> Placement:
         before = self.free[name]
-        chosen = [g for g in before if gpu_matches(job, g)][: job.gpus]
+        chosen = [g for g in before if gpu_matches(member, g)][: member.gpus]
         self.free[name] = [g for g in before if g not in chosen]
-        self.cpus[name] -= job.cpus
-        self.memory[name] -= job.memory
+        self.cpus[name] -= member.cpus
+        self.memory[name] -= member.memory
         if chosen:
             self._reindex(name, before)
-        return Placement(job.id, name, tuple(g.uuid for g in chosen), job.cpus, job.memory)
+        gpus = tuple(g.uuid for g in chosen)
+        return Placement(member.id, name, gpus, member.cpus, member.memory, rank, members)
 
     # -- explaining -------------------------------------------------------------------
 
     def explain(self, job: PendingJob) -> tuple[str, list[str]]:
-        """Why ``job`` fits nowhere now, and the nodes that could take it once work ends there."""
+        """Why ``job`` fits nowhere now, and the nodes that could take it (each one member of a
+        gang) once work ends there."""
+        members, per_node = self.split(job)
+        member = self.member(job, per_node)
+        why, later = self._explain(member)
+        if members == 1:
+            return why, later
+        return _gang_summary(job, members, member, len(later), len(self._fitting(member, members))), later
+
+    def _explain(self, job: PendingJob) -> tuple[str, list[str]]:
         reasons: list[tuple[str, str, str]] = []  # (node, detail, category)
         later = []
         for name in sorted(self.nodes):
@@ -105,9 +172,14 @@ class Capacity:
         return _summary(job, reasons), later
 
     def reserve_for(self, job: PendingJob, later: list[str]) -> None:
-        """Keep the node closest to fitting ``job`` from lower-ranked GPU jobs."""
-        if job.gpus and later:
-            self.reserved.add(max(later, key=lambda n: (self._free_matching(job, n), n)))
+        """Keep the nodes closest to fitting ``job`` (one per member) from lower-ranked GPU jobs;
+        none for a gang the fleet could not hold even empty (it would keep nodes for nothing)."""
+        members, per_node = self.split(job)
+        if not job.gpus or len(later) < members:
+            return
+        member = self.member(job, per_node)
+        closest = sorted(later, key=lambda n: (self._free_matching(member, n), n), reverse=True)
+        self.reserved.update(closest[:members])
 
     def _free_matching(self, job: PendingJob, name: str) -> int:
         return sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
@@ -118,6 +190,17 @@ def _busy_category(detail: str) -> str:
     job that starts or ends, or every waiting job's reason would be rewritten every pass."""
     lacking = "GPUs" if "GPUs free" in detail else "CPUs" if "CPUs free" in detail else "memory"
     return f"busy (not enough free {lacking})"
+
+
+def _gang_summary(job: PendingJob, members: int, member: PendingJob, could: int, free_now: int) -> str:
+    """ "needs 3 nodes with 4 free GPUs each (...); 2 have them": what is missing, in the unit a user
+    resizes by. Counts change as jobs come and go, so a gang's reason is rewritten when they do
+    (gangs are few)."""
+    each = f"{member.gpus} free GPU{'s' if member.gpus != 1 else ''} each" if member.gpus else "room each"
+    need = f"needs {members} nodes with {each}{constraint_text(member)}"
+    if could < members:
+        return f"{need}; only {could} node{'s' if could != 1 else ''} could ever hold a member"
+    return f"{need}; {free_now} {'has' if free_now == 1 else 'have'} them now"
 
 
 def _summary(job: PendingJob, reasons: list[tuple[str, str, str]]) -> str:

@@ -121,13 +121,13 @@ class PendingQueue:
             if job.array is not None and left.get(job.array, 1) <= 0:
                 self._give_reason(shape, f"array {job.array} has its max_running tasks on nodes", plan)
                 continue
-            placement = capacity.place(job)
-            if placement is None:
+            placements = capacity.place(job)
+            if placements is None:
                 why, later = capacity.explain(job)
                 capacity.reserve_for(job, later)
                 self._give_reason(shape, why, plan)
                 continue
-            plan.placements.append(placement)
+            plan.placements.extend(placements)
             if job.array is not None and job.array in left:
                 left[job.array] -= 1
             entries.pop()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: what a job asks of a node, the unit the queue is grouped by: (GPUs, GPU model substring,
-#: minimum GPU memory, CPUs, memory bytes, the array whose max_running limits it or None)
-Shape = tuple[int, str | None, int | None, float, int, str | None]
+#: what a job asks, the unit the queue is grouped by: (GPUs, GPU model substring, minimum GPU
+#: memory, CPUs, memory bytes, the array whose max_running limits it or None, nodes pinned, GPUs per
+#: node pinned)
+Shape = tuple[int, str | None, int | None, float, int, str | None, int, int]
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,16 @@ class PendingJob:
     #: a task of an array with ``max_running``: that array's id (its tasks queue apart, so a full
     #: array waits as one shape without holding up anyone else's)
     array: str | None = None
+    #: a multi-node job (a gang, one member per node): the members and GPUs per member the user
+    #: pinned, 0 where the scheduler chooses (``gpus`` is the job's total; ``cpus`` and ``memory``
+    #: are per member). See ``Capacity.split`` for the rule.
+    nodes: int = 0
+    gpus_per_node: int = 0
 
     @property
     def shape(self) -> Shape:
-        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array)
+        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array,
+                self.nodes, self.gpus_per_node)  # fmt: skip
 
     @property
     def rank(self) -> tuple[int, int]:
@@ -70,11 +77,16 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Placement:
+    """Where one member of a job goes: a single-node job has one, a gang one per node (rank 0
+    first), and a gang is placed whole or not at all."""
+
     job_id: str
     node: str
     gpus: tuple[str, ...]
     cpus: float = 0.0
     memory: int = 0
+    rank: int = 0
+    members: int = 1
 
 
 @dataclass

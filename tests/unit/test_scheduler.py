@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.scheduler import BACKOFF, GpuSlot, NodeView, PendingJob, Snapshot, schedule
+from tests.unit.plans import check_members
 
 GiB = 1 << 30
 
@@ -96,11 +97,6 @@ def test_placements_never_share_a_gpu_and_always_fit(
     )
     pending = tuple(job(f"j{i}", gpus, i, priority) for i, (gpus, priority) in enumerate(jobs))
     plan = schedule(Snapshot(pending, views), 0)
-    free = {g.uuid: n.name for n in views for g in n.gpus if g.free}
-    used = [g for p in plan.placements for g in p.gpus]
-    assert len(used) == len(set(used))
     by_id = {j.id: j for j in pending}
-    for p in plan.placements:
-        assert len(p.gpus) == by_id[p.job_id].gpus
-        assert all(free.get(g) == p.node for g in p.gpus)
+    check_members(plan, by_id, views)
     assert set(plan.waiting) | {p.job_id for p in plan.placements} == set(by_id)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.scheduler import Capacity, GpuSlot, NodeView, PendingJob, PendingQueue, Plan, Snapshot, schedule
+from tests.unit.plans import check_members
 
 GiB = 1 << 30
 
@@ -65,12 +66,9 @@ def build_nodes(specs: list[tuple[int, float, frozenset[int]]]) -> list[NodeView
 
 
 def check_plan(plan: Plan, jobs: dict[str, PendingJob], nodes: list[NodeView]) -> None:
-    free = {g.uuid: n.name for n in nodes for g in n.gpus if g.free}
-    used = [g for p in plan.placements for g in p.gpus]
-    assert len(used) == len(set(used)), "a GPU given twice"
+    check_members(plan, jobs, nodes)
     cpus: dict[str, float] = {}
-    for p in plan.placements:
-        assert len(p.gpus) == jobs[p.job_id].gpus and all(free.get(g) == p.node for g in p.gpus)
+    for p in plan.placements:  # each member is granted the job's CPUs on its node
         cpus[p.node] = cpus.get(p.node, 0) + jobs[p.job_id].cpus
     for n in nodes:
         assert not n.cpus or cpus.get(n.name, 0) <= n.cpus + 1e-9, "over a node's CPUs"
@@ -78,17 +76,22 @@ def check_plan(plan: Plan, jobs: dict[str, PendingJob], nodes: list[NodeView]) -
 
 def check_rank(plan: Plan, jobs: dict[str, PendingJob], nodes: list[NodeView]) -> None:
     """A waiting job did not fit at its turn: in what was free at the end plus what lower-ranked
-    jobs took (a pass only takes capacity, so that is what its turn saw). GPU jobs may also have
-    been kept off a node reserved for a higher-ranked blocked job: one node per blocked shape."""
+    jobs took (a pass only takes capacity, so that is what its turn saw); a waiting gang found fewer
+    nodes that fit a member than it has members. GPU jobs may also have been kept off nodes
+    reserved for higher-ranked blocked jobs: as many nodes as each blocked shape has members."""
+    capacity = Capacity(nodes)
     waiting = [j for j in jobs.values() if j.id in plan.waiting and not j.not_before]
-    blocked_gpu_shapes = len({j.shape for j in waiting if j.gpus})
+    blocked = {j.shape: capacity.split(j)[0] for j in waiting if j.gpus}
     for job in waiting:
-        fits_on = [n.name for n in nodes if _fit_at_turn(job, n, plan, jobs)]
-        allowed = blocked_gpu_shapes if job.gpus else 0
-        assert len(fits_on) <= allowed, f"{job.id} waits though it fit on {fits_on}"
+        members, per_node = capacity.split(job)
+        member = capacity.member(job, per_node)
+        fits_on = [n.name for n in nodes if _fit_at_turn(member, n, plan, jobs)]
+        allowed = sum(blocked.values()) if job.gpus else 0
+        assert len(fits_on) < members + allowed, f"{job.id} waits though it fit on {fits_on}"
 
 
 def _fit_at_turn(job: PendingJob, n: NodeView, plan: Plan, jobs: dict[str, PendingJob]) -> bool:
+    """``job`` (one member) fit on ``n`` with what lower-ranked jobs took there put back."""
     here = [p for p in plan.placements if p.node == n.name]
     kept = [p for p in here if jobs[p.job_id].rank < job.rank]  # placed before its turn
     taken = {g for p in kept for g in p.gpus}
@@ -145,7 +148,7 @@ def test_the_queue_kept_across_passes_places_what_a_from_scratch_pass_places(
             # Then both place the same jobs on the same GPUs, and the kept queue forgets them
             assert kept.placements == fresh.placements
             for p in kept.placements:
-                del pending[p.job_id]
+                pending.pop(p.job_id, None)  # a gang has a placement per member
             assert set(queue.jobs) == set(pending)
 
 
