@@ -218,8 +218,9 @@ class Client:
             return job
         self._jobs.request_cancel(job_id, time.time())
         job = self._jobs.get(job_id)
-        if job.node and job.state.on_node:
-            self._stop(job_id, job.node, job.attempt)
+        if job.state.on_node:
+            for node in job.nodes_held:  # every member of a multi-node job
+                self._stop(job_id, node, job.attempt)
         return job
 
     def cancel_array(self, array_id: str) -> CancelReport:
@@ -263,18 +264,20 @@ class Client:
                 raise JobTimeout(f"job {job_id} still {job.state} after {timeout:g}s")
             cursor = self._jobs.wait_event(job_id, cursor, max(1, int(min(left, 1.0) * 1000)))
 
-    def logs(self, job_id: str, attempt: int | None = None) -> list[LogLine]:
-        """Log lines of ``attempt`` (default: the latest)."""
+    def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
+        """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
         job = self.get(job_id)
-        return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1))
+        return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
 
-    def follow_logs(self, job_id: str, attempt: int | None = None, poll_s: float = 1.0) -> Iterator[LogLine]:
+    def follow_logs(
+        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0
+    ) -> Iterator[LogLine]:
         """Yield log lines as they arrive until the attempt is over and its stream drained."""
         job = self.get(job_id)
         attempt = attempt or max(job.attempt, 1)
         cursor = "0"
         while True:
-            lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000))
+            lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000), rank=rank)
             yield from lines
             if lines:
                 cursor = lines[-1].id
@@ -384,8 +387,8 @@ class JobHandle:
     def wait(self, timeout: float | None = None) -> Job:
         return self.client.wait(self.id, timeout)
 
-    def logs(self, attempt: int | None = None) -> str:
-        return "\n".join(line.line for line in self.client.logs(self.id, attempt))
+    def logs(self, attempt: int | None = None, rank: int = 0) -> str:
+        return "\n".join(line.line for line in self.client.logs(self.id, attempt, rank))
 
     def history(self) -> list[Event]:
         return self.client.history(self.id)

@@ -40,13 +40,22 @@ class ControllerSettings(_Section):
     worker_threads: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
-    starting_timeout_s: float = Field(default=1800.0, gt=0, description="STARTING longer: launch hung")
+    starting_timeout_s: float = Field(
+        default=1800.0, gt=0,
+        description="STARTING longer: launch hung (a multi-node job is STARTING until every member runs)",
+    )  # fmt: skip
+    #: the ports a multi-node job's rank 0 may listen on (MASTER_PORT), one per gang on a node
+    rendezvous_port_base: int = Field(default=29400, ge=1024, le=65535)
+    rendezvous_ports: int = Field(default=500, ge=1, le=10_000)
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
     retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
 
 
 class AgentSettings(_Section):
     node_name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    #: where the other members of a multi-node job reach this node (MASTER_ADDR when it holds rank
+    #: 0); empty: the address the node name resolves to
+    address: str = Field(default="", max_length=253, pattern=r"^[A-Za-z0-9.:_-]*$")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     node_lease_ttl_s: float = Field(default=10.0, gt=0)
     #: the supervisor kills every attempt this long before an unrenewed lease would expire

@@ -98,8 +98,10 @@ class Keys:
     def events(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:events"
 
-    def logs(self, job_id: str, attempt: int) -> str:
-        return f"{self.prefix}:job:{job_id}:logs:{attempt}"
+    def logs(self, job_id: str, attempt: int, rank: int = 0) -> str:
+        """An attempt's output; a multi-node job's other members (rank > 0) each have their own."""
+        base = f"{self.prefix}:job:{job_id}:logs:{attempt}"
+        return f"{base}:{rank}" if rank else base
 
     def tombstone(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:expired"

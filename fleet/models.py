@@ -124,7 +124,11 @@ class JobSpec(BaseModel):
     user: str | None = Field(
         default=None, pattern=_USER, description="uid[:gid] the job runs as (default: the node's job_user)"
     )
-    gpus: int = Field(default=0, ge=0, le=64)
+    gpus: int = Field(default=0, ge=0, le=1024, description="GPUs of the whole job (all its nodes)")
+    #: a multi-node job: how many nodes (one member each) and GPUs per node, when the user pins them;
+    #: unset, a job larger than any node is split by the scheduler (fleet.scheduler.capacity.split)
+    nodes: int | None = Field(default=None, ge=1, le=64)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
     cpus: float | None = Field(default=None, gt=0, le=1024)
     memory: Size = None
     shm_size: Size = None
@@ -164,6 +168,35 @@ class JobSpec(BaseModel):
             if key.startswith("fleet."):
                 raise ValueError(f"{key!r}: fleet.* labels are set by fleet itself (array tasks carry them)")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        """``nodes`` x ``gpus_per_node`` is the job's ``gpus``: given both, ``gpus`` may be left out;
+        given one, it must divide ``gpus``."""
+        if not isinstance(data, dict):
+            return data
+        nodes, per_node, gpus = data.get("nodes"), data.get("gpus_per_node"), data.get("gpus")
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (nodes, per_node) if v is not None
+        ):
+            return data  # the field validators name what is wrong
+        if isinstance(gpus, bool) or (gpus is not None and not isinstance(gpus, int)):
+            return data
+        if nodes and per_node:
+            if gpus not in (None, 0, nodes * per_node):
+                raise ValueError(
+                    f"gpus: {gpus} is not nodes x gpus_per_node = {nodes * per_node}; give two of the three"
+                )
+            return {**data, "gpus": nodes * per_node}
+        if per_node and not gpus:
+            raise ValueError("gpus_per_node: give gpus (the job's total) or nodes as well")
+        for name, share in (("nodes", nodes), ("gpus_per_node", per_node)):
+            if share and gpus and gpus % share:
+                raise ValueError(
+                    f"{name}: {gpus} GPUs do not split evenly into {share}; make gpus a multiple of it"
+                )
+        return data
 
     @model_validator(mode="after")
     def _total_size(self) -> JobSpec:
@@ -219,6 +252,15 @@ class Exit(BaseModel):
     kind: str = ""
 
 
+class Member(BaseModel):
+    """One node's part of a multi-node job."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    node: str
+    gpus: list[str] = Field(default_factory=list)
+
+
 class Job(BaseModel):
     """A job as stored: its spec plus where it stands."""
 
@@ -249,11 +291,39 @@ class Job(BaseModel):
     last_exit_attempt: int = 0
     #: when the job entered its current state (launch deadlines count from it)
     state_since: float = 0.0
+    #: a multi-node job's current attempt: its members (node, GPUs) rank 0 first (rank 0's are
+    #: ``node`` and ``gpus`` too), where they meet (rank 0's address and a port reserved there),
+    #: and how many members run and how many ended with 0; empty for a single-node job
+    members: list[Member] = Field(default_factory=list)
+    master_addr: str = ""
+    master_port: int = 0
+    members_running: int = 0
+    members_done: int = 0
+    #: each member's phase, by rank: "" (not started), starting, running, done
+    member_phases: list[str] = Field(default_factory=list)
     #: for a task of a job array: the array's id, the task's index (``FLEET_ARRAY_INDEX``) and how many
     #: of the array's tasks may be on nodes at once (None: no limit); None for a job submitted alone
     array_id: str | None = None
     array_index: int | None = None
     array_max_running: int | None = None
+
+    @property
+    def nodes_held(self) -> list[str]:
+        """The nodes the current attempt is bound to: every member's, rank 0 first, or its one node."""
+        if self.members:
+            return [m.node for m in self.members]
+        return [self.node] if self.node else []
+
+    def rank_on(self, node: str) -> int | None:
+        """The rank of the member on ``node`` (0 for a single-node job there), or None."""
+        held = self.nodes_held
+        return held.index(node) if node in held else None
+
+    def gpus_on(self, node: str) -> list[str]:
+        rank = self.rank_on(node)
+        if rank is None:
+            return []
+        return self.members[rank].gpus if self.members else self.gpus
 
 
 class JobArray(BaseModel):
@@ -357,6 +427,8 @@ class Node(BaseModel):
     used_memory: int = 0
     runtime: str = ""
     gpu_backend: str = ""
+    #: where the other members of a multi-node job reach this node
+    address: str = ""
     claims: dict[str, str] = Field(default_factory=dict)
     #: when the admin state last changed, and by whom ("user@host")
     changed_at: float = 0.0

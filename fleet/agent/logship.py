@@ -39,6 +39,8 @@ class _Attempt:
     ending: bool = False
     #: its last read raised (logged once, until a read works again)
     failing: bool = False
+    #: the rank of this node's member of a multi-node job (its own stream); 0 otherwise
+    rank: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -54,21 +56,21 @@ class LogShipper(threading.Thread):
         self._wake = threading.Event()
         self._health = StepHealth(log)
 
-    def follow(self, job_id: str, attempt: int) -> None:
+    def follow(self, job_id: str, attempt: int, rank: int = 0) -> None:
         with self._lock:
             idle = not self._attempts
-            self._attempts.setdefault((job_id, attempt), _Attempt())
+            self._attempts.setdefault((job_id, attempt), _Attempt(rank=rank))
         if idle:
             self._wake.set()
 
-    def finish(self, job_id: str, attempt: int, timeout: float) -> bool:
+    def finish(self, job_id: str, attempt: int, timeout: float, rank: int = 0) -> bool:
         """Ship what the ended attempt wrote up to its end and stop following it (followed or not:
         one that ended while no agent ran is shipped from its last stored cursor). False: not done
         within ``timeout`` (Redis unreachable); the next call resumes where shipping got."""
         if not self.is_alive():
             return False
         with self._lock:
-            state = self._attempts.setdefault((job_id, attempt), _Attempt())
+            state = self._attempts.setdefault((job_id, attempt), _Attempt(rank=rank))
             state.ending = True
         self._wake.set()
         return state.done.wait(timeout)
@@ -101,12 +103,14 @@ class LogShipper(threading.Thread):
             todo = [(key, state, state.ending) for key, state in self._attempts.items()]
         fresh = [(key, state) for key, state, _ in todo if not state.loaded]
         if fresh:
-            cursors = self._retrying(lambda: self.jobs.last_log_cursors([key for key, _ in fresh]))
+            streams = [(*key, state.rank) for key, state in fresh]
+            cursors = self._retrying(lambda: self.jobs.last_log_cursors(streams))
             for (_, state), cursor in zip(fresh, cursors, strict=True):
                 state.cursor, state.loaded = cursor, True
         batches = {key: lines for key, state, ending in todo if (lines := self._read(key, state, ending))}
         if batches:
-            self._retrying(lambda: self.jobs.append_logs_many(batches, self.max_lines))
+            stored = {(*key, state.rank): batches[key] for key, state, _ in todo if key in batches}
+            self._retrying(lambda: self.jobs.append_logs_many(stored, self.max_lines))
         for key, state, ending in todo:
             if key in batches:
                 state.cursor = batches[key][-1][0]

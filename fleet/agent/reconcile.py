@@ -52,7 +52,13 @@ def reconcile(
         key = (job.id, job.attempt)
         if key in held_keys or key in busy:
             continue
-        if job.state == JobState.SCHEDULED:
+        # a member of a multi-node job that ended with 0 is done while the others run; one that
+        # never started is launched even when the job is STARTING (another member started it)
+        rank = job.rank_on(node)
+        phase = job.member_phases[rank] if rank is not None and rank < len(job.member_phases) else None
+        if phase == "done":
+            continue
+        if job.state == JobState.SCHEDULED or (job.state == JobState.STARTING and phase == ""):
             out.launch.append(job)
         elif job.state in (JobState.STARTING, JobState.RUNNING):
             out.lost.append(job)
@@ -60,7 +66,8 @@ def reconcile(
 
 
 def _held(node: str, status: AttemptStatus, job: Job | None, shipping: bool, out: Buckets) -> None:
-    current = job is not None and job.attempt == status.attempt and job.node == node and job.state.on_node
+    current = (job is not None and job.attempt == status.attempt and node in job.nodes_held
+               and job.state.on_node)  # fmt: skip
     if status.running and not current:
         out.stale.append(status)
     elif status.running and job is not None:

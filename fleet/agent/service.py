@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -53,6 +54,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings, self.cfg = settings, settings.agent
+        self.address = self.cfg.address or _address(self.cfg.node_name)
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.retention = RetentionStore(jobs.redis, jobs.keys)
@@ -138,7 +140,7 @@ class Agent:
         info = NodeInfo(
             gpus=gpus, cpus=self.cfg.cpus or os.cpu_count() or 0,
             memory=self.cfg.memory or psutil.virtual_memory().total,
-            runtime=self.runtime.name, gpu_backend=self.inventory.backend,
+            runtime=self.runtime.name, gpu_backend=self.inventory.backend, address=self.address,
         )  # fmt: skip
         sent = time.monotonic()  # the lease runs from no later than this
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
@@ -174,18 +176,20 @@ class Agent:
         except NotFound:
             event(log, "launch_ignored", job=job_id, attempt=attempt, why="no such job")
             return
-        if job.node != self.node or job.attempt != attempt or job.state != JobState.SCHEDULED:
-            event(
-                log,
-                "launch_ignored",
-                job=job_id,
-                attempt=attempt,
-                why=f"job is {job.state} attempt {job.attempt}",
-            )
+        rank, gang = job.rank_on(self.node), len(job.members) > 1
+        # a multi-node job is STARTING once its first member starts; the others start from there
+        launchable = (JobState.SCHEDULED, JobState.STARTING) if gang else (JobState.SCHEDULED,)
+        if rank is None or job.attempt != attempt or job.state not in launchable:
+            where = ",".join(job.nodes_held) or "-"
+            event(log, "launch_ignored", job=job_id, attempt=attempt,
+                  why=f"job is {job.state} attempt {job.attempt} on {where}")  # fmt: skip
+            return
+        if gang and self.jobs.member(job, rank, "starting") < 0:
+            event(log, "launch_ignored", job=job_id, attempt=attempt, why=f"member {rank} started already")
             return
         started = self.jobs.transition(
-            job_id, attempt=attempt, allowed=[JobState.SCHEDULED], to=JobState.STARTING,
-            reason=f"starting on {self.node}", now=self.clock(),
+            job_id, attempt=attempt, allowed=launchable, to=JobState.STARTING, now=self.clock(),
+            reason=f"starting on {self.node}" + (f" (member {rank} of {len(job.members)})" if gang else ""),
         )  # fmt: skip
         if not started:
             return
@@ -193,8 +197,9 @@ class Agent:
             self._finish(job, Exit(fault=CANCEL, reason="cancelled before start"))
             return
         try:
-            check_assigned(self.inventory, self.runtime, job.gpus, self.node, self.cfg.gpu_busy_memory)
-            self.runtime.start(self._spec(job))
+            gpus = job.gpus_on(self.node)
+            check_assigned(self.inventory, self.runtime, gpus, self.node, self.cfg.gpu_busy_memory)
+            self.runtime.start(self._spec(job, rank))
         except (LaunchError, SpecError, OSError) as exc:
             if isinstance(exc, OSError):
                 exc = LaunchError(f"cannot prepare the attempt on {self.node}: {exc}", retryable=True)
@@ -204,30 +209,36 @@ class Agent:
             if isinstance(exc, GpuBusy):
                 self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
             return
-        if not self.jobs.transition(
-            job_id, attempt=attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
-            reason=f"running on {self.node}", now=self.clock(), fields={"started_at": self.clock()},
-        ):  # fmt: skip
+        if not self._running(job, rank):
             # the controller gave up on this launch meanwhile (start deadline, cancel): its GPUs may
             # already be someone else's, so the attempt must not run on
             event(log, "stale_launch_stopped", job=job_id, attempt=attempt)
             self.runtime.stop(job_id, attempt, 0)
             self._remove(job_id, attempt)
             return
-        self.logs.follow(job_id, attempt)
-        event(
-            log,
-            "attempt_started",
-            job=job_id,
-            attempt=attempt,
-            node=self.node,
-            gpus=",".join(job.gpus) or "-",
-        )
+        self.logs.follow(job_id, attempt, rank)
+        event(log, "attempt_started", job=job_id, attempt=attempt, node=self.node, rank=rank,
+              gpus=",".join(job.gpus_on(self.node)) or "-")  # fmt: skip
         self.bus.send(
             CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
         )
 
-    def _spec(self, job: Job) -> LaunchSpec:
+    def _running(self, job: Job, rank: int) -> bool:
+        """The attempt runs here: the job is RUNNING (a multi-node job once every member runs);
+        False when the launch went stale meanwhile."""
+        if len(job.members) > 1:
+            running = self.jobs.member(job, rank, "running")
+            if running < 0:
+                return False
+            if running < len(job.members):
+                return True  # the last member to run moves the job to RUNNING
+        where = f"{len(job.members)} nodes" if len(job.members) > 1 else self.node
+        return self.jobs.transition(
+            job.id, attempt=job.attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
+            reason=f"running on {where}", now=self.clock(), fields={"started_at": self.clock()},
+        )  # fmt: skip
+
+    def _spec(self, job: Job, rank: int = 0) -> LaunchSpec:
         spec = job.spec
         check_mounts(spec.mounts, self.settings.allowed_mounts)
         user = job_user(spec.user, self.cfg)
@@ -235,11 +246,12 @@ class Agent:
         ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
         return LaunchSpec(
             job_id=job.id, attempt=job.attempt, image=spec.image or self.settings.default_image,
-            command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus),
+            command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus_on(self.node)),
             gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
             shm_size=spec.shm_size, mounts=tuple(spec.mounts), checkpoint_dir=ckpt,
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
-            array_index=job.array_index,
+            array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
+            master_addr=job.master_addr, master_port=job.master_port,
         )  # fmt: skip
 
     # -- stop and exit ---------------------------------------------------------------
@@ -286,7 +298,7 @@ class Agent:
         (and run a SUCCEEDED job again). The claims are released only once the container is gone,
         so a GPU is never handed to the next job while a process of this one may still hold it.
         """
-        if not self.logs.finish(job.id, job.attempt, timeout=10):
+        if not self.logs.finish(job.id, job.attempt, timeout=10, rank=job.rank_on(self.node) or 0):
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
             exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="drain",
@@ -294,11 +306,25 @@ class Agent:
         self.jobs.record_exit(job, exit, self.clock())
         self.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)
+        rank, gang = job.rank_on(self.node) or 0, len(job.members) > 1
+        if gang and exit.code == 0 and exit.fault == JOB:
+            done = self.jobs.member(job, rank, "done")
+            if done < len(job.members):  # the others still run (or this one was counted already)
+                event(log, "member_done", job=job.id, attempt=job.attempt, rank=rank, members_done=done)
+                return
+        elif gang:
+            exit = exit.model_copy(update={"reason": f"member {rank} on {self.node}: {exit.reason}"})
         decision = self.jobs.end_attempt(
             job, exit, self.policy, self.clock(), {"checkpoint": self._latest(job)}
         )
         if decision is None:
             return
+        if gang:  # one member's end is the attempt's: stop the others now, not at a collective's timeout
+            stop = Stop(
+                job_id=job.id, attempt=job.attempt, reason=decision.reason, grace_s=self.cfg.stop_grace_s
+            )
+            for node in set(job.nodes_held) - {self.node}:
+                self.bus.send(node_queue(node), stop)
         event(log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
               state=decision.state, reason=decision.reason)  # fmt: skip
         self.bus.send(
@@ -316,7 +342,8 @@ class Agent:
     def _await_gpus_released(self, job: Job) -> None:
         """Claims are released either way, but a GPU still holding a process is reported and
         published as busy by every heartbeat, so the scheduler does not hand it to the next job."""
-        stuck = await_released(self.inventory, self.runtime, job.gpus, self.cfg.gpu_release_timeout_s)
+        gpus = job.gpus_on(self.node)
+        stuck = await_released(self.inventory, self.runtime, gpus, self.cfg.gpu_release_timeout_s)
         if stuck:
             event(log, "gpu_not_released", logging.WARNING, job=job.id, attempt=job.attempt,
                   gpus=";".join(f"{u}:{','.join(map(str, p))}" for u, p in stuck.items()))  # fmt: skip
@@ -344,7 +371,8 @@ class Agent:
         for status in todo.reattach:
             event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
             self.runtime.supervise(status.job_id, status.attempt)
-            self.logs.follow(status.job_id, status.attempt)
+            job = jobs.get(status.job_id)
+            self.logs.follow(status.job_id, status.attempt, (job.rank_on(self.node) or 0) if job else 0)
         for status in todo.finish:
             assert status.exit is not None
             self.finish(status.job_id, status.attempt, status.exit)
@@ -361,7 +389,9 @@ class Agent:
         try:
             if any((a.job_id, a.attempt) == (job.id, job.attempt) for a in self.runtime.attempts()):
                 return  # it started after the reconcile looked
-            exit = job.last_exit if job.last_exit_attempt == job.attempt else None
+            # a multi-node job keeps one recorded exit for all its members: not this member's
+            recorded = job.last_exit_attempt == job.attempt and len(job.members) <= 1
+            exit = job.last_exit if recorded else None
             self._finish(job, exit or Exit(code=None, fault=INFRA, kind="lost",
                                            reason=f"attempt vanished from node {self.node}"))  # fmt: skip
         finally:
@@ -416,6 +446,16 @@ def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | Non
                             f"{os.geteuid()} only; drop `user`")  # fmt: skip
         return None
     return user
+
+
+def _address(name: str) -> str:
+    """What the node name resolves to (a multi-node job's MASTER_ADDR when this node holds rank 0)."""
+    for host in (name, socket.gethostname()):
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            continue
+    return "127.0.0.1"  # multi-node jobs then only meet on this machine: set agent.address
 
 
 def _agent_id(state_dir: Path) -> str:

@@ -6,14 +6,18 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.cli import arrays
 from fleet.cli.output import ago, emit_json, size, stamp, table
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobSpec, JobState, Node
+
+if TYPE_CHECKING:
+    from fleet.state.jobs import LogLine
 
 EXIT_FOR_STATE = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.CANCELLED: 6}
 
@@ -35,7 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--file", help="job spec YAML/JSON (flags override its fields)")
     p.add_argument("--name")
     p.add_argument("--image", help="container image (default: the fleet's default_image)")
-    p.add_argument("--gpus", type=int)
+    p.add_argument("--gpus", type=int, help="GPUs of the whole job; more than a node has: several nodes")
+    p.add_argument("--nodes", type=int, help="a multi-node job: this many nodes, one member each")
+    p.add_argument("--gpus-per-node", type=int, help="a multi-node job: GPUs of each member")
     p.add_argument("--cpus", type=float)
     p.add_argument("--memory", help="memory limit, e.g. 16g")
     p.add_argument("--shm-size", help="shared memory size, e.g. 2g")
@@ -97,6 +103,7 @@ def register(sub: Any) -> None:
         "-f", "--follow", action="store_true", help="keep printing new lines until the attempt ends"
     )
     p.add_argument("--attempt", type=int)
+    p.add_argument("--rank", type=int, default=0, help="a multi-node job's member (default 0)")
     p.set_defaults(handler=logs)
 
     p = sub.add_parser(
@@ -192,6 +199,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     flags = {
         "name": args.name, "image": args.image, "gpus": args.gpus, "cpus": args.cpus, "memory": args.memory,
+        "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
         "shm_size": args.shm_size, "gpu_model": args.gpu_model, "min_gpu_memory": args.min_gpu_memory,
         "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
         "command": command or None,
@@ -242,12 +250,15 @@ def submit_array(args: argparse.Namespace, spec: JobSpec) -> int:
 
 
 def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
+    """Say so when no live node could hold one member: a job larger than every node runs on several
+    (one member each, see the README), but not with members larger than any node."""
     if not spec.gpus:
         return
     largest = client.most_gpus()
-    if spec.gpus > largest:
+    per_node = spec.gpus_per_node or (spec.gpus // spec.nodes if spec.nodes else 1)
+    if per_node > largest or not largest:
         print(
-            f"fleet: warning: no live node has {spec.gpus} GPUs (largest: {largest}); "
+            f"fleet: warning: no live node has {per_node} GPUs (largest: {largest}); "
             "the job stays QUEUED until one joins (`fleet show` says why)",
             file=sys.stderr,
         )
@@ -301,8 +312,14 @@ def show(args: argparse.Namespace) -> int:
     if job.array_id is not None:
         limit = f" (array max running {job.array_max_running})" if job.array_max_running else ""
         print(f"Array:      {job.array_id}, task {job.array_index}{limit}")
-    print(f"Node:       {job.node or '-'}")
-    print(f"GPUs:       {', '.join(job.gpus) or '-'}")
+    if job.members:
+        print(f"Members:    {len(job.members)} nodes, rank 0 at {job.master_addr}:{job.master_port}")
+        for rank, (member, phase) in enumerate(zip(job.members, job.member_phases, strict=True)):
+            gpus = ", ".join(member.gpus) or "-"
+            print(f"  rank {rank}: {member.node}  GPUs {gpus}  {phase or 'not started'}")
+    else:
+        print(f"Node:       {job.node or '-'}")
+        print(f"GPUs:       {', '.join(job.gpus) or '-'}")
     print(f"Attempts:   {job.attempt} (failures {job.failures} of {spec.max_attempts} allowed, "
           f"infrastructure requeues {job.infra_requeues})")  # fmt: skip
     print(f"Exit code:  {job.exit_code if job.exit_code is not None else '-'}")
@@ -321,7 +338,10 @@ def _countdown(job: Job) -> str:
 
 def logs(args: argparse.Namespace) -> int:
     client = _client(args)
-    lines = client.follow_logs(args.job, args.attempt) if args.follow else client.logs(args.job, args.attempt)
+    lines: Iterable[LogLine] = (
+        client.follow_logs(args.job, args.attempt, rank=args.rank) if args.follow
+        else client.logs(args.job, args.attempt, args.rank)
+    )  # fmt: skip
     for line in lines:
         print(line.line, flush=args.follow)
     return 0

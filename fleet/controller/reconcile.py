@@ -69,14 +69,14 @@ def reconcile(
     drains: list[DrainStop] = []
     ignore: list[str] = []
     for job in on_node:
-        action = _classify(job, by_name.get(job.node or ""), now, cfg)
+        action = _classify(job, [(n, by_name.get(n)) for n in job.nodes_held or [""]], now, cfg)
         if isinstance(action, DrainStop):
             drains.append(action)
         elif action is None:
             ignore.append(job.id)
         else:
             (timeouts if action.exit.kind == LAUNCH_TIMEOUT else lost).append(action)
-    occupied = {j.node for j in on_node}
+    occupied = {n for j in on_node for n in j.nodes_held}
     held = {f"{j.id}:{j.attempt}" for j in on_node}
     return Buckets(
         requeue_lost=tuple(lost),
@@ -90,16 +90,22 @@ def reconcile(
     )
 
 
-def _classify(job: Job, node: Node | None, now: float, cfg: ControllerSettings) -> Requeue | DrainStop | None:
-    if node is None:
-        return Requeue(job, _lost(f"node {job.node} has no record"), stop=False)
-    if not node.alive:
-        return Requeue(job, _lost(f"node {node.name} down (lease expired)"), stop=False)
+def _classify(
+    job: Job, nodes: list[tuple[str, Node | None]], now: float, cfg: ControllerSettings
+) -> Requeue | DrainStop | None:
+    """``nodes``: the job's node, or every member's node (a multi-node job), each as stored; one
+    lost or drained member node moves the whole job."""
+    for name, node in nodes:
+        if node is None:
+            return Requeue(job, _lost(f"node {name} has no record"), stop=False)
+        if not node.alive:
+            return Requeue(job, _lost(f"node {name} down (lease expired)"), stop=False)
     late = _late(job, now, cfg)
     if late:
         return Requeue(job, Exit(fault=INFRA, kind=LAUNCH_TIMEOUT, reason=late), stop=True)
-    if _drain_due(node, now) and not job.preempt:
-        return DrainStop(job, f"node {node.name} drained", node.drain_grace_s)
+    for _, node in nodes:
+        if node is not None and _drain_due(node, now) and not job.preempt:
+            return DrainStop(job, f"node {node.name} drained", node.drain_grace_s)
     return None
 
 

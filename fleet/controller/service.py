@@ -37,7 +37,7 @@ from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
-from fleet.scheduler import Capacity, NodeView, PendingQueue, Plan
+from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.records import JobBatch, NodeBatch
@@ -217,6 +217,19 @@ class Controller:
         self._due = self.queue.next_due()
         return plan
 
+    def _entry(self, members: list[Placement]) -> dict[str, Any]:
+        """One place_many entry: a job's one node, or every member of a multi-node job."""
+        first = members[0]
+        where = [f"{p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "") for p in members]
+        entry = {"job": first.job_id, "node": first.node, "gpus": list(first.gpus), "cpus": first.cpus,
+                 "memory": first.memory, "reason": "placed on " + "; ".join(where)}  # fmt: skip
+        if len(members) > 1:
+            node = self._nodes.get(first.node)
+            entry["master_addr"] = node.address if node and node.address else first.node
+            entry["members"] = [{"node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory}
+                                for p in members]  # fmt: skip
+        return entry
+
     def _array_room(self) -> dict[str, int]:
         """How many more tasks each limited array waiting here may start (max_running - on nodes)."""
         arrays = self.queue.arrays() & self._array_limits.keys()
@@ -226,19 +239,19 @@ class Controller:
         return {a: self._array_limits[a] - active.get(a, 0) for a in arrays}
 
     def _apply(self, plan: Plan, now: float) -> None:
-        batch = [
-            {"job": p.job_id, "node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory,
-             "reason": f"placed on {p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "")}
-            for p in plan.placements
-        ]  # fmt: skip
-        attempts = self.jobs.place_many(batch, self._token(), now)
-        for p, attempt in zip(plan.placements, attempts, strict=True):
+        jobs: dict[str, list[Placement]] = {}
+        for p in plan.placements:  # a multi-node job has one placement per member, rank 0 first
+            jobs.setdefault(p.job_id, []).append(p)
+        batch = [self._entry(members) for members in jobs.values()]
+        ports = (self.cfg.rendezvous_port_base, self.cfg.rendezvous_ports)
+        attempts = self.jobs.place_many(batch, self._token(), now, ports)
+        for (job_id, members), attempt in zip(jobs.items(), attempts, strict=True):
             with self._lock:
-                self._touched_nodes.add(p.node)  # its claims changed: read it again
+                self._touched_nodes.update(p.node for p in members)  # their claims changed: read again
                 if not attempt:
-                    self._touched_jobs.add(p.job_id)  # refused: see where the job stands now
-            if attempt:
-                self.bus.send(node_queue(p.node), Launch(job_id=p.job_id, attempt=attempt, gpus=list(p.gpus)))
+                    self._touched_jobs.add(job_id)  # refused: see where the job stands now
+            for p in members if attempt else ():
+                self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
         if plan.waiting:
             self.jobs.set_reasons(plan.waiting, self._token(), now)
 
@@ -380,7 +393,7 @@ class Controller:
         alive = self.nodes.alive(sorted(self._nodes))
         flipped = {name for name, up in alive.items() if up != self._nodes[name].alive}
         launching = self._readable(self.jobs.read_launching(), now)
-        watched = flipped | {j.node for j in launching if j.node}
+        watched = flipped | {node for j in launching for node in j.nodes_held}
         watched |= {
             n.name for n in self._nodes.values() if not n.alive or n.admin_state == NodeState.DRAINING
         }
@@ -401,14 +414,14 @@ class Controller:
             return
         with self._lock:  # back in the queue: the next pass reads it (no agent message will come)
             self._touched_jobs.add(job.id)
-            if job.node:
-                self._touched_nodes.add(job.node)
+            self._touched_nodes.update(job.nodes_held)
         event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
               state=decision.state, reason=exit.reason)  # fmt: skip
-        if requeue.stop and job.node:
+        if requeue.stop or len(job.members) > 1:  # a gang's live members too, whichever node was lost
             grace = self.settings.agent.stop_grace_s
             stop = Stop(job_id=job.id, attempt=job.attempt, reason=exit.reason, grace_s=grace)
-            self.bus.send(node_queue(job.node), stop)
+            for node in job.nodes_held:
+                self.bus.send(node_queue(node), stop)
 
     def _drain_stop(self, drain: DrainStop, now: float) -> None:
         """SIGTERM with a grace period to checkpoint; the agent requeues it without spending retries."""
@@ -417,9 +430,10 @@ class Controller:
             job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
             reason=f"{drain.reason}: stopping with {drain.grace_s:g}s to checkpoint", now=now,
             fields={"preempt": drain.reason}, leader=self._token(),
-        ) and job.node:  # fmt: skip
+        ):  # fmt: skip
             stop = Stop(job_id=job.id, attempt=job.attempt, reason=drain.reason, grace_s=drain.grace_s)
-            self.bus.send(node_queue(job.node), stop)
+            for node in job.nodes_held:  # every member of a multi-node job leaves together
+                self.bus.send(node_queue(node), stop)
 
     # -- retention ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ def pending(job: Job) -> PendingJob:
         id=job.id, priority=spec.priority, seq=job.seq, gpus=spec.gpus, gpu_model=spec.gpu_model,
         min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before, cpus=cpus, memory=spec.memory or 0,
         array=job.array_id if job.array_max_running else None,
-        nodes=1,  # one member per job until specs and agents carry multi-node jobs (issue 12)
+        nodes=spec.nodes or 0, gpus_per_node=spec.gpus_per_node or 0,
     )  # fmt: skip
 
 

@@ -151,7 +151,22 @@ class Capacity:
         why, later = self._explain(member)
         if members == 1:
             return why, later
-        return _gang_summary(job, members, member, len(later), len(self._fitting(member, members))), later
+        if len(later) < members:  # the fleet cannot hold it even empty: say what the other nodes lack
+            return _gang_summary(members, member, len(later), 0, self._lacking(member, set(later))), later
+        return _gang_summary(members, member, len(later), len(self._fitting(member, members)), ""), later
+
+    def _lacking(self, member: PendingJob, could: set[str]) -> str:
+        """Why the nodes outside ``could`` can never hold ``member``: each named when few, else what
+        they lack, without counts."""
+        reasons = []
+        for name in sorted(set(self.nodes) - could):
+            node = self.nodes[name]
+            reasons.append(
+                (name, node_reason(node) or capacity_reason(member, node, matching(member, node)) or "")
+            )
+        if len(reasons) <= 3:
+            return "; ".join(f"{name}: {why}" for name, why in reasons)
+        return "the others: " + ", ".join(sorted({why for _, why in reasons}))
 
     def _explain(self, job: PendingJob) -> tuple[str, list[str]]:
         reasons: list[tuple[str, str, str]] = []  # (node, detail, category)
@@ -192,14 +207,15 @@ def _busy_category(detail: str) -> str:
     return f"busy (not enough free {lacking})"
 
 
-def _gang_summary(job: PendingJob, members: int, member: PendingJob, could: int, free_now: int) -> str:
+def _gang_summary(members: int, member: PendingJob, could: int, free_now: int, detail: str) -> str:
     """ "needs 3 nodes with 4 free GPUs each (...); 2 have them": what is missing, in the unit a user
     resizes by. Counts change as jobs come and go, so a gang's reason is rewritten when they do
     (gangs are few)."""
     each = f"{member.gpus} free GPU{'s' if member.gpus != 1 else ''} each" if member.gpus else "room each"
     need = f"needs {members} nodes with {each}{constraint_text(member)}"
     if could < members:
-        return f"{need}; only {could} node{'s' if could != 1 else ''} could ever hold a member"
+        lacking = f" ({detail})" if detail else ""
+        return f"{need}; only {could} node{'s' if could != 1 else ''} could ever hold a member{lacking}"
     return f"{need}; {free_now} {'has' if free_now == 1 else 'have'} them now"
 
 

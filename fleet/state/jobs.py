@@ -225,18 +225,27 @@ class JobStore:
         return self.place_many(batch, leader, now)[0]
 
     @translated
-    def place_many(self, placements: list[dict[str, Any]], leader: str, now: float) -> list[int]:
-        """Bind many QUEUED jobs at once (``{job, node, gpus, cpus, memory, reason}`` each) in one
-        atomic script; the new attempt per placement, 0 where refused."""
+    def place_many(
+        self, placements: list[dict[str, Any]], leader: str, now: float, ports: tuple[int, int] = (29400, 500)
+    ) -> list[int]:
+        """Bind many QUEUED jobs at once (``{job, node, gpus, cpus, memory, reason}`` each, and for a
+        multi-node job ``members`` and ``master_addr``: see place_many.lua) in one atomic script; the
+        new attempt per placement, 0 where refused. ``ports``: (first, how many) rendezvous ports."""
         if not placements:
             return []
         result = self._scripts["place_many"](
             keys=[self.keys.leader, self.keys.claims],
-            args=[self.keys.prefix, leader, now, json.dumps(placements)],
+            args=[self.keys.prefix, leader, now, json.dumps(placements), *ports],
         )
         if result == [-2]:
             raise NotLeader("placements refused: another controller holds the leader lease")
         return [int(a) for a in result]
+
+    @translated
+    def member(self, job: Job, rank: int, phase: str) -> int:
+        """Move the member on ``rank`` of multi-node ``job`` to ``phase`` (starting, running, done);
+        how many members reached it, or -1 when stale (see member.lua)."""
+        return int(self._scripts["member"](keys=[self.keys.job(job.id)], args=[job.attempt, rank, phase]))
 
     @translated
     def set_reasons(self, reasons: dict[str, str], leader: str, now: float) -> None:
@@ -413,33 +422,35 @@ class JobStore:
     @translated
     def append_logs(self, job_id: str, attempt: int, lines: list[tuple[str, str]], max_lines: int) -> None:
         """Append ``(cursor, line)`` pairs; the runtime's cursor lets a restarted agent resume shipping."""
-        self.append_logs_many({(job_id, attempt): lines}, max_lines)
+        self.append_logs_many({(job_id, attempt, 0): lines}, max_lines)
 
     @translated
     def append_logs_many(
-        self, batches: Mapping[tuple[str, int], Sequence[tuple[str, str]]], max_lines: int
+        self, batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]], max_lines: int
     ) -> None:
-        """Append every attempt's ``(cursor, line)`` pairs, in order, in one round trip."""
+        """Append every stream's ``(cursor, line)`` pairs (a stream: job, attempt, member rank), in
+        order, in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for (job_id, attempt), lines in batches.items():
-            key = self.keys.logs(job_id, attempt)
+        for (job_id, attempt, rank), lines in batches.items():
+            key = self.keys.logs(job_id, attempt, rank)
             for cursor, line in lines:
                 pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
         pipe.execute()
 
     @translated
-    def last_log_cursors(self, attempts: Sequence[tuple[str, int]]) -> list[str | None]:
-        """The cursor of the last line stored for each attempt (None: none yet), in one round trip."""
+    def last_log_cursors(self, streams: Sequence[tuple[str, int, int]]) -> list[str | None]:
+        """The cursor of the last line stored in each stream (job, attempt, member rank; None: none
+        yet), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for job_id, attempt in attempts:
-            pipe.xrevrange(self.keys.logs(job_id, attempt), count=1)
+        for job_id, attempt, rank in streams:
+            pipe.xrevrange(self.keys.logs(job_id, attempt, rank), count=1)
         return [str(last[0][1]["c"]) if last else None for last in pipe.execute()]
 
     @translated
     def read_logs(
-        self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None
+        self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None, rank: int = 0
     ) -> list[LogLine]:
-        key = self.keys.logs(job_id, attempt)
+        key = self.keys.logs(job_id, attempt, rank)
         if block_ms is None:
             entries = self.redis.xrange(key, min=f"({after}" if after != "0" else "-")
         else:

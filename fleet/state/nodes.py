@@ -32,6 +32,8 @@ class NodeInfo:
     memory: int
     runtime: str
     gpu_backend: str
+    #: where other nodes reach this one (a multi-node job's MASTER_ADDR)
+    address: str = ""
 
     def fields(self) -> dict[str, str]:
         return {
@@ -40,6 +42,7 @@ class NodeInfo:
             "memory": str(self.memory),
             "runtime": self.runtime,
             "gpu_backend": self.gpu_backend,
+            "address": self.address,
             "sched": self.digest(),
         }
 
@@ -47,7 +50,7 @@ class NodeInfo:
         """What placement depends on (not utilisation or temperature, which change every beat):
         the heartbeat script marks the node changed for the scheduler only when this changes."""
         gpus = [(g.uuid, g.index, g.model, g.memory_total, g.healthy, g.health, g.busy) for g in self.gpus]
-        text = json.dumps([gpus, self.cpus, self.memory, self.runtime])
+        text = json.dumps([gpus, self.cpus, self.memory, self.runtime, self.address])
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 

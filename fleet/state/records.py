@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from fleet.arrays import ARRAY_LABEL, INDEX_LABEL
 from fleet.errors import CorruptRecord, JobExpired
-from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Node, NodeState
+from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Member, Node, NodeState
 
 T = TypeVar("T")
 
@@ -79,6 +79,14 @@ def _gpus(text: str) -> list[Gpu]:
     return [Gpu.model_validate(g) for g in json.loads(text)]
 
 
+def _members(text: str) -> list[Member]:
+    """``[[node, [uuids]], ...]`` as place_many.lua writes it (Lua encodes an empty list as {})."""
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError("expected a JSON list of [node, [GPU UUIDs]]")
+    return [Member(node=node, gpus=list(gpus or [])) for node, gpus in value]
+
+
 def _uuids(text: str) -> list[str]:
     value = json.loads(text)
     if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
@@ -118,6 +126,14 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         checkpoint=raw.get("checkpoint") or None,
         seq=f.get("seq", int, 0),
         state_since=f.get("state_since", float, None) or updated,
+        members=f.get("members", _members, None) or [],
+        master_addr=raw.get("master_addr", ""),
+        master_port=f.get("master_port", int, 0),
+        members_running=f.get("members_running", int, 0),
+        members_done=f.get("members_done", int, 0),
+        member_phases=[
+            raw.get(f"m{rank}", "") for rank in range(len(f.get("members", _members, None) or []))
+        ],
         **(f.get("exit", _last_exit, None) or {}),
         **_spec(f, arrays),
     )
@@ -194,6 +210,7 @@ def _node(name: str, f: _Fields, alive: bool, claims: dict[str, str], jobs: list
         memory=f.get("memory", int, 0),
         runtime=raw.get("runtime", ""),
         gpu_backend=raw.get("gpu_backend", ""),
+        address=raw.get("address", ""),
         claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
         changed_at=f.get("changed_at", float, 0.0),
         changed_by=raw.get("changed_by", ""),

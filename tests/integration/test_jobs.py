@@ -81,12 +81,20 @@ def test_cancel_of_a_queued_job_is_immediate(one_node: FleetProcs, client: Clien
     assert job.cancel().state == JobState.CANCELLED
 
 
-def test_job_larger_than_any_node_stays_queued_with_the_reason(one_node: FleetProcs, client: Client) -> None:
+def test_a_job_larger_than_the_fleet_stays_queued_with_the_reason(
+    one_node: FleetProcs, client: Client
+) -> None:
+    # 8 GPUs on one node of 2: a 4-node job, which this fleet cannot hold yet
     job = client.submit(sh("true", gpus=8))
     _wait_for(lambda: job.status().reason != "submitted")
     status = job.status()
     assert status.state == JobState.QUEUED
-    assert status.reason == "needs 8 GPUs; t-node1: has 2 matching GPUs"
+    assert status.reason == "needs 4 nodes with 2 free GPUs each; only 1 node could ever hold a member"
+    # and one whose member is larger than any node says which node lacks what
+    pinned = client.submit(sh("true", gpus=8, nodes=2))
+    _wait_for(lambda: pinned.status().reason != "submitted")
+    assert pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a " \
+                                     "member (t-node1: has 2 matching GPUs)"  # fmt: skip
 
 
 def test_missing_image_fails_the_job_readably(one_node: FleetProcs, client: Client, runtime: str) -> None:

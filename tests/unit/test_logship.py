@@ -17,6 +17,7 @@ from fleet.agent.supervision import SupervisorClient
 from fleet.errors import StoreUnavailable
 
 Key = tuple[str, int]
+Stream = tuple[str, int, int]
 
 
 class FakeRuntime:
@@ -51,15 +52,17 @@ class FakeStore:
             self.down -= 1
             raise StoreUnavailable("redis unavailable: connection refused")
 
-    def append_logs_many(self, batches: Mapping[Key, Sequence[tuple[str, str]]], max_lines: int) -> None:
+    def append_logs_many(self, batches: Mapping[Stream, Sequence[tuple[str, str]]], max_lines: int) -> None:
         self._call()
         self.appends += 1
-        for key, lines in batches.items():
-            self.streams.setdefault(key, []).extend(lines)
+        for (job_id, attempt, rank), lines in batches.items():
+            assert rank == 0
+            self.streams.setdefault((job_id, attempt), []).extend(lines)
 
-    def last_log_cursors(self, attempts: Sequence[Key]) -> list[str | None]:
+    def last_log_cursors(self, streams: Sequence[Stream]) -> list[str | None]:
         self._call()
-        return [self.streams[k][-1][0] if self.streams.get(k) else None for k in attempts]
+        keys = [(job_id, attempt) for job_id, attempt, _ in streams]
+        return [self.streams[k][-1][0] if self.streams.get(k) else None for k in keys]
 
     def text(self, key: Key) -> list[str]:
         return [line for _, line in self.streams.get(key, [])]

@@ -69,3 +69,37 @@ def test_cli_builds_the_spec_from_file_and_flags(tmp_path: pytest.TempPathFactor
         ["python", "train.py"],
     )
     assert spec.mounts[0].read_only is True
+
+
+@pytest.mark.parametrize(
+    ("fields", "gpus", "nodes", "per_node"),
+    [
+        ({"gpus": 16}, 16, None, None),  # the scheduler splits it (see test_gangs)
+        ({"nodes": 2, "gpus_per_node": 4}, 8, 2, 4),  # gpus follows
+        ({"nodes": 2, "gpus_per_node": 4, "gpus": 8}, 8, 2, 4),
+        ({"nodes": 4, "gpus": 8}, 8, 4, None),
+        ({"nodes": 2}, 0, 2, None),  # a CPU-only multi-node job
+    ],
+)
+def test_a_multi_node_spec_holds_the_whole_jobs_gpus(
+    fields: dict[str, int], gpus: int, nodes: int | None, per_node: int | None
+) -> None:
+    spec = JobSpec.parse({"name": "ddp", "command": ["torchrun"], **fields})
+    assert (spec.gpus, spec.nodes, spec.gpus_per_node) == (gpus, nodes, per_node)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"nodes": 3, "gpus": 8}, "nodes: 8 GPUs do not split evenly into 3"),
+        ({"gpus_per_node": 3, "gpus": 8}, "gpus_per_node: 8 GPUs do not split evenly into 3"),
+        ({"nodes": 2, "gpus_per_node": 4, "gpus": 6}, "gpus: 6 is not nodes x gpus_per_node = 8"),
+        ({"gpus_per_node": 4}, "gpus_per_node: give gpus"),
+        ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_multi_node_spec_that_does_not_add_up_is_refused_naming_the_fix(
+    fields: dict[str, int], message: str
+) -> None:
+    with pytest.raises(SpecError, match=message):
+        JobSpec.parse({"name": "ddp", "command": ["torchrun"], **fields})

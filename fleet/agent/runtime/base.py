@@ -38,6 +38,12 @@ class LaunchSpec:
     pids_limit: int | None = None
     #: the task's index when the job is a task of a job array (``FLEET_ARRAY_INDEX``)
     array_index: int | None = None
+    #: a member of a multi-node job: its rank, how many members, where rank 0 listens; members
+    #: reach each other over the hosts' network (the Docker runtime uses host networking for them)
+    rank: int = 0
+    members: int = 1
+    master_addr: str = ""
+    master_port: int = 0
 
     @property
     def name(self) -> str:
@@ -55,6 +61,12 @@ class LaunchSpec:
         )
         if self.array_index is not None:
             env["FLEET_ARRAY_INDEX"] = str(self.array_index)
+        if self.members > 1:  # what torchrun and torch.distributed read, and fleet's own names
+            env.update(
+                FLEET_NUM_NODES=str(self.members), FLEET_NODE_RANK=str(self.rank),
+                FLEET_NUM_GPUS=str(len(self.gpus)), MASTER_ADDR=self.master_addr,
+                MASTER_PORT=str(self.master_port), WORLD_SIZE=str(self.members), NODE_RANK=str(self.rank),
+            )  # fmt: skip
         if checkpoint_dir:
             env["FLEET_CHECKPOINT_DIR"] = checkpoint_dir
             if self.resume_from:

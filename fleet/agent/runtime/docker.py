@@ -148,6 +148,9 @@ class DockerRuntime:
             memswap_limit=spec.memory,
             nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
             shm_size=spec.shm_size,
+            # a multi-node job's members meet on the hosts' addresses (MASTER_ADDR:MASTER_PORT and the
+            # ports NCCL/gloo open): host networking, as Slurm and most bare-metal stacks run them
+            network_mode="host" if spec.members > 1 else None,
         )
 
     # -- observe ---------------------------------------------------------------------

@@ -8,7 +8,7 @@
 -- KEYS[1] ended zset (id -> end time)  KEYS[2] all-jobs zset  KEYS[3] quarantined jobs hash
 -- KEYS[4] queued zset  KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[2]:
---   <prefix>:job:<id>, <prefix>:job:<id>:events, <prefix>:job:<id>:logs:<1..attempt>,
+--   <prefix>:job:<id>, <prefix>:job:<id>:events, <prefix>:job:<id>:logs:<1..attempt>[:<rank>],
 --   <prefix>:job:<id>:expired (the tombstone) and <prefix>:jobs:state:<STATE> sets; for a task of a
 --   job array, <prefix>:array:<array id> (its count of tasks left), and once the array's last task
 --   is deleted, that hash, <prefix>:array:<array id>:active and its entry in <prefix>:arrays.
@@ -38,13 +38,16 @@ for i = 7, #ARGV do
   local ended = tonumber(redis.call('ZSCORE', KEYS[1], id))
   if ended and ended <= cutoff then
     local job = prefix .. ':job:' .. id
-    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at', 'array')
+    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at', 'array', 'max_members')
     local state = fields[1]
     local quarantined = redis.call('HEXISTS', KEYS[3], id) == 1
     redis.call('ZREM', KEYS[1], id)
     if not state or final[state] or quarantined then
       for n = 1, tonumber(fields[2]) or 0 do
         redis.call('DEL', job .. ':logs:' .. n)
+        for rank = 1, (tonumber(fields[5]) or 1) - 1 do  -- the other members' streams
+          redis.call('DEL', job .. ':logs:' .. n .. ':' .. rank)
+        end
       end
       redis.call('DEL', job, job .. ':events')
       if state then

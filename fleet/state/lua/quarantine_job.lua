@@ -32,6 +32,22 @@ if job[2] and job[2] ~= '' then
   redis.call('HDEL', prefix .. ':node:' .. job[2] .. ':alloc', ARGV[1])
   redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), job[2])
 end
+-- the other members of a multi-node job, if its members field still parses
+local gang = redis.call('HMGET', KEYS[1], 'members', 'master_port')
+local ok, parts = pcall(cjson.decode, gang[1] or '')
+if ok and type(parts) == 'table' then
+  for rank, part in ipairs(parts) do
+    if type(part) == 'table' and type(part[1]) == 'string' then
+      redis.call('SREM', prefix .. ':node:' .. part[1] .. ':jobs', ARGV[1])
+      redis.call('HDEL', prefix .. ':node:' .. part[1] .. ':alloc', ARGV[1])
+      redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), part[1])
+      local ports = prefix .. ':node:' .. part[1] .. ':ports'
+      if rank == 1 and gang[2] and redis.call('HGET', ports, gang[2]) == ARGV[1] then
+        redis.call('HDEL', ports, gang[2])
+      end
+    end
+  end
+end
 if job[4] then
   redis.call('SREM', prefix .. ':array:' .. job[4] .. ':active', ARGV[1])
 end

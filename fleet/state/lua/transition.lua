@@ -5,7 +5,9 @@
 --   <prefix>:jobs:state:<STATE> sets, <prefix>:node:<node>:jobs and <prefix>:node:<node>:alloc
 --   (the CPUs and memory granted to the job there, released with its claims), from ARGV[9]; for a
 --   task of a job array leaving the nodes, <prefix>:array:<array id>:active; releasing a node's
---   claims marks it changed (<prefix>:nodes:version, <prefix>:nodes:changed: see fleet.keys).
+--   claims marks it changed (<prefix>:nodes:version, <prefix>:nodes:changed: see fleet.keys). A
+--   multi-node job releases every member's node the same way, and its rendezvous port on rank 0's
+--   node (<prefix>:node:<node>:ports).
 -- ARGV[1] job id
 -- ARGV[2] expected attempt, '' for any (user actions); a stale attempt changes nothing
 -- ARGV[3] allowed current states, comma separated
@@ -74,16 +76,28 @@ if to ~= state then
 end
 if ARGV[10] == '1' and node and node ~= '' then
   local owner = ARGV[1] .. ':' .. attempt
-  for _, uuid in ipairs(cjson.decode(gpus or '[]')) do
-    if redis.call('HGET', KEYS[3], uuid) == owner then
-      redis.call('HDEL', KEYS[3], uuid)
+  -- every member of a multi-node job ([[node, [uuids]], ...], rank 0 first), or its one node
+  local gang = redis.call('HMGET', KEYS[1], 'members', 'master_port')
+  local parts = {{node, cjson.decode(gpus or '[]')}}
+  if gang[1] and gang[1] ~= '' then parts = cjson.decode(gang[1]) end
+  for _, part in ipairs(parts) do
+    for _, uuid in ipairs(part[2]) do
+      if redis.call('HGET', KEYS[3], uuid) == owner then
+        redis.call('HDEL', KEYS[3], uuid)
+      end
     end
+    redis.call('SREM', prefix .. ':node:' .. part[1] .. ':jobs', ARGV[1])
+    redis.call('HDEL', prefix .. ':node:' .. part[1] .. ':alloc', ARGV[1])
+    redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), part[1])
   end
-  redis.call('SREM', prefix .. ':node:' .. node .. ':jobs', ARGV[1])
-  redis.call('HDEL', prefix .. ':node:' .. node .. ':alloc', ARGV[1])
-  redis.call('ZADD', prefix .. ':nodes:changed', redis.call('INCR', prefix .. ':nodes:version'), node)
+  if gang[2] and gang[2] ~= '' then
+    local ports = prefix .. ':node:' .. parts[1][1] .. ':ports'
+    if redis.call('HGET', ports, gang[2]) == ARGV[1] then redis.call('HDEL', ports, gang[2]) end
+  end
   if to == 'QUEUED' then
     redis.call('HSET', KEYS[1], 'node', '', 'gpus', '[]')
+    redis.call('HDEL', KEYS[1], 'members', 'master_addr', 'master_port', 'members_running', 'members_done')
+    for rank = 0, #parts - 1 do redis.call('HDEL', KEYS[1], 'm' .. rank) end
   end
 end
 if ARGV[11] == '0' then
