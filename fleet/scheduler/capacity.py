@@ -44,7 +44,11 @@ class Capacity:
         #: nodes kept for a higher-ranked GPU job that could not be placed yet
         self.reserved: set[str] = set()
         self._classes: dict[ConstraintClass, dict[int, list[str]]] = {}
-        self._largest: dict[ConstraintClass, int] = {}
+        #: per constraint class: each schedulable node's free matching GPUs (kept with the buckets),
+        #: and each node's healthy matching GPUs, free or not (fixed for the pass)
+        self._free_counts: dict[ConstraintClass, dict[str, int]] = {}
+        self._totals: dict[ConstraintClass, dict[str, int]] = {}
+        self._names = sorted(self.nodes)
 
     # -- gangs ------------------------------------------------------------------------
 
@@ -69,10 +73,13 @@ class Capacity:
     def largest(self, job: PendingJob) -> int:
         """The most matching healthy GPUs one node has, free or not (down or cordoned nodes too:
         they are the fleet's shape, and come back)."""
+        return max(self._total(job).values(), default=0)
+
+    def _total(self, job: PendingJob) -> dict[str, int]:
         key = (job.gpu_model, job.min_gpu_memory)
-        if key not in self._largest:
-            self._largest[key] = max((len(matching(job, n)) for n in self.nodes.values()), default=0)
-        return self._largest[key]
+        if key not in self._totals:
+            self._totals[key] = {n.name: len(matching(job, n)) for n in self.nodes.values()}
+        return self._totals[key]
 
     @staticmethod
     def member(job: PendingJob, per_node: int) -> PendingJob:
@@ -87,10 +94,12 @@ class Capacity:
         key = (job.gpu_model, job.min_gpu_memory)
         if key not in self._classes:
             buckets: dict[int, list[str]] = {}
-            for name in sorted(self.free):
-                count = sum(1 for g in self.free[name] if gpu_matches(job, g))
+            counts = {
+                name: sum(1 for g in self.free[name] if gpu_matches(job, g)) for name in sorted(self.free)
+            }
+            for name, count in counts.items():
                 buckets.setdefault(count, []).append(name)
-            self._classes[key] = buckets
+            self._classes[key], self._free_counts[key] = buckets, counts
         return self._classes[key]
 
     def _reindex(self, name: str, before: list[GpuSlot]) -> None:
@@ -102,6 +111,7 @@ class Capacity:
             if old != new:
                 buckets[old].remove(name)
                 bisect.insort(buckets.setdefault(new, []), name)
+                self._free_counts[(model, min_memory)][name] = new
 
     # -- placing ----------------------------------------------------------------------
 
@@ -161,9 +171,8 @@ class Capacity:
         reasons = []
         for name in sorted(set(self.nodes) - could):
             node = self.nodes[name]
-            reasons.append(
-                (name, node_reason(node) or capacity_reason(member, node, matching(member, node)) or "")
-            )
+            total = self._total(member)[name]
+            reasons.append((name, node_reason(node) or capacity_reason(member, node, total) or ""))
         if len(reasons) <= 3:
             return "; ".join(f"{name}: {why}" for name, why in reasons)
         return "the others: " + ", ".join(sorted({why for _, why in reasons}))
@@ -171,9 +180,12 @@ class Capacity:
     def _explain(self, job: PendingJob) -> tuple[str, list[str]]:
         reasons: list[tuple[str, str, str]] = []  # (node, detail, category)
         later = []
-        for name in sorted(self.nodes):
+        total = self._total(job)
+        self._index(job)
+        free_counts = self._free_counts[(job.gpu_model, job.min_gpu_memory)]
+        for name in self._names:
             node = self.nodes[name]
-            why = node_reason(node) or capacity_reason(job, node, matching(job, node))
+            why = node_reason(node) or capacity_reason(job, node, total[name])
             if why is not None:
                 reasons.append((name, why, why))
                 continue
@@ -181,8 +193,8 @@ class Capacity:
             if job.gpus and name in self.reserved:
                 reasons.append((name, "reserved for a higher-ranked job", "reserved for a higher-ranked job"))
             else:
-                free = sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
-                detail = free_reason(job, node, free, self.cpus[name], self.memory[name])
+                free = free_counts.get(name, 0)
+                detail = free_reason(job, node, free, total[name], self.cpus[name], self.memory[name])
                 reasons.append((name, detail, _busy_category(detail)))
         return _summary(job, reasons), later
 
@@ -197,7 +209,8 @@ class Capacity:
         self.reserved.update(closest[:members])
 
     def _free_matching(self, job: PendingJob, name: str) -> int:
-        return sum(1 for g in self.free.get(name, []) if gpu_matches(job, g))
+        self._index(job)
+        return self._free_counts[(job.gpu_model, job.min_gpu_memory)].get(name, 0)
 
 
 def _busy_category(detail: str) -> str:

@@ -37,10 +37,10 @@ def constraint_text(job: PendingJob) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def capacity_reason(job: PendingJob, node: NodeView, fitting: list[GpuSlot]) -> str | None:
-    """Why ``node`` could never run ``job``, even empty."""
-    if len(fitting) < job.gpus:
-        return f"has {len(fitting)} matching GPU{'s' if len(fitting) != 1 else ''}"
+def capacity_reason(job: PendingJob, node: NodeView, fitting: int) -> str | None:
+    """Why ``node`` could never run ``job``, even empty (``fitting``: its healthy matching GPUs)."""
+    if fitting < job.gpus:
+        return f"has {fitting} matching GPU{'s' if fitting != 1 else ''}"
     if job.cpus and node.cpus and job.cpus > node.cpus:
         return f"has {node.cpus:g} CPUs"
     if job.memory and node.memory and job.memory > node.memory:
@@ -53,10 +53,13 @@ def fits_resources(job: PendingJob, node: NodeView, free_cpus: float, free_memor
     return (not node.cpus or job.cpus <= free_cpus + 1e-9) and (not node.memory or job.memory <= free_memory)
 
 
-def free_reason(job: PendingJob, node: NodeView, available: int, free_cpus: float, free_memory: int) -> str:
-    """Why ``node`` cannot run ``job`` now (it could when empty)."""
+def free_reason(
+    job: PendingJob, node: NodeView, available: int, fitting: int, free_cpus: float, free_memory: int
+) -> str:
+    """Why ``node`` cannot run ``job`` now (it could when empty): ``available`` of its ``fitting``
+    matching GPUs are free."""
     if available < job.gpus:
-        return f"{available} of {len(matching(job, node))} matching GPUs free"
+        return f"{available} of {fitting} matching GPUs free"
     if node.cpus and job.cpus > free_cpus + 1e-9:
         return f"{max(free_cpus, 0):g} of {node.cpus:g} CPUs free"
     return f"{max(free_memory, 0) / GiB:.1f} of {node.memory / GiB:.0f} GiB memory free"
