@@ -117,6 +117,7 @@ class Agent:
             event(log, "agent_stop", node=self.node)
 
     def _reconcile_loop(self) -> None:
+        self._guarded(self.reconcile)  # at once: a restarted agent reattaches what runs on its node
         while not self.stop_event.wait(self.cfg.reconcile_interval_s):
             self._guarded(self.reconcile)
 
