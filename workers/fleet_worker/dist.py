@@ -21,10 +21,12 @@ torch; the rest imports it when called::
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -91,15 +93,38 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
 
 @contextmanager
 def process_group(backend: str | None = None, timeout: float | None = None) -> Iterator[None]:
-    """``init`` for the ``with`` block; the group is destroyed on the way out, exceptions included."""
+    """``init`` for the ``with`` block. Leaving it normally or by ``sys.exit`` (as
+    ``exit_after_checkpoint`` does on every rank at once) waits for every rank (a barrier) and
+    destroys the group; an exception leaves the group as it is, since a peer may be gone.
+
+    Create the DDP model inside the block, in a function it calls, so it is gone when the group is.
+    """
     init(backend, timeout)
     try:
         yield
-    finally:
-        import torch.distributed as tdist
+    except SystemExit as leaving:
+        _release_frames(leaving)
+        _leave()
+        raise
+    else:
+        _leave()
 
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
+
+def _release_frames(leaving: SystemExit) -> None:
+    """Free the job's locals (its DDP model) that the exit's traceback would keep until the
+    interpreter finalizes: DDP's reducer would then destroy the group, joining gloo's worker threads
+    with the GIL held while one of them waits for the GIL to free a collective's tensors (a hang at
+    exit, about one run in six). Freed now, the group dies in ``destroy_process_group``, which lets go
+    of the GIL first."""
+    traceback.clear_frames(leaving.__traceback__)
+    gc.collect()  # DDP's own reference cycles
+
+
+def _leave() -> None:
+    import torch.distributed as tdist
+
+    tdist.barrier()  # a rank that closed its connections early would fail a peer still receiving
+    tdist.destroy_process_group()
 
 
 def stop_agreed(stop: threading.Event) -> bool:
