@@ -12,13 +12,17 @@ Pure Python; torch is optional (used for tensors when present). Inside a fleet j
             fw.save({"model": model.state_dict(), ...}, step)
         if stop.is_set():
             fw.exit_after_checkpoint()
+
+Multi-node (torchrun) jobs use ``fw.dist`` for ranks, the process group and rank-0 checkpoints.
 """
 
+from fleet_worker import dist
 from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
-from fleet_worker.env import attempt, job_id
+from fleet_worker.env import attempt, job_id, node_rank, num_gpus, num_nodes
 from fleet_worker.signals import exit_after_checkpoint, progress, stop_requested
 
 __all__ = [
-    "StaleAttempt", "attempt", "checkpoint_dir", "exit_after_checkpoint", "job_id", "latest_name",
-    "load_latest", "progress", "save", "stop_requested",
+    "StaleAttempt", "attempt", "checkpoint_dir", "dist", "exit_after_checkpoint", "job_id",
+    "latest_name", "load_latest", "node_rank", "num_gpus", "num_nodes", "progress", "save",
+    "stop_requested",
 ]  # fmt: skip
