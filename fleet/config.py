@@ -47,6 +47,9 @@ class ControllerSettings(_Section):
     #: the ports a multi-node job's rank 0 may listen on (MASTER_PORT), one per gang on a node
     rendezvous_port_base: int = Field(default=29400, ge=1024, le=65535)
     rendezvous_ports: int = Field(default=500, ge=1, le=10_000)
+    #: the node label whose value groups nodes close to each other (a rack, a switch): a
+    #: multi-node job goes to nodes of one group when one group can hold it
+    topology_label: str = Field(default="rack", max_length=64)
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
     retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
 
@@ -56,6 +59,8 @@ class AgentSettings(_Section):
     #: where the other members of a multi-node job reach this node (MASTER_ADDR when it holds rank
     #: 0); empty: the address the node name resolves to
     address: str = Field(default="", max_length=253, pattern=r"^[A-Za-z0-9.:_-]*$")
+    #: this node's labels, e.g. {rack = "r12"} (see controller.topology_label)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     node_lease_ttl_s: float = Field(default=10.0, gt=0)
     #: the supervisor kills every attempt this long before an unrenewed lease would expire

@@ -429,6 +429,8 @@ class Node(BaseModel):
     gpu_backend: str = ""
     #: where the other members of a multi-node job reach this node
     address: str = ""
+    #: the operator's labels for the node (agent.labels: rack, ...)
+    labels: dict[str, str] = Field(default_factory=dict)
     claims: dict[str, str] = Field(default_factory=dict)
     #: when the admin state last changed, and by whom ("user@host")
     changed_at: float = 0.0

@@ -142,6 +142,7 @@ class Agent:
             gpus=gpus, cpus=self.cfg.cpus or os.cpu_count() or 0,
             memory=self.cfg.memory or psutil.virtual_memory().total,
             runtime=self.runtime.name, gpu_backend=self.inventory.backend, address=self.address,
+            labels=self.cfg.labels,
         )  # fmt: skip
         sent = time.monotonic()  # the lease runs from no later than this
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)

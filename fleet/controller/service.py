@@ -322,7 +322,7 @@ class Controller:
         else:
             views = {n: v for n, v in self._views.items() if n not in names}
             nodes = {n: v for n, v in self._nodes.items() if n not in names}
-        views.update({n.name: snapshot.node_view(n, now) for n in batch.nodes})
+        views.update({n.name: snapshot.node_view(n, now, self.cfg.topology_label) for n in batch.nodes})
         nodes.update({n.name: n for n in batch.nodes})
         self._views_changed |= views != self._views
         self._views, self._nodes = views, nodes

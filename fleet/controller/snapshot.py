@@ -22,7 +22,7 @@ def pending(job: Job) -> PendingJob:
     )  # fmt: skip
 
 
-def node_view(node: Node, now: float) -> NodeView:
+def node_view(node: Node, now: float, topology: str = "") -> NodeView:
     if not node.alive:  # a time, not an age: the reason must not change while nothing does
         why = f"down (no heartbeat since {_clock(node.heartbeat_at)})" if node.heartbeat_at else "down"
     elif node.state != NodeState.READY:
@@ -40,7 +40,8 @@ def node_view(node: Node, now: float) -> NodeView:
         for g in node.gpus
     )  # fmt: skip
     return NodeView(name=node.name, schedulable=not why, why=why, gpus=gpus, cpus=node.cpus,
-                    memory=node.memory, used_cpus=node.used_cpus, used_memory=node.used_memory)  # fmt: skip
+                    memory=node.memory, used_cpus=node.used_cpus, used_memory=node.used_memory,
+                    group=node.labels.get(topology, "") if topology else "")  # fmt: skip
 
 
 def _clock(at: float) -> str:

@@ -127,8 +127,10 @@ class Capacity:
         return [self._take(member, name, rank, members) for rank, name in enumerate(nodes)]
 
     def _fitting(self, member: PendingJob, wanted: int) -> list[str]:
-        """Up to ``wanted`` distinct nodes that fit ``member`` now, best fit first."""
+        """Up to ``wanted`` distinct nodes that fit ``member`` now, best fit first; for a gang, the
+        first group (rack) to hold all its members, else the best fit across groups."""
         found: list[str] = []
+        groups: dict[str, list[str]] = {}
         buckets = self._index(member)
         for count in sorted(k for k in buckets if k >= member.gpus):
             for name in buckets[count]:
@@ -136,9 +138,14 @@ class Capacity:
                     continue
                 if fits_resources(member, self.nodes[name], self.cpus[name], self.memory[name]):
                     found.append(name)
-                    if len(found) == wanted:
+                    if wanted == 1:
                         return found
-        return found
+                    group = self.nodes[name].group
+                    if group and len(same := groups.setdefault(group, [])) < wanted:
+                        same.append(name)
+                        if len(same) == wanted:
+                            return same
+        return found[:wanted]
 
     def _take(self, member: PendingJob, name: str, rank: int = 0, members: int = 1) -> Placement:
         before = self.free[name]

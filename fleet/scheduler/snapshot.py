@@ -35,6 +35,8 @@ class NodeView:
     #: CPUs and memory already granted to jobs placed on the node
     used_cpus: float = 0.0
     used_memory: int = 0
+    #: the node's value of the topology label (its rack): a gang prefers nodes of one group
+    group: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -34,6 +34,8 @@ class NodeInfo:
     gpu_backend: str
     #: where other nodes reach this one (a multi-node job's MASTER_ADDR)
     address: str = ""
+    #: the operator's labels for this node (rack, ...)
+    labels: dict[str, str] = field(default_factory=dict)
 
     def fields(self) -> dict[str, str]:
         return {
@@ -43,6 +45,7 @@ class NodeInfo:
             "runtime": self.runtime,
             "gpu_backend": self.gpu_backend,
             "address": self.address,
+            "labels": json.dumps(self.labels, sort_keys=True),
             "sched": self.digest(),
         }
 
@@ -50,7 +53,9 @@ class NodeInfo:
         """What placement depends on (not utilisation or temperature, which change every beat):
         the heartbeat script marks the node changed for the scheduler only when this changes."""
         gpus = [(g.uuid, g.index, g.model, g.memory_total, g.healthy, g.health, g.busy) for g in self.gpus]
-        text = json.dumps([gpus, self.cpus, self.memory, self.runtime, self.address])
+        text = json.dumps(
+            [gpus, self.cpus, self.memory, self.runtime, self.address, self.labels], sort_keys=True
+        )
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 

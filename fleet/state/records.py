@@ -87,6 +87,13 @@ def _members(text: str) -> list[Member]:
     return [Member(node=node, gpus=list(gpus or [])) for node, gpus in value]
 
 
+def _labels(text: str) -> dict[str, str]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object of labels")
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def _uuids(text: str) -> list[str]:
     value = json.loads(text)
     if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
@@ -211,6 +218,7 @@ def _node(name: str, f: _Fields, alive: bool, claims: dict[str, str], jobs: list
         runtime=raw.get("runtime", ""),
         gpu_backend=raw.get("gpu_backend", ""),
         address=raw.get("address", ""),
+        labels=f.get("labels", _labels, None) or {},
         claims={g.uuid: claims[g.uuid] for g in gpus if g.uuid in claims},
         changed_at=f.get("changed_at", float, 0.0),
         changed_by=raw.get("changed_by", ""),

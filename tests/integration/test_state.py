@@ -131,3 +131,21 @@ def test_the_nodes_changed_feed_names_what_placement_sees_change_and_nothing_els
     assert jobs.transition("j1", attempt=1, allowed=ON_NODE_STATES, to=JobState.SUCCEEDED, reason="exited",
                            now=105.0, release=True)  # fmt: skip
     assert changed() == ["n1"]  # leaving the node releases what it held there
+
+
+def test_a_nodes_labels_are_published_and_a_change_of_them_is_a_change(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    _, jobs, client = stores
+    nodes = NodeStore(client, jobs.keys)
+
+    def beat(labels: dict[str, str]) -> None:
+        info = NodeInfo(gpus=[], cpus=8, memory=1 << 30, runtime="process", gpu_backend="simulated",
+                        labels=labels)  # fmt: skip
+        nodes.heartbeat("n1", "agent-1", 30, 100.0, info)
+
+    beat({"rack": "r1"})
+    _, seen = nodes.changed_since(0)
+    assert nodes.read(["n1"]).nodes[0].labels == {"rack": "r1"}
+    beat({"rack": "r2"})  # moved to another rack: placement must see it
+    assert nodes.changed_since(seen)[0] == ["n1"]

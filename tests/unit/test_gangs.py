@@ -3,7 +3,9 @@ all, one member per node, with a reason that says what is missing and nodes kept
 
 from __future__ import annotations
 
-from fleet.scheduler import Capacity, PendingJob, PendingQueue, Snapshot, schedule
+import dataclasses
+
+from fleet.scheduler import Capacity, NodeView, PendingJob, PendingQueue, Snapshot, schedule
 from tests.unit.test_scheduler import node
 
 
@@ -69,3 +71,20 @@ def test_two_gangs_that_fit_one_at_a_time_never_hold_parts_of_the_fleet() -> Non
     # And once g1 ended, the next pass places g2 whole, still before the later small job
     second = queue.schedule(Capacity(nodes), 1)
     assert len(members(second.placements, "g2")) == 4 and "s" not in {p.job_id for p in second.placements}
+
+
+def test_a_gang_goes_to_one_rack_when_one_rack_can_hold_it() -> None:
+    # Given racks r1 (a1 fullest, a2 empty) and r2 (b1 as full as a1, b2 empty): best fit alone
+    # would take a1 and b1, across racks
+    def racked(name: str, rack: str, busy: set[int]) -> NodeView:
+        return dataclasses.replace(node(name, 4, busy=busy), group=rack)
+
+    nodes = (racked("a1", "r1", {0, 1}), racked("a2", "r1", set()), racked("b1", "r2", {0, 1}),
+             racked("b2", "r2", set()))  # fmt: skip
+    plan = schedule(Snapshot((gang("ddp", 4, nodes=2),), nodes), 0)
+    # Then both members land in one rack
+    assert members(plan.placements, "ddp") == [(0, "a1", 2), (1, "a2", 2)]
+    # And without racks, best fit across the fleet
+    flat = tuple(dataclasses.replace(n, group="") for n in nodes)
+    plan = schedule(Snapshot((gang("ddp", 4, nodes=2),), flat), 0)
+    assert members(plan.placements, "ddp") == [(0, "a1", 2), (1, "b1", 2)]
