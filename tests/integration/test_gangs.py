@@ -9,11 +9,16 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
+from tests.integration.test_arrays import until
 
 pytestmark = pytest.mark.integration
 HERE = {"FLEET_AGENT__ADDRESS": "127.0.0.1"}  # every node on this machine
 SHOW_ENV = ('echo "rank=$FLEET_NODE_RANK of=$FLEET_NUM_NODES gpus=$FLEET_NUM_GPUS '
             'master=$MASTER_ADDR:$MASTER_PORT world=$WORLD_SIZE node_rank=$NODE_RANK"')  # fmt: skip
+#: sleeps in attempt 1 (until stopped), ends at once in later ones saying which attempt and rank
+FIRST_ATTEMPT_HANGS = (
+    'if [ "$FLEET_ATTEMPT" = 1 ]; then sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"'
+)
 
 
 @pytest.fixture
@@ -32,13 +37,6 @@ def fleet_of(procs: FleetProcs, client: Client, nodes: int, gpus: int = 2) -> li
         procs.agent(name, gpus=gpus, **HERE)
     procs.wait_nodes(client, nodes)
     return names
-
-
-def until(what, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_a_job_larger_than_a_node_runs_one_member_per_node_with_torchrun_variables(
@@ -88,10 +86,7 @@ def test_a_members_node_dying_requeues_the_whole_job_onto_the_nodes_left(
 ) -> None:
     fleet_of(procs, client, 3)
     # Given a 2-node job running (its first attempt sleeps; later ones end at once)
-    script = (
-        'if [ "$FLEET_ATTEMPT" = 1 ]; then sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"'
-    )
-    job = client.submit(sh(script, nodes=2, gpus=4))
+    job = client.submit(sh(FIRST_ATTEMPT_HANGS, nodes=2, gpus=4))
     until(lambda: client.get(job.id).state == JobState.RUNNING)
     first = client.get(job.id)
     lost = first.members[1].node
@@ -132,10 +127,7 @@ def test_draining_one_members_node_moves_the_whole_job_without_spending_a_retry(
     procs: FleetProcs, client: Client
 ) -> None:
     fleet_of(procs, client, 3)
-    script = (
-        'if [ "$FLEET_ATTEMPT" = 1 ]; then sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"'
-    )
-    job = client.submit(sh(script, nodes=2, gpus=4))
+    job = client.submit(sh(FIRST_ATTEMPT_HANGS, nodes=2, gpus=4))
     until(lambda: client.get(job.id).state == JobState.RUNNING)
     drained = client.get(job.id).members[1].node
     # When an operator drains rank 1's node with no time to finish
