@@ -1,8 +1,8 @@
 """Job arrays at scale: submit time and Redis memory per queued job (``python -m bench.arrays``).
 
 Starts its own ``redis-server`` (no persistence; ``--stream-node-max-bytes``, default Redis' 4096),
-then for each size: submits one array through ``Client.submit_array``, and 2,000 jobs one
-``Client.submit`` each (the per-job cost is flat). Memory is ``INFO memory`` ``used_memory`` before
+then for each size: submits one array through ``Backend.submit_array``, and 2,000 jobs one
+``Backend.submit`` each (the per-job cost is flat). Memory is ``INFO memory`` ``used_memory`` before
 and after, divided by the jobs created, with the bus DB emptied before each reading (the submit
 messages wait there for a controller; none runs). Nothing else runs on that Redis: this is the
 cost of the queue itself.
@@ -16,7 +16,7 @@ import time
 import redis
 
 from bench.dispatch import redis_server
-from fleet.client import Client
+from fleet.backend import Backend
 from fleet.models import JobSpec
 
 SPEC = JobSpec(name="sweep", command=["python3", "train.py", "--lr", "0.1"], gpus=1)
@@ -28,7 +28,7 @@ def used(r: redis.Redis, bus: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
 
-def array_run(client: Client, r: redis.Redis, bus: redis.Redis, size: int) -> tuple[float, float]:
+def array_run(client: Backend, r: redis.Redis, bus: redis.Redis, size: int) -> tuple[float, float]:
     r.flushdb()
     client.submit(SPEC)  # scripts loaded, connections open: time the array alone
     before = used(r, bus)
@@ -38,7 +38,7 @@ def array_run(client: Client, r: redis.Redis, bus: redis.Redis, size: int) -> tu
     return seconds, (used(r, bus) - before) / size
 
 
-def single_run(client: Client, r: redis.Redis, bus: redis.Redis, count: int) -> tuple[float, float]:
+def single_run(client: Backend, r: redis.Redis, bus: redis.Redis, count: int) -> tuple[float, float]:
     r.flushdb()
     client.submit(SPEC)
     before = used(r, bus)
@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     with redis_server("--stream-node-max-bytes", str(args.stream_node_max_bytes)) as url:
         r, bus = redis.Redis.from_url(url), redis.Redis.from_url(url.rsplit("/", 1)[0] + "/1")
-        client = Client(url)
+        client = Backend(url)
         print("| what | jobs | submit time | Redis bytes per queued job |")
         print("|---|---|---|---|")
         for size in map(int, filter(None, args.sizes.split(","))):

@@ -37,8 +37,9 @@ from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.service import Agent
 from fleet.agent.supervision import SupervisorClient
+from fleet.backend import Backend
 from fleet.bus import Bus
-from fleet.client import Client
+from fleet.client import JobHandle
 from fleet.config import load_settings
 from fleet.controller.service import Controller
 from fleet.keys import Keys
@@ -91,14 +92,14 @@ def latency(url: str, jobs: int, root: Path, poll_ms: int | None) -> dict[str, f
     threads = [threading.Thread(target=s.run, daemon=True) for s in (controller, agent)]
     for t in threads:
         t.start()
-    client = Client(settings=settings)
+    client = Backend(settings=settings)
     while not any(n.alive for n in client.nodes()):
         time.sleep(0.05)
     time.sleep(1)
     latencies = []
     spec = JobSpec(name="bench", command=["true"], gpus=1)
     for i in range(jobs + 10):
-        handle = client.submit(spec)
+        handle = JobHandle(client, client.submit(spec).id)  # type: ignore[arg-type]
         submitted = time.time()
         with runtime.event:
             runtime.event.wait_for(lambda h=handle: h.id in runtime.called, timeout=30)
@@ -128,7 +129,7 @@ def idle(url: str, seconds: float, root: Path, poll_ms: int | None) -> dict[str,
     if poll_ms is not None:
         procs.env["FLEET_BUS_POLL_MS"] = str(poll_ms)
     procs.root.mkdir(parents=True, exist_ok=True)
-    client = Client(url)
+    client = Backend(url)
     client._jobs.redis.flushall()
     try:
         services = {"controller": procs.controller().pid, "agent": procs.agent("idle", gpus=4).pid}

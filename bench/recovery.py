@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from bench.dispatch import machine_line
-from fleet import Client, JobSpec, JobState
-from tests.conftest import FleetProcs
+from fleet import JobSpec, JobState
+from tests.conftest import DirectClient, FleetProcs
 
 DEFAULTS = {
     "FLEET_RETRY_BACKOFF_S": "5", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",
@@ -46,10 +46,10 @@ def until(condition: object, timeout: float = 60) -> float:
     raise TimeoutError
 
 
-def fleet(redis_url: str, env: dict[str, str]) -> tuple[FleetProcs, Client]:
+def fleet(redis_url: str, env: dict[str, str]) -> tuple[FleetProcs, DirectClient]:
     procs = FleetProcs(redis_url, Path(tempfile.mkdtemp(prefix="fleet-bench-")), "process")
     procs.env.update(env)
-    client = Client(redis_url)
+    client = DirectClient(redis_url)
     client._jobs.redis.flushall()
     return procs, client
 

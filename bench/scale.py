@@ -67,8 +67,8 @@ from bench.harness import (
 )
 from bench.profile import summarise
 from bench.simfleet import SECONDS_LABEL
+from fleet.backend import Backend
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted
-from fleet.client import Client
 from fleet.config import Settings, load_settings
 from fleet.keys import Keys
 from fleet.models import JobSpec, JobState
@@ -288,7 +288,7 @@ class ScaleRun:
         if settled is None:
             self.out.add("high-priority job -> RUNNING", "skipped", "the fleet never settled (above)")
             return
-        client, waits = Client(settings=self.settings), list[float]()
+        client, waits = Backend(settings=self.settings), list[float]()
         for _ in range(self.args.probes):
             if not self._l4_free():
                 self.out.add("probe", "no free L4 GPU", "the queue took the reserved node: setup is stale")
@@ -325,7 +325,7 @@ class ScaleRun:
                      churn_pass_median_s=statistics.median(seen), churn_pass_p99_s=quantile(seen, 0.99),
                      churn_ended_per_s=done / took)  # fmt: skip
 
-    def _probe(self, client: Client) -> float | None:
+    def _probe(self, client: Backend) -> float | None:
         """Seconds from ``submit()`` to RUNNING of one high-priority job, once it has ended; None: timeout."""
         spec = JobSpec(name="probe", command=["true"], gpus=1, gpu_model=PROBE_MODEL, priority=1000,
                        labels={SECONDS_LABEL: "0"})  # fmt: skip
@@ -386,7 +386,7 @@ def throughput(args: argparse.Namespace, url: str, root: Path, out: Result) -> N
     root.mkdir(mode=0o755)
     procs = FleetProcs(url, root, "process")
     procs.env.update(DEFAULTS, PYTHONPATH=pythonpath())
-    client = Client(url)
+    client = Backend(url)
     client._jobs.redis.flushall()
     try:
         controller, agent = procs.controller(), procs.agent("real-0", gpus=16)

@@ -1,155 +1,193 @@
-"""The Python API: ``Client().submit(JobSpec(...))`` and friends. The CLI is a thin layer over it."""
+"""The Python API: ``Client().submit(JobSpec(...))`` and friends, over the fleet's HTTP API.
+
+Where the API is and who you are: ``Client(url, token)``, else ``FLEET_API_URL`` and
+``FLEET_TOKEN``, else the credentials file ``fleet login`` wrote (``~/.config/fleet/credentials.json``,
+mode 0600). A user never holds Redis credentials. HTTPS certificates are verified against the
+system's CAs, or ``ca_file`` / ``FLEET_CA_FILE`` for a fleet's own CA.
+
+Only the standard library talks HTTP here: the CLI starts in a fraction of what importing a Redis
+or HTTP client library costs.
+"""
 
 from __future__ import annotations
 
-import functools
-import getpass
-import logging
+import http.client
+import json
 import os
-import secrets
-import socket
+import ssl  # http.client imports it anyway
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-from fleet.arrays import check_indices, parse_indices, task_id
-from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
-from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
-from fleet.keys import Keys
-from fleet.log import event
+from fleet.arrays import task_id
+from fleet.errors import (
+    ApiUnavailable,
+    ConfigError,
+    CorruptRecord,
+    DrainTimeout,
+    FleetError,
+    Forbidden,
+    IdInUse,
+    JobExpired,
+    JobTimeout,
+    NotFound,
+    SpecError,
+    StoreUnavailable,
+    Unauthorized,
+)
 from fleet.models import (
     FINAL_STATES,
+    FROM_FLEET,
     CancelReport,
     Event,
+    Identity,
     Job,
     JobArray,
     JobSpec,
     JobState,
+    LogLine,
     Node,
     NodeState,
-    check_job_id,
+    Role,
+    TokenInfo,
 )
-from fleet.mounts import check_mounts
-from fleet.state import JobStore, NodeStore, connect
-from fleet.state.arrays import ArrayStore
-from fleet.state.jobs import LogLine
 
-if TYPE_CHECKING:
-    from fleet.bus.broker import Bus
-
-log = logging.getLogger("fleet.client")
-#: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
-#: out the 5 s socket timeout), always with the same job id
-SUBMIT_RETRIES = 4
-SUBMIT_BACKOFF_S = 0.25
-#: generated ids tried before a submit gives up (each is taken with odds of about jobs / 2^48)
-NEW_ID_TRIES = 5
-T = TypeVar("T")
+#: errors the API names in its answers, raised again here as themselves (exit codes included)
+_ERRORS: dict[str, type[FleetError]] = {
+    cls.__name__: cls
+    for cls in (
+        FleetError, SpecError, IdInUse, ConfigError, NotFound, CorruptRecord, JobTimeout, StoreUnavailable,
+        Unauthorized, Forbidden,
+    )
+}  # fmt: skip
+#: what the API returns, fleet stored: an array task's spec carries the fleet.* labels a submit may not
+_STORED = {FROM_FLEET: True}
+#: a read that fails to connect is tried again this many times (an API restarting, a balancer
+#: switching); a write only when the request cannot have reached the server
+CONNECT_RETRIES = 3
 
 
-def new_id(name: str) -> str:
-    """A fresh job (or array) id: the name, and 48 random bits (collisions are caught and retried)."""
-    return f"{name[:40]}-{secrets.token_hex(6)}"
+def credentials_path() -> Path:
+    """Where ``fleet login`` keeps the API's URL and the token: ``$FLEET_CREDENTIALS``, else
+    ``$XDG_CONFIG_HOME/fleet/credentials.json`` (``~/.config/...``)."""
+    if path := os.environ.get("FLEET_CREDENTIALS"):
+        return Path(path)
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "fleet" / "credentials.json"
 
 
-def _known_id(job_id: str) -> str:
-    """``job_id`` if it could name a job; else :class:`NotFound` (it never reaches a Redis key)."""
+def save_credentials(url: str, token: str, ca_file: str | None = None) -> Path:
+    """Write the credentials file readable by its owner only (0600, created so: never readable
+    by others even for a moment)."""
+    path = credentials_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"url": url, "token": token, "ca_file": ca_file}, out)
+    tmp.replace(path)
+    return path
+
+
+def _saved() -> dict[str, Any]:
+    path = credentials_path()
     try:
-        return check_job_id(job_id)
-    except SpecError:
-        raise NotFound(f"no job {job_id!r}: not a valid job id") from None
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable credentials ({exc}); run `fleet login` again") from None
+    return data if isinstance(data, dict) else {}
 
 
 class Client:
-    """Talks to the fleet's Redis (``FLEET_REDIS_URL``, or ``config``/``redis_url``); no server needed."""
+    """A fleet API's client. Thread-safe: each thread keeps its own connection."""
 
     def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        config: str | Path | None = None,
-        settings: Settings | None = None,
-    ) -> None:
-        self.settings = settings or load_settings(config, redis_url=redis_url)
-        client = connect(self.settings)
-        keys = Keys(self.settings.key_prefix)
-        self._jobs = JobStore(client, keys)
-        self._nodes = NodeStore(client, keys)
-        self._arrays = ArrayStore(self._jobs)
-        self._bus: Bus | None = None
+        self, url: str | None = None, token: str | None = None, *, ca_file: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:  # fmt: skip
+        saved = {} if url and token else _saved()
+        self.url = (url or os.environ.get("FLEET_API_URL") or saved.get("url") or "").rstrip("/")
+        self._token = token or os.environ.get("FLEET_TOKEN") or saved.get("token") or ""
+        if not self.url:
+            raise ConfigError("no fleet API: run `fleet login URL`, or set FLEET_API_URL and FLEET_TOKEN "
+                              "(`fleet up` prints them)")  # fmt: skip
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"fleet API URL {self.url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        self._parts, self._timeout = parts, timeout
+        self._ca_file = ca_file or os.environ.get("FLEET_CA_FILE") or saved.get("ca_file")
+        self._local = threading.local()
 
-    @property
-    def bus(self) -> Bus:
-        if self._bus is None:
-            from fleet.bus.broker import Bus  # dramatiq: only commands that send a message import it
+    # -- HTTP --------------------------------------------------------------------------
 
-            self._bus = Bus(self.settings)
-        return self._bus
+    def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None and not fresh:
+            return conn
+        if conn is not None:
+            conn.close()
+        host, port = self._parts.hostname or "", self._parts.port
+        if self._parts.scheme == "https":
+            context = ssl.create_default_context(cafile=self._ca_file)
+            conn = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=context)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
+        self._local.conn = conn
+        return conn
+
+    def _send(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+              timeout: float | None = None) -> http.client.HTTPResponse:  # fmt: skip
+        """The response to one call, status checked; raises the error the API named."""
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        target = self._parts.path + path + (f"?{urlencode(params)}" if params else "")
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in range(CONNECT_RETRIES + 1):
+            conn = self._connection(fresh=attempt > 0)
+            conn.timeout = timeout or self._timeout
+            try:
+                conn.request(method, target, data, headers)
+                response = conn.getresponse()
+                break
+            except (ConnectionRefusedError, http.client.RemoteDisconnected, BrokenPipeError,
+                    ConnectionResetError) as exc:  # fmt: skip
+                sent = not isinstance(exc, ConnectionRefusedError)
+                if attempt == CONNECT_RETRIES or (sent and method != "GET" and attempt > 0):
+                    raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
+                time.sleep(0.2 * attempt)
+            except ssl.SSLCertVerificationError as exc:
+                self._local.conn = None
+                raise ConfigError(
+                    f"fleet API at {self.url}: its certificate cannot be verified ({exc.verify_message}); "
+                    "give the CA that signed it with --ca-file (fleet login) or FLEET_CA_FILE"
+                ) from None
+            except OSError as exc:
+                self._local.conn = None
+                raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
+        if response.status >= 400:
+            raise _error(response, self.url)
+        return response
+
+    def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+              timeout: float | None = None) -> Any:  # fmt: skip
+        response = self._send(method, path, body, query, timeout)
+        return json.loads(response.read() or b"null")
 
     # -- jobs --------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
-
-        Every try of one submit stores the same ``created_at``, so a retry after a Redis error that
-        struck once the job was stored finds it there and succeeds instead of queueing it twice. An
-        id fleet generates is never taken for another job's: if one is already in use, the submit
-        picks another (a silent "already there" lost one job in a 10,000-job submit loop).
-        """
-        if isinstance(spec, dict):
-            spec = JobSpec.parse(spec)
-        check_mounts(spec.mounts, self.settings.allowed_mounts)
-        job_id = self._create(spec, None if job_id is None else check_job_id(job_id))
-        self._notify_submitted(job_id)
-        return JobHandle(self, job_id)
-
-    def _create(self, spec: JobSpec, chosen: str | None) -> str:
-        """Store the job under ``chosen`` or, if None, a new id; the id it was stored under."""
-        now = time.time()
-        for _ in range(NEW_ID_TRIES):
-            job_id = chosen or new_id(spec.name)
-            if self._retry_store(functools.partial(self._create_once, job_id, spec, now, chosen is None)):
-                return job_id
-        raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job_id")
-
-    def _retry_store(self, write: Callable[[], T]) -> T:
-        """Run an idempotent ``write``, retrying a Redis outage with backoff; what it returned."""
-        for retry in range(SUBMIT_RETRIES):
-            try:
-                return write()
-            except StoreUnavailable:
-                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
-        return write()
-
-    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
-        """True once the job is stored, by this try or an earlier one of the same submit; False when
-        a ``generated`` id turns out to be another job's (or an expired one's, or an array's)."""
-        try:
-            if self._jobs.create(job_id, spec, now):
-                return True
-        except IdInUse:
-            if generated:
-                return False
-            raise
-        stored = self._jobs.get(job_id)
-        if stored.created_at == now and stored.spec == spec:
-            return True  # this submit's own earlier try stored it, and its answer was lost
-        if generated:
-            return False
-        if stored.spec != spec:
-            raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
-        return True
-
-    def _notify_submitted(self, job_id: str) -> None:
-        """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that
-        fails here must not fail a submit whose job is stored (the caller would submit it twice)."""
-        try:
-            self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
-        except Exception as exc:
-            event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
-                  effect="placed by the controller's next periodic pass")  # fmt: skip
+        It runs in the token's tenant (an admin's spec may name another)."""
+        job = _job(self._call("POST", "/v1/jobs", {"spec": _spec(spec), "id": job_id}))
+        return JobHandle(self, job.id)
 
     def submit_array(
         self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
@@ -161,161 +199,116 @@ class Client:
         ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
-        if isinstance(spec, dict):
-            spec = JobSpec.parse(spec)
-        check_mounts(spec.mounts, self.settings.allowed_mounts)
-        try:
-            wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
-        except ValueError as exc:
-            raise SpecError(f"array indices {_clip(indices)}: {exc}") from None
-        if max_running is not None and (type(max_running) is not int or max_running < 1):
-            raise SpecError(f"max_running {max_running!r}: expected a whole number of tasks, at least 1")
-        chosen_id = None if array_id is None else check_job_id(array_id)
-        now = time.time()
-        for _ in range(NEW_ID_TRIES):
-            array_id = chosen_id or new_id(spec.name)
-            create = functools.partial(
-                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id
-            )
-            if self._retry_store(create):
-                break
-        else:
-            raise FleetError(f"no free job array id after {NEW_ID_TRIES} tries; pass array_id")
-        self._notify_submitted(task_id(array_id, wanted[0]))
-        return ArrayHandle(self, array_id)
+        wanted = indices if isinstance(indices, str) else list(indices)
+        body = {"spec": _spec(spec), "indices": wanted, "max_running": max_running, "id": array_id}
+        array = _array(self._call("POST", "/v1/arrays", body))
+        return ArrayHandle(self, array.id)
 
     def get(self, job_id: str) -> Job:
-        return self._jobs.get(_known_id(job_id))
+        return _job(self._call("GET", f"/v1/jobs/{_segment(job_id)}"))
 
     def array(self, array_id: str) -> JobArray:
         """A job array with its tasks counted by state."""
-        return self._arrays.get(_known_id(array_id))
+        return _array(self._call("GET", f"/v1/arrays/{_segment(array_id)}"))
 
-    def listing(self, state: JobState | str | None = None, limit: int = 100) -> list[Job | JobArray]:
+    def listing(
+        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[Job | JobArray]:
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
-        ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it."""
-        return self._arrays.listing(JobState(state) if state else None, limit)
+        ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it. A
+        user's token sees its tenant's; an operator's every tenant's (or ``tenant``'s)."""
+        rows = self._call("GET", "/v1/jobs", query={"state": _state(state), "limit": limit, "tenant": tenant})
+        return [_array(r) if r.get("kind") == "array" else _job(r) for r in rows]
 
     def job(self, job_id: str) -> JobHandle:
         self.get(job_id)
         return JobHandle(self, job_id)
 
-    def jobs(self, state: JobState | str | None = None, limit: int = 1000) -> list[Job]:
-        return self._jobs.list_jobs(JobState(state) if state else None, limit)
+    def jobs(
+        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None
+    ) -> list[Job]:
+        """Every job (array tasks one by one), newest first."""
+        query = {"state": _state(state), "limit": limit, "tenant": tenant, "flat": "true"}
+        return [_job(r) for r in self._call("GET", "/v1/jobs", query=query)]
 
     def quarantined_jobs(self) -> dict[str, str]:
-        """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
-        return self._jobs.quarantined()
+        """Jobs whose stored record cannot be read (id -> why), set aside by the controller
+        (operators see them; a user's token gets none: an unreadable record names no tenant)."""
+        return dict(self._call("GET", "/v1/quarantine")["jobs"])
 
     def history(self, job_id: str) -> list[Event]:
-        self.get(job_id)
-        return self._jobs.history(job_id)
+        return [Event.model_validate(e) for e in self._call("GET", f"/v1/jobs/{_segment(job_id)}/history")]
 
     def cancel(self, job_id: str) -> Job:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
-        job = self.get(job_id)
-        if job.state.final:
-            return job
-        self._jobs.request_cancel(job_id, time.time())
-        job = self._jobs.get(job_id)
-        if job.state.on_node:
-            for node in job.nodes_held:  # every member of a multi-node job
-                self._stop(job_id, node, job.attempt)
-        return job
+        return _job(self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel"))
 
     def cancel_array(self, array_id: str) -> CancelReport:
         """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
-        return self._cancel_many(self._arrays.task_ids(_known_id(array_id)))
+        return CancelReport.model_validate(self._call("POST", f"/v1/arrays/{_segment(array_id)}/cancel"))
 
     def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
         """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
-        names an array's tasks)."""
+        names an array's tasks), within the token's tenant."""
         if not labels:
             raise SpecError("cancel by label: give at least one label KEY=VALUE")
-        return self._cancel_many(self._arrays.matching(labels))
-
-    def _cancel_many(self, job_ids: list[str]) -> CancelReport:
-        report = CancelReport()
-        for outcome in self._jobs.cancel_many(job_ids, time.time()):
-            if outcome.code == 1:
-                report.cancelled.append(outcome.job_id)
-            elif outcome.code == 2 and outcome.node:
-                report.stopping.append(outcome.job_id)
-                self._stop(outcome.job_id, outcome.node, outcome.attempt)
-            elif outcome.code == 0:
-                report.already_final += 1
-        return report
-
-    def _stop(self, job_id: str, node: str, attempt: int) -> None:
-        stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",
-                    grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
-        self.bus.send(node_queue(node), stop)
+        return CancelReport.model_validate(self._call("POST", "/v1/cancel", {"labels": labels}))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        cursor = "0"
+        path = f"/v1/jobs/{_segment(job_id)}/wait"
         while True:
-            job = self._jobs.get(job_id)
+            left = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            job = _job(self._call("GET", path, query={"timeout_s": f"{left:.3f}"},
+                                                timeout=left + self._timeout))  # fmt: skip
             if job.state.final:
                 return job
-            left = 1.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {job_id} still {job.state} after {timeout:g}s")
-            cursor = self._jobs.wait_event(job_id, cursor, max(1, int(min(left, 1.0) * 1000)))
 
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
         """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
-        job = self.get(job_id)
-        return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
+        rows = self._call(
+            "GET", f"/v1/jobs/{_segment(job_id)}/logs", query={"attempt": attempt, "rank": rank}
+        )
+        return [LogLine.model_validate(r) for r in rows]
 
-    def follow_logs(
-        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0
-    ) -> Iterator[LogLine]:
+    def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> Iterator[LogLine]:
         """Yield log lines as they arrive until the attempt is over and its stream drained."""
-        job = self.get(job_id)
-        attempt = attempt or max(job.attempt, 1)
-        cursor = "0"
-        while True:
-            lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000), rank=rank)
-            yield from lines
-            if lines:
-                cursor = lines[-1].id
-                continue
-            job = self._jobs.get(job_id)
-            if (
-                job.attempt > attempt
-                or job.state.final
-                or (job.attempt == attempt and job.state == JobState.QUEUED)
-            ):
-                return
+        query = {"attempt": attempt, "rank": rank, "follow": "true"}
+        response = self._send("GET", f"/v1/jobs/{_segment(job_id)}/logs", query=query, timeout=3600.0)
+        try:
+            while line := response.readline():
+                yield LogLine.model_validate_json(line)
+        finally:
+            response.close()
 
     # -- nodes -------------------------------------------------------------------------
 
     def nodes(self) -> list[Node]:
-        return self._nodes.all()
+        return [Node.model_validate(n) for n in self._call("GET", "/v1/nodes")]
 
     def most_gpus(self) -> int:
         """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
-        return self._nodes.most_gpus()
+        return int(self._call("GET", "/v1/fleet")["most_gpus"])
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
-        return self._nodes.read_all().quarantined
+        return dict(self._call("GET", "/v1/quarantine")["nodes"])
 
     def node(self, name: str) -> Node:
-        return self._nodes.get(name)
+        return Node.model_validate(self._call("GET", f"/v1/nodes/{_segment(name)}"))
 
     def cordon(self, name: str, reason: str = "") -> Node:
-        """No new jobs on ``name``; running ones are untouched. Idempotent."""
-        self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned", time.time(), _who())
-        return self._nodes.get(name)
+        """No new jobs on ``name``; running ones are untouched. Idempotent. Operators only."""
+        return Node.model_validate(
+            self._call("POST", f"/v1/nodes/{_segment(name)}/cordon", {"reason": reason})
+        )
 
     def uncordon(self, name: str) -> Node:
-        """Back to READY (also ends a drain)."""
-        self._nodes.set_state(name, NodeState.READY, "uncordoned", time.time(), _who())
-        self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
-        return self._nodes.get(name)
+        """Back to READY (also ends a drain). Operators only."""
+        return Node.model_validate(self._call("POST", f"/v1/nodes/{_segment(name)}/uncordon"))
 
     def drain(
         self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
@@ -326,17 +319,9 @@ class Client:
         Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
         ``grace_s`` to checkpoint, and is requeued elsewhere without spending its retries.
         """
-        for name in names:
-            self._nodes.get(name)  # all exist before any changes
-        now, who = time.time(), _who()
-        for name in names:
-            self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned for drain", now, who)
-        deadline = now if force else now + deadline_s
-        for name in names:
-            self._nodes.set_state(name, NodeState.DRAINING, reason or "draining", now, who,
-                                  drain_deadline=deadline, drain_grace_s=grace_s)  # fmt: skip
-            self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
-        return [self._nodes.get(name) for name in names]
+        body = {"names": list(names), "deadline_s": deadline_s, "grace_s": grace_s, "force": force,
+                "reason": reason}  # fmt: skip
+        return [Node.model_validate(n) for n in self._call("POST", "/v1/drain", body)]
 
     def wait_drained(
         self,
@@ -347,7 +332,7 @@ class Client:
         """Block until every node is DRAINED; raise :class:`DrainTimeout` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            nodes = [self._nodes.get(name) for name in names]
+            nodes = [self.node(name) for name in names]
             if all(n.admin_state == NodeState.DRAINED for n in nodes):
                 return nodes
             if progress is not None:
@@ -357,18 +342,74 @@ class Client:
                 raise DrainTimeout(f"not drained after {timeout:g}s: {left} jobs left")
             time.sleep(0.5)
 
+    # -- identities --------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        return Identity.model_validate(self._call("GET", "/v1/whoami"))
+
+    def create_token(
+        self, user: str, tenant: str, role: Role | str = Role.USER, expires_in_s: float | None = None
+    ) -> tuple[str, TokenInfo]:
+        """A new token (shown only now) and its record. Admins only."""
+        body = {"user": user, "tenant": tenant, "role": str(role), "expires_in_s": expires_in_s}
+        issued = self._call("POST", "/v1/tokens", body)
+        return issued["token"], TokenInfo.model_validate(issued["info"])
+
+    def tokens(self) -> list[TokenInfo]:
+        return [TokenInfo.model_validate(t) for t in self._call("GET", "/v1/tokens")]
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        return TokenInfo.model_validate(self._call("DELETE", f"/v1/tokens/{_segment(token_id)}"))
+
     def close(self) -> None:
-        self._jobs.redis.close()
-        if self._bus is not None:
-            self._bus.close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
 
-def _who() -> str:
+def _job(data: Any) -> Job:
+    return Job.model_validate(data, context=_STORED)
+
+
+def _array(data: Any) -> JobArray:
+    return JobArray.model_validate(data, context=_STORED)
+
+
+def _spec(spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+    """A spec as the API takes it: fields the caller set (so the tenant defaults to the token's)."""
+    if isinstance(spec, JobSpec):
+        return spec.model_dump(mode="json", exclude_unset=True)
+    return spec
+
+
+def _state(state: JobState | str | None) -> str | None:
+    return None if state is None else str(JobState(state))
+
+
+def _segment(value: str) -> str:
+    """An id as one path segment: anything that is not a plain name cannot name a job or node."""
+    from urllib.parse import quote
+
+    return quote(str(value), safe="")
+
+
+def _error(response: http.client.HTTPResponse, url: str) -> FleetError:
+    """The error an API answer names, as its fleet type; a proxy's or a stranger's page as what it is."""
+    raw = response.read()
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+        body = json.loads(raw)
+        name, detail = body["error"], body["detail"]
+    except (ValueError, KeyError, TypeError):
+        text = raw[:200].decode(errors="replace").strip()
+        if response.status in (502, 503, 504):
+            return ApiUnavailable(f"fleet API at {url}: HTTP {response.status} {text}")
+        return FleetError(f"fleet API at {url}: HTTP {response.status} {text}")
+    if name == "JobExpired" and isinstance(body.get("expired"), dict):
+        return JobExpired(**body["expired"])
+    if name == "ApiUnavailable" or response.status == 503:
+        return ApiUnavailable(detail)
+    return _ERRORS.get(name, FleetError)(detail)
 
 
 class JobHandle:
@@ -427,8 +468,3 @@ class ArrayHandle:
 
     def cancel(self) -> CancelReport:
         return self.client.cancel_array(self.id)
-
-
-def _clip(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."

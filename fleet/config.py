@@ -104,6 +104,22 @@ class AgentSettings(_Section):
         return self
 
 
+class ApiSettings(_Section):
+    host: str = Field(default="127.0.0.1", max_length=253, description="address `fleet api` listens on")
+    port: int = Field(default=8080, ge=0, le=65535)
+    #: HTTPS: a PEM certificate (chain) and its key; without them the API speaks plain HTTP
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: calls served at once (waits and log follows each hold one while they block)
+    threads: int = Field(default=200, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("api.tls_cert and api.tls_key: give both (HTTPS) or neither (HTTP)")
+        return self
+
+
 class Settings(BaseModel):
     # defaults validated too (a host name may not be a node name); validators built on first load
     model_config = ConfigDict(extra="forbid", validate_default=True, defer_build=True)
@@ -128,6 +144,7 @@ class Settings(BaseModel):
     bus_dead_letters_max: int = Field(default=10_000, ge=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     def redis_url_for(self, db: int | None = None) -> str:
         """The Redis URL with the logical DB swapped in. Credentials are never spliced into it:
@@ -159,7 +176,9 @@ def redact(url: str) -> str:
 ENV_PREFIX = "FLEET_"
 
 #: settings that hold a whole section, and lists: from the environment they are JSON
-_SECTIONS: dict[str, type[BaseModel]] = {"controller": ControllerSettings, "agent": AgentSettings}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "controller": ControllerSettings, "agent": AgentSettings, "api": ApiSettings,
+}  # fmt: skip
 _LISTS = frozenset({"allowed_mounts"})
 
 

@@ -82,6 +82,22 @@ class StoreUnavailable(FleetError):
     exit_code = 5
 
 
+class ApiUnavailable(StoreUnavailable):
+    """The fleet API could not be reached, or it could not reach Redis."""
+
+
+class Unauthorized(FleetError):
+    """No token, or one the API does not know (revoked, expired, mistyped)."""
+
+    exit_code = 8
+
+
+class Forbidden(FleetError):
+    """The token is valid but its role or tenant does not allow the call; the message says what is missing."""
+
+    exit_code = 8
+
+
 class NotLeader(FleetError):
     """A controller write was refused: another controller holds the leader lease (fencing token)."""
 

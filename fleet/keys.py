@@ -34,6 +34,9 @@ logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scan
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
 | ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
+| ``<p>:tokens``                    | set    | ids of API tokens                                       |
+| ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
+|                                   |        | expiry (the key expires with it)                        |
 
 The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
 ``brokers/redis/dispatch.lua``): ``<queue>`` and ``<queue>.msgs`` (pending ids, id -> data),
@@ -166,3 +169,10 @@ class Keys:
     @property
     def quarantined_nodes(self) -> str:
         return f"{self.prefix}:quarantine:nodes"
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.prefix}:tokens"
+
+    def token(self, token_id: str) -> str:
+        return f"{self.prefix}:token:{token_id}"

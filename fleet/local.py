@@ -12,6 +12,7 @@ Should ``fleet up`` die without that chance (SIGKILL, a crash), the kernel sends
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -92,6 +93,7 @@ class LocalFleet:
         self._tmp = None if state_dir else tempfile.mkdtemp(prefix="fleet-up-")
         self.dir = Path(state_dir or self._tmp or ".").resolve()
         self.redis_url = redis_url
+        self.api_url, self.token = "", ""
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._handlers: dict[int, _Handler] = {}
         self._preexec = die_with_parent()
@@ -106,14 +108,34 @@ class LocalFleet:
             env = self._env()
             self._spawn("controller", [sys.executable, "-m", "fleet.cli.main", "controller"], env)
             self._spawn("agent", [sys.executable, "-m", "fleet.cli.main", "agent"], env)
+            port = free_port()
+            self._spawn("api", [sys.executable, "-m", "fleet.cli.main", "api", "--port", str(port)], env)
+            self.api_url, self.token = f"http://127.0.0.1:{port}", self._admin_token()
             self._wait_for_node()
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        print(f"\nfleet is up. In another shell:\n\n  export FLEET_REDIS_URL={self.redis_url}\n"
+        print(f"\nfleet is up: API {self.api_url}, with an admin token for you. In another shell:\n\n"
+              f"  export FLEET_API_URL={self.api_url} FLEET_TOKEN={self.token}\n"
               "  fleet submit --gpus 1 -- python3 -c 'print(42)'\n  fleet jobs\n\nCtrl-C stops it all.\n",
               flush=True)  # fmt: skip
         return self
+
+    def _admin_token(self) -> str:
+        """A token for whoever ran ``fleet up``: admin of this fleet, jobs in tenant ``default``."""
+        from fleet.config import load_settings
+        from fleet.keys import Keys
+        from fleet.models import Role
+        from fleet.state import connect
+        from fleet.state.tokens import TokenStore
+
+        settings = load_settings(redis_url=self.redis_url)
+        client = connect(settings)
+        user = os.environ.get("USER") or "admin"
+        token, _ = TokenStore(client, Keys(settings.key_prefix)).create(user, "default", Role.ADMIN,
+                                                                        created_by="fleet up")  # fmt: skip
+        client.close()
+        return token
 
     def _spawn_redis(self) -> str:
         binary = shutil.which("redis-server")
@@ -157,16 +179,20 @@ class LocalFleet:
 
     def _wait_for_node(self, timeout: float = 30) -> None:
         from fleet.client import Client
+        from fleet.errors import ApiUnavailable
 
-        client = Client(self.redis_url)
+        client = Client(self.api_url, self.token)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_children()
-            if any(n.alive for n in client.nodes()):
-                client.close()
-                return
+            with contextlib.suppress(ApiUnavailable):  # the API is still starting
+                if any(n.alive for n in client.nodes()):
+                    client.close()
+                    return
             time.sleep(0.1)
-        raise FleetError("the agent did not register within 30s; see its log above")
+        raise FleetError(
+            "the agent did not register, or the API did not answer, within 30s; see the log above"
+        )
 
     def _check_children(self) -> None:
         for name, proc in self.children:
@@ -185,7 +211,7 @@ class LocalFleet:
         from fleet.cli.output import table
         from fleet.client import Client
 
-        client = Client(self.redis_url)
+        client = Client(self.api_url, self.token)
         handles = [client.submit(spec) for spec in DEMO_JOBS]
         print(f"submitted {len(handles)} demo jobs; waiting for them ...", flush=True)
         finished = [h.wait(timeout=300) for h in handles]

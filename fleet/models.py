@@ -13,6 +13,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -110,6 +111,10 @@ class Mount(BaseModel):
         return value
 
 
+#: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
+FROM_FLEET = "from_fleet"
+
+
 class JobSpec(BaseModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
@@ -163,7 +168,9 @@ class JobSpec(BaseModel):
 
     @field_validator("labels")
     @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+    def _labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if info.context and info.context.get(FROM_FLEET):
+            return value  # a job fleet already stored, read back (an array task carries fleet.* labels)
         for key in value:
             if key.startswith("fleet."):
                 raise ValueError(f"{key!r}: fleet.* labels are set by fleet itself (array tasks carry them)")
@@ -440,3 +447,47 @@ class Node(BaseModel):
     drain_grace_s: float = 0.0
     #: ids of the jobs placed on the node and not yet released
     jobs: list[str] = Field(default_factory=list)
+
+
+class LogLine(BaseModel):
+    """One line of a job's output; ``id`` is its place in the attempt's log stream (a cursor)."""
+
+    id: str
+    attempt: int
+    line: str
+
+
+class Role(StrEnum):
+    """What a token may do. Each role can do everything the ones before it can."""
+
+    #: submit, read and cancel the jobs of its own tenant; read nodes
+    USER = "user"
+    #: also cordon, uncordon and drain nodes, and read and cancel every tenant's jobs
+    OPERATOR = "operator"
+    #: also manage tenants and tokens, and submit for any tenant
+    ADMIN = "admin"
+
+    def allows(self, needed: Role) -> bool:
+        order = list(Role)
+        return order.index(self) >= order.index(needed)
+
+
+class Identity(BaseModel):
+    """Who made an API call: from the bearer token the API checked."""
+
+    user: str
+    tenant: str
+    role: Role
+    token_id: str = ""
+
+
+class TokenInfo(BaseModel):
+    """A token's record (never the token itself: only its hash is kept)."""
+
+    id: str
+    user: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
+    tenant: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
+    role: Role
+    created_at: float
+    expires_at: float | None = None
+    created_by: str = ""

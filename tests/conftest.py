@@ -10,19 +10,26 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from fleet.client import Client
+from fleet.backend import Backend
+from fleet.client import Client, JobHandle
 from fleet.config import Settings, load_settings
+from fleet.keys import Keys
 from fleet.local import free_port
+from fleet.models import JobSpec, Role
+from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"
 TEST_IMAGE = "localhost/fleet/busybox:latest"
@@ -119,8 +126,8 @@ def docker_runtime(docker_ready: bool) -> None:
 class FleetProcs:
     """Controllers and agents as real child processes, with fast test timings."""
 
-    def __init__(self, redis_url: str, root: Path, runtime: str) -> None:
-        self.redis_url, self.root, self.runtime = redis_url, root, runtime
+    def __init__(self, redis_url: str, root: Path, runtime: str, api: Api | None = None) -> None:
+        self.redis_url, self.root, self.runtime, self.api = redis_url, root, runtime, api
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nodes: set[str] = set()
         self.env = dict(os.environ)
@@ -153,6 +160,11 @@ class FleetProcs:
 
     def settings(self) -> Settings:
         return load_settings(redis_url=self.redis_url)
+
+    def cli_env(self, **extra: str) -> dict[str, str]:
+        """Environment for a ``fleet`` command: the API and an admin token, no Redis credentials."""
+        assert self.api is not None, "this fleet runs on a Redis of its own, with no API"
+        return {**self.api.env(), **extra}
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
@@ -239,11 +251,12 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _fleet(redis_url: str, runtime: str, root: Path) -> Iterator[FleetProcs]:
-    fleet = FleetProcs(redis_url, root, runtime)
+def _fleet(redis_url: str, runtime: str, root: Path, api: Api) -> Iterator[FleetProcs]:
+    fleet = FleetProcs(redis_url, root, runtime, api)
     yield fleet
     fleet.stop()
-    remove_containers(*fleet.nodes)
+    if runtime == "docker":
+        remove_containers(*fleet.nodes)
 
 
 @pytest.fixture(autouse=True)
@@ -260,18 +273,85 @@ def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def procs(redis_url: str, runtime: str, tmp_path: Path) -> Iterator[FleetProcs]:
-    yield from _fleet(redis_url, runtime, tmp_path)
+def procs(redis_url: str, runtime: str, tmp_path: Path, api: Api) -> Iterator[FleetProcs]:
+    yield from _fleet(redis_url, runtime, tmp_path, api)
 
 
 @pytest.fixture
-def docker_procs(redis_url: str, docker_runtime: None, tmp_path: Path) -> Iterator[FleetProcs]:
+def docker_procs(redis_url: str, docker_runtime: None, tmp_path: Path, api: Api) -> Iterator[FleetProcs]:
     """Services on the Docker runtime, for a module whose ``runtime`` is the process one."""
-    yield from _fleet(redis_url, "docker", tmp_path)
+    yield from _fleet(redis_url, "docker", tmp_path, api)
+
+
+@pytest.fixture(scope="session")
+def api_server(redis_server: str) -> Iterator[str]:
+    """One ``fleet api`` for the session, on its Redis: stateless, so a flush between tests is
+    all a test needs (and a token made after it: ``api``)."""
+    port = free_port()
+    env = {**os.environ, "FLEET_REDIS_URL": redis_server}
+    argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None, f"fleet api exited with code {proc.returncode}"
+            assert time.monotonic() < deadline, "fleet api did not listen within 30s"
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@dataclass
+class Api:
+    """The session's API and a token on it (admin of tenant ``default`` unless made otherwise)."""
+
+    url: str
+    redis_url: str
+    token: str
+
+    def env(self, token: str | None = None) -> dict[str, str]:
+        """Environment for a ``fleet`` CLI process: the API and a token, and no Redis credentials."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_REDIS")}
+        return {**env, "FLEET_API_URL": self.url, "FLEET_TOKEN": token or self.token}
+
+    def token_for(self, user: str, tenant: str, role: str = "user", expires_in_s: float | None = None) -> str:
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        token, _ = TokenStore(client, Keys()).create(user, tenant, Role(role), expires_in_s=expires_in_s)
+        client.close()
+        return token
+
+    clients: list[Client] = field(default_factory=list)
+
+    def client(self, token: str | None = None) -> Client:
+        """A client with ``token`` (default: the admin's), closed when the test ends."""
+        self.clients.append(Client(self.url, token or self.token))
+        return self.clients[-1]
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[Client]:
-    c = Client(redis_url)
+def api(redis_url: str, api_server: str) -> Iterator[Api]:
+    api = Api(api_server, redis_url, "")
+    api.token = api.token_for("tester", "default", "admin")
+    yield api
+    for client in api.clients:
+        client.close()
+
+
+class DirectClient(Backend):
+    """The backend on a Redis of the test's own (no API server there), handing out the Client's
+    job handles: for tests of a fleet that runs on its own Redis (restarts, outages, chaos)."""
+
+    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:  # type: ignore[override]
+        return JobHandle(self, super().submit(spec, job_id=job_id).id)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def client(api: Api) -> Iterator[Client]:
+    c = api.client()
     yield c
     c.close()

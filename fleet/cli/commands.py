@@ -17,16 +17,16 @@ from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobSpec, JobState, Node
 
 if TYPE_CHECKING:
-    from fleet.state.jobs import LogLine
+    from fleet.models import LogLine
 
 EXIT_FOR_STATE = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.CANCELLED: 6}
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.redis_url, config=args.config)
+    return Client(args.api_url)
 
 
-def _output(parser: argparse.ArgumentParser) -> None:
+def output_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
 
 
@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
         "--wait", action="store_true",
         help="wait for the job (every task of an --array) and exit with its result code",
     )  # fmt: skip
-    _output(p)
+    output_option(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(handler=submit)
 
@@ -86,7 +86,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--state", type=str.upper, choices=[s.value for s in JobState])
     p.add_argument("--limit", type=int, default=100)
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=jobs)
 
     p = sub.add_parser(
@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
         help="one job: spec, state, node, GPUs, attempts and history; or a job array: its tasks per state",
     )
     p.add_argument("job", metavar="ID")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=show)
 
     p = sub.add_parser("logs", help="a job's output (latest attempt unless --attempt)")
@@ -112,7 +112,7 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("job", metavar="ID")
     p.add_argument("--timeout", type=float, help="seconds (default: forever)")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=wait)
 
     p = sub.add_parser(
@@ -124,19 +124,19 @@ def register(sub: Any) -> None:
     p.add_argument("job", nargs="?", metavar="JOB")
     p.add_argument("--array", dest="array_id", metavar="ID", help="every task of this job array")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="every job with this label")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=cancel)
 
     p = sub.add_parser("nodes", help="nodes with state, heartbeat and GPUs; `nodes show NODE` for one")
     p.add_argument("action", nargs="?", choices=["show"])
     p.add_argument("node", nargs="?")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=nodes)
 
     p = sub.add_parser("cordon", help="no new jobs on a node; running jobs are untouched")
     p.add_argument("node")
     p.add_argument("--reason", default="")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=cordon)
 
     p = sub.add_parser(
@@ -154,12 +154,12 @@ def register(sub: Any) -> None:
     p.add_argument("--wait", action="store_true", help="show progress and wait until DRAINED")
     p.add_argument("--timeout", help="with --wait: give up after this long (exit 4)")
     p.add_argument("--reason", default="")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=drain)
 
     p = sub.add_parser("uncordon", help="let a cordoned or drained node take jobs again")
     p.add_argument("node")
-    _output(p)
+    output_option(p)
     p.set_defaults(handler=uncordon)
 
 
@@ -454,11 +454,11 @@ def _show_node(node: Node, output: str) -> int:
 
 
 def duration(text: str, flag: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``2h``."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    """Seconds from ``90``, ``90s``, ``30m``, ``2h``, ``90d``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise SpecError(f"{flag} {text!r}: expected a duration like 90s, 30m or 2h")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+        raise SpecError(f"{flag} {text!r}: expected a duration like 90s, 30m, 2h or 90d")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
 
 
 def drain(args: argparse.Namespace) -> int:

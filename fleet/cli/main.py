@@ -2,8 +2,9 @@
 
 Exit codes: 0 ok (``wait``: SUCCEEDED); 1 job FAILED or other error; 2 bad input (spec, config,
 usage); 3 no such job or node (a job deleted by retention: the message says it expired, and when);
-4 ``wait`` timed out; 5 Redis unreachable or full (maxmemory); 6 job CANCELLED; 7 the job's or
-node's record cannot be read (quarantined: the message says why).
+4 ``wait`` timed out; 5 the API or Redis unreachable (or Redis full: maxmemory); 6 job CANCELLED;
+7 the job's or node's record cannot be read (quarantined: the message says why); 8 no token, or
+the token's role or tenant does not allow it (the message says what is missing).
 """
 
 from __future__ import annotations
@@ -18,20 +19,24 @@ from fleet.errors import FleetError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleet.cli import commands, services
+    from fleet.cli import access, commands, services
 
     parser = argparse.ArgumentParser(
         prog="fleet",
         description="A serverless-style job queue for your own GPU fleet.",
         epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
-        "5 Redis unreachable or full, 6 job cancelled, 7 record unreadable (quarantined). "
-        "Start here: `fleet up`.",
+        "5 API or Redis unreachable (or Redis full), 6 job cancelled, 7 record unreadable (quarantined), "
+        "8 not allowed (no token, or its role or tenant). Start here: `fleet up`.",
     )
     parser.add_argument("--version", action="version", version=f"fleet {__version__}")
     parser.add_argument("--config", help="fleet.toml (default: $FLEET_CONFIG)")
-    parser.add_argument("--redis-url", help="Redis holding the fleet's state (default: $FLEET_REDIS_URL)")
+    parser.add_argument("--api-url", help="the fleet API (default: $FLEET_API_URL, else `fleet login`'s)")
+    parser.add_argument(
+        "--redis-url", help="services and --direct only: the fleet's Redis (default: $FLEET_REDIS_URL)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.register(sub)
+    access.register(sub, commands.output_option)
     services.register(sub)
     return parser
 

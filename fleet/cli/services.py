@@ -1,4 +1,4 @@
-"""The long-running services (``fleet controller``, ``fleet agent``) and ``fleet up``."""
+"""The long-running services (``fleet controller``, ``fleet agent``, ``fleet api``) and ``fleet up``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,18 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus", choices=["auto", "nvml", "simulated"], help="GPU inventory backend")
     _log_level_option(p)
     p.set_defaults(handler=agent)
+
+    p = sub.add_parser(
+        "api", help="run the HTTP API (tokens, roles, tenants; what the CLI and Client talk to)",
+        description="Serve the fleet's HTTP API: HTTPS with --tls-cert and --tls-key (or api.tls_cert "
+        "and api.tls_key in fleet.toml), else plain HTTP. OpenAPI at /docs and /openapi.json.",
+    )  # fmt: skip
+    p.add_argument("--host", help="address to listen on (default: api.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: api.port, 8080)")
+    p.add_argument("--tls-cert", type=Path, metavar="PEM", help="certificate (chain) for HTTPS")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    _log_level_option(p)
+    p.set_defaults(handler=api)
 
     verbs = (("install", "write config and systemd unit, enable and start it"),
              ("uninstall", "stop, disable and remove the systemd unit (config is kept)"))  # fmt: skip
@@ -118,6 +130,20 @@ def agent(args: argparse.Namespace) -> int:
     service = Agent(settings, jobs, nodes, bus, open_inventory(cfg), runtime, supervisor)
     _stop_on_signals(service.stop_event)
     service.run()
+    return 0
+
+
+def api(args: argparse.Namespace) -> int:
+    from fleet.api import serve
+    from fleet.config import load_settings
+
+    log.setup(args.log_level)
+    settings = load_settings(args.config, redis_url=args.redis_url)
+    cfg = settings.api
+    cert, key = args.tls_cert or cfg.tls_cert, args.tls_key or cfg.tls_key
+    if (cert is None) != (key is None):
+        raise ConfigError("--tls-cert and --tls-key: give both (HTTPS) or neither (HTTP)")
+    serve(settings, args.host or cfg.host, cfg.port if args.port is None else args.port, cert=cert, key=key)
     return 0
 
 

@@ -105,12 +105,14 @@ class ArrayStore:
         return task_ids(array_id, record.indices)
 
     @translated
-    def matching(self, labels: dict[str, str]) -> list[str]:
-        """Ids of the jobs not yet final (queued or on nodes) that carry every one of ``labels``."""
+    def matching(self, labels: dict[str, str], tenant: str | None = None) -> list[str]:
+        """Ids of the jobs not yet final (queued or on nodes) that carry every one of ``labels``
+        (and belong to ``tenant``, when given)."""
         k = self.keys
         ids = self.redis.sunion([k.jobs_in(s) for s in (JobState.QUEUED, *ON_NODE_STATES)])
         jobs = sorted(self.jobs.get_many(ids), key=lambda j: j.seq)
-        return [j.id for j in jobs if all(j.spec.labels.get(key) == v for key, v in labels.items())]
+        mine = [j for j in jobs if tenant in (None, j.spec.tenant)]
+        return [j.id for j in mine if all(j.spec.labels.get(key) == v for key, v in labels.items())]
 
     # -- list --------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from fleet.arrays import ARRAY_BATCH
 from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
-from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobArray, JobSpec, JobState, check_job_id
+from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobArray, JobSpec, JobState, LogLine, check_job_id
 from fleet.state.connection import load_scripts, translated
 from fleet.state.records import JobBatch, parse_array, parse_job, parse_tombstone
 
@@ -31,13 +31,6 @@ class CancelOutcome:
     state: str
     node: str | None
     attempt: int
-
-
-@dataclass(frozen=True)
-class LogLine:
-    id: str
-    attempt: int
-    line: str
 
 
 class JobStore:

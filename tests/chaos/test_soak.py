@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import Client, JobSpec, JobState
-from tests.conftest import FleetProcs
+from fleet import JobSpec, JobState
+from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_control_plane import OwnRedis
 from tests.integration.test_dependability import wait_for
 
@@ -57,7 +57,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
     redis_server.start()
     procs = FleetProcs(redis_server.url, tmp_path, "process")
     procs.env["FLEET_RETRY_BACKOFF_S"] = "0.2"
-    client = Client(redis_server.url)
+    client = DirectClient(redis_server.url)
     counts: Counter[str] = Counter()
     try:
         procs.controller()

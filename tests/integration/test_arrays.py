@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.errors import SpecError
-from tests.conftest import FleetProcs
+from tests.conftest import Api, FleetProcs
 
 pytestmark = pytest.mark.integration
 
@@ -166,9 +165,9 @@ def test_a_task_reads_as_a_full_job(client: Client) -> None:
 
 
 @pytest.fixture
-def cli(redis_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+def cli(api: Api) -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "FLEET_REDIS_URL": redis_url}
+        env = api.env()
         return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
                               timeout=60)  # fmt: skip
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def
     procs.wait_nodes(client, 1)
 
     def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+        env = procs.cli_env()
         return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
                               timeout=timeout)  # fmt: skip
 
@@ -69,9 +68,8 @@ def test_exit_codes_scripts_rely_on(fleet_cli) -> None:  # type: ignore[no-untyp
     assert fleet_cli("show", "no-such-job").returncode == 3
     bad = fleet_cli("submit", "--gpus", "-1", "--", "true")
     assert bad.returncode == 2 and "gpus:" in bad.stderr
-    argv = [sys.executable, "-m", "fleet", "--redis-url", "redis://127.0.0.1:1/0", "jobs"]
-    unreachable = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert unreachable.returncode == 5 and "redis unavailable" in unreachable.stderr
+    unreachable = fleet_cli("--api-url", "http://127.0.0.1:1", "jobs")
+    assert unreachable.returncode == 5 and "fleet API at http://127.0.0.1:1 unreachable" in unreachable.stderr
 
 
 def test_cordoned_node_receives_nothing_until_uncordoned(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]

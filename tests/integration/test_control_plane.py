@@ -15,7 +15,7 @@ import redis
 
 from fleet import Client, JobSpec, JobState
 from fleet.local import free_port
-from tests.conftest import FleetProcs
+from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def test_a_redis_restart_loses_nothing_and_disturbs_no_running_job(
     own_redis: OwnRedis, tmp_path: Path
 ) -> None:
     procs = FleetProcs(own_redis.url, tmp_path, "process")
-    client = Client(own_redis.url)
+    client = DirectClient(own_redis.url)
     try:
         procs.controller()
         procs.agent("t-a", gpus=2)

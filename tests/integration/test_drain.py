@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ def runtime() -> str:
 
 
 def cli(procs: FleetProcs, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+    env = procs.cli_env()
     return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
 
@@ -123,13 +122,7 @@ def test_the_documented_maintenance_script_runs_as_written(
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running")
     marker = tmp_path / "maintained"
     script = Path(EXAMPLE).parents[2] / "config" / "examples" / "maintain-node.sh"
-    env = {
-        **os.environ,
-        "FLEET_REDIS_URL": procs.redis_url,
-        "DEADLINE": "1s",
-        "GRACE": "1s",
-        "TIMEOUT": "60s",
-    }
+    env = procs.cli_env(DEADLINE="1s", GRACE="1s", TIMEOUT="60s")
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     argv = ["bash", str(script), "t-a", "touch", str(marker)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

@@ -13,8 +13,8 @@ import pytest
 
 from bench.nodesim import NodeSim
 from bench.simfleet import SECONDS_LABEL, Group
+from fleet.backend import Backend
 from fleet.bus import Bus
-from fleet.client import Client
 from fleet.config import load_settings
 from fleet.controller.service import Controller
 from fleet.keys import Keys
@@ -67,7 +67,7 @@ def test_every_job_succeeds_once_on_simulated_nodes(redis_url: str, consumer: st
     controller = Controller(settings, store, NodeStore(connect(settings), keys), Bus(settings))
     thread = threading.Thread(target=controller.run, daemon=True)
     groups = [Group(10, 8, "Sim A100 80GB", "a100"), Group(10, 8, "Sim H100 80GB", "h100")]
-    client = Client(settings=settings)
+    client = Backend(settings=settings)
     with NodeSim(settings, groups, consumer=consumer, reconcile_s=1.0) as sim:
         thread.start()
         # When 200 jobs of 1 to 8 GPUs, some bound to a GPU model, are submitted

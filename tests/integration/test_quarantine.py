@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ def runtime() -> str:
 
 
 def fleet_cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+    env = procs.cli_env()
     return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 

@@ -23,7 +23,7 @@ from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy
 from fleet.models import Exit
 from fleet.state.retention import RetentionStore
-from tests.conftest import FleetProcs
+from tests.conftest import Api, FleetProcs
 from tests.integration.inprocess import Harness, info
 from tests.integration.test_dependability import wait_for
 
@@ -78,7 +78,7 @@ def job_keys(h: Harness, job_id: str) -> list[str]:
 
 
 def test_retention_deletes_exactly_the_jobs_that_ended_longer_ago_than_the_retention(
-    harness: Harness, clock: Clock, redis_url: str
+    harness: Harness, clock: Clock, client: Client
 ) -> None:
     h, now = harness, clock.now
     h.node("n")
@@ -97,7 +97,6 @@ def test_retention_deletes_exactly_the_jobs_that_ended_longer_ago_than_the_reten
     deleted = h.controller.expire()
     # Then the three jobs that ended more than 60 s ago are gone, record, history and every
     # attempt's logs, leaving only a tombstone each
-    client = Client(redis_url)
     assert deleted == 3
     for job_id in ("old-ok", "old-cancel", "old-failed"):
         assert job_keys(h, job_id) == [f"fleet:job:{job_id}:expired"]
@@ -143,7 +142,9 @@ def test_jobs_that_ended_before_fleet_had_retention_are_deleted_too(harness: Har
         h.jobs.get("legacy")
 
 
-def test_a_node_gone_for_the_retention_is_removed_with_its_bus_queue(harness: Harness, clock: Clock) -> None:
+def test_a_node_gone_for_the_retention_is_removed_with_its_bus_queue(
+    harness: Harness, clock: Clock, client: Client
+) -> None:
     h, now = harness, clock.now
     bus = h.bus.broker.client
     # Given a node whose last heartbeat was 8 days ago, one gone as long that still holds a job,
@@ -165,7 +166,6 @@ def test_a_node_gone_for_the_retention_is_removed_with_its_bus_queue(harness: Ha
     # When the controller's retention pass runs (node retention: 7 days)
     h.controller.expire()
     # Then the empty node gone for 8 days is no longer known, and the others are
-    client = Client(settings=h.settings)
     assert sorted(n.name for n in client.nodes()) == ["gone-1d", "gone-busy", "live"]
     with pytest.raises(NotFound, match="no node 'gone'"):
         client.node("gone")
@@ -243,7 +243,7 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
 
 
 def cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEET_REDIS_URL": procs.redis_url}
+    env = procs.cli_env()
     return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
@@ -254,7 +254,7 @@ def runtime() -> str:
 
 
 def test_a_redis_at_its_maxmemory_refuses_new_work_but_keeps_leases_and_frees_memory(
-    harness: Harness, clock: Clock, redis_url: str
+    harness: Harness, clock: Clock, redis_url: str, api: Api
 ) -> None:
     h, now = harness, clock.now
     h.node("n")
@@ -267,8 +267,7 @@ def test_a_redis_at_its_maxmemory_refuses_new_work_but_keeps_leases_and_frees_me
         # When a user submits a job, the node's agent heartbeats and the leader renews its lease
         # and runs its retention pass
         argv = [sys.executable, "-m", "fleet", "submit", "--", "true"]
-        env = {**os.environ, "FLEET_REDIS_URL": redis_url}
-        submitted = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        submitted = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=api.env())
         h.node("n")
         renewed = h.controller.lease.renew()
         deleted = h.controller.expire()

@@ -23,7 +23,7 @@ from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.state import JobStore, connect
-from tests.conftest import FleetProcs, need
+from tests.conftest import DirectClient, FleetProcs, need
 
 pytestmark = pytest.mark.integration
 UNPRIVILEGED = {"FLEET_AGENT__JOB_USER": "65534:65534", "FLEET_AGENT__ALLOW_ROOT_JOBS": "false"}
@@ -41,7 +41,7 @@ def test_a_job_id_that_is_a_path_is_refused_at_submit(procs: FleetProcs, client:
         with pytest.raises(SpecError, match=r"job id .* is invalid"):
             client.submit(JobSpec(name="x", command=["true"]), job_id=bad)
     cli = subprocess.run([sys.executable, "-m", "fleet", "submit", "--id", "../victim", "--", "true"],
-                         env=procs.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                         env=procs.cli_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     # Then nothing was queued, and the CLI says why with a usage error
     assert cli.returncode == 2 and "job id '../victim' is invalid" in cli.stderr
     assert client.jobs() == []
@@ -160,7 +160,7 @@ def test_a_password_with_url_characters_reaches_redis_intact(
     procs.env["FLEET_REDIS_PASSWORD"] = pw_redis.PASSWORD
     monkeypatch.setenv("FLEET_REDIS_PASSWORD", pw_redis.PASSWORD)
     try:
-        client = Client(url)
+        client = DirectClient(url)
         start(procs, client)
         # When a job runs through the controller, the bus and the agent
         job = client.submit(JobSpec(name="pw", command=["true"]))

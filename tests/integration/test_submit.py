@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import fleet.client
-from fleet import Client, JobSpec, JobState
+import fleet.backend
+from fleet import JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
 from fleet.local import free_port
-from tests.conftest import FleetProcs
+from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_control_plane import _pings
 from tests.integration.test_dependability import wait_for
 
@@ -48,7 +48,7 @@ def test_a_submit_whose_first_try_times_out_after_the_create_exists_once(
     small_redis: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
     url, server = small_redis
-    client = Client(url)
+    client = DirectClient(url)
     try:
         earlier = client.submit(spec())  # connected, with the submit script loaded in Redis
         # Given Redis frozen (SIGSTOP) for longer than the client's 5 s socket timeout, so the first
@@ -74,13 +74,13 @@ def test_a_submit_whose_notify_fails_succeeds_and_the_job_still_runs(
     url, _server = small_redis
     procs = FleetProcs(url, tmp_path, "process")
     # Given a client whose bus is broken (its bus DB does not exist on this Redis) next to a working fleet
-    client = Client(settings=load_settings(redis_url=url, bus_db=5))
+    client = DirectClient(settings=load_settings(redis_url=url, bus_db=5))
     try:
         procs.controller()
         procs.agent("t-a", gpus=1)
         procs.wait_nodes(client, 1)
         # When a job is submitted
-        with caplog.at_level(logging.WARNING, logger="fleet.client"):
+        with caplog.at_level(logging.WARNING, logger="fleet.backend"):
             handle = client.submit(spec())
         # Then the submit succeeds with a warning, the job exists once, and the periodic pass runs it
         assert [r.getMessage().split()[0] for r in caplog.records] == ["submit_notify_failed"]
@@ -98,9 +98,11 @@ def runtime() -> str:
 
 
 def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
-    procs: FleetProcs, client: Client, monkeypatch: pytest.MonkeyPatch
+    procs: FleetProcs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a fleet whose only GPU is held by a long-running job
+    # Given a fleet whose only GPU is held by a long-running job (the ids are drawn by the backend,
+    # in this process: no API in between, so the test can rig the draw)
+    client = DirectClient(procs.redis_url)
     procs.controller()
     procs.agent("t-busy", gpus=1)
     procs.wait_nodes(client, 1)
@@ -108,8 +110,8 @@ def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
     wait_for(lambda: running.status().state == JobState.RUNNING, timeout=30, what="long job running")
     # And a generator of job ids that repeats itself once, as 32 random bits did about once in a
     # 10,000-job submit loop (and every other time in a 50,000-job one)
-    draws, generated = iter(["q-twice", "q-twice"]), fleet.client.new_id
-    monkeypatch.setattr(fleet.client, "new_id", lambda name: next(draws, None) or generated(name))
+    draws, generated = iter(["q-twice", "q-twice"]), fleet.backend.new_id
+    monkeypatch.setattr(fleet.backend, "new_id", lambda name: next(draws, None) or generated(name))
 
     # When 2,000 jobs are submitted one after another
     spec = JobSpec.parse({"name": "q", "command": ["true"], "gpus": 1})

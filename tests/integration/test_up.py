@@ -29,7 +29,7 @@ def test_fleet_up_demo_runs_jobs_to_completion_and_leaves_nothing(tmp_path) -> N
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "export FLEET_REDIS_URL=redis://127.0.0.1:" in done.stdout
+    assert re.search(r"export FLEET_API_URL=http://127\.0\.0\.1:\d+ FLEET_TOKEN=fleet_\w+", done.stdout)
     rows = [line for line in done.stdout.splitlines() if line.startswith(("hello-", "two-gpus-", "flaky-"))]
     assert len(rows) == 3 and all(" SUCCEEDED " in r for r in rows), done.stdout
     leftovers = [
@@ -59,13 +59,16 @@ class Up:
                                          env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         return self.proc
 
-    def wait_up(self, timeout: float = 60) -> str:
-        """The Redis URL it prints once the agent registered."""
+    def wait_up(self, timeout: float = 60) -> Client:
+        """A client of the API it prints once the agent registered, with the admin token it made."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if found := re.search(r"fleet is up.*?export FLEET_REDIS_URL=(\S+)", self.output(), re.S):
-                return found.group(1)
+            found = re.search(
+                r"fleet is up.*?export FLEET_API_URL=(\S+) FLEET_TOKEN=(\S+)", self.output(), re.S
+            )
+            if found:
+                return Client(found.group(1), found.group(2))
             assert self.proc.poll() is None, f"fleet up exited early:\n{self.output()}"
             time.sleep(0.1)
         raise AssertionError(f"fleet up did not come up in {timeout}s:\n{self.output()}")
@@ -117,17 +120,19 @@ def role(p: psutil.Process) -> str:
     argv = p.cmdline()
     if "redis-server" in argv[0]:
         return "redis"
-    return "supervisor" if any(a.endswith("supervisor.py") for a in argv) else argv[-1]
+    if any(a.endswith("supervisor.py") for a in argv):
+        return "supervisor"
+    return next(a for a in argv if a in ("agent", "api", "controller"))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_fleet_up_stopped_by_a_signal_stops_everything_it_started(up: Up, sig: signal.Signals) -> None:
-    # Given `fleet up` running on its own temp dir, with its redis-server, controller, agent and the
-    # node supervisor the agent started
+    # Given `fleet up` running on its own temp dir, with its redis-server, controller, agent, API and
+    # the node supervisor the agent started
     proc = up.start()
     up.wait_up()
     children = up.descendants()
-    assert sorted(role(p) for p in children) == ["agent", "controller", "redis", "supervisor"]
+    assert sorted(role(p) for p in children) == ["agent", "api", "controller", "redis", "supervisor"]
 
     # When it is sent the signal `kill`, systemd or a CI runner sends (or a closed terminal)
     proc.send_signal(sig)
@@ -142,7 +147,7 @@ def test_fleet_up_stopped_by_a_signal_stops_everything_it_started(up: Up, sig: s
 def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
     # Given `fleet up` running a job (a sleep, under the process runtime)
     proc = up.start()
-    client = Client(up.wait_up())
+    client = up.wait_up()
     try:
         client.submit({"name": "sleeper", "command": ["sleep", "300"]})
     finally:

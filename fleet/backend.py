@@ -1,0 +1,408 @@
+"""What the API does, on Redis: submit, read, wait, cancel, follow logs, cordon and drain.
+
+The API server calls it for every request (after checking the caller's token and tenant);
+services, benchmarks and tests of the state layer call it directly. Users never hold Redis
+credentials: they use :class:`fleet.client.Client`, which talks HTTP to the API.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fleet.arrays import check_indices, parse_indices, task_id
+from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
+from fleet.config import Settings, load_settings
+from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
+from fleet.keys import Keys
+from fleet.log import event
+from fleet.models import (
+    CancelReport,
+    Event,
+    Job,
+    JobArray,
+    JobSpec,
+    JobState,
+    LogLine,
+    Node,
+    NodeState,
+    check_job_id,
+)
+from fleet.mounts import check_mounts
+from fleet.state import JobStore, NodeStore, connect
+from fleet.state.arrays import ArrayStore
+
+if TYPE_CHECKING:
+    from fleet.bus.broker import Bus
+
+log = logging.getLogger("fleet.backend")
+#: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
+#: out the 5 s socket timeout), always with the same job id
+SUBMIT_RETRIES = 4
+SUBMIT_BACKOFF_S = 0.25
+#: generated ids tried before a submit gives up (each is taken with odds of about jobs / 2^48)
+NEW_ID_TRIES = 5
+T = TypeVar("T")
+
+
+def new_id(name: str) -> str:
+    """A fresh job (or array) id: the name, and 48 random bits (collisions are caught and retried)."""
+    return f"{name[:40]}-{secrets.token_hex(6)}"
+
+
+def _known_id(job_id: str) -> str:
+    """``job_id`` if it could name a job; else :class:`NotFound` (it never reaches a Redis key)."""
+    try:
+        return check_job_id(job_id)
+    except SpecError:
+        raise NotFound(f"no job {job_id!r}: not a valid job id") from None
+
+
+class Backend:
+    """The fleet's operations on its Redis (``FLEET_REDIS_URL``, or ``config``/``redis_url``)."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        config: str | Path | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or load_settings(config, redis_url=redis_url)
+        client = connect(self.settings)
+        keys = Keys(self.settings.key_prefix)
+        self._jobs = JobStore(client, keys)
+        self._nodes = NodeStore(client, keys)
+        self._arrays = ArrayStore(self._jobs)
+        self._bus: Bus | None = None
+
+    @property
+    def redis(self) -> Any:
+        """The state DB's client (the API's token store shares it)."""
+        return self._jobs.redis
+
+    @property
+    def bus(self) -> Bus:
+        if self._bus is None:
+            from fleet.bus.broker import Bus  # dramatiq: only commands that send a message import it
+
+            self._bus = Bus(self.settings)
+        return self._bus
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> Job:
+        """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
+
+        Every try of one submit stores the same ``created_at``, so a retry after a Redis error that
+        struck once the job was stored finds it there and succeeds instead of queueing it twice. An
+        id fleet generates is never taken for another job's: if one is already in use, the submit
+        picks another (a silent "already there" lost one job in a 10,000-job submit loop).
+        """
+        if isinstance(spec, dict):
+            spec = JobSpec.parse(spec)
+        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        job_id = self._create(spec, None if job_id is None else check_job_id(job_id))
+        self._notify_submitted(job_id)
+        return self._jobs.get(job_id)
+
+    def _create(self, spec: JobSpec, chosen: str | None) -> str:
+        """Store the job under ``chosen`` or, if None, a new id; the id it was stored under."""
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            job_id = chosen or new_id(spec.name)
+            if self._retry_store(functools.partial(self._create_once, job_id, spec, now, chosen is None)):
+                return job_id
+        raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job_id")
+
+    def _retry_store(self, write: Callable[[], T]) -> T:
+        """Run an idempotent ``write``, retrying a Redis outage with backoff; what it returned."""
+        for retry in range(SUBMIT_RETRIES):
+            try:
+                return write()
+            except StoreUnavailable:
+                time.sleep(SUBMIT_BACKOFF_S * 2**retry)
+        return write()
+
+    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
+        """True once the job is stored, by this try or an earlier one of the same submit; False when
+        a ``generated`` id turns out to be another job's (or an expired one's, or an array's)."""
+        try:
+            if self._jobs.create(job_id, spec, now):
+                return True
+        except IdInUse:
+            if generated:
+                return False
+            raise
+        stored = self._jobs.get(job_id)
+        if stored.created_at == now and stored.spec == spec:
+            return True  # this submit's own earlier try stored it, and its answer was lost
+        if generated:
+            return False
+        if stored.spec != spec:
+            raise SpecError(f"job id {job_id!r} already exists with a different spec; choose another id")
+        return True
+
+    def _notify_submitted(self, job_id: str) -> None:
+        """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that
+        fails here must not fail a submit whose job is stored (the caller would submit it twice)."""
+        try:
+            self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
+        except Exception as exc:
+            event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
+                  effect="placed by the controller's next periodic pass")  # fmt: skip
+
+    def submit_array(
+        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
+        array_id: str | None = None,
+    ) -> JobArray:  # fmt: skip
+        """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
+        ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
+
+        ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
+        once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
+        """
+        if isinstance(spec, dict):
+            spec = JobSpec.parse(spec)
+        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        try:
+            wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
+        except ValueError as exc:
+            raise SpecError(f"array indices {_clip(indices)}: {exc}") from None
+        if max_running is not None and (type(max_running) is not int or max_running < 1):
+            raise SpecError(f"max_running {max_running!r}: expected a whole number of tasks, at least 1")
+        chosen_id = None if array_id is None else check_job_id(array_id)
+        now = time.time()
+        for _ in range(NEW_ID_TRIES):
+            array_id = chosen_id or new_id(spec.name)
+            create = functools.partial(
+                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id
+            )
+            if self._retry_store(create):
+                break
+        else:
+            raise FleetError(f"no free job array id after {NEW_ID_TRIES} tries; pass array_id")
+        self._notify_submitted(task_id(array_id, wanted[0]))
+        return self._arrays.get(array_id)
+
+    def get(self, job_id: str) -> Job:
+        return self._jobs.get(_known_id(job_id))
+
+    def array(self, array_id: str) -> JobArray:
+        """A job array with its tasks counted by state."""
+        return self._arrays.get(_known_id(array_id))
+
+    def listing(
+        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[Job | JobArray]:
+        """Jobs newest first, each job array as one entry with its tasks counted by state (what
+        ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it; with
+        ``tenant``, only that tenant's."""
+        wanted = JobState(state) if state else None
+        return _of_tenant(lambda n: self._arrays.listing(wanted, n), limit, tenant)
+
+    def jobs(
+        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None
+    ) -> list[Job]:
+        wanted = JobState(state) if state else None
+        return _of_tenant(lambda n: self._jobs.list_jobs(wanted, n), limit, tenant)
+
+    def quarantined_jobs(self) -> dict[str, str]:
+        """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
+        return self._jobs.quarantined()
+
+    def history(self, job_id: str) -> list[Event]:
+        self.get(job_id)
+        return self._jobs.history(job_id)
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
+        job = self.get(job_id)
+        if job.state.final:
+            return job
+        self._jobs.request_cancel(job_id, time.time())
+        job = self._jobs.get(job_id)
+        if job.state.on_node:
+            for node in job.nodes_held:  # every member of a multi-node job
+                self._stop(job_id, node, job.attempt)
+        return job
+
+    def cancel_array(self, array_id: str) -> CancelReport:
+        """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
+        return self._cancel_many(self._arrays.task_ids(_known_id(array_id)))
+
+    def cancel_labels(self, labels: dict[str, str], tenant: str | None = None) -> CancelReport:
+        """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
+        names an array's tasks); with ``tenant``, only that tenant's."""
+        if not labels:
+            raise SpecError("cancel by label: give at least one label KEY=VALUE")
+        return self._cancel_many(self._arrays.matching(labels, tenant))
+
+    def _cancel_many(self, job_ids: list[str]) -> CancelReport:
+        report = CancelReport()
+        for outcome in self._jobs.cancel_many(job_ids, time.time()):
+            if outcome.code == 1:
+                report.cancelled.append(outcome.job_id)
+            elif outcome.code == 2 and outcome.node:
+                report.stopping.append(outcome.job_id)
+                self._stop(outcome.job_id, outcome.node, outcome.attempt)
+            elif outcome.code == 0:
+                report.already_final += 1
+        return report
+
+    def _stop(self, job_id: str, node: str, attempt: int) -> None:
+        stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",
+                    grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
+        self.bus.send(node_queue(node), stop)
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = "0"
+        while True:
+            job = self._jobs.get(job_id)
+            if job.state.final:
+                return job
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise JobTimeout(f"job {job_id} still {job.state} after {timeout:g}s")
+            cursor = self._jobs.wait_event(job_id, cursor, max(1, int(min(left, 1.0) * 1000)))
+
+    def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
+        """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
+        job = self.get(job_id)
+        return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
+
+    def follow_logs(
+        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0
+    ) -> Iterator[LogLine]:
+        """Yield log lines as they arrive until the attempt is over and its stream drained."""
+        job = self.get(job_id)
+        attempt = attempt or max(job.attempt, 1)
+        cursor = "0"
+        while True:
+            lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000), rank=rank)
+            yield from lines
+            if lines:
+                cursor = lines[-1].id
+                continue
+            job = self._jobs.get(job_id)
+            if (
+                job.attempt > attempt
+                or job.state.final
+                or (job.attempt == attempt and job.state == JobState.QUEUED)
+            ):
+                return
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def nodes(self) -> list[Node]:
+        return self._nodes.all()
+
+    def most_gpus(self) -> int:
+        """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
+        return self._nodes.most_gpus()
+
+    def quarantined_nodes(self) -> dict[str, str]:
+        """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
+        return self._nodes.read_all().quarantined
+
+    def node(self, name: str) -> Node:
+        return self._nodes.get(name)
+
+    def cordon(self, name: str, reason: str = "", who: str = "") -> Node:
+        """No new jobs on ``name``; running ones are untouched. Idempotent. ``who``: for the record."""
+        self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned", time.time(), who or _who())
+        return self._nodes.get(name)
+
+    def uncordon(self, name: str, who: str = "") -> Node:
+        """Back to READY (also ends a drain)."""
+        self._nodes.set_state(name, NodeState.READY, "uncordoned", time.time(), who or _who())
+        self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
+        return self._nodes.get(name)
+
+    def drain(
+        self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
+        reason: str = "", who: str = "",
+    ) -> list[Node]:  # fmt: skip
+        """Cordon every node first (so work does not hop onto the next one), then drain them.
+
+        Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
+        ``grace_s`` to checkpoint, and is requeued elsewhere without spending its retries.
+        """
+        for name in names:
+            self._nodes.get(name)  # all exist before any changes
+        now, who = time.time(), who or _who()
+        for name in names:
+            self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned for drain", now, who)
+        deadline = now if force else now + deadline_s
+        for name in names:
+            self._nodes.set_state(name, NodeState.DRAINING, reason or "draining", now, who,
+                                  drain_deadline=deadline, drain_grace_s=grace_s)  # fmt: skip
+            self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
+        return [self._nodes.get(name) for name in names]
+
+    def wait_drained(
+        self,
+        names: Sequence[str],
+        timeout: float | None = None,
+        progress: Callable[[list[Node]], None] | None = None,
+    ) -> list[Node]:
+        """Block until every node is DRAINED; raise :class:`DrainTimeout` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            nodes = [self._nodes.get(name) for name in names]
+            if all(n.admin_state == NodeState.DRAINED for n in nodes):
+                return nodes
+            if progress is not None:
+                progress(nodes)
+            if deadline is not None and time.monotonic() >= deadline:
+                left = sum(len(n.jobs) for n in nodes)
+                raise DrainTimeout(f"not drained after {timeout:g}s: {left} jobs left")
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self._jobs.redis.close()
+        if self._bus is not None:
+            self._bus.close()
+
+
+ListingItem = TypeVar("ListingItem", Job, Job | JobArray)
+
+
+def _of_tenant(read: Callable[[int], list[ListingItem]], limit: int, tenant: str | None) -> list[ListingItem]:
+    """The first ``limit`` entries ``read(n)`` gives that belong to ``tenant`` (all: None).
+
+    Reads ever larger prefixes of the whole listing: a tenant's view of a fleet where others hold
+    most jobs costs reads of theirs too (a per-tenant index would avoid it; not needed yet).
+    """
+    if tenant is None:
+        return read(limit)
+    n = limit
+    while True:
+        entries = read(n)
+        mine = [e for e in entries if e.spec.tenant == tenant]
+        if len(mine) >= limit or len(entries) < n:
+            return mine[:limit]
+        n *= 4
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def _clip(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,229 @@
+"""The API's front door: tokens, roles and tenants, as users, operators and admins meet them.
+
+Every call goes through the session's real ``fleet api`` process (HTTP, real Redis); the CLI
+runs as a real subprocess holding only the API's URL and a token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet import Client, JobSpec, JobState
+from fleet.errors import ConfigError, Forbidden, NotFound, Unauthorized
+from fleet.keys import Keys
+from fleet.local import free_port
+from fleet.state import NodeStore
+from fleet.state.nodes import NodeInfo
+from tests.conftest import Api, need
+
+pytestmark = pytest.mark.integration
+
+
+def spec(name: str = "j", **fields: object) -> JobSpec:
+    return JobSpec.parse({"name": name, "command": ["sleep", "600"], **fields})
+
+
+def fleet(api: Api, *args: str, token: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet", *args], env={**api.env(token), **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_user_acts_within_its_tenant_only(api: Api) -> None:
+    # Given a user of tenant a with a job, and a user of tenant b
+    alice, bob = api.client(api.token_for("alice", "a")), api.client(api.token_for("bob", "b"))
+    mine = alice.submit(spec("mine"))
+    theirs = bob.submit(spec("theirs"))
+    # Then each job runs in its submitter's tenant
+    assert (alice.get(mine.id).spec.tenant, bob.get(theirs.id).spec.tenant) == ("a", "b")
+    # And bob can neither read, wait for, read the logs of, nor cancel alice's job: 403, saying why
+    for call in (bob.get, bob.history, bob.logs, bob.cancel, lambda i: bob.wait(i, 0.1)):
+        with pytest.raises(Forbidden, match=r"job mine-\w+ belongs to tenant 'a'; .*'bob'.* tenant 'b' only"):
+            call(mine.id)
+    # And bob's listing holds only his own, even when he asks for another tenant's
+    assert [j.id for j in bob.listing()] == [theirs.id]
+    assert [j.id for j in bob.jobs()] == [theirs.id]
+    with pytest.raises(Forbidden, match="tenant 'a'"):
+        bob.listing(tenant="a")
+    # And a cancel by label reaches only his tenant's jobs
+    assert bob.cancel_labels({"x": "1"}).cancelled == []
+    assert alice.get(mine.id).state == JobState.QUEUED
+    # And he cannot submit into alice's tenant
+    with pytest.raises(Forbidden, match="cannot submit to tenant 'a'"):
+        bob.submit(spec("sneaky", tenant="a"))
+    assert {j.spec.tenant for j in api.client().jobs()} == {"a", "b"}
+
+
+def test_only_operators_cordon_and_drain_and_only_admins_issue_tokens(api: Api) -> None:
+    # Given a node, a user and an operator
+    user, operator = api.client(api.token_for("u", "a")), api.client(api.token_for("op", "ops", "operator"))
+    register_node(api, "n1")
+    # When the user tries to cordon or drain, or to issue a token: 403 naming the role it needs
+    with pytest.raises(Forbidden, match="cannot cordon, uncordon or drain nodes: that needs role operator"):
+        user.cordon("n1")
+    with pytest.raises(Forbidden, match="needs role operator"):
+        user.drain(["n1"])
+    with pytest.raises(Forbidden, match="cannot manage tokens or tenants: that needs role admin"):
+        user.create_token("x", "a")
+    with pytest.raises(Forbidden, match="needs role admin"):
+        operator.tokens()
+    # Then the node is untouched; the user still sees it
+    assert [(n.name, n.admin_state) for n in user.nodes()] == [("n1", "READY")]
+    # And the operator may cordon it, recorded as done by the operator
+    cordoned = operator.cordon("n1", "disk swap")
+    assert (cordoned.admin_state, cordoned.reason, cordoned.changed_by) == ("CORDONED", "disk swap", "op")
+    # And the operator sees every tenant's jobs; the user only its own
+    job = api.client(api.token_for("v", "b")).submit(spec("other"))
+    assert [j.id for j in operator.listing()] == [job.id] and user.listing() == []
+
+
+def register_node(api: Api, name: str) -> None:
+    """A node as its agent's heartbeat registers it (no agent needed to cordon it)."""
+    client = redis.Redis.from_url(api.redis_url, decode_responses=True)
+    info = NodeInfo(gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated")
+    NodeStore(client, Keys()).heartbeat(name, "agent-1", 30, time.time(), info)
+    client.close()
+
+
+def test_a_revoked_or_expired_token_is_refused(api: Api, client: Client) -> None:
+    # Given a token issued through the API, and one that expires in a second
+    token, info = client.create_token("carol", "a", "user")
+    short = api.token_for("dave", "a", expires_in_s=1)
+    carol = api.client(token)
+    assert carol.whoami().user == "carol" and api.client(short).whoami().user == "dave"
+    # Then the admin sees both listed, never the tokens themselves
+    listed = {t.id: t for t in client.tokens()}
+    assert listed[info.id].user == "carol" and listed[info.id].created_by == "tester"
+    assert token not in json.dumps([t.model_dump() for t in listed.values()])
+    # When one is revoked and the other expires
+    assert client.revoke_token(info.id).id == info.id
+    time.sleep(1.2)
+    # Then both are refused with 401, and so is no token, or a made-up one
+    for refused in (token, short, "fleet_000000000000_" + "x" * 43, "nonsense"):
+        with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
+            api.client(refused).whoami()
+    with pytest.raises(NotFound, match="no token"):
+        client.revoke_token(info.id)
+    anonymous = urllib.request.Request(f"{api.url}/v1/jobs")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(anonymous, timeout=10)
+    assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"] == "Bearer"
+    assert json.loads(refused.value.read())["error"] == "Unauthorized"
+
+
+def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tmp_path: Path) -> None:
+    # Given a token made on a server that holds the Redis credentials (how the first admin's is made)
+    made = subprocess.run(
+        [sys.executable, "-m", "fleet", "token", "create", "--user", "erin", "--tenant", "a", "--direct"],
+        env={**os.environ, "FLEET_REDIS_URL": api.redis_url}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("fleet_") and "Shown once" in made.stderr
+    # When a user logs in with it (token on stdin, never in argv) and uses the CLI
+    creds = tmp_path / "creds.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_CREDENTIALS"] = str(creds)
+    login = subprocess.run([sys.executable, "-m", "fleet", "login", api.url], input=token + "\n", env=env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert login.returncode == 0, login.stderr
+    assert "as erin (tenant a, role user)" in login.stdout
+    run = subprocess.run([sys.executable, "-m", "fleet", "submit", "--", "sleep", "600"], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    who = subprocess.run([sys.executable, "-m", "fleet", "whoami", "-o", "json"], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    # Then it works from the credentials file alone, which only its owner can read and which holds
+    # the API's URL and the token, and no Redis URL or password
+    assert run.returncode == 0, run.stderr
+    assert api.client().get(run.stdout.strip()).spec.tenant == "a"
+    assert json.loads(who.stdout)["user"] == "erin"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+    assert json.loads(creds.read_text()) == {"url": api.url, "token": token, "ca_file": None}
+    assert "redis" not in creds.read_text().lower()
+    # And a user's token may not drain (exit 8, saying what is missing)
+    drained = subprocess.run([sys.executable, "-m", "fleet", "drain", "n1"], env=env, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert drained.returncode == 8 and "needs role operator" in drained.stderr
+    # And logging out forgets it
+    assert subprocess.run([sys.executable, "-m", "fleet", "logout"], env=env, timeout=60).returncode == 0
+    gone = subprocess.run([sys.executable, "-m", "fleet", "jobs"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert gone.returncode == 2 and "no fleet API: run `fleet login URL`" in gone.stderr
+
+
+def test_token_commands_through_the_api(api: Api) -> None:
+    made = fleet(api, "token", "create", "--user", "frank", "--tenant", "b", "--role", "operator",
+                 "--expires", "2h", "-o", "json")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    issued = json.loads(made.stdout)
+    assert (issued["info"]["role"], issued["info"]["created_by"]) == ("operator", "tester")
+    assert 7100 < issued["info"]["expires_at"] - time.time() <= 7200
+    listed = fleet(api, "token", "list")
+    assert "frank" in listed.stdout and issued["token"] not in listed.stdout
+    assert fleet(api, "token", "revoke", issued["info"]["id"]).returncode == 0
+    refused = fleet(api, "jobs", token=issued["token"])
+    assert refused.returncode == 8 and "unknown, revoked or expired" in refused.stderr
+    bad = fleet(api, "token", "create", "--user", "x y", "--tenant", "b")
+    assert bad.returncode == 2 and "user" in bad.stderr
+
+
+def test_the_api_describes_itself(api: Api) -> None:
+    with urllib.request.urlopen(f"{api.url}/openapi.json", timeout=10) as answer:
+        paths = json.loads(answer.read())["paths"]
+    assert {"/v1/jobs", "/v1/jobs/{job_id}/logs", "/v1/drain", "/v1/tokens"} <= set(paths)
+
+
+def test_https_with_a_certificate_the_client_verifies(api: Api, tmp_path: Path) -> None:
+    need(shutil.which("openssl") is not None, "openssl not installed")
+    # Given the API serving HTTPS with a certificate for 127.0.0.1 signed by nobody the system trusts
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True, timeout=60)  # fmt: skip
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "api",
+        "--port",
+        str(port),
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    ]
+    env = {**os.environ, "FLEET_REDIS_URL": api.redis_url}
+    server = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        trusting = Client(url, api.token, ca_file=str(cert))
+        api.clients.append(trusting)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                # Then a client given the CA talks to it
+                assert trusting.whoami().user == "tester"
+                break
+            except Exception:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.1)
+        # And one that is not refuses it, saying how to fix it
+        untrusting = Client(url, api.token)
+        api.clients.append(untrusting)
+        with pytest.raises(ConfigError, match=r"certificate cannot be verified .*FLEET_CA_FILE"):
+            untrusting.whoami()
+        trusting.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
