@@ -7,10 +7,12 @@ The Redis password never goes into fleet.toml nor onto a command line: it is rea
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +20,8 @@ from urllib.parse import urlsplit
 from fleet.errors import ConfigError
 
 SERVICES = ("agent", "controller")
+#: the Redis ACL users of config/users.acl that log in, each with a password of its own
+ACL_USERS = ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,23 @@ def read_password(source: str) -> str:
     if not password or "\n" in password or "\x00" in password:
         raise ConfigError("--redis-password-file: expected one line holding the password")
     return password
+
+
+def render_acl(template: str, passwords: Mapping[str, str]) -> str:
+    """``template`` (config/users.acl, where no user has a password) with each user of ``passwords``
+    given its password as a SHA-256 (``#<hex>``): the file Redis reads holds no password."""
+    left, lines = dict(passwords), []
+    for line in template.splitlines():
+        words = line.split(" ")
+        if words[0] == "user" and words[1] in left and "resetpass" in words:
+            digest = hashlib.sha256(left.pop(words[1]).encode()).hexdigest()
+            words.insert(words.index("resetpass") + 1, f"#{digest}")
+        lines.append(" ".join(words))
+    if left:
+        raise ConfigError(
+            f"users.acl has no line 'user NAME ... resetpass ...' for {', '.join(sorted(left))}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _env_line(name: str, value: str) -> str:
