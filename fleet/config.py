@@ -125,7 +125,11 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, defer_build=True)
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: the Redis ACL user (fleet-controller, fleet-agent, fleet-api: config/users.acl); None: default
+    redis_username: str | None = Field(default=None, pattern=r"^[!-~]{1,128}$")
     redis_password: SecretStr | None = None
+    #: a file whose one line is the password, read when a service connects (systemd's LoadCredential)
+    redis_password_file: Path | None = None
     bus_db: int = Field(default=1, ge=0, le=15)
     #: safety net: an idle consumer, woken by each send, still fetches this often (see fleet.bus.wake)
     bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)
@@ -146,6 +150,15 @@ class Settings(BaseModel):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
 
+    @model_validator(mode="after")
+    def _one_password_source(self) -> Settings:
+        if self.redis_password is not None and self.redis_password_file is not None:
+            raise ValueError(
+                "redis_password (FLEET_REDIS_PASSWORD) and redis_password_file (FLEET_REDIS_PASSWORD_FILE) "
+                "are both set: give one"
+            )
+        return self
+
     def redis_url_for(self, db: int | None = None) -> str:
         """The Redis URL with the logical DB swapped in. Credentials are never spliced into it:
         :meth:`redis_password_for` passes them to the client separately, so a password holding
@@ -155,12 +168,33 @@ class Settings(BaseModel):
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
 
     def redis_password_for(self) -> str | None:
-        """``redis_password`` (``FLEET_REDIS_PASSWORD``), else None: a password in the URL applies."""
+        """``redis_password`` (``FLEET_REDIS_PASSWORD``), or the one line of ``redis_password_file``,
+        else None: a password in the URL applies."""
+        if self.redis_password_file is not None:
+            return read_secret(self.redis_password_file, "redis_password_file")
         return self.redis_password.get_secret_value() if self.redis_password is not None else None
+
+    def redis_credentials(self) -> dict[str, str]:
+        """``username`` and ``password`` keyword arguments for redis-py, those that are set. Given
+        apart from the URL, never spliced into it; a username or password the URL holds wins."""
+        found = {"username": self.redis_username, "password": self.redis_password_for()}
+        return {name: value for name, value in found.items() if value is not None}
 
     @property
     def redis_display(self) -> str:
         return redact(self.redis_url)
+
+
+def read_secret(path: Path, setting: str) -> str:
+    """The one line of a secret file; errors name the file, never what it holds."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot read {path}: {exc.strerror}") from None
+    secret = text.rstrip("\r\n")
+    if not secret or "\n" in secret or "\x00" in secret:
+        raise ConfigError(f"{setting}: {path} must hold one line, the password")
+    return secret
 
 
 def redact(url: str) -> str:

@@ -1,16 +1,23 @@
-"""``fleet install agent|controller``: write the config and systemd unit, then enable and start it.
+"""``fleet install agent|controller``: write the config and systemd unit, then enable and start it;
+``fleet install redis``: write Redis' config and its users, each with a password generated here.
 
 With ``--root DIR`` everything goes under DIR and systemctl is not called (packaging, tests).
-The Redis password never goes into fleet.toml nor onto a command line: it is read from a file
-(or standard input) and written to a root-only ``fleet.env``.
+A Redis password never goes into fleet.toml, onto a command line or into the environment: a service's
+is read from a file (or standard input) and written to a root-only ``redis-<service>.password``,
+which its unit hands to the service alone (systemd ``LoadCredential=``), with the service's Redis
+user (``fleet-<service>``, config/users.acl) as ``FLEET_REDIS_USERNAME``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,14 +25,24 @@ from urllib.parse import urlsplit
 from fleet.errors import ConfigError
 
 SERVICES = ("agent", "controller")
+#: the Redis ACL users of config/users.acl that log in, each with a password of its own
+ACL_USERS = ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api")
 
 
 @dataclass(frozen=True)
 class Installed:
     unit: Path
     config: Path
-    env: Path | None
+    secret: Path | None
     started: bool
+
+
+#: a drop-in of the service's unit: its Redis user, and its password file readable by it alone
+_CREDENTIALS = """[Service]
+LoadCredential=redis-password:/etc/fleet/redis-{service}.password
+Environment=FLEET_REDIS_USERNAME={username}
+Environment=FLEET_REDIS_PASSWORD_FILE=%d/redis-password
+"""
 
 
 def _template(name: str) -> str:
@@ -65,44 +82,88 @@ def read_password(source: str) -> str:
     return password
 
 
-def _env_line(name: str, value: str) -> str:
-    """A systemd EnvironmentFile line; double quotes keep spaces, '#' and '$' literal."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{name}="{escaped}"\n'
+def render_acl(template: str, passwords: Mapping[str, str]) -> str:
+    """``template`` (config/users.acl, where no user has a password) with each user of ``passwords``
+    given its password as a SHA-256 (``#<hex>``): the file Redis reads holds no password."""
+    left, lines = dict(passwords), []
+    for line in template.splitlines():
+        words = line.split(" ")
+        if words[0] == "user" and words[1] in left and "resetpass" in words:
+            digest = hashlib.sha256(left.pop(words[1]).encode()).hexdigest()
+            words.insert(words.index("resetpass") + 1, f"#{digest}")
+        lines.append(" ".join(words))
+    if left:
+        raise ConfigError(
+            f"users.acl has no line 'user NAME ... resetpass ...' for {', '.join(sorted(left))}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner alone (0600), never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
+        f.write(text)
+
+
+def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None]:
+    """Write ``/etc/fleet/redis.conf`` and ``users.acl`` with a generated password per user, each
+    password into ``/etc/fleet/redis-passwords/<user>.password`` (0600) for the operator to hand
+    to the services. An existing users.acl is kept (its users' passwords are in use): returns the
+    ACL file and the folder of new passwords, None when none were made."""
+    etc = root / "etc" / "fleet"
+    etc.mkdir(parents=True, exist_ok=True)
+    conf, acl = etc / "redis.conf", etc / "users.acl"
+    if not conf.exists():
+        conf.write_text(_template("redis.conf"))
+    if acl.exists():
+        return acl, None
+    passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
+    folder = etc / "redis-passwords"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for user, password in passwords.items():
+        _write_private(folder / f"{user}.password", password + "\n")
+    _write_private(acl, render_acl(_template("users.acl"), passwords))
+    return acl, folder
 
 
 def install(
-    service: str, root: Path = Path("/"), redis_url: str | None = None, password: str | None = None
-) -> Installed:
+    service: str, root: Path = Path("/"), redis_url: str | None = None, password: str | None = None,
+    username: str | None = None,
+) -> Installed:  # fmt: skip
     if service not in SERVICES:
         raise ConfigError(f"service: {service!r} is not one of {', '.join(SERVICES)}")
     if redis_url:
         check_url(redis_url)
+    if username is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", username):
+        raise ConfigError(f"--redis-username: {username!r} is not a Redis user name (letters, digits, _ . -)")
     etc = root / "etc" / "fleet"
     etc.mkdir(parents=True, exist_ok=True)
     config = etc / "fleet.toml"
-    env: Path | None = None
+    secret: Path | None = None
     if not config.exists():
         text = _template("fleet.toml")
         if redis_url:
             text = text.replace('redis_url = "redis://127.0.0.1:6379/0"', f"redis_url = {redis_url!r}")
         config.write_text(text)
-    if password is not None:
-        env = etc / "fleet.env"
-        fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(fd, 0o600)
-            f.write(_env_line("FLEET_REDIS_PASSWORD", password))
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     unit.parent.mkdir(parents=True, exist_ok=True)
     unit.write_text(_template(unit_name).replace("@FLEET@", fleet_executable()))
+    if password is not None:
+        secret = etc / f"redis-{service}.password"
+        _write_private(secret, password + "\n")
+        dropin = unit.parent / f"{unit_name}.d"
+        dropin.mkdir(exist_ok=True)
+        text = _CREDENTIALS.format(service=service, username=username or f"fleet-{service}")
+        (dropin / "redis.conf").write_text(text)
     started = False
     if root == Path("/") and shutil.which("systemctl"):
         subprocess.run(["systemctl", "daemon-reload"], check=True)
         subprocess.run(["systemctl", "enable", "--now", unit_name], check=True)
         started = True
-    return Installed(unit=unit, config=config, env=env, started=started)
+    return Installed(unit=unit, config=config, secret=secret, started=started)
 
 
 def uninstall(service: str, root: Path = Path("/")) -> Path:
@@ -113,6 +174,7 @@ def uninstall(service: str, root: Path = Path("/")) -> Path:
     if systemd:
         subprocess.run(["systemctl", "disable", "--now", unit_name], check=False)
     unit.unlink(missing_ok=True)
+    shutil.rmtree(unit.parent / f"{unit_name}.d", ignore_errors=True)
     if systemd:
         subprocess.run(["systemctl", "daemon-reload"], check=False)
     return unit

@@ -1,7 +1,10 @@
 """Every Redis key fleet uses, in one place.
 
 State lives in the configured logical DB under ``<prefix>:``; the dramatiq bus lives in its own
-logical DB (``bus_db``) so that dramatiq's ``KEYS``-based maintenance never scans job data.
+logical DB (``bus_db``) so that dramatiq's maintenance, which scans the DB's key names (SCAN in
+fleet's copy of its dispatch script, ``fleet.bus.broker.dispatch_script``), never scans job data.
+Redis ACL users (config/users.acl) are granted ``~fleet ~fleet:*`` in every DB: dramatiq passes its
+namespace, ``fleet``, as a key; key patterns are not per-DB.
 
 | key                               | type   | holds                                                   |
 |-----------------------------------|--------|---------------------------------------------------------|

@@ -12,6 +12,7 @@ Consumers block instead of polling: see :mod:`fleet.bus.wake`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import MAINTENANCE_COMMAND_BLACKLIST, RedisBroker, _RedisConsumer
+from dramatiq.brokers.redis import MAINTENANCE_COMMAND_BLACKLIST, RedisBroker, _RedisConsumer, _scripts
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import Middleware, Retries
 from dramatiq.worker import ConsumerThread, _WorkerMiddleware
@@ -205,6 +206,30 @@ def undecodable(exc: DecodeError) -> str:
     return f"not a dramatiq message ({type(cause).__name__}: {cause}): {exc.data[:80]!r}".replace("\n", " ")
 
 
+_KEYS_CALL = 'local ack_queues = redis.call("keys", dead_worker_acks .. "*")'
+_SCAN_LOOP = """local ack_queues, cursor = {}, "0"
+        repeat
+            local page = redis.call("scan", cursor, "match", dead_worker_acks .. "*", "count", 1000)
+            cursor, ack_queues = page[1], page[2]
+        until cursor == "0" or next(ack_queues)"""
+
+
+@functools.cache
+def dispatch_script() -> str:
+    """dramatiq's dispatch.lua with its one KEYS call replaced by a SCAN loop, same answer.
+
+    Its maintenance asks whether a dead broker still holds fetched messages of any queue
+    (``KEYS <namespace>:__acks__.<broker id>*``). KEYS is in Redis' ``@dangerous`` category: a
+    user allowed it may block Redis listing every key of any DB. With SCAN the services' ACL users
+    (config/users.acl) need no KEYS; the scan walks only the bus DB, which holds a few keys per queue.
+    """
+    script = _scripts["dispatch"]  # dramatiq reads its scripts as bytes
+    text = script.decode() if isinstance(script, bytes) else script
+    if text.count(_KEYS_CALL) != 1:  # a dramatiq upgrade changed the script: look again, do not guess
+        raise RuntimeError("dramatiq's dispatch.lua no longer has the one KEYS call fleet replaces")
+    return text.replace(_KEYS_CALL, _SCAN_LOOP)
+
+
 class _Broker(RedisBroker):
     """dramatiq's Redis broker with fleet's consumer, wake-ups after each enqueue, no delay queues.
 
@@ -216,6 +241,7 @@ class _Broker(RedisBroker):
         self, *, poll_ms: int, blocking_client: Callable[[float], redis.Redis], **options: Any
     ) -> None:
         super().__init__(**options)  # type: ignore[no-untyped-call]
+        self.scripts["dispatch"] = self.client.register_script(dispatch_script())
         self.poll_s = poll_ms / 1000
         #: a client on a connection of its own, with this socket timeout (s), for a consumer's BLPOP
         self.blocking_client = blocking_client

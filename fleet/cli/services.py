@@ -45,7 +45,10 @@ def register(sub: Any) -> None:
              ("uninstall", "stop, disable and remove the systemd unit (config is kept)"))  # fmt: skip
     for verb, what in verbs:
         p = sub.add_parser(verb, help=f"{what} (bare metal)")
-        p.add_argument("service", choices=["agent", "controller"])
+        services = ["agent", "controller", "redis"] if verb == "install" else ["agent", "controller"]
+        p.add_argument(
+            "service", choices=services, help="redis: write /etc/fleet/redis.conf, users.acl, passwords"
+        )
         p.add_argument("--root", default="/", help="install under this directory instead of / (no systemctl)")
         if verb == "install":
             p.add_argument(
@@ -53,7 +56,12 @@ def register(sub: Any) -> None:
             )
             p.add_argument(
                 "--redis-password-file", metavar="FILE",
-                help="file holding the Redis password (- reads stdin); it goes to a 0600 fleet.env",
+                help="file holding the service's Redis password (- reads stdin); it goes to a 0600 "
+                "/etc/fleet/redis-SERVICE.password that only the service is given",
+            )  # fmt: skip
+            p.add_argument(
+                "--redis-username", metavar="USER",
+                help="the service's Redis ACL user (default fleet-SERVICE; 'default' for requirepass)",
             )  # fmt: skip
         p.set_defaults(handler=install if verb == "install" else uninstall)
 
@@ -162,14 +170,33 @@ def install(args: argparse.Namespace) -> int:
     from fleet.install import install as do_install
     from fleet.install import read_password
 
+    if args.service == "redis":
+        return _install_redis(Path(args.root))
     password = read_password(args.redis_password_file) if args.redis_password_file else None
-    done = do_install(args.service, Path(args.root), args.redis_url, password)
-    print(f"wrote {done.unit}\nconfig {done.config}" + (f"\nsecrets {done.env} (0600)" if done.env else ""))
+    done = do_install(args.service, Path(args.root), args.redis_url, password, args.redis_username)
+    print(f"wrote {done.unit}\nconfig {done.config}")
+    if done.secret:
+        print(f"secret {done.secret} (0600), given to the service alone (LoadCredential=)")
     print(
         f"started fleet-{args.service}"
         if done.started
         else "not started (use systemctl, or --root was given)"
     )
+    return 0
+
+
+def _install_redis(root: Path) -> int:
+    from fleet.install import install_redis
+
+    acl, passwords = install_redis(root)
+    conf = acl.parent / "redis.conf"
+    print(f"wrote {conf}: start Redis with it (redis-server {conf})")
+    if passwords is None:
+        print(f"kept {acl} and its users' passwords")
+        return 0
+    print(f"wrote {acl} (0600; chown it to the user Redis runs as)")
+    print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
+          "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
     return 0
 
 

@@ -22,12 +22,10 @@ def connect(settings: Settings, db: int | None = None) -> redis.Redis:
 
 
 def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.ConnectionPool:
-    """A connection pool for ``db`` with the password passed apart from the URL (never spliced in);
-    ``options`` override the default timeouts."""
-    password = settings.redis_password_for()
-    if password is not None:
-        options["password"] = password
-    options = {"socket_connect_timeout": 2, "socket_timeout": 5, "health_check_interval": 10, **options}
+    """A connection pool for ``db`` with the ACL username and password passed apart from the URL
+    (never spliced in); ``options`` override the default timeouts."""
+    defaults = {"socket_connect_timeout": 2, "socket_timeout": 5, "health_check_interval": 10}
+    options = {**defaults, **settings.redis_credentials(), **options}
     return redis.ConnectionPool.from_url(settings.redis_url_for(db), **options)
 
 

@@ -46,6 +46,37 @@ def test_password_comes_from_env_and_is_never_displayed(monkeypatch: pytest.Monk
     assert load_settings(redis_url="redis://u:pw@h:1/0").redis_display == "redis://u:***@h:1/0"
 
 
+def test_a_service_logs_in_as_its_acl_user_with_a_password_from_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the username from the environment and the password in a file (as systemd's LoadCredential)
+    secret = tmp_path / "redis-password"
+    secret.write_text("p@ss/w#rd\n")
+    monkeypatch.setenv("FLEET_REDIS_USERNAME", "fleet-agent")
+    monkeypatch.setenv("FLEET_REDIS_PASSWORD_FILE", str(secret))
+    settings = load_settings()
+    # Then both go to redis-py as keyword arguments, the file's line without its newline
+    assert settings.redis_credentials() == {"username": "fleet-agent", "password": "p@ss/w#rd"}
+    assert "p@ss" not in repr(settings) + settings.redis_url_for(1)
+    # And a file the service cannot read is named, with why, at connect time
+    secret.unlink()
+    with pytest.raises(ConfigError, match=r"redis_password_file: cannot read .*redis-password: No such file"):
+        settings.redis_credentials()
+
+
+def test_a_password_from_both_the_environment_and_a_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_REDIS_PASSWORD", "a")
+    monkeypatch.setenv("FLEET_REDIS_PASSWORD_FILE", str(tmp_path / "pw"))
+    with pytest.raises(ConfigError, match="are both set: give one"):
+        load_settings()
+
+
+def test_no_credentials_means_the_default_user() -> None:
+    assert load_settings().redis_credentials() == {}
+
+
 def test_environment_names_are_case_insensitive_and_lists_or_sections_are_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

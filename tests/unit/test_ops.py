@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import socket
 import stat
@@ -64,18 +65,42 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     argv = ["install", "agent", "--root", str(tmp_path), "--redis-url", "redis://10.0.0.5:6379/0"]
     assert main([*argv, "--redis-password-file", str(secret)]) == 0
     unit = (tmp_path / "etc/systemd/system/fleet-agent.service").read_text()
+    dropin = (tmp_path / "etc/systemd/system/fleet-agent.service.d/redis.conf").read_text()
     config = tmp_path / "etc/fleet/fleet.toml"
-    env = tmp_path / "etc/fleet/fleet.env"
+    password = tmp_path / "etc/fleet/redis-agent.password"
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "KillMode=process" in unit
     assert "ExecStart=/" in unit and " agent --config /etc/fleet/fleet.toml" in unit
-    assert "cret" not in config.read_text()
+    assert 's3"cret' not in config.read_text() + unit + dropin
+    # the service gets its password as a file only it can read, and logs in as its own Redis user
+    assert password.read_text() == 's3"cret#x\n' and stat.S_IMODE(password.stat().st_mode) == 0o600
+    assert "LoadCredential=redis-password:/etc/fleet/redis-agent.password" in dropin
     assert (
-        env.read_text() == 'FLEET_REDIS_PASSWORD="s3\\"cret#x"\n'
-        and stat.S_IMODE(env.stat().st_mode) == 0o600
+        "FLEET_REDIS_USERNAME=fleet-agent" in dropin
+        and "FLEET_REDIS_PASSWORD_FILE=%d/redis-password" in dropin
     )
     assert load_settings(config).redis_url == "redis://10.0.0.5:6379/0"
     assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service").exists() and config.exists()
+    assert not (tmp_path / "etc/systemd/system/fleet-agent.service.d").exists()
+
+
+def test_install_redis_writes_users_with_generated_passwords_only_as_hashes(tmp_path: Path) -> None:
+    # When an operator installs Redis' config
+    assert main(["install", "redis", "--root", str(tmp_path)]) == 0
+    etc = tmp_path / "etc/fleet"
+    acl = (etc / "users.acl").read_text()
+    # Then each user has a password of its own, in a 0600 file, and users.acl holds only its SHA-256
+    for user in ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api"):
+        file = etc / "redis-passwords" / f"{user}.password"
+        password = file.read_text().rstrip("\n")
+        assert len(password) >= 40 and stat.S_IMODE(file.stat().st_mode) == 0o600
+        assert password not in acl
+        assert f"user {user} on resetpass #{hashlib.sha256(password.encode()).hexdigest()} " in acl
+    assert "user default off " in acl and stat.S_IMODE((etc / "users.acl").stat().st_mode) == 0o600
+    assert "aclfile /etc/fleet/users.acl" in (etc / "redis.conf").read_text()
+    # And installing again keeps the users (services already use their passwords)
+    assert main(["install", "redis", "--root", str(tmp_path)]) == 0
+    assert (etc / "users.acl").read_text() == acl
 
 
 def test_install_refuses_a_password_on_the_command_line(
@@ -91,8 +116,13 @@ def test_install_refuses_a_password_on_the_command_line(
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     need(shutil.which("systemd-analyze") is not None, "systemd-analyze missing (apt-get install systemd)")
+    secret = tmp_path / "pw"
+    secret.write_text("pw\n")
     for service in ("agent", "controller"):
-        assert main(["install", service, "--root", str(tmp_path)]) == 0
+        assert main(["install", service, "--root", str(tmp_path), "--redis-password-file", str(secret)]) == 0
+        # verify reads drop-ins from the system's folders only: check the unit with its own appended
+        unit = tmp_path / f"etc/systemd/system/fleet-{service}.service"
+        unit.write_text(unit.read_text() + (unit.parent / f"{unit.name}.d" / "redis.conf").read_text())
     units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
     done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
                           env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
