@@ -52,6 +52,8 @@ class RunningJob:
     preemptible: bool = True
     #: already asked to stop (drain, cancel, preemption): its GPUs come free anyway
     stopping: bool = False
+    #: the waiting job it is being stopped for, or ""
+    preempted_for: str = ""
 
     @property
     def uuids(self) -> frozenset[str]:

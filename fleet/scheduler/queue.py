@@ -24,6 +24,9 @@ from fleet.scheduler.fairshare import FairShare
 from fleet.scheduler.snapshot import ARRAY, TENANT, PendingJob, Placement, Plan, Shape
 
 BACKOFF = "waiting out its retry backoff"
+#: a shape that found no room names its best few jobs in ``Plan.blocked``: a tenant short of its
+#: guarantee by several GPUs preempts for several jobs in one pass, not one job per pass
+BLOCKED_PER_SHAPE = 4
 Entry = tuple[tuple[int, int], str]
 
 
@@ -176,7 +179,8 @@ class PendingQueue:
             why, later = capacity.explain(job)
             capacity.reserve_for(job, later)
             self._give_reason(job.shape, why, plan)
-            plan.blocked.append(job.id)
+            entries = self._shapes[job.shape]
+            plan.blocked.extend(job_id for _, job_id in reversed(entries[-BLOCKED_PER_SHAPE:]))
             return False
         self._placed(job, placements, fair, left, plan)
         return True
@@ -184,6 +188,7 @@ class PendingQueue:
     def _placed(self, job: PendingJob, placements: list[Placement], fair: FairShare, left: dict[str, int],
                 plan: Plan) -> None:  # fmt: skip
         plan.placements.extend(placements)
+        plan.jobs[job.id] = job
         fair.add(job, len(placements))
         if job.array is not None and job.array in left:
             left[job.array] -= 1

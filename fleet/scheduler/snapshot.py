@@ -101,8 +101,10 @@ class Placement:
 @dataclass
 class Plan:
     placements: list[Placement] = field(default_factory=list)
+    #: the jobs placed, by id
+    jobs: dict[str, PendingJob] = field(default_factory=dict)
     #: job id -> why it was not placed this pass (only jobs whose reason changed, in a core's pass)
     waiting: dict[str, str] = field(default_factory=dict)
-    #: the best job of each shape that found no room this pass (not those held back by a limit or a
+    #: the best jobs of each shape that found no room this pass (not those held back by a limit or a
     #: backoff), in the order the pass tried them: what a preemption could be for
     blocked: list[str] = field(default_factory=list)

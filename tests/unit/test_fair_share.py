@@ -91,7 +91,7 @@ def test_a_tenant_over_its_share_still_fills_gpus_nobody_else_can_use() -> None:
     plan = schedule(Snapshot(tuple(pending), nodes), 0, fair=f)
     # Then a's jobs take the GPUs b cannot use (backfill), but not those of n0, kept for b's big job
     assert sorted((p.job_id, p.node) for p in plan.placements) == [("a0", "n1"), ("a1", "n1")]
-    assert plan.blocked == ["big", "a2"] and "reserved for a higher-ranked job" in plan.waiting["a2"]
+    assert plan.blocked == ["big", "a2", "a3"] and "reserved for a higher-ranked job" in plan.waiting["a2"]
 
 
 def test_fair_shares_in_gpus_give_guarantees_then_split_the_rest_by_weight() -> None:
