@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from fleet.models import Tenant
-from fleet.scheduler import FairShare, GpuSlot, NodeView, PendingJob, Preemption, RunningJob, Use, preemptions
+from fleet.scheduler import (
+    Capacity,
+    FairShare,
+    GpuSlot,
+    NodeView,
+    PendingJob,
+    PendingQueue,
+    Preemption,
+    RunningJob,
+    Use,
+    preemptions,
+)
 
 NOW = 10_000.0
 
@@ -138,3 +149,21 @@ def test_two_waiting_jobs_never_count_on_the_same_victim() -> None:
     # and b, once at its guarantee, preempts no more
     three = [*waiting, PendingJob("b2", 0, 10, 1, tenant="b")]
     assert len(decide(three, jobs, views, Tenant(name="b", guaranteed_gpus=2))) == 2
+
+
+def test_gpus_freed_by_a_preemption_wait_for_the_job_it_was_for() -> None:
+    # Given b's 2-GPU job that preempted two 1-GPU jobs: one has stopped (n-g0 free), one is stopping
+    views = nodes(("n", 4, {1: "v1", 2: "x", 3: "y"}))
+    held = {"w": {"n-g0", "n-g1"}}
+    queue = PendingQueue([PendingJob("w", 0, 5, 2, tenant="b"), PendingJob("small", 9, 1, 1, tenant="a")])
+    # When a pass runs, Then the free GPU is not given to a's small job, older and more urgent as it is
+    plan = queue.schedule(Capacity(views), NOW, held=held)
+    assert plan.placements == [] and "small" in plan.waiting
+    # (without the hold it would have been)
+    assert [
+        p.job_id for p in PendingQueue(queue.jobs.values()).schedule(Capacity(views), NOW).placements
+    ] == ["small"]
+    # When the second victim has stopped too, Then the job it was for goes first, on the freed GPUs
+    views = nodes(("n", 4, {2: "x", 3: "y"}))
+    plan = queue.schedule(Capacity(views), NOW, held=held)
+    assert [(p.job_id, p.gpus) for p in plan.placements] == [("w", ("n-g0", "n-g1"))]
