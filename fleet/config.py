@@ -50,6 +50,13 @@ class ControllerSettings(_Section):
     #: the node label whose value groups nodes close to each other (a rack, a switch): a
     #: multi-node job goes to nodes of one group when one group can hold it
     topology_label: str = Field(default="rack", max_length=64)
+    #: fair share counts past GPU use with each second's weight halving this often (Slurm's
+    #: PriorityDecayHalfLife); the leader folds the allocation into it every usage_interval_s
+    fair_share_half_life_s: float = Field(default=7 * DAY, gt=0)
+    usage_interval_s: float = Field(default=10.0, gt=0, description="also how often tenants are re-read")
+    #: stop jobs of tenants above their fair share for a tenant below its guarantee (and, within a
+    #: tenant, lower-priority jobs for higher-priority ones)
+    preemption: bool = True
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
     retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
 

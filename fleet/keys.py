@@ -35,6 +35,13 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
+| ``<p>:metrics:preemptions``       | hash   | tenant -> jobs of it preempted (``fleet_preemptions``)  |
+| ``<p>:tenants``                   | hash   | tenant name -> its policy (Tenant JSON); no record:     |
+|                                   |        | the default policy                                      |
+| ``<p>:tenants:usage``             | hash   | tenant -> decayed GPU-seconds, and ``@at`` -> when the  |
+|                                   |        | leader last folded the allocation in (fair share)       |
+| ``<p>:tenants:status``            | hash   | tenant -> TenantStatus JSON the leader last published,  |
+|                                   |        | and ``@at``; rewritten whole each time                  |
 | ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
@@ -53,6 +60,8 @@ Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
 holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept.
+Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
+decayed below one GPU-second, and its status entry once it has neither jobs nor a record.
 
 In the bus DB fleet adds two lists, so that idle consumers block instead of polling (``fleet.bus.wake``):
 
@@ -164,6 +173,22 @@ class Keys:
     @property
     def requeues(self) -> str:
         return f"{self.prefix}:metrics:requeues"
+
+    @property
+    def preemptions(self) -> str:
+        return f"{self.prefix}:metrics:preemptions"
+
+    @property
+    def tenants(self) -> str:
+        return f"{self.prefix}:tenants"
+
+    @property
+    def tenant_usage(self) -> str:
+        return f"{self.prefix}:tenants:usage"
+
+    @property
+    def tenant_status(self) -> str:
+        return f"{self.prefix}:tenants:status"
 
     @property
     def quarantined_jobs(self) -> str:

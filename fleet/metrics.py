@@ -24,6 +24,7 @@ from fleet.state.connection import used_memory
 if TYPE_CHECKING:
     from fleet.agent.service import Agent
     from fleet.state import JobStore, NodeStore
+    from fleet.state.tenants import TenantStore
 
 
 def serve(registry: CollectorRegistry, port: int, log: logging.Logger) -> None:
@@ -38,8 +39,8 @@ def serve(registry: CollectorRegistry, port: int, log: logging.Logger) -> None:
 
 
 class ControllerCollector(Collector):
-    def __init__(self, jobs: JobStore, nodes: NodeStore) -> None:
-        self.jobs, self.nodes = jobs, nodes
+    def __init__(self, jobs: JobStore, nodes: NodeStore, tenants: TenantStore | None = None) -> None:
+        self.jobs, self.nodes, self.tenants = jobs, nodes, tenants
 
     def collect(self) -> Iterator[Metric]:
         by_state = GaugeMetricFamily("fleet_jobs", "Jobs by state", labels=["state"])
@@ -60,6 +61,15 @@ class ControllerCollector(Collector):
         for kind, count in self.jobs.requeue_counts().items():
             requeues.add_metric([kind], count)
         yield requeues
+        if self.tenants is not None:
+            preempted = GaugeMetricFamily(
+                "fleet_preemptions",
+                "Jobs preempted since the fleet started, by their tenant",
+                labels=["tenant"],
+            )
+            for tenant, count in self.tenants.preemption_counts().items():
+                preempted.add_metric([tenant], count)
+            yield preempted
         memory = GaugeMetricFamily(
             "fleet_redis_memory_bytes", "Memory Redis holds for fleet's state and bus (INFO used_memory)"
         )
@@ -82,9 +92,11 @@ class ControllerCollector(Collector):
         yield states
 
 
-def controller_registry(jobs: JobStore, nodes: NodeStore) -> tuple[CollectorRegistry, Histogram]:
+def controller_registry(
+    jobs: JobStore, nodes: NodeStore, tenants: TenantStore | None = None
+) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry()
-    registry.register(ControllerCollector(jobs, nodes))
+    registry.register(ControllerCollector(jobs, nodes, tenants))
     latency = Histogram("fleet_schedule_pass_seconds", "Duration of a scheduling pass", registry=registry,
                         buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))  # fmt: skip
     return registry, latency

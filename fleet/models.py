@@ -147,6 +147,9 @@ class JobSpec(BaseModel):
         default_factory=dict, max_length=64
     )
     tenant: str = Field(default="default", pattern=_NAME)
+    #: False: a job of a tenant within its guarantee is never stopped to make room for another
+    #: (a tenant above its guarantee cannot shield its jobs with it)
+    preemptible: bool = True
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
 
     @field_validator("command")
@@ -226,19 +229,22 @@ class JobSpec(BaseModel):
             raise SpecError(describe_errors(exc)) from None
 
 
-def describe_errors(exc: ValidationError) -> str:
+def describe_errors(
+    exc: ValidationError, model: type[BaseModel] | None = None, what: str = "job spec"
+) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(part) for part in err["loc"]) or "spec"
         message = err["msg"]
         if err["type"] == "extra_forbidden":
-            message = f"unknown field; allowed fields: {', '.join(sorted(JobSpec.model_fields))}"
+            fields = (model or JobSpec).model_fields
+            message = f"unknown field; allowed fields: {', '.join(sorted(fields))}"
         elif err["type"] == "missing":
             message = "is required"
         elif "input" in err and err["type"] not in ("value_error",):
             message = f"{message} (got {_clip(repr(err['input']))})"
         lines.append(f"{field}: {message.removeprefix('Value error, ')}")
-    return "invalid job spec:\n  " + "\n  ".join(lines)
+    return f"invalid {what}:\n  " + "\n  ".join(lines)
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -291,6 +297,8 @@ class Job(BaseModel):
     cancel_requested: bool = False
     #: why fleet asked the attempt to stop for reasons not the job's (drain, preemption), or ""
     preempt: str = ""
+    #: the waiting job this attempt is being stopped for (a preemption), or ""
+    preempted_for: str = ""
     checkpoint: str | None = None
     seq: int = 0
     #: how an attempt ended, written before its container is removed (see JobStore.record_exit)
@@ -491,3 +499,62 @@ class TokenInfo(BaseModel):
     created_at: float
     expires_at: float | None = None
     created_by: str = ""
+
+
+#: a tenant's name becomes a Redis hash field and a metrics label: the rule of job names
+TENANT_NAME = _NAME
+
+
+class Tenant(BaseModel):
+    """A team's share of the fleet. A tenant with no record gets ``Tenant(name=...)``: no guarantee,
+    no limit, weight 1, so nobody is starved by forgetting to configure a team."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
+    #: GPUs the tenant gets first whenever it has work, preempting tenants above their fair share
+    guaranteed_gpus: int = Field(default=0, ge=0, le=1_000_000)
+    #: the most GPUs its jobs hold at once; None: no limit
+    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    #: its part of the capacity beyond the guarantees, relative to the other tenants' weights
+    weight: float = Field(default=1.0, gt=0, le=1_000_000)
+    #: seconds its jobs get between SIGTERM and SIGKILL when preempted, to checkpoint
+    preempt_grace_s: float = Field(default=120.0, ge=0, le=86_400)
+    #: seconds a job of this tenant runs before it may be preempted (so it checkpoints at least once)
+    min_run_s: float = Field(default=600.0, ge=0, le=30 * 86_400)
+
+    @model_validator(mode="after")
+    def _guarantee_within_max(self) -> Tenant:
+        if self.max_gpus is not None and self.guaranteed_gpus > self.max_gpus:
+            raise ValueError(
+                f"guaranteed_gpus ({self.guaranteed_gpus}) is above max_gpus ({self.max_gpus}): "
+                "a tenant cannot be guaranteed GPUs it may not use"
+            )
+        return self
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Tenant:
+        """Validate ``data``; raise :class:`SpecError` naming each bad field and what is allowed."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError(describe_errors(exc, cls, "tenant")) from None
+
+
+class TenantStatus(BaseModel):
+    """A tenant's policy and where it stands, as the leader last published it (``as_of``)."""
+
+    model_config = _LAZY
+
+    tenant: Tenant
+    #: False: no record, the default policy applies
+    configured: bool = True
+    gpus_used: int = 0
+    jobs_running: int = 0
+    jobs_pending: int = 0
+    #: the GPUs weighted fair share gives it now, given every tenant's demand (guarantee first, at
+    #: most its max and its demand)
+    fair_share_gpus: float = 0.0
+    #: GPU-seconds used, each second's weight halving every ``controller.fair_share_half_life_s``
+    usage_gpu_s: float = 0.0
+    as_of: float = 0.0

@@ -303,8 +303,9 @@ class Agent:
         if not self.logs.finish(job.id, job.attempt, timeout=10, rank=job.rank_on(self.node) or 0):
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
-            exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="drain",
-                        reason=f"{job.preempt}: {exit.reason}")  # fmt: skip
+            kind = "preempted" if job.preempted_for else "drain"
+            why = f"{job.preempt}: {exit.reason}"
+            exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind=kind, reason=why)
         self.jobs.record_exit(job, exit, self.clock())
         self.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)

@@ -6,6 +6,8 @@ reconcile (``reconcile.py``, pure) sorts jobs on nodes, nodes and claims into bu
 service executes: requeue jobs of lost nodes and launches past their deadline (without spending
 retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Retention (``retention.py``,
 pure) deletes jobs ``job_retention_s`` after they ended and nodes gone for ``node_retention_s``.
+Tenancy (``tenancy.py``) feeds each pass the tenants' policies, holdings and decayed usage, and after
+a pass the preemption policy may stop jobs for those it could not place (``_preempt``).
 Every write is fenced by the leader token; a refused one makes this controller step down at once.
 """
 
@@ -33,15 +35,17 @@ from fleet.config import Settings
 from fleet.controller import retention, snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
+from fleet.controller.tenancy import Tenancy
 from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
-from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan
+from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.records import JobBatch, NodeBatch
 from fleet.state.retention import RetentionStore
+from fleet.state.tenants import TenantStore
 
 log = logging.getLogger("fleet.controller")
 #: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
@@ -92,7 +96,12 @@ class Controller:
         self._next_resync = 0.0
         self._reload = False
         self._next_count = 0.0
-        self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes)
+        self.tenants = TenantStore(jobs.redis, jobs.keys)
+        self.tenancy = Tenancy(self.tenants, self.cfg)
+        #: the jobs the last pass could not place (what a preemption could be for)
+        self._blocked: list[str] = []
+        self._tenants_changed = False
+        self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
@@ -104,6 +113,7 @@ class Controller:
         periodic = [
             (self.reconcile, self.cfg.schedule_interval_s),
             (self.expire, self.cfg.retention_interval_s),
+            (self.refresh_tenants, self.cfg.usage_interval_s),
         ]
         next_run = [0.0] * len(periodic)
         self.notifier.ready(f"controller {self.id}")
@@ -198,7 +208,9 @@ class Controller:
     def schedule_pass(self) -> Plan:
         with self._pass_seconds.time():
             try:
-                return self._schedule_pass()
+                plan = self._schedule_pass()
+                self._preempt(self.clock())
+                return plan
             except NotLeader:
                 self._deposed()
                 return Plan()
@@ -210,9 +222,12 @@ class Controller:
         now = self.clock()
         if not self._refresh(now) and now < self.queue.next_due():
             return Plan()
-        plan = self.queue.schedule(Capacity(list(self._views.values())), now, self._array_room())
+        views = list(self._views.values())
+        held = self.tenancy.held(self.queue, now)
+        plan = self.queue.schedule(Capacity(views), now, self._array_room(), self.tenancy.fair(views), held)
         if not self.leading():
             return Plan()  # the lease may have lapsed during the pass: place nothing
+        self._blocked = plan.blocked
         self._apply(plan, now)
         self._due = self.queue.next_due()
         return plan
@@ -250,6 +265,8 @@ class Controller:
                 self._touched_nodes.update(p.node for p in members)  # their claims changed: read again
                 if not attempt:
                     self._touched_jobs.add(job_id)  # refused: see where the job stands now
+            if attempt:
+                self.tenancy.placed(plan.jobs[job_id], members, attempt)
             for p in members if attempt else ():
                 self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
         if plan.waiting:
@@ -267,7 +284,8 @@ class Controller:
             self._next_resync = time.monotonic() + self.cfg.resync_interval_s
             jobs |= self._resync_queue()
         queue_changed = self._load_jobs(jobs, now) if jobs else False
-        return self._refresh_nodes(nodes, now) | queue_changed
+        tenants_changed, self._tenants_changed = self._tenants_changed, False
+        return self._refresh_nodes(nodes, now) | queue_changed | tenants_changed
 
     def _queue_drifted(self) -> bool:
         """Each ``schedule_interval_s``, one cheap count: a submit whose message was lost shows up
@@ -291,6 +309,7 @@ class Controller:
         (STARTING, RUNNING) change nothing: freed GPUs come through the nodes' feed."""
         batch = self.jobs.read_many(ids)
         readable = self._readable(batch, now)
+        self.tenancy.observe(readable)
         queued = [j for j in readable if j.state == JobState.QUEUED]
         gone = [job_id for job_id in ids - {j.id for j in queued} if self.queue.discard(job_id) is not None]
         added = self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
@@ -326,6 +345,63 @@ class Controller:
         nodes.update({n.name: n for n in batch.nodes})
         self._views_changed |= views != self._views
         self._views, self._nodes = views, nodes
+
+    # -- tenancy -----------------------------------------------------------------------
+
+    def refresh_tenants(self) -> None:
+        """Re-read the tenants' policies, fold what runs into their usage, publish their status."""
+        try:
+            if self.tenancy.refresh(self.queue, list(self._views.values()), self.clock(), self._token()):
+                self._tenants_changed = True
+        except NotLeader:
+            self._deposed()
+
+    def _preempt(self, now: float) -> None:
+        """Stop the victims the policy picks for the jobs the last pass could not place."""
+        if not self._blocked or not self.cfg.preemption:
+            return
+        for preemption in self.tenancy.decide(self._blocked, self.queue, list(self._views.values()), now):
+            self._execute(preemption, now)
+
+    def _execute(self, preemption: Preemption, now: float) -> None:
+        """All the victims or none: each is read again first (it may have ended, or be younger than
+        the snapshot said); then SIGTERM with its tenant's grace to checkpoint, and the agent
+        requeues it without spending a retry, as for a drain."""
+        current = {
+            j.id: j for j in self._readable(self.jobs.read_many([v.id for v in preemption.victims]), now)
+        }
+        self.tenancy.observe(current.values())
+        if not all(self._still_victim(current.get(v.id), v.attempt, now) for v in preemption.victims):
+            return
+        stopped = []
+        for victim in preemption.victims:
+            job, reason = current[victim.id], preemption.reasons[victim.id]
+            grace = self.tenancy.policy(victim.tenant).preempt_grace_s
+            if not self.jobs.transition(
+                job.id, attempt=job.attempt, to=None, allowed=[JobState.RUNNING], now=now,
+                reason=f"{reason}: stopping with {grace:g}s to checkpoint", leader=self._token(),
+                fields={"preempt": reason, "preempted_for": preemption.job.id},
+            ):  # fmt: skip
+                continue
+            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
+            for node in job.nodes_held:
+                self.bus.send(node_queue(node), stop)
+            self.tenants.count_preemption(victim.tenant)
+            stopped.append(victim)
+            event(log, "job_preempted", job=job.id, attempt=job.attempt, tenant=victim.tenant,
+                  grace_s=f"{grace:g}", reason=reason)  # fmt: skip
+        if stopped:
+            self.tenancy.hold(preemption, stopped, now)
+
+    def _still_victim(self, job: Job | None, attempt: int, now: float) -> bool:
+        if job is None or job.attempt != attempt or job.state != JobState.RUNNING or job.started_at is None:
+            return False
+        ran = now - job.started_at
+        return (
+            not job.preempt
+            and not job.cancel_requested
+            and ran >= self.tenancy.policy(job.spec.tenant).min_run_s
+        )
 
     # -- unreadable records ------------------------------------------------------------
 
@@ -366,6 +442,7 @@ class Controller:
             nodes = self._read_nodes()
             jobs = self._readable(self.jobs.read_on_nodes(), now)
             self._install(nodes, now)  # the scheduler's safety net too: every view read again
+            self.tenancy.resync(jobs, now)
         else:
             nodes, jobs = self._watched(now)
         # a node whose record cannot be read but whose agent holds its lease keeps its jobs

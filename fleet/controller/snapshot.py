@@ -18,7 +18,7 @@ def pending(job: Job) -> PendingJob:
         id=job.id, priority=spec.priority, seq=job.seq, gpus=spec.gpus, gpu_model=spec.gpu_model,
         min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before, cpus=cpus, memory=spec.memory or 0,
         array=job.array_id if job.array_max_running else None,
-        nodes=spec.nodes or 0, gpus_per_node=spec.gpus_per_node or 0,
+        nodes=spec.nodes or 0, gpus_per_node=spec.gpus_per_node or 0, tenant=spec.tenant,
     )  # fmt: skip
 
 
@@ -36,6 +36,7 @@ def node_view(node: Node, now: float, topology: str = "") -> NodeView:
             free=g.healthy and not g.busy and g.uuid not in node.claims,
             why=(g.health if not g.healthy else g.busy or (f"claimed by {node.claims[g.uuid]}"
                                                             if g.uuid in node.claims else "")),
+            holder=node.claims.get(g.uuid, ""),
         )
         for g in node.gpus
     )  # fmt: skip

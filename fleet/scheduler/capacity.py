@@ -215,6 +215,17 @@ class Capacity:
         closest = sorted(later, key=lambda n: (self._free_matching(member, n), n), reverse=True)
         self.reserved.update(closest[:members])
 
+    def withhold(self, gpus: set[str]) -> None:
+        """Take these GPUs out of the pass (freed for a job that preempted others, which is tried
+        before anyone else)."""
+        if not gpus:
+            return
+        for name, before in list(self.free.items()):
+            kept = [g for g in before if g.uuid not in gpus]
+            if len(kept) != len(before):
+                self.free[name] = kept
+                self._reindex(name, before)
+
     def _free_matching(self, job: PendingJob, name: str) -> int:
         self._index(job)
         return self._free_counts[(job.gpu_model, job.min_gpu_memory)].get(name, 0)

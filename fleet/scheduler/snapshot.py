@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 #: what a job asks, the unit the queue is grouped by: (GPUs, GPU model substring, minimum GPU
 #: memory, CPUs, memory bytes, the array whose max_running limits it or None, nodes pinned, GPUs per
-#: node pinned)
-Shape = tuple[int, str | None, int | None, float, int, str | None, int, int]
+#: node pinned, its tenant: each tenant's jobs queue apart, so a pass can take turns between them)
+Shape = tuple[int, str | None, int | None, float, int, str | None, int, int, str]
+#: where in a Shape its array and its tenant are
+ARRAY: Final = 5
+TENANT: Final = 8
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class GpuSlot:
     #: why not free ("claimed by j1:2", "busy: foreign pid 4242", "lost")
     why: str = ""
     healthy: bool = True
+    #: the "job:attempt" whose claim holds it, or "" (what a preemption would free)
+    holder: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,12 @@ class PendingJob:
     #: are per member). See ``Capacity.split`` for the rule.
     nodes: int = 0
     gpus_per_node: int = 0
+    tenant: str = "default"
 
     @property
     def shape(self) -> Shape:
         return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array,
-                self.nodes, self.gpus_per_node)  # fmt: skip
+                self.nodes, self.gpus_per_node, self.tenant)  # fmt: skip
 
     @property
     def rank(self) -> tuple[int, int]:
@@ -94,5 +101,10 @@ class Placement:
 @dataclass
 class Plan:
     placements: list[Placement] = field(default_factory=list)
+    #: the jobs placed, by id
+    jobs: dict[str, PendingJob] = field(default_factory=dict)
     #: job id -> why it was not placed this pass (only jobs whose reason changed, in a core's pass)
     waiting: dict[str, str] = field(default_factory=dict)
+    #: the best jobs of each shape that found no room this pass (not those held back by a limit or a
+    #: backoff), in the order the pass tried them: what a preemption could be for
+    blocked: list[str] = field(default_factory=list)

@@ -326,7 +326,7 @@ class JobStore:
         ``leader`` value, so a deposed one changes nothing) alike; None if stale."""
         decision = decide(job, exit, policy)
         changes = {
-            "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "",
+            "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "", "preempted_for": "",
             "finished_at": now if decision.state.final else None, **(fields or {}),
         }  # fmt: skip
         applied = self.transition(

@@ -130,6 +130,7 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         not_before=f.get("not_before", float, 0.0),
         cancel_requested=raw.get("cancel_requested") == "1",
         preempt=raw.get("preempt", ""),
+        preempted_for=raw.get("preempted_for", ""),
         checkpoint=raw.get("checkpoint") or None,
         seq=f.get("seq", int, 0),
         state_since=f.get("state_since", float, None) or updated,

@@ -1,0 +1,73 @@
+"""A tenant below its guarantee gets its GPUs back from one that filled the fleet: the other's jobs
+checkpoint on SIGTERM, go back to the queue without spending a retry, and resume where they were."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import redis
+
+from fleet import Client, JobSpec, JobState
+from fleet.keys import Keys
+from fleet.models import Tenant
+from fleet.state.tenants import TenantStore
+from tests.conftest import FleetProcs, need_torch
+from tests.integration.test_dependability import EXAMPLE, progress, wait_for
+
+pytestmark = pytest.mark.integration
+GRACE_S = 20.0
+
+
+@pytest.fixture
+def runtime() -> str:
+    need_torch()
+    return "process"
+
+
+def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victims_resume(
+    procs: FleetProcs, client: Client, redis: redis.Redis
+) -> None:
+    # Given tenant a (weight 1) and tenant b (weight 3, guaranteed 2 GPUs), short minimum run times
+    tenants = TenantStore(redis, Keys())
+    tenants.set(Tenant(name="a", weight=1, min_run_s=1, preempt_grace_s=GRACE_S))
+    tenants.set(Tenant(name="b", weight=3, guaranteed_gpus=2, min_run_s=1, preempt_grace_s=GRACE_S))
+    procs.env.update(FLEET_CONTROLLER__USAGE_INTERVAL_S="1")
+    procs.controller()
+    procs.agent("t-a", gpus=2)
+    procs.agent("t-b", gpus=2)
+    procs.wait_nodes(client, 2)
+    # And a's four training jobs filling all 4 GPUs, checkpointing every 10 steps
+    train = [sys.executable, EXAMPLE, "--steps", "300", "--every", "10", "--sleep", "0.05"]
+    a_jobs = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=train, tenant="a")) for i in range(4)]
+    wait_for(lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs), timeout=120,
+             what="a's jobs running and checkpointing")  # fmt: skip
+    # When b submits two short jobs
+    short = [sys.executable, "-c", "import time; time.sleep(3)"]
+    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=short, tenant="b")) for i in range(2)]
+    started = time.monotonic()
+    # Then within one grace period b runs its guarantee, on GPUs two of a's jobs gave up
+    wait_for(lambda: all(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs),
+             timeout=GRACE_S, what=f"b's jobs running:\n{procs.logs()}")  # fmt: skip
+    assert time.monotonic() - started <= GRACE_S
+    preempted = [j for j in a_jobs if j.status().infra_requeues or j.status().preempt]
+    assert len(preempted) == 2, [j.status() for j in a_jobs]
+    # And every job of a ends well; the preempted ones resumed from their checkpoints, no retry spent
+    for job in a_jobs:
+        status = job.wait(timeout=180)
+        assert status.state == JobState.SUCCEEDED and status.failures == 0, procs.logs()
+    for job in preempted:
+        status = job.status()
+        assert (status.attempt, status.infra_requeues) == (2, 1)
+        stopped_at = progress(client, job.id, 1)[-1]
+        assert f"resumed from step {stopped_at} (attempt 2)" in job.logs(attempt=2)
+        requeue = next(e for e in job.history() if e.state == "QUEUED" and e.attempt == 1)
+        assert requeue.reason.startswith("preempted for job b")
+        assert "of tenant b (below its guarantee of 2 GPUs): exited with code 143 (SIGTERM); " \
+               "requeued (retry budget not spent)" in requeue.reason  # fmt: skip
+    assert all(j.status().state == JobState.SUCCEEDED for j in b_jobs)
+    # And the preemptions are counted for a, and the tenants' status is published
+    assert tenants.preemption_counts() == {"a": 2}
+    status = {s.tenant.name: s for s in tenants.status()}
+    assert status["b"].tenant.guaranteed_gpus == 2 and status["a"].usage_gpu_s > 0
