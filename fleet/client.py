@@ -51,7 +51,10 @@ from fleet.models import (
     LogLine,
     Node,
     NodeState,
+    QueuePosition,
     Role,
+    Tenant,
+    TenantStatus,
     TokenInfo,
 )
 
@@ -236,6 +239,11 @@ class Client:
         (operators see them; a user's token gets none: an unreadable record names no tenant)."""
         return dict(self._call("GET", "/v1/quarantine")["jobs"])
 
+    def position(self, job_id: str) -> QueuePosition | None:
+        """Where a QUEUED job stands in its tenant's queue and in the whole queue (None otherwise)."""
+        found = self._call("GET", f"/v1/jobs/{_segment(job_id)}/position")
+        return None if found is None else QueuePosition.model_validate(found)
+
     def history(self, job_id: str) -> list[Event]:
         return [Event.model_validate(e) for e in self._call("GET", f"/v1/jobs/{_segment(job_id)}/history")]
 
@@ -341,6 +349,22 @@ class Client:
                 left = sum(len(n.jobs) for n in nodes)
                 raise DrainTimeout(f"not drained after {timeout:g}s: {left} jobs left")
             time.sleep(0.5)
+
+    # -- tenants -----------------------------------------------------------------------
+
+    def tenants(self) -> list[TenantStatus]:
+        """Every tenant's policy, GPUs in use, fair share and decayed usage (as the leader last
+        published them: ``as_of``)."""
+        return [TenantStatus.model_validate(t) for t in self._call("GET", "/v1/tenants")]
+
+    def set_tenant(self, name: str, **policy: Any) -> Tenant:
+        """Create or replace a tenant's policy (``guaranteed_gpus``, ``max_gpus``, ``weight``,
+        ``preempt_grace_s``, ``min_run_s``; those left out get their defaults). Admins only."""
+        return Tenant.model_validate(self._call("PUT", f"/v1/tenants/{_segment(name)}", policy))
+
+    def delete_tenant(self, name: str) -> Tenant:
+        """Forget a tenant's policy: its jobs get the default one. Admins only."""
+        return Tenant.model_validate(self._call("DELETE", f"/v1/tenants/{_segment(name)}"))
 
     # -- identities --------------------------------------------------------------------
 

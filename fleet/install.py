@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
 
-SERVICES = ("agent", "controller")
+SERVICES = ("agent", "api", "controller")
 #: the Redis ACL users of config/users.acl that log in, each with a password of its own
 ACL_USERS = ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api")
 

@@ -558,3 +558,16 @@ class TenantStatus(BaseModel):
     #: GPU-seconds used, each second's weight halving every ``controller.fair_share_half_life_s``
     usage_gpu_s: float = 0.0
     as_of: float = 0.0
+
+
+class QueuePosition(BaseModel):
+    """Where a QUEUED job stands: jobs ahead of it by rank (priority, then submission), in its tenant
+    and in the whole queue. Tenants take turns by fair share, so the overall figure is how many
+    outrank it, not the order the fleet will start them in."""
+
+    tenant: str
+    #: 1 = next in its tenant
+    in_tenant: int
+    tenant_queued: int
+    overall: int
+    queued: int

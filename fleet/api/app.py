@@ -45,9 +45,13 @@ from fleet.models import (
     JobState,
     LogLine,
     Node,
+    QueuePosition,
     Role,
+    Tenant,
+    TenantStatus,
     TokenInfo,
 )
+from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
 
 log = logging.getLogger("fleet.api")
@@ -174,6 +178,7 @@ Admin = Annotated[Identity, Depends(role(Role.ADMIN))]
 def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nested def
     backend = Backend(settings=settings)
     tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
+    tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -254,6 +259,12 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     @app.get("/v1/jobs/{job_id}")
     def get(job_id: str, who: User) -> Job:
         return job_of(who, job_id)
+
+    @app.get("/v1/jobs/{job_id}/position")
+    def position(job_id: str, who: User) -> QueuePosition | None:
+        """Where a QUEUED job stands (null otherwise): in its tenant's queue and in the whole queue."""
+        job_of(who, job_id)
+        return backend.position(job_id)
 
     @app.get("/v1/jobs/{job_id}/history")
     def history(job_id: str, who: User) -> list[Event]:
@@ -337,6 +348,29 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     @app.get("/v1/fleet")
     def fleet_info(_: User) -> FleetInfo:
         return FleetInfo(version=__version__, most_gpus=backend.most_gpus())
+
+    # -- tenants -----------------------------------------------------------------------------
+
+    @app.get("/v1/tenants")
+    def tenant_list(_: User) -> list[TenantStatus]:
+        """Every tenant's policy, use, fair share and decayed usage: what anyone waiting may see, to
+        know why (no job of another tenant is named)."""
+        return tenants.status()
+
+    @app.put("/v1/tenants/{name}")
+    def tenant_set(name: str, body: dict[str, Any], who: Admin) -> Tenant:
+        tenant = Tenant.parse({**body, "name": name})
+        tenants.set(tenant)
+        event(log, "tenant_set", tenant=name, by=who.user, **tenant.model_dump(exclude={"name"}))
+        return tenant
+
+    @app.delete("/v1/tenants/{name}")
+    def tenant_delete(name: str, who: Admin) -> Tenant:
+        """Forget a tenant's policy: its jobs get the default one (no guarantee, no limit, weight 1)."""
+        tenant = tenants.get(name)
+        tenants.delete(name)
+        event(log, "tenant_deleted", tenant=name, by=who.user)
+        return tenant
 
     # -- identities --------------------------------------------------------------------------
 

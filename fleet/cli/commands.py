@@ -48,6 +48,8 @@ def register(sub: Any) -> None:
     p.add_argument("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
     p.add_argument("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40g")
     p.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
+    p.add_argument("--not-preemptible", dest="preemptible", action="store_const", const=False,
+                   help="never preempted while its tenant is within its guarantee")  # fmt: skip
     p.add_argument(
         "--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)"
     )
@@ -202,6 +204,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
         "shm_size": args.shm_size, "gpu_model": args.gpu_model, "min_gpu_memory": args.min_gpu_memory,
         "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
+        "preemptible": args.preemptible,
         "command": command or None,
     }  # fmt: skip
     data.update({k: v for k, v in flags.items() if v is not None})
@@ -324,10 +327,33 @@ def show(args: argparse.Namespace) -> int:
           f"infrastructure requeues {job.infra_requeues})")  # fmt: skip
     print(f"Exit code:  {job.exit_code if job.exit_code is not None else '-'}")
     print(f"Checkpoint: {job.checkpoint or '-'}")
+    if job.state == JobState.QUEUED:
+        _print_standing(client, job)
     print("History:")
     table(["  TIME", "STATE", "ATTEMPT", "NODE", "REASON"],
           [(f"  {stamp(e.at)}", e.state, e.attempt, e.node, e.reason) for e in history])  # fmt: skip
     return 0
+
+
+def _print_standing(client: Client, job: Job) -> None:
+    """Where a queued job stands, and its tenant against its share: what a user can act on."""
+    where = client.position(job.id)
+    if where is not None:
+        print(f"Queue:      {_ordinal(where.in_tenant)} of {where.tenant_queued} in tenant {where.tenant}'s "
+              f"queue (by priority, then submission); {where.overall - 1} of {where.queued} queued jobs "
+              "outrank it overall (tenants take turns by fair share)")  # fmt: skip
+    tenant = next((t for t in client.tenants() if t.tenant.name == job.spec.tenant), None)
+    if tenant is not None:
+        policy = tenant.tenant
+        limit = "no limit" if policy.max_gpus is None else f"max {policy.max_gpus}"
+        print(f"Tenant:     {policy.name} uses {tenant.gpus_used} GPUs; fair share now "
+              f"{tenant.fair_share_gpus:.1f}, guaranteed {policy.guaranteed_gpus}, {limit}, weight "
+              f"{policy.weight:g}")  # fmt: skip
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _countdown(job: Job) -> str:

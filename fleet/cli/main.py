@@ -19,7 +19,7 @@ from fleet.errors import FleetError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleet.cli import access, commands, services
+    from fleet.cli import access, commands, services, tenants
 
     parser = argparse.ArgumentParser(
         prog="fleet",
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.register(sub)
     access.register(sub, commands.output_option)
+    tenants.register(sub, commands.output_option)
     services.register(sub)
     return parser
 

@@ -45,7 +45,9 @@ def register(sub: Any) -> None:
              ("uninstall", "stop, disable and remove the systemd unit (config is kept)"))  # fmt: skip
     for verb, what in verbs:
         p = sub.add_parser(verb, help=f"{what} (bare metal)")
-        services = ["agent", "controller", "redis"] if verb == "install" else ["agent", "controller"]
+        services = (
+            ["agent", "api", "controller", "redis"] if verb == "install" else ["agent", "api", "controller"]
+        )
         p.add_argument(
             "service", choices=services, help="redis: write /etc/fleet/redis.conf, users.acl, passwords"
         )

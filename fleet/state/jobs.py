@@ -168,6 +168,26 @@ class JobStore:
         return self.read_many(self.redis.zrange(self.keys.queued, 0, -1))
 
     @translated
+    def queue_ranks(self) -> list[tuple[str, tuple[int, int], str]]:
+        """Every QUEUED job as (id, rank, tenant), rank being (-priority, seq): what orders jobs within
+        a tenant. Reads only the specs (a task's from its array, once per array), parsing no job."""
+        entries = self.redis.zrange(self.keys.queued, 0, -1, withscores=True)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, _ in entries:
+            pipe.hmget(self.keys.job(job_id), "spec", "array")
+        specs: dict[str, dict[str, Any]] = {}
+        ranks = []
+        for (job_id, seq), (spec, array) in zip(entries, pipe.execute(), strict=True):
+            if array:
+                if array not in specs:
+                    specs[array] = _priority_tenant(self.redis.hget(self.keys.array(array), "spec"))
+                fields = specs[array]
+            else:
+                fields = _priority_tenant(spec)
+            ranks.append((job_id, (-fields["priority"], int(seq)), fields["tenant"]))
+        return ranks
+
+    @translated
     def array_active_counts(self, array_ids: Iterable[str]) -> dict[str, int]:
         """How many tasks of each array are on nodes (SCHEDULED, STARTING, RUNNING) now: what
         ``max_running`` limits. place_many.lua keeps the set it counts, and refuses a task past the
@@ -450,3 +470,12 @@ class JobStore:
             got = self.redis.xread({key: after}, block=block_ms)
             entries = got[0][1] if got else []
         return [LogLine(id=eid, attempt=attempt, line=f["l"]) for eid, f in entries]
+
+
+def _priority_tenant(spec: str | None) -> dict[str, Any]:
+    """A stored spec's priority and tenant (defaults where unreadable: a position is a hint)."""
+    try:
+        data = json.loads(spec or "{}")
+    except ValueError:
+        data = {}
+    return {"priority": int(data.get("priority", 0)), "tenant": str(data.get("tenant", "default"))}

@@ -23,9 +23,10 @@ from fleet import Client, JobSpec, JobState
 from fleet.errors import ConfigError, Forbidden, NotFound, Unauthorized
 from fleet.keys import Keys
 from fleet.local import free_port
+from fleet.models import QueuePosition
 from fleet.state import NodeStore
 from fleet.state.nodes import NodeInfo
-from tests.conftest import Api, need
+from tests.conftest import Api, FleetProcs, need
 
 pytestmark = pytest.mark.integration
 
@@ -227,3 +228,69 @@ def test_https_with_a_certificate_the_client_verifies(api: Api, tmp_path: Path) 
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_tenants_are_set_by_admins_and_seen_by_everyone(api: Api) -> None:
+    # When an admin sets a tenant, then changes only its limit
+    made = fleet(api, "tenant", "set", "vision", "--guaranteed-gpus", "2", "--weight", "3", "--min-run", "5m")
+    assert made.returncode == 0, made.stderr
+    assert "2 GPUs guaranteed, no limit, weight 3" in made.stdout
+    assert fleet(api, "tenant", "set", "vision", "--max-gpus", "8").returncode == 0
+    # Then the tenant keeps what was not changed, and every user sees it (no jobs of others named)
+    user = api.token_for("u", "nlp")
+    listed = json.loads(fleet(api, "tenants", "-o", "json", token=user).stdout)
+    vision = next(t["tenant"] for t in listed if t["tenant"]["name"] == "vision")
+    assert (vision["guaranteed_gpus"], vision["max_gpus"], vision["weight"], vision["min_run_s"]) == (
+        2,
+        8,
+        3,
+        300,
+    )
+    assert "vision" in fleet(api, "tenants", token=user).stdout
+    # And a user may not change it; a guarantee above the limit is refused naming both
+    refused = fleet(api, "tenant", "set", "nlp", "--weight", "100", token=user)
+    assert refused.returncode == 8 and "needs role admin" in refused.stderr
+    bad = fleet(api, "tenant", "set", "vision", "--guaranteed-gpus", "9")
+    assert bad.returncode == 2 and "guaranteed_gpus (9) is above max_gpus (8)" in bad.stderr
+    # And deleting it puts its jobs back on the default policy
+    assert fleet(api, "tenant", "delete", "vision").returncode == 0
+    assert fleet(api, "tenant", "delete", "vision").returncode == 3
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+def test_show_says_where_a_queued_job_stands_in_its_tenant_and_overall(api: Api, procs: FleetProcs) -> None:
+    # Given a fleet with a controller and no node, tenant a's three jobs (one urgent) and tenant b's two
+    procs.env["FLEET_CONTROLLER__USAGE_INTERVAL_S"] = "0.2"
+    procs.controller()
+    a, b = api.client(api.token_for("ann", "a")), api.client(api.token_for("ben", "b"))
+    first = a.submit(spec("first"))
+    b.submit(spec("b1", priority=5))
+    last = a.submit(spec("last"))
+    urgent = a.submit(spec("urgent", priority=10))
+    b.submit(spec("b2"))
+    # Then each job's place: by priority, then submission, within its tenant and overall
+    assert a.position(urgent.id) == QueuePosition(
+        tenant="a", in_tenant=1, tenant_queued=3, overall=1, queued=5
+    )
+    assert a.position(first.id) == QueuePosition(
+        tenant="a", in_tenant=2, tenant_queued=3, overall=3, queued=5
+    )
+    assert a.position(last.id) == QueuePosition(tenant="a", in_tenant=3, tenant_queued=3, overall=4, queued=5)
+    # And `fleet show` says it in words, with the tenant's use against its share
+    shown = fleet(api, "show", last.id, token=api.token_for("ann", "a"))
+    assert (
+        "3rd of 3 in tenant a's queue (by priority, then submission); 3 of 5 queued jobs outrank it"
+        in shown.stdout
+    )
+    deadline = time.monotonic() + 30
+    while "Tenant:     a uses 0 GPUs; fair share now 0.0" not in shown.stdout:  # once the leader published
+        assert time.monotonic() < deadline, shown.stdout + procs.logs()
+        time.sleep(0.2)
+        shown = fleet(api, "show", last.id, token=api.token_for("ann", "a"))
+    # And a job that is no longer queued has no place
+    a.cancel(first.id)
+    assert a.position(first.id) is None

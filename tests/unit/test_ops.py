@@ -84,6 +84,16 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service.d").exists()
 
 
+def test_install_api_runs_the_api_as_its_own_redis_user(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("pw\n")
+    assert main(["install", "api", "--root", str(tmp_path), "--redis-password-file", str(secret)]) == 0
+    unit = (tmp_path / "etc/systemd/system/fleet-api.service").read_text()
+    dropin = (tmp_path / "etc/systemd/system/fleet-api.service.d/redis.conf").read_text()
+    assert " api --config /etc/fleet/fleet.toml" in unit and "DynamicUser=yes" in unit
+    assert "FLEET_REDIS_USERNAME=fleet-api" in dropin
+
+
 def test_install_redis_writes_users_with_generated_passwords_only_as_hashes(tmp_path: Path) -> None:
     # When an operator installs Redis' config
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0
@@ -118,7 +128,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     need(shutil.which("systemd-analyze") is not None, "systemd-analyze missing (apt-get install systemd)")
     secret = tmp_path / "pw"
     secret.write_text("pw\n")
-    for service in ("agent", "controller"):
+    for service in ("agent", "api", "controller"):
         assert main(["install", service, "--root", str(tmp_path), "--redis-password-file", str(secret)]) == 0
         # verify reads drop-ins from the system's folders only: check the unit with its own appended
         unit = tmp_path / f"etc/systemd/system/fleet-{service}.service"
