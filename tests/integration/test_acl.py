@@ -19,10 +19,14 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.config import load_settings
+from fleet.errors import ApiUnavailable
 from fleet.install import ACL_USERS, render_acl
+from fleet.keys import Keys
 from fleet.local import free_port
+from fleet.models import Role
+from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
+from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -92,9 +96,9 @@ def login(acl_redis: AclRedis, user: str) -> dict[str, str]:
 
 
 def test_services_run_a_job_as_their_own_acl_users(acl_redis: AclRedis, acl_procs: FleetProcs) -> None:
-    # Given a controller (serving metrics) and an agent, each logged in as its own Redis user, and a
-    # client logged in as the API's user; the bus remembers a process that died (dramatiq's
-    # maintenance, which each service runs on its first fetch, looks for what it held)
+    # Given a controller (serving metrics), an agent and the API, each logged in as its own Redis user,
+    # and a client of the API with a token (no Redis credential at all); the bus remembers a process
+    # that died (dramatiq's maintenance, which each service runs on its first fetch, looks for what it held)
     acl_redis.bus_admin.zadd("fleet:__heartbeats__", {"a-dead-broker": 0})
     metrics_port = free_port()
     controller = acl_procs.start(
@@ -102,11 +106,12 @@ def test_services_run_a_job_as_their_own_acl_users(acl_redis: AclRedis, acl_proc
         **login(acl_redis, "fleet-controller"),
     )  # fmt: skip
     agent = acl_procs.agent("acl-1", gpus=1, **login(acl_redis, "fleet-agent"))
-    api = load_settings(
-        redis_url=acl_redis.url, redis_username="fleet-api", redis_password=PASSWORDS["fleet-api"]
-    )
-    client = Client(settings=api)
+    api_port = free_port()
+    api = acl_procs.start("api", ["api", "--port", str(api_port)], **login(acl_redis, "fleet-api"))
+    token, _ = TokenStore(acl_redis.admin, Keys()).create("tester", "default", Role.ADMIN)
+    client = Client(f"http://127.0.0.1:{api_port}", token)
     try:
+        wait_for(lambda: _answers(client), timeout=30, what="the API answering")
         acl_procs.wait_nodes(client, 1)
         # When a job is submitted, placed, run and reported through the bus and the state store
         job = client.submit(JobSpec(name="acl", command=["sh", "-c", "echo hello; env"], gpus=1))
@@ -126,12 +131,20 @@ def test_services_run_a_job_as_their_own_acl_users(acl_redis: AclRedis, acl_proc
         # And no password is on a service's command line, in its environment, in its logs or the job's
         passwords = [pw.encode() for pw in PASSWORDS.values()]
         supervisor = int((acl_procs.root / "acl-1" / "supervisor.pid").read_text())
-        for pid in (controller.pid, agent.pid, supervisor):
+        for pid in (controller.pid, agent.pid, api.pid, supervisor):
             seen = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
             assert not [pw for pw in passwords if pw in seen], pid
         assert not [pw for pw in passwords if pw in (acl_procs.logs() + job.logs()).encode()]
     finally:
         client.close()
+
+
+def _answers(client: Client) -> bool:
+    try:
+        client.whoami()
+        return True
+    except ApiUnavailable:
+        return False
 
 
 def test_an_agent_user_cannot_administer_redis_nor_touch_other_keys(acl_redis: AclRedis) -> None:
