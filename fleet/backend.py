@@ -100,7 +100,7 @@ class Backend:
 
     # -- jobs --------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> Job:
+    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None, owner: str = "") -> Job:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
 
         Every try of one submit stores the same ``created_at``, so a retry after a Redis error that
@@ -111,16 +111,17 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        job_id = self._create(spec, None if job_id is None else check_job_id(job_id))
+        job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
         return self._jobs.get(job_id)
 
-    def _create(self, spec: JobSpec, chosen: str | None) -> str:
+    def _create(self, spec: JobSpec, chosen: str | None, owner: str) -> str:
         """Store the job under ``chosen`` or, if None, a new id; the id it was stored under."""
         now = time.time()
         for _ in range(NEW_ID_TRIES):
             job_id = chosen or new_id(spec.name)
-            if self._retry_store(functools.partial(self._create_once, job_id, spec, now, chosen is None)):
+            create = functools.partial(self._create_once, job_id, spec, now, chosen is None, owner)
+            if self._retry_store(create):
                 return job_id
         raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job_id")
 
@@ -133,11 +134,11 @@ class Backend:
                 time.sleep(SUBMIT_BACKOFF_S * 2**retry)
         return write()
 
-    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool) -> bool:
+    def _create_once(self, job_id: str, spec: JobSpec, now: float, generated: bool, owner: str) -> bool:
         """True once the job is stored, by this try or an earlier one of the same submit; False when
         a ``generated`` id turns out to be another job's (or an expired one's, or an array's)."""
         try:
-            if self._jobs.create(job_id, spec, now):
+            if self._jobs.create(job_id, spec, now, owner):
                 return True
         except IdInUse:
             if generated:
@@ -163,7 +164,7 @@ class Backend:
 
     def submit_array(
         self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
-        array_id: str | None = None,
+        array_id: str | None = None, owner: str = "",
     ) -> JobArray:  # fmt: skip
         """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
         ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
@@ -185,7 +186,7 @@ class Backend:
         for _ in range(NEW_ID_TRIES):
             array_id = chosen_id or new_id(spec.name)
             create = functools.partial(
-                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id
+                self._arrays.create, array_id, spec, wanted, max_running, now, not chosen_id, owner
             )
             if self._retry_store(create):
                 break

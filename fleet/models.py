@@ -289,6 +289,8 @@ class Job(BaseModel):
     gpus: list[str] = Field(default_factory=list)
     reason: str = ""
     exit_code: int | None = None
+    #: the user whose token submitted it ('' for jobs stored without the API)
+    owner: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
     started_at: float | None = None
@@ -355,6 +357,7 @@ class JobArray(BaseModel):
     size: int
     #: most tasks on nodes (SCHEDULED, STARTING, RUNNING) at once; None: no limit
     max_running: int | None = None
+    owner: str = ""
     created_at: float = 0.0
     #: submission seq of its first task (arrays and jobs list in this order)
     seq: int = 0

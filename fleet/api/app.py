@@ -232,14 +232,14 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
 
     @app.post("/v1/jobs", status_code=201)
     def submit(body: SubmitJob, who: User) -> Job:
-        job = backend.submit(spec_for(who, body.spec), job_id=body.id)
+        job = backend.submit(spec_for(who, body.spec), job_id=body.id, owner=who.user)
         event(log, "submitted", job=job.id, user=who.user, tenant=job.spec.tenant)
         return job
 
     @app.post("/v1/arrays", status_code=201)
     def submit_array(body: SubmitArray, who: User) -> JobArray:
         array = backend.submit_array(spec_for(who, body.spec), body.indices, max_running=body.max_running,
-                                     array_id=body.id)  # fmt: skip
+                                     array_id=body.id, owner=who.user)  # fmt: skip
         event(
             log, "submitted_array", array=array.id, size=array.size, user=who.user, tenant=array.spec.tenant
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from fleet.arrays import parse_indices
-from fleet.cli.output import ago, emit_json, size, stamp
+from fleet.cli.output import emit_json, size, stamp, took
 from fleet.client import Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import CancelReport, Job, JobArray, JobState
@@ -31,7 +33,9 @@ def states(array: JobArray) -> str:
 def row(a: JobArray) -> tuple[object, ...]:
     """The array as one line of ``fleet jobs``."""
     limit = f", max running {a.max_running}" if a.max_running else ""
-    return a.id, states(a), a.spec.gpus, "-", "-", ago(a.created_at), f"job array of {a.size}{limit}"
+    since = took(time.time() - a.created_at)
+    return (a.id, states(a), a.owner or "-", a.spec.tenant, a.spec.gpus, "-", "-", "-", since, "-",
+            f"job array of {a.size}{limit}")  # fmt: skip
 
 
 def result(array: JobArray, output: str) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.cli import arrays
-from fleet.cli.output import ago, emit_json, size, stamp, table
+from fleet.cli.output import ago, clock, emit_json, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobSpec, JobState, Node
@@ -276,14 +276,23 @@ def jobs(args: argparse.Namespace) -> int:
     if args.output == "json":
         emit_json(found)
         return 0
-    rows = [_job_row(j) if isinstance(j, Job) else arrays.row(j) for j in found]
-    table(["ID", "STATE", "GPUS", "NODE", "ATTEMPT", "SUBMITTED", "REASON"], rows)
+    now = time.time()
+    rows = [_job_row(j, now) if isinstance(j, Job) else arrays.row(j) for j in found]
+    table(
+        ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT", "REASON"],
+        rows,
+    )
     _note_quarantined("job", client.quarantined_jobs(), "fleet show ID")
     return 0
 
 
-def _job_row(j: Job) -> tuple[object, ...]:
-    return j.id, j.state.value, j.spec.gpus, j.node, j.attempt, ago(j.created_at), _short(j.reason, 60)
+def _job_row(j: Job, now: float) -> tuple[object, ...]:
+    """A job's line: START and ELAPSED are its latest attempt's (a queued job: since submitted)."""
+    start = j.started_at if j.started_at and j.state != JobState.QUEUED else None
+    elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
+    node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
+    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
+            clock(start, now), elapsed, j.exit_code, _short(j.reason, 50))  # fmt: skip
 
 
 def _note_quarantined(kind: str, records: dict[str, str], show: str) -> None:

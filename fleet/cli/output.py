@@ -40,6 +40,26 @@ def ago(at: float | None, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def took(seconds: float) -> str:
+    """A duration as people write it: ``45s``, ``12m``, ``3h05m``, ``2d04h``."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def clock(at: float | None, now: float | None = None) -> str:
+    """A time of day (today), or the date and time (earlier)."""
+    if not at:
+        return "-"
+    same_day = time.localtime(at)[:3] == time.localtime(now or time.time())[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(at))
+
+
 def stamp(at: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
 

@@ -35,7 +35,7 @@ class ArrayStore:
     @translated
     def create(
         self, array_id: str, spec: JobSpec, indices: tuple[int, ...], max_running: int | None, now: float,
-        generated: bool = False,
+        generated: bool = False, owner: str = "",
     ) -> bool:  # fmt: skip
         """Store the array and its QUEUED tasks (idempotent); False when the ``generated`` id turns
         out to be another array's (the caller picks another).
@@ -58,7 +58,7 @@ class ArrayStore:
         ]
         head = [array_id, spec.model_dump_json(), normal_form(indices), len(indices),
                 "" if max_running is None else max_running, now, k.prefix, "submitted",
-                "1" if generated else "0"]  # fmt: skip
+                "1" if generated else "0", owner]  # fmt: skip
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(indices), ARRAY_BATCH):
             self._scripts["submit_array"](

@@ -45,14 +45,14 @@ class JobStore:
     # -- create and read ---------------------------------------------------------------
 
     @translated
-    def create(self, job_id: str, spec: JobSpec, now: float) -> bool:
+    def create(self, job_id: str, spec: JobSpec, now: float, owner: str = "") -> bool:
         """Store a new QUEUED job; False when ``job_id`` already exists (idempotent submit).
 
         The id of a job deleted by retention is refused while its tombstone lasts: a new job by that
         name would inherit the old one's checkpoint directory until the agents' sweep removes it.
         """
         check_job_id(job_id)
-        created = self._submit(job_id, spec, now)
+        created = self._submit(job_id, spec, now, owner=owner)
         if created == -1:
             raise IdInUse(f"{self._missing(job_id)}; its id is free again once that is forgotten "
                           "(tombstone_retention_s): choose another id")  # fmt: skip
@@ -70,11 +70,11 @@ class JobStore:
             self._submit(job_id, spec, now, pipe)
         return sum(1 for created in pipe.execute() if created == 1)
 
-    def _submit(self, job_id: str, spec: JobSpec, now: float, client: Any = None) -> Any:
+    def _submit(self, job_id: str, spec: JobSpec, now: float, client: Any = None, owner: str = "") -> Any:
         k = self.keys
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id),
                 k.array(job_id)]  # fmt: skip
-        args = [job_id, spec.model_dump_json(), now, "submitted"]
+        args = [job_id, spec.model_dump_json(), now, "submitted", owner]
         return self._scripts["submit"](keys=keys, args=args, client=client)
 
     @translated

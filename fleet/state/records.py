@@ -148,17 +148,17 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
 
 
 def _spec(f: _Fields, arrays: Mapping[str, JobArray]) -> dict[str, Any]:
-    """A job's own spec; or, for a task, its array's with the labels linking it to the array."""
+    """A job's own spec and owner; or, for a task, its array's, with the labels linking it to the array."""
     array_id = f.raw.get("array")
     if not array_id:
-        return {"spec": f.required("spec", JobSpec.model_validate_json)}
+        return {"spec": f.required("spec", JobSpec.model_validate_json), "owner": f.raw.get("owner", "")}
     index = f.required("index", int)
     array = arrays.get(array_id)
     if array is None:
         raise CorruptRecord(f"array: the record of array {array_id} is missing or unreadable")
     labels = {**array.spec.labels, ARRAY_LABEL: array_id, INDEX_LABEL: str(index)}
     return {
-        "spec": array.spec.model_copy(update={"labels": labels}), "array_id": array_id,
+        "spec": array.spec.model_copy(update={"labels": labels}), "array_id": array_id, "owner": array.owner,
         "array_index": index, "array_max_running": array.max_running,
     }  # fmt: skip
 
@@ -173,6 +173,7 @@ def parse_array(raw: dict[str, str], spec: JobSpec | None = None) -> JobArray:
             indices=f.required("indices", str),
             size=f.required("size", int),
             max_running=f.get("max_running", int, None),
+            owner=f.raw.get("owner", ""),
             created_at=f.get("created_at", float, 0.0),
             seq=f.get("seq", int, 0),
         )

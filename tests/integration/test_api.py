@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -294,3 +295,25 @@ def test_show_says_where_a_queued_job_stands_in_its_tenant_and_overall(api: Api,
     # And a job that is no longer queued has no place
     a.cancel(first.id)
     assert a.position(first.id) is None
+
+
+def test_jobs_list_who_submitted_them_and_how_they_ran(api: Api, procs: FleetProcs) -> None:
+    # Given a fleet, and a user of tenant ml who submits a job that fails, and an array
+    procs.controller()
+    procs.agent("t-1", gpus=1)
+    procs.wait_nodes(api.client(), 1)
+    token = api.token_for("mia", "ml")
+    failed = fleet(api, "submit", "--max-attempts", "1", "--wait", "--", "sh", "-c", "exit 3", token=token)
+    assert failed.returncode == 1, failed.stderr
+    array = fleet(api, "submit", "--array", "0-1", "--", "true", token=token).stdout.strip()
+    # Then each job records who submitted it, an array's tasks included
+    mia = api.client(token)
+    assert {j.owner for j in mia.jobs()} == {"mia"} and mia.array(array).owner == "mia"
+    # And `fleet jobs` shows the user, the tenant, when the attempt started, how long and how it ended
+    lines = fleet(api, "jobs", token=token).stdout.splitlines()
+    header = lines[0].split()
+    assert header == ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT",
+                      "REASON"]  # fmt: skip
+    job_line = next(line.split() for line in lines if line.startswith("sh-") and not line.startswith(array))
+    assert job_line[1:5] == ["FAILED", "mia", "ml", "0"] and job_line[9] == "3"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", job_line[7]) and re.fullmatch(r"\d+s", job_line[8])

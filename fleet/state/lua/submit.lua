@@ -7,6 +7,7 @@
 -- KEYS[6] the id's tombstone (a job by this id ended and was deleted by retention)
 -- KEYS[7] the array hash with this id (job and array ids share one name space)
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
+-- ARGV[5] owner: the user who submitted it ('' when unknown)
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
 -- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
 -- job array has this id.
@@ -22,7 +23,7 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
   'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3], 'state_since', ARGV[3],
-  'reason', ARGV[4], 'seq', seq, 'not_before', 0)
+  'reason', ARGV[4], 'seq', seq, 'not_before', 0, 'owner', ARGV[5])
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('ZADD', KEYS[4], seq, ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])

@@ -10,7 +10,8 @@
 -- ARGV[5] max running, '' for no limit  ARGV[6] now  ARGV[7] key prefix  ARGV[8] reason
 -- ARGV[9] '1' when fleet generated the id: an existing record then must be this submit's own
 --   (created at ARGV[6] by an earlier batch or try), never another array's
--- ARGV[10], ARGV[11], ...: the indices of this batch
+-- ARGV[10] owner: the user who submitted it ('' when unknown; its tasks read it from the array)
+-- ARGV[11], ARGV[12], ...: the indices of this batch
 -- Returns {tasks created, ''}; {-1, field} when the array exists with another spec, indices or
 -- max running; {-2, task id} when a job that is not this array's task holds a task's id;
 -- {-3, ''} when a job has the array's id; {-4, task id} while the tombstone of an expired job
@@ -32,7 +33,7 @@ if stored[1] then
   if stored[3] ~= ARGV[5] then return {-1, 'max_running'} end
 end
 local todo = {}
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local task = id .. '-' .. ARGV[i]
   local owner = redis.call('HMGET', prefix .. ':job:' .. task, 'id', 'array')
   if owner[1] and owner[2] ~= id then
@@ -46,7 +47,7 @@ for i = 10, #ARGV do
 end
 if not stored[1] then
   redis.call('HSET', KEYS[1], 'id', id, 'spec', ARGV[2], 'indices', ARGV[3], 'size', ARGV[4],
-    'max_running', ARGV[5], 'created_at', now)
+    'max_running', ARGV[5], 'created_at', now, 'owner', ARGV[10])
 end
 if #todo == 0 then
   return {0, ''}
