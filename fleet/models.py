@@ -50,6 +50,23 @@ def parse_size(value: object) -> int | None:
 
 Size = Annotated[Annotated[int, Field(ge=1)] | None, BeforeValidator(parse_size)]
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|days?)?\s*$", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: object) -> float | None:
+    """Seconds from a number or a string like ``90``, ``90s``, ``30m``, ``30min``, ``2h``, ``1d``."""
+    if value is None or isinstance(value, int | float):
+        return value
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration: use seconds or a number with s, m, h or d (e.g. 2h)")
+    number, unit = match.groups()
+    return float(number) * _SECONDS[(unit or "s")[0].lower()]
+
+
+Duration = Annotated[Annotated[float, Field(gt=0, le=366 * 86400)] | None, BeforeValidator(parse_duration)]
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -150,6 +167,12 @@ class JobSpec(BaseModel):
     #: False: a job of a tenant within its guarantee is never stopped to make room for another
     #: (a tenant above its guarantee cannot shield its jobs with it)
     preemptible: bool = True
+    #: wall-clock limit of each attempt: past it the attempt is stopped and the job ends FAILED
+    #: ("time limit"), or goes back to the queue with ``requeue_on_timeout`` (a checkpointing run)
+    timeout: Duration = None
+    #: SIGTERM this long before the limit, SIGKILL at it (time to checkpoint, as Slurm's --signal)
+    signal_before: Duration = None
+    requeue_on_timeout: bool = False
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
 
     @field_validator("command")
@@ -207,6 +230,14 @@ class JobSpec(BaseModel):
                     f"{name}: {gpus} GPUs do not split evenly into {share}; make gpus a multiple of it"
                 )
         return data
+
+    @model_validator(mode="after")
+    def _time_limit(self) -> JobSpec:
+        if self.signal_before is not None and (self.timeout is None or self.signal_before >= self.timeout):
+            raise ValueError(
+                "signal_before: it must be shorter than timeout (SIGTERM comes that long before it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _total_size(self) -> JobSpec:

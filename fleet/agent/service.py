@@ -23,7 +23,7 @@ from fleet.agent import reconcile as plan
 from fleet.agent.gpucheck import await_released, check_assigned
 from fleet.agent.gpus import GpuInventory, busy_reason
 from fleet.agent.logship import LogShipper
-from fleet.agent.runtime import LaunchSpec, Runtime
+from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
@@ -66,6 +66,7 @@ class Agent:
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
         self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
+        self._timed_out: set[tuple[str, int]] = set()  # attempts stopped at their time limit
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
         self._fleet_pids: set[int] = set()
@@ -302,6 +303,7 @@ class Agent:
         """
         if not self.logs.finish(job.id, job.attempt, timeout=10, rank=job.rank_on(self.node) or 0):
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
+        exit = self._ended_by_time_limit(job, exit)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
             kind = "preempted" if job.preempted_for else "drain"
             why = f"{job.preempt}: {exit.reason}"
@@ -386,6 +388,7 @@ class Agent:
         held = self.runtime.attempts()
         self._fleet_pids = self.runtime.pids()
         jobs = {j.id: j for j in self.jobs.get_many({a.job_id for a in held})}
+        self._enforce_time_limits(held, jobs)
         todo = plan.reconcile(self.node, held, jobs, on_node, busy, self.logs.following())
         for status in todo.stale:
             event(log, "stale_attempt_killed", job=status.job_id, attempt=status.attempt)
@@ -405,6 +408,38 @@ class Agent:
             self.launch(job.id, job.attempt)
         for job in todo.lost:
             self._lost(job)
+
+    def _enforce_time_limits(self, held: list[AttemptStatus], jobs: dict[str, Job]) -> None:
+        """Stop each running attempt at its limit: SIGTERM ``signal_before`` ahead of it (the grace
+        to checkpoint in), SIGKILL at it. Checked each reconcile (``reconcile_interval_s``)."""
+        now = self.clock()
+        for status in held:
+            job, key = jobs.get(status.job_id), (status.job_id, status.attempt)
+            if job is None or job.attempt != status.attempt or job.state != JobState.RUNNING:
+                continue
+            deadline = time_limit(job)
+            if not status.running or deadline is None or now < deadline or key in self._timed_out:
+                continue
+            self._timed_out.add(key)
+            grace = job.spec.signal_before or self.cfg.stop_grace_s
+            event(log, "time_limit", job=job.id, attempt=job.attempt, timeout=job.spec.timeout, grace_s=grace)
+            threading.Thread(target=self.runtime.stop, args=(*key, grace), daemon=True).start()
+
+    def _ended_by_time_limit(self, job: Job, exit: Exit) -> Exit:
+        """The exit as a time limit's when the attempt was stopped at it (or, after an agent restart,
+        ended past it other than by succeeding): FAILED, or requeued if the job asked to be."""
+        key = (job.id, job.attempt)
+        deadline = time_limit(job)
+        stopped = key in self._timed_out
+        self._timed_out.discard(key)
+        past = (
+            deadline is not None and self.clock() >= deadline and not (exit.code == 0 and exit.fault == JOB)
+        )
+        if job.cancel_requested or job.preempt or not (stopped or past) or exit.fault != JOB:
+            return exit
+        limit = f"time limit of {job.spec.timeout:g}s reached: {exit.reason}"
+        fault = INFRA if job.spec.requeue_on_timeout else FATAL
+        return Exit(code=exit.code, oom=exit.oom, fault=fault, kind="timeout", reason=limit)
 
     def _lost(self, job: Job) -> None:
         """An attempt Redis places here that the runtime does not hold: use the end recorded
@@ -454,6 +489,13 @@ class Agent:
             if status.running:
                 self.runtime.stop(status.job_id, status.attempt, self.cfg.stop_grace_s)
             self._remove(status.job_id, status.attempt)
+
+
+def time_limit(job: Job) -> float | None:
+    """When the running attempt gets SIGTERM for its time limit; None without a limit."""
+    if job.spec.timeout is None or job.started_at is None:
+        return None
+    return job.started_at + job.spec.timeout - (job.spec.signal_before or 0.0)
 
 
 def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | None:

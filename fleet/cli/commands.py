@@ -48,6 +48,10 @@ def register(sub: Any) -> None:
     p.add_argument("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
     p.add_argument("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40g")
     p.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
+    p.add_argument("--timeout", help="wall-clock limit of each attempt, e.g. 30m, 2h (then FAILED)")
+    p.add_argument("--signal-before", help="SIGTERM this long before the limit, SIGKILL at it, e.g. 60s")
+    p.add_argument("--requeue-on-timeout", action="store_const", const=True,
+                   help="at the limit, requeue (resume from the checkpoint) instead of failing")  # fmt: skip
     p.add_argument("--not-preemptible", dest="preemptible", action="store_const", const=False,
                    help="never preempted while its tenant is within its guarantee")  # fmt: skip
     p.add_argument(
@@ -204,7 +208,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
         "shm_size": args.shm_size, "gpu_model": args.gpu_model, "min_gpu_memory": args.min_gpu_memory,
         "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
-        "preemptible": args.preemptible,
+        "preemptible": args.preemptible, "timeout": args.timeout, "signal_before": args.signal_before,
+        "requeue_on_timeout": args.requeue_on_timeout,
         "command": command or None,
     }  # fmt: skip
     data.update({k: v for k, v in flags.items() if v is not None})
