@@ -120,7 +120,11 @@ class Client:
         if not self.url:
             raise ConfigError("no fleet API: run `fleet login URL`, or set FLEET_API_URL and FLEET_TOKEN "
                               "(`fleet up` prints them)")  # fmt: skip
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ConfigError(f"fleet API URL {self.url!r}: {exc}; expected http://HOST:PORT") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"fleet API URL {self.url!r}: expected http://HOST:PORT or https://HOST:PORT")
         self._parts, self._timeout = parts, timeout

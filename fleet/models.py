@@ -132,6 +132,10 @@ class Mount(BaseModel):
 FROM_FLEET = "from_fleet"
 
 
+#: the least memory a job may ask for (Docker refuses less); a bare "16" is 16 bytes, a typo
+MEMORY_MIN = 6 << 20
+
+
 class JobSpec(BaseModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
@@ -230,6 +234,13 @@ class JobSpec(BaseModel):
                     f"{name}: {gpus} GPUs do not split evenly into {share}; make gpus a multiple of it"
                 )
         return data
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: int | None) -> int | None:
+        if value is not None and value < MEMORY_MIN:
+            raise ValueError(f"{value} bytes is less than a job can run in (6 MiB): give a unit, e.g. 16g")
+        return value
 
     @model_validator(mode="after")
     def _time_limit(self) -> JobSpec:

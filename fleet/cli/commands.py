@@ -197,12 +197,28 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if args.file:
         import yaml  # only -f needs it
 
-        text = Path(args.file).read_text()
-        loaded = yaml.safe_load(text)
+        try:
+            text = Path(args.file).read_text()
+        except OSError as exc:
+            raise SpecError(f"-f {args.file}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"-f {args.file}: not a text file (expected job spec YAML or JSON)") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise SpecError(f"-f {args.file}: {problem}{at}") from None
         if not isinstance(loaded, dict):
             raise SpecError(f"{args.file}: expected a mapping of job spec fields")
         data.update(loaded)
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.cmd and args.cmd[0] != "--":
+        raise SpecError(
+            f"{args.cmd[0]!r} follows the options: give the command after --, as in fleet submit --gpus 1 "
+            "-- python3 train.py (a value with a space needs quotes)"
+        )
+    command = args.cmd[1:]
     flags = {
         "name": args.name, "image": args.image, "gpus": args.gpus, "cpus": args.cpus, "memory": args.memory,
         "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from fleet import __version__
 from fleet.errors import FleetError
 
 
+class _Parser(argparse.ArgumentParser):
+    """No guessing: ``--prio 5`` is an error, not ``--priority 5`` (a typo must not change a job)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fleet.cli import access, commands, services, tenants
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fleet",
         description="A serverless-style job queue for your own GPU fleet.",
         epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
@@ -34,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--redis-url", help="services and --direct only: the fleet's Redis (default: $FLEET_REDIS_URL)"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     commands.register(sub)
     access.register(sub, commands.output_option)
     tenants.register(sub, commands.output_option)
@@ -52,10 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.enable()
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # inside the try: a reader gone (`| head`) shows here, not at exit
+        return code
     except FleetError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # the reader went away (`fleet jobs | head`): what it wanted it got; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         return 130
 

@@ -27,10 +27,10 @@ def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def
     procs.wait_nodes(client, 1)
 
     def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = procs.cli_env()
-        return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run([sys.executable, "-m", "fleet", *args], env=run.env, capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
 
+    run.env = procs.cli_env()  # type: ignore[attr-defined]
     return run
 
 
@@ -137,3 +137,38 @@ def test_an_unknown_log_level_is_a_usage_error(service: str) -> None:
     assert done.returncode == 2, done.stderr
     assert "--log-level: unknown level 'loud'" in done.stderr
     assert "debug, info, warning, error, critical" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bad_input_gets_one_line_with_the_fix_never_a_traceback(fleet_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad_yaml = tmp_path / "job.yaml"
+    bad_yaml.write_text("name: x\ncommand: [\n")
+    cases = {
+        ("submit", "-f", str(tmp_path / "missing.yaml")): (2, "missing.yaml: cannot read it (No such file"),
+        ("submit", "-f", str(bad_yaml)): (
+            2,
+            "job.yaml: expected the node content, but found '<stream end>' at line",
+        ),
+        ("--api-url", "http://[::1", "jobs"): (2, "fleet API URL 'http://[::1': Invalid IPv6 URL"),
+        ("--api-url", "http://host:port", "jobs"): (2, "fleet API URL 'http://host:port'"),
+        ("submit", "--memory", "16", "gigs"): (2, "'gigs' follows the options: give the command after --"),
+        ("submit", "--memory", "16", "--", "true"): (2, "memory: 16 bytes is less than a job can run in"),
+        ("submit", "--timeout", "soon", "--", "true"): (2, "timeout: 'soon' is not a duration"),
+        ("submit", "--prio", "5", "--", "true"): (2, "unrecognized arguments: --prio"),
+    }
+    for argv, (code, message) in cases.items():
+        done = fleet_cli(*argv)
+        assert (done.returncode, "Traceback" in done.stderr) == (code, False), (argv, done.stderr)
+        assert message in done.stderr, (argv, done.stderr)
+    assert fleet_cli("jobs", "-o", "json").stdout.strip() == "[]"  # and nothing was submitted
+
+
+def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
+    for i in range(150):
+        client.submit({"name": f"q{i}", "command": ["true"], "gpus": 64})  # never fits: stays queued
+    for argv in (["jobs"], ["jobs", "-o", "json"], ["nodes"]):
+        done = subprocess.run(
+            f"{sys.executable} -m fleet {' '.join(argv)} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
+            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
+            env=fleet_cli.env,
+        )  # fmt: skip
+        assert (done.stdout.strip(), done.stderr) == ("0", ""), argv
