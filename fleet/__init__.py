@@ -9,22 +9,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleet.client import ArrayHandle, Client, JobHandle
-    from fleet.errors import FleetError, JobExpired, JobTimeout, NotFound, SpecError
+    from fleet.client import (
+        ALL_COMPLETED,
+        FIRST_COMPLETED,
+        ArrayHandle,
+        Client,
+        JobHandle,
+        as_completed,
+        wait,
+    )
+    from fleet.errors import FleetError, JobCancelled, JobExpired, JobFailed, JobTimeout, NotFound, SpecError
     from fleet.models import CancelReport, Job, JobArray, JobSpec, JobState, Mount, Node, NodeState
 
 __version__ = "0.1.0"
-__all__ = [
-    "ArrayHandle", "CancelReport", "Client", "FleetError", "Job", "JobArray", "JobExpired", "JobHandle",
-    "JobSpec", "JobState", "JobTimeout", "Mount", "Node", "NodeState", "NotFound", "SpecError", "__version__",
-]  # fmt: skip
 
 _HOMES = {
-    "fleet.client": ("ArrayHandle", "Client", "JobHandle"),
-    "fleet.errors": ("FleetError", "JobExpired", "JobTimeout", "NotFound", "SpecError"),
+    "fleet.client": (
+        "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "Client", "JobHandle", "as_completed", "wait",
+    ),
+    "fleet.errors": (
+        "FleetError", "JobCancelled", "JobExpired", "JobFailed", "JobTimeout", "NotFound", "SpecError",
+    ),
     "fleet.models": ("CancelReport", "Job", "JobArray", "JobSpec", "JobState", "Mount", "Node", "NodeState"),
-}
+}  # fmt: skip
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = [
+    "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "CancelReport", "Client", "FleetError", "Job",
+    "JobArray", "JobCancelled", "JobExpired", "JobFailed", "JobHandle", "JobSpec", "JobState", "JobTimeout",
+    "Mount", "Node", "NodeState", "NotFound", "SpecError", "__version__", "as_completed", "wait",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -203,19 +204,21 @@ class Backend:
         return self._arrays.get(_known_id(array_id))
 
     def listing(
-        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None
-    ) -> list[Job | JobArray]:
+        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
+        owner: str | None = None, labels: dict[str, str] | None = None,
+    ) -> list[Job | JobArray]:  # fmt: skip
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it; with
-        ``tenant``, only that tenant's."""
-        wanted = JobState(state) if state else None
-        return _of_tenant(lambda n: self._arrays.listing(wanted, n), limit, tenant)
+        ``tenant``, ``owner`` or ``labels``, only those that have them."""
+        wanted = _state(state)
+        return _matching(lambda n: self._arrays.listing(wanted, n), limit, Filter(tenant, owner, labels))
 
     def jobs(
-        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None
-    ) -> list[Job]:
-        wanted = JobState(state) if state else None
-        return _of_tenant(lambda n: self._jobs.list_jobs(wanted, n), limit, tenant)
+        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
+        owner: str | None = None, labels: dict[str, str] | None = None,
+    ) -> list[Job]:  # fmt: skip
+        wanted = _state(state)
+        return _matching(lambda n: self._jobs.list_jobs(wanted, n), limit, Filter(tenant, owner, labels))
 
     def quarantined_jobs(self) -> dict[str, str]:
         """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
@@ -394,21 +397,47 @@ class Backend:
 ListingItem = TypeVar("ListingItem", Job, Job | JobArray)
 
 
-def _of_tenant(read: Callable[[int], list[ListingItem]], limit: int, tenant: str | None) -> list[ListingItem]:
-    """The first ``limit`` entries ``read(n)`` gives that belong to ``tenant`` (all: None).
+@dataclass(frozen=True)
+class Filter:
+    """What a listing keeps: a tenant's, a user's, those carrying all of some labels (None: any)."""
+
+    tenant: str | None = None
+    owner: str | None = None
+    labels: dict[str, str] | None = None
+
+    def keeps(self, entry: Job | JobArray) -> bool:
+        return (
+            self.tenant in (None, entry.spec.tenant)
+            and self.owner in (None, entry.owner)
+            and all(entry.spec.labels.get(k) == v for k, v in (self.labels or {}).items())
+        )
+
+
+def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter) -> list[ListingItem]:
+    """The first ``limit`` entries ``read(n)`` gives that ``keep`` keeps.
 
     Reads ever larger prefixes of the whole listing: a tenant's view of a fleet where others hold
     most jobs costs reads of theirs too (a per-tenant index would avoid it; not needed yet).
     """
-    if tenant is None:
+    if keep == Filter():
         return read(limit)
     n = limit
     while True:
         entries = read(n)
-        mine = [e for e in entries if e.spec.tenant == tenant]
-        if len(mine) >= limit or len(entries) < n:
-            return mine[:limit]
+        kept = [e for e in entries if keep.keeps(e)]
+        if len(kept) >= limit or len(entries) < n:
+            return kept[:limit]
         n *= 4
+
+
+def _state(state: JobState | str | None) -> JobState | None:
+    """``state`` as a JobState, in any case; :class:`SpecError` naming the states otherwise."""
+    if state is None or state == "":
+        return None
+    try:
+        return JobState(str(state).upper())
+    except ValueError:
+        raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
 
 
 def _who() -> str:

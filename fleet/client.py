@@ -31,7 +31,9 @@ from fleet.errors import (
     FleetError,
     Forbidden,
     IdInUse,
+    JobCancelled,
     JobExpired,
+    JobFailed,
     JobTimeout,
     NotFound,
     SpecError,
@@ -152,7 +154,7 @@ class Client:
               timeout: float | None = None) -> http.client.HTTPResponse:  # fmt: skip
         """The response to one call, status checked; raises the error the API named."""
         params = {k: v for k, v in (query or {}).items() if v is not None}
-        target = self._parts.path + path + (f"?{urlencode(params)}" if params else "")
+        target = self._parts.path + path + (f"?{urlencode(params, doseq=True)}" if params else "")
         data = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         if data is not None:
@@ -219,12 +221,14 @@ class Client:
         return _array(self._call("GET", f"/v1/arrays/{_segment(array_id)}"))
 
     def listing(
-        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None
-    ) -> list[Job | JobArray]:
+        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
+        user: str | None = None, labels: dict[str, str] | None = None,
+    ) -> list[Job | JobArray]:  # fmt: skip
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it. A
-        user's token sees its tenant's; an operator's every tenant's (or ``tenant``'s)."""
-        rows = self._call("GET", "/v1/jobs", query={"state": _state(state), "limit": limit, "tenant": tenant})
+        user's token sees its tenant's; an operator's every tenant's (or ``tenant``'s). ``user`` and
+        ``labels`` keep the jobs that user submitted, or that carry all those labels."""
+        rows = self._call("GET", "/v1/jobs", query=_filters(state, limit, tenant, user, labels))
         return [_array(r) if r.get("kind") == "array" else _job(r) for r in rows]
 
     def job(self, job_id: str) -> JobHandle:
@@ -232,10 +236,11 @@ class Client:
         return JobHandle(self, job_id)
 
     def jobs(
-        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None
-    ) -> list[Job]:
-        """Every job (array tasks one by one), newest first."""
-        query = {"state": _state(state), "limit": limit, "tenant": tenant, "flat": "true"}
+        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
+        user: str | None = None, labels: dict[str, str] | None = None,
+    ) -> list[Job]:  # fmt: skip
+        """Every job (array tasks one by one), newest first; filtered as :meth:`listing`."""
+        query = _filters(state, limit, tenant, user, labels) | {"flat": "true"}
         return [_job(r) for r in self._call("GET", "/v1/jobs", query=query)]
 
     def quarantined_jobs(self) -> dict[str, str]:
@@ -389,6 +394,12 @@ class Client:
     def revoke_token(self, token_id: str) -> TokenInfo:
         return TokenInfo.model_validate(self._call("DELETE", f"/v1/tokens/{_segment(token_id)}"))
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -412,7 +423,23 @@ def _spec(spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
 
 
 def _state(state: JobState | str | None) -> str | None:
-    return None if state is None else str(JobState(state))
+    if state is None:
+        return None
+    try:
+        return str(JobState(str(state).upper()))
+    except ValueError:
+        raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
+
+
+def _filters(
+    state: JobState | str | None,
+    limit: int,
+    tenant: str | None,
+    user: str | None,
+    labels: dict[str, str] | None,
+) -> dict[str, Any]:
+    pairs = None if not labels else [f"{k}={v}" for k, v in labels.items()]
+    return {"state": _state(state), "limit": limit, "tenant": tenant, "user": user, "label": pairs}
 
 
 def _segment(value: str) -> str:
@@ -450,6 +477,12 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r})"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
     def status(self) -> Job:
         return self.client.get(self.id)
 
@@ -457,13 +490,70 @@ class JobHandle:
         return self.client.wait(self.id, timeout)
 
     def logs(self, attempt: int | None = None, rank: int = 0) -> str:
+        """The attempt's output so far (default: the latest attempt); ``follow_logs`` streams it."""
         return "\n".join(line.line for line in self.client.logs(self.id, attempt, rank))
+
+    def follow_logs(self, attempt: int | None = None, rank: int = 0) -> Iterator[str]:
+        """Each line as it is written, until the attempt is over."""
+        return (line.line for line in self.client.follow_logs(self.id, attempt, rank))
+
+    def done(self) -> bool:
+        """Whether the job is final (SUCCEEDED, FAILED or CANCELLED)."""
+        return self.status().state.final
+
+    def result(self, timeout: float | None = None) -> Job:
+        """The final status once SUCCEEDED; :class:`JobFailed` or :class:`JobCancelled` (holding it)
+        otherwise, :class:`JobTimeout` after ``timeout`` seconds."""
+        job = self.wait(timeout)
+        if job.state == JobState.CANCELLED:
+            raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
+        if job.state == JobState.FAILED:
+            raise JobFailed(job, f"job {job.id} FAILED: {job.reason}")
+        return job
 
     def history(self) -> list[Event]:
         return self.client.history(self.id)
 
     def cancel(self) -> Job:
         return self.client.cancel(self.id)
+
+
+FIRST_COMPLETED, ALL_COMPLETED = "FIRST_COMPLETED", "ALL_COMPLETED"
+
+
+def wait(
+    handles: Iterable[JobHandle], timeout: float | None = None, return_when: str = ALL_COMPLETED,
+    poll_s: float = 0.5,
+) -> tuple[set[JobHandle], set[JobHandle]]:  # fmt: skip
+    """(done, not done), as ``concurrent.futures.wait``: once any job is final (``FIRST_COMPLETED``)
+    or all are (``ALL_COMPLETED``), or after ``timeout`` seconds."""
+    if return_when not in (FIRST_COMPLETED, ALL_COMPLETED):
+        raise SpecError(f"return_when {return_when!r}: expected FIRST_COMPLETED or ALL_COMPLETED")
+    pending, finished = set(handles), set[JobHandle]()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        finished |= {h for h in pending if h.done()}
+        pending -= finished
+        if not pending or (return_when == FIRST_COMPLETED and finished):
+            return finished, pending
+        if deadline is not None and time.monotonic() >= deadline:
+            return finished, pending
+        time.sleep(poll_s)
+
+
+def as_completed(
+    handles: Iterable[JobHandle], timeout: float | None = None, poll_s: float = 0.5
+) -> Iterator[JobHandle]:
+    """Each handle as its job becomes final, as ``concurrent.futures.as_completed``;
+    :class:`JobTimeout` if some are not final after ``timeout`` seconds."""
+    pending = set(handles)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        finished, pending = wait(pending, left, FIRST_COMPLETED, poll_s)
+        if not finished:
+            raise JobTimeout(f"{len(pending)} jobs not final after {timeout:g}s")
+        yield from sorted(finished, key=lambda h: h.id)
 
 
 class ArrayHandle:

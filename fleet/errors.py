@@ -69,6 +69,22 @@ class JobTimeout(FleetError, TimeoutError):
     exit_code = 4
 
 
+class JobFailed(FleetError):
+    """``JobHandle.result()`` of a job that ended FAILED; ``job`` is its final status."""
+
+    exit_code = 1
+
+    def __init__(self, job: object, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class JobCancelled(JobFailed):
+    """``JobHandle.result()`` of a job that was CANCELLED."""
+
+    exit_code = 6
+
+
 class DrainTimeout(FleetError, TimeoutError):
     """``wait_drained`` ran out of time before every node was DRAINED."""
 

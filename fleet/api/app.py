@@ -42,7 +42,6 @@ from fleet.models import (
     Job,
     JobArray,
     JobSpec,
-    JobState,
     LogLine,
     Node,
     QueuePosition,
@@ -247,14 +246,16 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
 
     @app.get("/v1/jobs")
     def listing(
-        who: User, state: JobState | None = None, limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
-        tenant: str | None = None, flat: bool = False,
+        who: User, state: str | None = None, limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
+        tenant: str | None = None, user: str | None = None,
+        label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeated: all must match")] = None,
+        flat: bool = False,
     ) -> list[Job | JobArray]:  # fmt: skip
         """Newest first; each array one entry (``flat``: every job, tasks included)."""
-        scope = tenant_filter(who, tenant)
+        scope, labels = tenant_filter(who, tenant), _labels(label or [])
         if flat:
-            return list(backend.jobs(state, limit, scope))
-        return backend.listing(state, limit, scope)
+            return list(backend.jobs(state, limit, scope, user, labels))
+        return backend.listing(state, limit, scope, user, labels)
 
     @app.get("/v1/jobs/{job_id}")
     def get(job_id: str, who: User) -> Job:
@@ -404,6 +405,15 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
 
 _ACTS = {Role.USER: "use the fleet", Role.OPERATOR: "cordon, uncordon or drain nodes",
          Role.ADMIN: "manage tokens or tenants"}  # fmt: skip
+
+
+def _labels(pairs: list[str]) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SpecError(f"label {bad[0]!r}: expected KEY=VALUE")
+    return dict(p.split("=", 1) for p in pairs)
 
 
 def _whom(who: Identity) -> str:

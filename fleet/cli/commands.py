@@ -92,6 +92,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--state", type=str.upper, choices=[s.value for s in JobState])
     p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--tenant", help="only this tenant's (operators and admins; a user sees its own)")
+    p.add_argument("--user", help="only those this user submitted")
+    p.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="only those carrying it (repeat: all)"
+    )
     output_option(p)
     p.set_defaults(handler=jobs)
 
@@ -133,9 +138,8 @@ def register(sub: Any) -> None:
     output_option(p)
     p.set_defaults(handler=cancel)
 
-    p = sub.add_parser("nodes", help="nodes with state, heartbeat and GPUs; `nodes show NODE` for one")
-    p.add_argument("action", nargs="?", choices=["show"])
-    p.add_argument("node", nargs="?")
+    p = sub.add_parser("nodes", help="nodes with state, heartbeat and GPUs; `nodes NODE` for one")
+    p.add_argument("node", nargs="*", metavar="NODE", help="one node in full (`nodes show NODE` too)")
     output_option(p)
     p.set_defaults(handler=nodes)
 
@@ -293,7 +297,8 @@ def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
 
 def jobs(args: argparse.Namespace) -> int:
     client = _client(args)
-    found = client.listing(args.state, args.limit)
+    labels = _pairs(args.label, "--label") or None
+    found = client.listing(args.state, args.limit, args.tenant, args.user, labels)
     if args.output == "json":
         emit_json(found)
         return 0
@@ -454,10 +459,13 @@ def _cancel_one(client: Client, job_id: str) -> Job:
 
 def nodes(args: argparse.Namespace) -> int:
     client = _client(args)
-    if args.action == "show":
-        if not args.node:
-            raise SpecError("usage: fleet nodes show NODE")
-        return _show_node(client.node(args.node), args.output)
+    names = args.node[1:] if args.node[:1] == ["show"] else args.node
+    if args.node[:1] == ["show"] and not names:
+        raise SpecError("usage: fleet nodes [show] NODE")
+    if len(names) > 1:
+        raise SpecError(f"one node at a time: fleet nodes NODE (got {' '.join(names)})")
+    if names:
+        return _show_node(client.node(names[0]), args.output)
     found = client.nodes()
     if args.output == "json":
         emit_json(found)
