@@ -81,8 +81,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--wait", action="store_true",
-        help="wait for the job (every task of an --array) and exit with its result code",
+        help="print the id, wait for the job (every task of an --array) and exit with its result code",
     )  # fmt: skip
+    p.add_argument("--follow", action="store_true", help="with --wait: print the job's output as it runs")
     output_option(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(handler=submit)
@@ -253,9 +254,15 @@ def submit(args: argparse.Namespace) -> int:
     handle = client.submit(spec, job_id=args.job_id)
     _warn_unplaceable(client, spec)
     if args.wait:
+        if args.output != "json":
+            print(handle.id, flush=True)
+        if args.follow:
+            _follow_every_attempt(client, handle.id)
         job = handle.wait()
         _print_job_line(job, args.output)
         return EXIT_FOR_STATE[job.state]
+    if args.follow:
+        raise SpecError("--follow: only with --wait (fleet logs -f JOB follows a job submitted earlier)")
     if args.output == "json":
         emit_json(handle.status())
     else:
@@ -406,6 +413,21 @@ def logs(args: argparse.Namespace) -> int:
     for line in lines:
         print(line.line, flush=args.follow)
     return 0
+
+
+def _follow_every_attempt(client: Client, job_id: str) -> None:
+    """Print each attempt's output as it comes, attempt after attempt, until the job is final."""
+    attempt = 0
+    while True:
+        job = client.get(job_id)
+        if job.attempt > attempt:
+            attempt = job.attempt
+            for line in client.follow_logs(job_id, attempt):
+                print(line.line, flush=True)
+        elif job.state.final:
+            return
+        else:
+            time.sleep(0.5)
 
 
 def _print_job_line(job: Job, output: str) -> None:

@@ -172,3 +172,12 @@ def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:
             env=fleet_cli.env,
         )  # fmt: skip
         assert (done.stdout.strip(), done.stderr) == ("0", ""), argv
+
+
+def test_submit_wait_follow_prints_the_id_then_the_output_of_every_attempt(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    script = 'echo "attempt $FLEET_ATTEMPT"; [ "$FLEET_ATTEMPT" -ge 2 ]'
+    done = fleet_cli("submit", "--wait", "--follow", "--max-attempts", "2", "--", "sh", "-c", script)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[0].startswith("sh-") and lines[1:3] == ["attempt 1", "attempt 2"]
+    assert lines[3].startswith(f"{lines[0]} SUCCEEDED")
