@@ -509,6 +509,11 @@ class LogLine(BaseModel):
     attempt: int
     line: str
 
+    @property
+    def at(self) -> float:
+        """When it was shipped (unix seconds): the stream entry id's milliseconds."""
+        return int(self.id.split("-", 1)[0]) / 1000
+
 
 class Role(StrEnum):
     """What a token may do. Each role can do everything the ones before it can."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.cli import arrays
-from fleet.cli.output import ago, clock, emit_json, size, stamp, table, took
+from fleet.cli.output import ago, clock, emit_json, iso, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobSpec, JobState, Node
@@ -116,6 +117,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--attempt", type=int)
     p.add_argument("--rank", type=int, default=0, help="a multi-node job's member (default 0)")
+    p.add_argument(
+        "-t", "--timestamps", action="store_true", help="prefix each line with when it was shipped"
+    )
+    output_option(p)
     p.set_defaults(handler=logs)
 
     p = sub.add_parser(
@@ -411,7 +416,11 @@ def logs(args: argparse.Namespace) -> int:
         else client.logs(args.job, args.attempt, args.rank)
     )  # fmt: skip
     for line in lines:
-        print(line.line, flush=args.follow)
+        if args.output == "json":
+            record = {"at": line.at, "time": iso(line.at), "attempt": line.attempt, "line": line.line}
+            print(json.dumps(record), flush=args.follow)
+        else:
+            print(f"{iso(line.at)} {line.line}" if args.timestamps else line.line, flush=args.follow)
     return 0
 
 

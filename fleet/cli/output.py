@@ -14,12 +14,25 @@ GiB = 1 << 30
 
 
 def emit_json(data: Any) -> None:
+    """JSON for scripts; every ``*_at`` time (unix seconds) gets an ISO 8601 twin, ``*_at_iso``."""
     if isinstance(data, BaseModel):
         data = data.model_dump(mode="json")
     elif isinstance(data, list):
         data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
-    json.dump(data, sys.stdout, indent=2, default=str)
+    json.dump(_with_iso(data), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def _with_iso(data: Any) -> Any:
+    if isinstance(data, list):
+        return [_with_iso(d) for d in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: _with_iso(v) for k, v in data.items()}
+    for key, value in data.items():
+        if (key.endswith("_at") or key == "at") and isinstance(value, int | float) and value > 0:
+            out[f"{key}_iso"] = iso(value)
+    return out
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -58,6 +71,11 @@ def clock(at: float | None, now: float | None = None) -> str:
         return "-"
     same_day = time.localtime(at)[:3] == time.localtime(now or time.time())[:3]
     return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(at))
+
+
+def iso(at: float) -> str:
+    """ISO 8601 in UTC, to the millisecond: ``2026-11-22T07:25:04.123Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
 
 
 def stamp(at: float | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -181,3 +182,14 @@ def test_submit_wait_follow_prints_the_id_then_the_output_of_every_attempt(fleet
     assert done.returncode == 0, done.stderr
     assert lines[0].startswith("sh-") and lines[1:3] == ["attempt 1", "attempt 2"]
     assert lines[3].startswith(f"{lines[0]} SUCCEEDED")
+
+
+def test_logs_carry_their_times_and_json_has_iso_timestamps(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--wait", "--", "sh", "-c", "echo first; echo second").stdout.split()[0]
+    stamped = fleet_cli("logs", job_id, "--timestamps").stdout.splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["first", "second"]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line.split()[0]) for line in stamped)
+    records = [json.loads(line) for line in fleet_cli("logs", job_id, "-o", "json").stdout.splitlines()]
+    assert [(r["attempt"], r["line"]) for r in records] == [(1, "first"), (1, "second")]
+    shown = json.loads(fleet_cli("show", job_id, "-o", "json").stdout)
+    assert shown["created_at_iso"].endswith("Z") and abs(shown["created_at"] - time.time()) < 120
