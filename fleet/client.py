@@ -155,10 +155,14 @@ class Client:
         """The response to one call, status checked; raises the error the API named."""
         params = {k: v for k, v in (query or {}).items() if v is not None}
         target = self._parts.path + path + (f"?{urlencode(params, doseq=True)}" if params else "")
-        data = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
+        if isinstance(body, bytes):
+            data: bytes | None = body
+            headers["Content-Type"] = "application/octet-stream"
+        else:
+            data = None if body is None else json.dumps(body).encode()
+            if data is not None:
+                headers["Content-Type"] = "application/json"
         for attempt in range(CONNECT_RETRIES + 1):
             conn = self._connection(fresh=attempt > 0)
             conn.timeout = timeout or self._timeout
@@ -181,7 +185,7 @@ class Client:
             except OSError as exc:
                 self._local.conn = None
                 raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
-        if response.status >= 400:
+        if response.status >= 400 and not (method == "HEAD" and response.status == 404):
             raise _error(response, self.url)
         return response
 
@@ -195,7 +199,7 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
         It runs in the token's tenant (an admin's spec may name another)."""
-        job = _job(self._call("POST", "/v1/jobs", {"spec": _spec(spec), "id": job_id}))
+        job = _job(self._call("POST", "/v1/jobs", {"spec": self._shipped(spec), "id": job_id}))
         return JobHandle(self, job.id)
 
     def submit_array(
@@ -209,9 +213,32 @@ class Client:
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
         wanted = indices if isinstance(indices, str) else list(indices)
-        body = {"spec": _spec(spec), "indices": wanted, "max_running": max_running, "id": array_id}
+        body = {"spec": self._shipped(spec), "indices": wanted, "max_running": max_running, "id": array_id}
         array = _array(self._call("POST", "/v1/arrays", body))
         return ArrayHandle(self, array.id)
+
+    def _shipped(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+        """The spec as the API takes it, its ``workdir`` (a local directory) uploaded and named by
+        digest: only when the fleet does not hold those bytes yet (an unchanged directory is not sent
+        again)."""
+        data = _spec(spec)
+        workdir = data.get("workdir")
+        if workdir and not str(workdir).startswith("sha256:"):
+            data = {**data, "workdir": self.upload_workdir(str(workdir))}
+        return data
+
+    def upload_workdir(self, path: str) -> str:
+        """Pack the directory (without what its .gitignore / .fleetignore name), upload it unless the
+        fleet holds it already, and return its ``sha256:<hex>`` for a spec's ``workdir``."""
+        from fleet.workdir import digest_of, pack  # tarfile and gzip: only a submit that ships one
+
+        packed = pack(path)
+        digest = digest_of(packed)
+        response = self._send("HEAD", f"/v1/blobs/{digest}")
+        response.read()
+        if response.status == 404:
+            self._call("PUT", f"/v1/blobs/{digest}", packed, timeout=max(self._timeout, 600.0))
+        return digest
 
     def get(self, job_id: str) -> Job:
         return _job(self._call("GET", f"/v1/jobs/{_segment(job_id)}"))

@@ -145,6 +145,10 @@ class Settings(BaseModel):
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")
     allowed_mounts: list[Path] = Field(default_factory=list)
     log_max_lines: int = Field(default=10_000, ge=100)
+    #: a directory shipped with a job (``--workdir``), packed: at most this many bytes
+    workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
+    #: how long a shipped directory is kept after its last upload or submit
+    workdir_retention_s: float = Field(default=7 * DAY, gt=0)
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)

@@ -44,6 +44,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | and ``@at``; rewritten whole each time                  |
 | ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
+| ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), expiring        |
+|                                   |        | ``workdir_retention_s`` after its last upload or submit |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -197,6 +199,9 @@ class Keys:
     @property
     def quarantined_nodes(self) -> str:
         return f"{self.prefix}:quarantine:nodes"
+
+    def blob(self, hexdigest: str) -> str:
+        return f"{self.prefix}:blob:{hexdigest}"
 
     @property
     def tokens(self) -> str:

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from fleet.models import Exit, Job, JobState
 
 JOB, INFRA, FATAL, CANCEL = "job", "infra", "fatal", "cancel"
+#: exit codes shells and init (tini, the process runtime's shim) give a program that never ran
+CANNOT_RUN = {
+    127: "the program was not found (a typo, or not in the image's PATH or the shipped directory)",
+    126: "the program is not executable",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ def decide(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
         return Decision(JobState.SUCCEEDED, 0.0, exit.reason or "exited 0")
     if exit.fault == FATAL:
         return Decision(JobState.FAILED, 0.0, f"{exit.reason}; not retryable", {"failures": 1})
+    if exit.code in CANNOT_RUN and not exit.oom:
+        why = f"{exit.reason}: {CANNOT_RUN[exit.code]}; not retryable (another attempt would fail alike)"
+        return Decision(JobState.FAILED, 0.0, why, {"failures": 1})
     return _job_fault(job, exit, policy)
 
 

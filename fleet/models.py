@@ -177,6 +177,9 @@ class JobSpec(BaseModel):
     #: SIGTERM this long before the limit, SIGKILL at it (time to checkpoint, as Slurm's --signal)
     signal_before: Duration = None
     requeue_on_timeout: bool = False
+    #: a directory shipped with the job, its working directory: a local path for the Client and
+    #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
+    workdir: str | None = Field(default=None, max_length=4096)
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
 
     @field_validator("command")

@@ -35,8 +35,11 @@ from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
+from fleet.state.blobs import BlobStore
+from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.retention import RetentionStore
+from fleet.workdir import unpack
 
 log = logging.getLogger("fleet.agent")
 
@@ -58,6 +61,7 @@ class Agent:
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.retention = RetentionStore(jobs.redis, jobs.keys)
+        self.blobs = BlobStore(connect_binary(settings), jobs.keys, settings.workdir_retention_s)
         self.inventory, self.runtime, self.supervisor, self.clock = inventory, runtime, supervisor, clock
         self.policy = RetryPolicy(
             settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
@@ -254,8 +258,22 @@ class Agent:
             shm_size=spec.shm_size, mounts=tuple(spec.mounts), checkpoint_dir=ckpt,
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
             array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
-            master_addr=job.master_addr, master_port=job.master_port,
+            master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
         )  # fmt: skip
+
+    def _workdir(self, job: Job) -> Path | None:
+        """The job's shipped directory, unpacked once per node (content-addressed, read-only)."""
+        digest = job.spec.workdir
+        if digest is None:
+            return None
+        folder = self.cfg.state_dir / "workdirs"
+        if (folder / digest.removeprefix("sha256:")).is_dir():
+            return folder / digest.removeprefix("sha256:")
+        data = self.blobs.get(digest)
+        if data is None:
+            raise LaunchError(f"workdir {digest} is no longer stored (kept workdir_retention_s after its "
+                              "last upload or submit): submit the job again", retryable=False)  # fmt: skip
+        return unpack(data, digest, folder)
 
     # -- stop and exit ---------------------------------------------------------------
 

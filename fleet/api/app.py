@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from fleet import __version__
@@ -50,8 +50,11 @@ from fleet.models import (
     TenantStatus,
     TokenInfo,
 )
+from fleet.state.blobs import BlobStore
+from fleet.state.connection import connect_binary
 from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
+from fleet.workdir import check_digest, digest_of
 
 log = logging.getLogger("fleet.api")
 #: the longest one ``wait`` call blocks; clients call again (proxies cut idle requests)
@@ -178,6 +181,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     backend = Backend(settings=settings)
     tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
     tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
+    blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -213,8 +217,12 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
         return job
 
     def spec_for(who: Identity, raw: dict[str, Any]) -> JobSpec:
-        """The spec, in the caller's tenant unless it names one: only an admin submits for another."""
+        """The spec, in the caller's tenant unless it names one: only an admin submits for another;
+        its shipped directory uploaded already (and kept another ``workdir_retention_s``)."""
         spec = JobSpec.parse({**raw, "tenant": raw.get("tenant", who.tenant)})
+        if spec.workdir is not None and not blobs.touch(spec.workdir):
+            raise SpecError(f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
+                            "as the CLI and Client do")  # fmt: skip
         if spec.tenant != who.tenant and who.role != Role.ADMIN:
             raise Forbidden(f"{_whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for "
                             f"tenant {who.tenant!r} only")  # fmt: skip
@@ -316,6 +324,32 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     def cancel_array(array_id: str, who: User) -> CancelReport:
         own(who, backend.array(array_id).spec.tenant, f"job array {array_id}")
         return backend.cancel_array(array_id)
+
+    # -- shipped directories -----------------------------------------------------------------
+
+    @app.head("/v1/blobs/{digest}")
+    def blob_exists(digest: str, _: User) -> Response:
+        """200 when the fleet holds it (and keeps it another ``workdir_retention_s``), else 404."""
+        return Response(status_code=200 if blobs.touch(digest) else 404)
+
+    @app.put("/v1/blobs/{digest}", status_code=201)
+    async def blob_put(digest: str, request: Request, _: User) -> dict[str, Any]:
+        """A packed directory (tar.gz) named by the SHA-256 of its bytes, at most ``workdir_max_bytes``."""
+        check_digest(digest)
+        limit = settings.workdir_max_bytes
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > limit:
+            raise SpecError(f"workdir: {declared} bytes packed, more than workdir_max_bytes ({limit}); leave "
+                            "data, checkpoints and environments out with a .fleetignore")  # fmt: skip
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise SpecError(f"workdir: more than workdir_max_bytes ({limit}) packed")
+        if digest_of(bytes(data)) != digest:
+            raise SpecError(f"workdir: the bytes sent do not hash to {digest}")
+        created = await anyio.to_thread.run_sync(blobs.put, digest, bytes(data))
+        return {"digest": digest, "bytes": len(data), "created": created}
 
     # -- nodes -------------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ def register(sub: Any) -> None:
     p.add_argument("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
     p.add_argument("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40g")
     p.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
+    p.add_argument("--workdir", metavar="DIR", help="ship this directory with the job as its working "
+                   "directory (.gitignore, .fleetignore honoured; unchanged: not sent again)")  # fmt: skip
     p.add_argument("--timeout", help="wall-clock limit of each attempt, e.g. 30m, 2h (then FAILED)")
     p.add_argument("--signal-before", help="SIGTERM this long before the limit, SIGKILL at it, e.g. 60s")
     p.add_argument("--requeue-on-timeout", action="store_const", const=True,
@@ -235,7 +237,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "shm_size": args.shm_size, "gpu_model": args.gpu_model, "min_gpu_memory": args.min_gpu_memory,
         "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
         "preemptible": args.preemptible, "timeout": args.timeout, "signal_before": args.signal_before,
-        "requeue_on_timeout": args.requeue_on_timeout,
+        "requeue_on_timeout": args.requeue_on_timeout, "workdir": args.workdir,
         "command": command or None,
     }  # fmt: skip
     data.update({k: v for k, v in flags.items() if v is not None})

@@ -21,6 +21,11 @@ def connect(settings: Settings, db: int | None = None) -> redis.Redis:
     return redis.Redis(connection_pool=pool(settings, db, decode_responses=True))
 
 
+def connect_binary(settings: Settings) -> redis.Redis:
+    """A client for the state DB that returns bytes (directories shipped with jobs)."""
+    return redis.Redis(connection_pool=pool(settings, None, decode_responses=False))
+
+
 def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.ConnectionPool:
     """A connection pool for ``db`` with the ACL username and password passed apart from the URL
     (never spliced in); ``options`` override the default timeouts."""

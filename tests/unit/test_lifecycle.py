@@ -47,3 +47,12 @@ def test_fatal_faults_and_cancels_end_the_job() -> None:
     assert decide(job(), Exit(fault=FATAL, reason="image 'x' not found"), POLICY).state == JobState.FAILED
     assert decide(job(), Exit(fault=CANCEL), POLICY).state == JobState.CANCELLED
     assert decide(job(cancel_requested=True), Exit(code=143), POLICY).state == JobState.CANCELLED
+
+
+def test_a_program_that_cannot_run_fails_at_once_without_spending_the_retries() -> None:
+    missing = decide(job(), Exit(code=127, reason="exited with code 127"), POLICY)
+    assert (missing.state, missing.incr) == (JobState.FAILED, {"failures": 1})
+    assert missing.reason.startswith("exited with code 127: the program was not found")
+    assert decide(job(), Exit(code=126, reason="exited with code 126"), POLICY).state == JobState.FAILED
+    # a program that ran and chose its own code is retried as any failure
+    assert decide(job(), Exit(code=2, reason="exited with code 2"), POLICY).state == JobState.QUEUED

@@ -12,6 +12,8 @@ from fleet.models import Exit, Mount
 
 #: where the Docker runtime mounts a job's checkpoint directory
 CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
+#: where the Docker runtime mounts a job's shipped directory (read-only), its working directory
+CONTAINER_WORKDIR = "/fleet/workdir"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
 
 
@@ -44,6 +46,8 @@ class LaunchSpec:
     members: int = 1
     master_addr: str = ""
     master_port: int = 0
+    #: the job's shipped directory, unpacked on this node (read-only): its working directory
+    workdir: Path | None = None
 
     @property
     def name(self) -> str:

@@ -28,6 +28,7 @@ from docker.types import DeviceRequest, Mount
 
 from fleet.agent.runtime.base import (
     CONTAINER_CHECKPOINT_DIR,
+    CONTAINER_WORKDIR,
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_NODE,
@@ -127,6 +128,8 @@ class DockerRuntime:
         mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
         if spec.checkpoint_dir:
             mounts.append(Mount(CONTAINER_CHECKPOINT_DIR, str(spec.checkpoint_dir), type="bind"))
+        if spec.workdir is not None:
+            mounts.append(Mount(CONTAINER_WORKDIR, str(spec.workdir), type="bind", read_only=True))
         devices = (
             [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
         )
@@ -148,6 +151,7 @@ class DockerRuntime:
             memswap_limit=spec.memory,
             nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
             shm_size=spec.shm_size,
+            working_dir=CONTAINER_WORKDIR if spec.workdir is not None else None,
             # a multi-node job's members meet on the hosts' addresses (MASTER_ADDR:MASTER_PORT and the
             # ports NCCL/gloo open): host networking, as Slurm and most bare-metal stacks run them
             network_mode="host" if spec.members > 1 else None,

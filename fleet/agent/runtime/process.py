@@ -48,10 +48,13 @@ class ProcessRuntime:
         if (folder / "meta.json").exists():
             return
         work = folder / "work"
+        if spec.workdir is not None and not work.exists():  # a copy of its own, writable by the job
+            shutil.copytree(spec.workdir, work, symlinks=True)
         work.mkdir(parents=True, exist_ok=True)
         uid, gid = spec.user if spec.user else (None, None)
         if uid is not None and os.geteuid() == 0:
-            os.chown(work, uid, gid if gid is not None else -1)
+            for path in [work, *work.rglob("*")]:
+                os.chown(path, uid, gid if gid is not None else -1, follow_symlinks=False)
         work.chmod(0o700)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))

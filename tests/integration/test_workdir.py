@@ -1,0 +1,123 @@
+"""Shipping code with a job: `fleet submit --workdir DIR -- python3 train.py` from a directory that
+is not in any image, uploaded once, unpacked safely, the job's working directory."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet import Client, JobSpec, JobState, SpecError
+from fleet.workdir import digest_of, pack, unpack
+from tests.conftest import FleetProcs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("import pkg.model, os\nprint(pkg.model.NAME, os.listdir('.'))\n")
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "model.py").write_text("NAME = 'tiny-model'\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"\0" * 1024)
+    (root / "notes.log").write_text("local notes\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".gitignore").write_text("*.log\n")
+    (root / ".fleetignore").write_text("data/\n")
+    return root
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+def test_a_shipped_directory_is_the_jobs_working_directory(
+    procs: FleetProcs, client: Client, project: Path, redis: redis.Redis
+) -> None:
+    procs.controller()
+    procs.agent("t-w", gpus=1)
+    procs.wait_nodes(client, 1)
+    # When a user submits from their project directory, twice
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "submit",
+        "--wait",
+        "--workdir",
+        ".",
+        "--",
+        sys.executable,
+        "train.py",
+    ]
+    first = subprocess.run(
+        argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True, timeout=120
+    )
+    second = subprocess.run(
+        argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True, timeout=120
+    )
+    # Then each job ran the project's own code, without what the ignore files and .git leave out
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + procs.logs()
+    job_id = first.stdout.split()[0]
+    assert client.get(job_id).spec.workdir == digest_of(pack(project))
+    assert client.get(job_id).spec.workdir.startswith("sha256:")
+    output = client.logs(job_id)[0].line
+    assert output.startswith("tiny-model") and "data" not in output and "notes.log" not in output
+    assert "'.git'" not in output and "'train.py'" in output and "'pkg'" in output
+    # And the unchanged directory was stored once (one blob), kept for the retention
+    blobs = list(redis.scan_iter("fleet:blob:*"))
+    assert len(blobs) == 1 and redis.ttl(blobs[0]) > 6 * 86400
+
+
+def test_a_spec_naming_a_directory_never_uploaded_is_refused(client: Client) -> None:
+    with pytest.raises(SpecError, match="not uploaded"):
+        client.submit(JobSpec(name="x", command=["true"], workdir="sha256:" + "0" * 64))
+    with pytest.raises(SpecError, match="not a directory"):
+        client.submit(JobSpec(name="x", command=["true"], workdir="/no/such/dir"))
+
+
+def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escaped")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    data = buffer.getvalue()
+    with pytest.raises(SpecError, match="cannot be unpacked safely"):
+        unpack(data, digest_of(data), tmp_path / "workdirs")
+    assert not (tmp_path / "escaped").exists()
+    with pytest.raises(SpecError, match="do not match their digest"):
+        unpack(data, "sha256:" + "1" * 64, tmp_path / "workdirs")
+
+
+def test_a_directory_too_large_to_ship_is_refused_naming_the_fix(project: Path) -> None:
+    with pytest.raises(SpecError, match=r"more than 0 MiB to ship .*\.fleetignore"):
+        pack(project, max_bytes=10)
+
+
+def test_in_a_container_the_shipped_directory_is_mounted_read_only(
+    docker_procs: FleetProcs, client: Client, tmp_path: Path
+) -> None:
+    project = tmp_path / "shell-project"
+    project.mkdir()
+    (project / "run.sh").write_text(
+        "cat model.txt; pwd; touch here 2>/dev/null && echo writable || echo read-only\n"
+    )
+    (project / "model.txt").write_text("tiny-model\n")
+    docker_procs.controller()
+    docker_procs.agent("t-wd", gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    job = client.submit(JobSpec(name="sh", command=["sh", "run.sh"], workdir=str(project)))
+    status = job.wait(timeout=120)
+    assert status.state == JobState.SUCCEEDED, docker_procs.logs()
+    assert job.logs() == "tiny-model\n/fleet/workdir\nread-only"
