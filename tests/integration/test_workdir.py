@@ -14,7 +14,7 @@ import redis
 
 from fleet import Client, JobSpec, JobState, SpecError
 from fleet.workdir import digest_of, pack, unpack
-from tests.conftest import FleetProcs
+from tests.conftest import FleetProcs, need_torch
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +121,20 @@ def test_in_a_container_the_shipped_directory_is_mounted_read_only(
     status = job.wait(timeout=120)
     assert status.state == JobState.SUCCEEDED, docker_procs.logs()
     assert job.logs() == "tiny-model\n/fleet/workdir\nread-only"
+
+
+def test_the_readme_training_example_runs_shipped_from_the_examples_directory(
+    procs: FleetProcs, client: Client
+) -> None:
+    need_torch()
+    procs.controller()
+    procs.agent("t-ex", gpus=1)
+    procs.wait_nodes(client, 1)
+    examples = Path(__file__).resolve().parents[2] / "workers" / "examples"
+    argv = [sys.executable, "-m", "fleet", "submit", "--wait", "--follow", "--workdir", ".", "--",
+            sys.executable, "train_regression.py", "--steps", "20", "--every", "10"]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=examples, env=procs.cli_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + procs.logs()
+    assert " SUCCEEDED" in done.stdout.splitlines()[-1]
