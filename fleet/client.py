@@ -70,6 +70,11 @@ _ERRORS: dict[str, type[FleetError]] = {
 }  # fmt: skip
 #: what the API returns, fleet stored: an array task's spec carries the fleet.* labels a submit may not
 _STORED = {FROM_FLEET: True}
+#: a connection refused, closed by the server while idle, or left mid-call by an earlier error
+_STALE = (
+    ConnectionRefusedError, http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
+    http.client.CannotSendRequest, http.client.ResponseNotReady,
+)  # fmt: skip
 #: a read that fails to connect is tried again this many times (an API restarting, a balancer
 #: switching); a write only when the request cannot have reached the server
 CONNECT_RETRIES = 3
@@ -170,20 +175,22 @@ class Client:
                 conn.request(method, target, data, headers)
                 response = conn.getresponse()
                 break
-            except (ConnectionRefusedError, http.client.RemoteDisconnected, BrokenPipeError,
-                    ConnectionResetError) as exc:  # fmt: skip
+            except _STALE as exc:
+                # a connection the server closed while idle, or left mid-call by an earlier error:
+                # never reused; the call is tried again on a fresh one
+                self._drop()
                 sent = not isinstance(exc, ConnectionRefusedError)
                 if attempt == CONNECT_RETRIES or (sent and method != "GET" and attempt > 0):
                     raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
                 time.sleep(0.2 * attempt)
             except ssl.SSLCertVerificationError as exc:
-                self._local.conn = None
+                self._drop()
                 raise ConfigError(
                     f"fleet API at {self.url}: its certificate cannot be verified ({exc.verify_message}); "
                     "give the CA that signed it with --ca-file (fleet login) or FLEET_CA_FILE"
                 ) from None
             except OSError as exc:
-                self._local.conn = None
+                self._drop()
                 raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
         if response.status >= 400 and not (method == "HEAD" and response.status == 404):
             raise _error(response, self.url)
@@ -428,6 +435,10 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close this thread's connection (the next call opens another)."""
+        self._drop()
+
+    def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
