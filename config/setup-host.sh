@@ -2,7 +2,8 @@
 # Install the system packages fleet needs and make sure a Docker daemon answers. Idempotent.
 # Used by `make install` and CI. Needs root (or sudo) for apt-get and dockerd.
 set -euo pipefail
-packages=(redis-server docker.io busybox-static debootstrap file iproute2 systemd)
+# chromium and chromium-driver: the status pages' browser tests (headless, driven by selenium)
+packages=(redis-server docker.io busybox-static debootstrap file iproute2 systemd chromium chromium-driver)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
   echo "setup-host: '$*' needs root; run as root or install: ${packages[*]}" >&2; return 1; fi; }
 

@@ -35,6 +35,7 @@ from fleet.models import (
     LogLine,
     Node,
     NodeState,
+    QueuedJob,
     QueuePosition,
     check_job_id,
 )
@@ -226,17 +227,25 @@ class Backend:
 
     def position(self, job_id: str) -> QueuePosition | None:
         """Where the job stands in the queue; None unless it is QUEUED. Reads every queued job's
-        spec: about a second at 100,000 queued jobs, so only ``fleet show`` asks."""
-        ranks = self._jobs.queue_ranks()
-        mine = next((r for r in ranks if r[0] == job_id), None)
-        if mine is None:
-            return None
-        _, rank, tenant = mine
-        peers = [r for r in ranks if r[2] == tenant]
-        return QueuePosition(
-            tenant=tenant, in_tenant=1 + sum(r[1] < rank for r in peers), tenant_queued=len(peers),
-            overall=1 + sum(r[1] < rank for r in ranks), queued=len(ranks),
+        spec: about a second at 100,000 queued jobs, so only ``fleet show`` and the status page ask."""
+        return _standings(self._jobs.queue_ranks()).get(job_id)
+
+    def queue(self, tenant: str | None = None, per_tenant: int = 100) -> list[QueuedJob]:
+        """QUEUED jobs by tenant, each tenant's in rank order (priority, then submission) with where
+        each stands; the first ``per_tenant`` of each tenant (``tenant``: only that one's)."""
+        standings = _standings(self._jobs.queue_ranks())
+        chosen = sorted(
+            (p.tenant, p.in_tenant, job_id) for job_id, p in standings.items()
+            if (tenant is None or p.tenant == tenant) and p.in_tenant <= per_tenant
         )  # fmt: skip
+        jobs = {j.id: j for j in self._jobs.get_many([job_id for _, _, job_id in chosen])}
+        return [QueuedJob(job=jobs[i], position=standings[i]) for _, _, i in chosen if i in jobs]
+
+    def on_nodes(self, tenant: str | None = None) -> list[Job]:
+        """Jobs bound to a node (SCHEDULED, STARTING, RUNNING), longest there first; with ``tenant``,
+        only that tenant's."""
+        jobs = [j for j in self._jobs.read_on_nodes().jobs if tenant is None or j.spec.tenant == tenant]
+        return sorted(jobs, key=lambda j: (j.started_at or j.state_since, j.seq))
 
     def history(self, job_id: str) -> list[Event]:
         self.get(job_id)
@@ -438,6 +447,21 @@ def _state(state: JobState | str | None) -> JobState | None:
         return JobState(str(state).upper())
     except ValueError:
         raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
+
+
+def _standings(ranks: list[tuple[str, tuple[int, int], str]]) -> dict[str, QueuePosition]:
+    """Each queued job's position, from ``(id, rank, tenant)`` rows: by rank in its tenant and overall."""
+    ordered = sorted(ranks, key=lambda r: r[1])
+    queued_in: dict[str, int] = {}
+    for _, _, tenant in ordered:
+        queued_in[tenant] = queued_in.get(tenant, 0) + 1
+    seen: dict[str, int] = {}
+    out = {}
+    for overall, (job_id, _, tenant) in enumerate(ordered, 1):
+        seen[tenant] = seen.get(tenant, 0) + 1
+        out[job_id] = QueuePosition(tenant=tenant, in_tenant=seen[tenant], tenant_queued=queued_in[tenant],
+                                    overall=overall, queued=len(ordered))  # fmt: skip
+    return out
 
 
 def _who() -> str:

@@ -624,3 +624,12 @@ class QueuePosition(BaseModel):
     tenant_queued: int
     overall: int
     queued: int
+
+
+class QueuedJob(BaseModel):
+    """A QUEUED job with where it stands (the status page's queue lists these)."""
+
+    model_config = _LAZY
+
+    job: Job
+    position: QueuePosition

@@ -2,6 +2,7 @@
 its role allows and which tenant it acts for, then calls :class:`fleet.backend.Backend`.
 
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
+It also serves the read-only status pages under ``/ui`` (:mod:`fleet.api.pages`).
 Blocking calls (waiting for a job, following a log) run on worker threads, each holding one
 Redis read at a time; ``api_threads`` bounds how many run at once.
 """
@@ -10,16 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from fleet import __version__
+from fleet.api import pages
+from fleet.api.deps import Admin, Anyone, Operator, User, own, whom
 from fleet.backend import Backend
 from fleet.config import Settings
 from fleet.errors import (
@@ -140,40 +143,6 @@ class FleetInfo(BaseModel):
     most_gpus: int
 
 
-# -- who is calling --------------------------------------------------------------------------
-
-
-def caller(request: Request) -> Identity:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("no token: send 'Authorization: Bearer <token>' (fleet login, or FLEET_TOKEN)")
-    tokens: TokenStore = request.app.state.tokens
-    who = tokens.identify(token.strip())
-    if who is None:
-        raise Unauthorized(
-            "token unknown, revoked or expired: ask an admin for a new one (fleet token create)"
-        )
-    return who
-
-
-def role(needed: Role) -> Callable[[Identity], Identity]:
-    """A dependency: the caller, if its role is ``needed`` or higher; else :class:`Forbidden`."""
-
-    def check(who: Annotated[Identity, Depends(caller)]) -> Identity:
-        if not who.role.allows(needed):
-            raise Forbidden(f"{_whom(who)} cannot {_ACTS[needed]}: that needs role {needed} or higher")
-        return who
-
-    return check
-
-
-Anyone = Annotated[Identity, Depends(caller)]
-User = Annotated[Identity, Depends(role(Role.USER))]
-Operator = Annotated[Identity, Depends(role(Role.OPERATOR))]
-Admin = Annotated[Identity, Depends(role(Role.ADMIN))]
-
-
 # -- the app ---------------------------------------------------------------------------------
 
 
@@ -194,7 +163,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     app.state.tokens = tokens
 
     @app.exception_handler(FleetError)
-    async def fleet_error(_: Request, exc: FleetError) -> JSONResponse:
+    async def fleet_error(request: Request, exc: FleetError) -> Response:
+        if pages.is_page(request):
+            return pages.error_page(request, exc, status_of(exc))
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -203,13 +174,6 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
             f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()
         )
         return error_response(SpecError(f"bad request: {fields}"))
-
-    def own(who: Identity, tenant: str, what: str) -> None:
-        """A user acts within its tenant only; operators and admins read and cancel any tenant's."""
-        if who.role == Role.USER and tenant != who.tenant:
-            raise Forbidden(
-                f"{what} belongs to tenant {tenant!r}; {_whom(who)} acts for tenant {who.tenant!r} only"
-            )
 
     def job_of(who: Identity, job_id: str) -> Job:
         job = backend.get(job_id)
@@ -224,7 +188,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
             raise SpecError(f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
                             "as the CLI and Client do")  # fmt: skip
         if spec.tenant != who.tenant and who.role != Role.ADMIN:
-            raise Forbidden(f"{_whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for "
+            raise Forbidden(f"{whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for "
                             f"tenant {who.tenant!r} only")  # fmt: skip
         return spec
 
@@ -434,11 +398,8 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
         event(log, "token_revoked", id=token_id, by=who.user)
         return found
 
+    app.include_router(pages.page_routes(backend, tenants))
     return app
-
-
-_ACTS = {Role.USER: "use the fleet", Role.OPERATOR: "cordon, uncordon or drain nodes",
-         Role.ADMIN: "manage tokens or tenants"}  # fmt: skip
 
 
 def _labels(pairs: list[str]) -> dict[str, str] | None:
@@ -448,10 +409,6 @@ def _labels(pairs: list[str]) -> dict[str, str] | None:
     if bad:
         raise SpecError(f"label {bad[0]!r}: expected KEY=VALUE")
     return dict(p.split("=", 1) for p in pairs)
-
-
-def _whom(who: Identity) -> str:
-    return f"the token of user {who.user!r} (role {who.role})"
 
 
 def error_response(exc: FleetError) -> JSONResponse:
