@@ -115,7 +115,8 @@ class LocalFleet:
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        print(f"\nfleet is up: API {self.api_url}, with an admin token for you. In another shell:\n\n"
+        print(f"\nfleet is up: API {self.api_url}, status page {self.api_url}/ui (log in with the token), "
+              "with an admin token for you. In another shell:\n\n"
               f"  export FLEET_API_URL={self.api_url} FLEET_TOKEN={self.token}\n"
               "  fleet submit --gpus 1 -- python3 -c 'print(42)'\n  fleet jobs\n\nCtrl-C stops it all.\n",
               flush=True)  # fmt: skip
