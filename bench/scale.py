@@ -7,8 +7,9 @@ node simulator (``bench/nodesim.py``), and this driver. Scenarios:
 0. **The simulator's own cost.** ``--nodes`` idle simulated nodes for 10 s, with the shared
    consumer and with one dramatiq Worker on every node queue: its CPU, Redis's, script calls/s.
 1. **Passes.** ``--nodes`` simulated nodes of 8 GPUs (half "A100", half "H100") and ``--queued``
-   jobs of mixed shapes (1/2/4/8 GPUs, 40 % bound to a GPU model) that run for a day, stored
-   before the controller starts. Reported: the first pass (it places what fits), the time until
+   jobs of mixed shapes (1/2/4/8 GPUs, and ``--gang-fraction``, default 5 %, of multi-node jobs of
+   2-4 nodes x 8 GPUs; 40 % bound to a GPU model) that run for a day, stored before the controller
+   starts. Reported: the first pass (it places what fits), the time until
    every placed job runs, then the median and p99 of the passes that follow while nothing changes.
 2. **Idle CPU.** The controller's CPU over one ``resync_interval_s`` in that state (psutil: it
    holds one full reconcile and one queue resync), the simulator's and Redis's beside it.
@@ -89,15 +90,24 @@ def redis_counts(url: str) -> tuple[int, int]:
     return total, scripts
 
 
-def backlog(count: int, churn_s: float = 0, seed: int = 1) -> Iterator[tuple[str, JobSpec]]:
+def backlog(
+    count: int, churn_s: float = 0, seed: int = 1, gang_fraction: float = 0.0
+) -> Iterator[tuple[str, JobSpec]]:
     """Mixed shapes: 1/2/4/8 GPUs (4:3:2:1), 20 % asking for "A100", 20 % for "H100"; a day long,
-    or with ``churn_s`` between half and one and a half times that."""
-    rng = random.Random(seed)
+    or with ``churn_s`` between half and one and a half times that. A ``gang_fraction`` of them are
+    multi-node jobs of 2 to 4 nodes x 8 GPUs, drawn apart: the other jobs keep the shapes they have
+    without gangs (``--gang-fraction 0`` is the queue of earlier runs)."""
+    rng, gangs = random.Random(seed), random.Random(seed + 1)
     for i in range(count):
         gpus = rng.choice([1, 1, 1, 1, 2, 2, 2, 4, 4, 8])
         model = rng.choice([None, None, None, "A100", "H100"])
         seconds = str(round(rng.uniform(churn_s / 2, churn_s * 1.5))) if churn_s else DAY
-        yield f"q-{i}", JobSpec(name="q", command=["sleep", seconds], gpus=gpus, gpu_model=model)
+        nodes = gangs.choice([2, 3, 4]) if gangs.random() < gang_fraction else None
+        shape = {"nodes": nodes, "gpus_per_node": 8} if nodes else {"gpus": gpus}
+        yield (
+            f"q-{i}",
+            JobSpec.parse({"name": "q", "command": ["sleep", seconds], "gpu_model": model, **shape}),
+        )
 
 
 def probe_setup() -> list[tuple[str, JobSpec]]:
@@ -180,7 +190,9 @@ class ScaleRun:
     def load_queue(self) -> None:
         started = time.monotonic()
         stored = bulk_create(self.settings, iter(probe_setup()))
-        stored += bulk_create(self.settings, backlog(self.args.queued, self.args.churn_s))
+        stored += bulk_create(
+            self.settings, backlog(self.args.queued, self.args.churn_s, gang_fraction=self.args.gang_fraction)
+        )
         self.out.add("queue stored", f"{stored} jobs", f"in {time.monotonic() - started:.1f} s (pipelined)")
 
     def start_controller(self) -> float | None:
@@ -205,8 +217,17 @@ class ScaleRun:
         at = time.time()
         claimed = self.store.redis.hlen(Keys(self.settings.key_prefix).claims)
         self.out.add("every placed job running", f"{at - started:.1f} s after the controller started",
-                     f"{claimed} of {self.sim_stats().get('gpus')} GPUs claimed")  # fmt: skip
+                     f"{claimed} of {self.sim_stats().get('gpus')} GPUs claimed; {self.gangs()}",
+                     claimed_gpus=claimed)  # fmt: skip
         return at
+
+    def gangs(self) -> str:
+        """How many multi-node jobs run, on how many GPUs, and the simulator's double claims."""
+        running = self.store.redis.smembers(Keys(self.settings.key_prefix).jobs_in(JobState.RUNNING))
+        gangs = [j for j in self.store.get_many(running) if len(j.members) > 1]
+        gpus = sum(len(m.gpus) for j in gangs for m in j.members)
+        conflicts = self.sim_stats().get("conflicts", "?")
+        return f"{len(gangs)} multi-node jobs running on {gpus} GPUs; {conflicts} double claims"
 
     def placed(self) -> int:
         counts = self.store.count_by_state()
@@ -440,6 +461,12 @@ def main() -> None:
         default=0,
         help="queued jobs run 0.5-1.5x this long, and passes are also timed while they end (0: a day)",
     )
+    parser.add_argument(
+        "--gang-fraction",
+        type=float,
+        default=0.05,
+        help="share of queued jobs that are multi-node: 2-4 nodes x 8 GPUs (default 0.05; 0: none)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of each wait, in seconds")
     parser.add_argument("--skip", action="append", default=[], choices=["sim", "scale", "throughput"])
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -447,7 +474,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-scale-"))
     root.chmod(0o755)  # jobs of the real agent run as an unprivileged user and need their checkpoint dir
     out = Result()
-    print(machine_line("scale") + f"; --nodes {args.nodes} --queued {args.queued}; logs in {root}")
+    print(
+        machine_line("scale") + f"; --nodes {args.nodes} --queued {args.queued} "
+        f"--gang-fraction {args.gang_fraction:g}; logs in {root}"
+    )
     print("| what | result | notes |\n|---|---|---|", flush=True)
     with redis_server() as url:
         if "sim" not in args.skip:

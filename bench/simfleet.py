@@ -14,6 +14,9 @@ from fleet.state.nodes import NodeInfo
 
 SECONDS_LABEL, EXIT_LABEL = "FLEET_SIM_SECONDS", "FLEET_SIM_EXIT"
 GiB = 1 << 30
+#: one simulated attempt on one node: (job id, attempt, node); a multi-node job's attempt has one per
+#: member, each on its own node
+Key = tuple[str, int, str]
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,27 @@ class SimNode:
     gpus: list[Gpu]
     #: the heartbeat's inventory fields, serialised once (a simulated inventory never changes)
     fields: str
-    #: GPU uuid -> (job id, attempt) of the simulated attempt holding it
-    held: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: GPU uuid -> the simulated attempt holding it
+    held: dict[str, Key] = field(default_factory=dict)
+
+    def unknown(self, gpus: list[str]) -> str:
+        """Why ``gpus`` cannot be taken here: one is not on this node; or ""."""
+        known = {g.uuid for g in self.gpus}
+        return next((f"GPU {u} is not on node {self.name}" for u in gpus if u not in known), "")
+
+    def hold(self, key: Key, gpus: list[str]) -> str:
+        """Take ``gpus`` for ``key``, all or none; the double claim if another attempt holds one, or ""."""
+        for uuid in gpus:
+            if uuid in self.held:
+                holder = self.held[uuid]
+                return f"{key[0]}:{key[1]} on {key[2]} wants {uuid} held by {holder[0]}:{holder[1]}"
+        self.held.update(dict.fromkeys(gpus, key))
+        return ""
+
+    def free(self, key: Key, gpus: list[str]) -> None:
+        for uuid in gpus:
+            if self.held.get(uuid) == key:
+                del self.held[uuid]
 
 
 @dataclass
@@ -65,15 +87,20 @@ class Attempt:
     node: SimNode
     gpus: list[str]
     code: int = 0
+    #: the member's rank in a multi-node job (0 for a single-node job)
+    rank: int = 0
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.job_id, self.attempt
+    def key(self) -> Key:
+        return self.job_id, self.attempt, self.node.name
 
 
 @dataclass
 class Stats:
+    #: attempts started (a multi-node job's: one per member)
     launched: int = 0
+    #: members of multi-node jobs that ended with 0 while others still ran
+    members_done: int = 0
     ignored: int = 0
     finished: int = 0
     joined: int = 0

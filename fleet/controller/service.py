@@ -477,9 +477,16 @@ class Controller:
         if not watched:
             return NodeBatch(), launching
         nodes = self._read_nodes(sorted(watched), all_claims=False)
-        self._install(nodes, now, watched)
         on_watched = {job_id for n in nodes.nodes for job_id in n.jobs} - {j.id for j in launching}
-        return nodes, [*launching, *self._readable(self.jobs.read_many(on_watched), now)]
+        jobs = [*launching, *self._readable(self.jobs.read_many(on_watched), now)]
+        # a multi-node job on a watched node has members on other nodes: read those too, or reconcile
+        # takes a node it was not given for one without a record, and requeues a running job
+        peers = {node for j in jobs for node in j.nodes_held} - watched
+        if peers:
+            nodes = nodes.merged(self._read_nodes(sorted(peers), all_claims=False))
+            watched |= peers
+        self._install(nodes, now, watched)
+        return nodes, jobs
 
     def _requeue(self, requeue: Requeue, now: float) -> None:
         """Requeue without spending retries, if the job is still where the snapshot saw it."""

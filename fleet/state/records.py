@@ -41,6 +41,14 @@ class NodeBatch:
     quarantined: dict[str, str] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
 
+    def merged(self, other: NodeBatch) -> NodeBatch:
+        """Both batches as one (of different nodes, read one after the other)."""
+        return NodeBatch(
+            nodes=[*self.nodes, *other.nodes], corrupt={**self.corrupt, **other.corrupt},
+            corrupt_alive=self.corrupt_alive | other.corrupt_alive,
+            quarantined={**self.quarantined, **other.quarantined}, claims={**self.claims, **other.claims},
+        )  # fmt: skip
+
 
 def why(exc: Exception) -> str:
     """One short line for a parse error (pydantic's are several lines long)."""

@@ -31,15 +31,32 @@ class Harness:
             self.settings, self.jobs, self.nodes, self.bus, clock=clock, controller_id="c1"
         )
 
-    def node(self, name: str, ttl_s: float = 60) -> None:
+    def node(self, name: str, ttl_s: float = 60, gpus: int = 1) -> None:
         """A live node, as its agent's heartbeat registers it."""
-        self.nodes.heartbeat(name, f"agent-{name}", ttl_s, time.time(), info(name))
+        self.nodes.heartbeat(name, f"agent-{name}", ttl_s, time.time(), info(name, gpus))
 
     def running(self, job_id: str, node: str) -> None:
         """A 1-GPU job placed on ``node`` by this controller and started there."""
         self.jobs.create(job_id, JobSpec(name="j", command=["sleep", "1"], gpus=1), time.time())
         leader = self.controller.lease.value
         assert self.jobs.place(job_id, node, [f"{node}-g0"], leader, time.time(), "placed")
+        for to in (JobState.STARTING, JobState.RUNNING):
+            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
+                                 reason="", now=time.time())  # fmt: skip
+
+    def running_gang(self, job_id: str, nodes: list[str]) -> None:
+        """A multi-node job of one GPU per node (``<node>-g0``) placed on ``nodes`` and RUNNING there,
+        every member run as the agents' do."""
+        spec = JobSpec(name="gang", command=["sleep", "1"], gpus=len(nodes), nodes=len(nodes))
+        self.jobs.create(job_id, spec, time.time())
+        members = [{"node": n, "gpus": [f"{n}-g0"], "cpus": 0, "memory": 0} for n in nodes]
+        entry = {"job": job_id, "node": nodes[0], "gpus": members[0]["gpus"], "cpus": 0, "memory": 0,
+                 "reason": "placed", "members": members, "master_addr": "127.0.0.1"}  # fmt: skip
+        assert self.jobs.place_many([entry], self.controller.lease.value, time.time()) == [1]
+        job = self.jobs.get(job_id)
+        for rank in range(len(nodes)):
+            self.jobs.member(job, rank, "starting")
+            self.jobs.member(job, rank, "running")
         for to in (JobState.STARTING, JobState.RUNNING):
             self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
                                  reason="", now=time.time())  # fmt: skip

@@ -133,3 +133,24 @@ def test_a_job_on_a_node_without_a_record_is_requeued(harness: Harness, redis: r
     assert (job.state, job.reason) == (JobState.QUEUED, f"node t-gone has no record{REQUEUED}")
     assert (job.attempt, job.failures, job.infra_requeues, job.node) == (1, 0, 1, None)
     assert redis.hgetall(keys.claims) == {} and redis.hgetall(keys.requeues) == {"node_down": "1"}
+
+
+def test_a_gang_with_a_member_beside_a_launch_is_left_running(
+    harness: Harness, redis: redis_py.Redis
+) -> None:
+    h = harness
+    assert h.controller.lease.renew()
+    for name in ("t-a", "t-b"):
+        h.node(name, gpus=2)
+    # Given a 2-node job running on t-a and t-b, and a full reconcile behind the controller
+    h.running_gang("gang", ["t-a", "t-b"])
+    h.controller.reconcile()
+    # When a job is being launched on t-a, so the next reconcile looks at t-a (and not at t-b)
+    h.jobs.create("launch", JobSpec(name="j", command=["true"], gpus=1), time.time())
+    assert h.jobs.place("launch", "t-a", ["t-a-g1"], h.controller.lease.value, time.time(), "placed")
+    buckets = h.controller.reconcile()
+    # Then the multi-node job is left running: its member on t-b is not taken for one on a node
+    # without a record
+    assert buckets.requeue_lost == ()
+    job = h.jobs.get("gang")
+    assert (job.state, job.attempt, job.nodes_held) == (JobState.RUNNING, 1, ["t-a", "t-b"])

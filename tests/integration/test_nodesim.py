@@ -1,5 +1,6 @@
 """The node simulator (bench/nodesim.py) keeps the agent's promises under the real controller:
-every job runs once and succeeds once, and no GPU ever holds two attempts."""
+every job runs once and succeeds once, multi-node jobs as one member per node, and no GPU ever
+holds two attempts."""
 
 from __future__ import annotations
 
@@ -24,16 +25,26 @@ from fleet.state import JobStore, NodeStore, connect
 pytestmark = pytest.mark.integration
 
 
+#: one job in ten a gang: 2 nodes x 8 GPUs pinned, 16 GPUs split by the scheduler (2 x 8), 3 x 4
+GANGS: list[dict[str, int]] = [{"nodes": 2, "gpus_per_node": 8}, {"gpus": 16}, {"nodes": 3, "gpus": 12}]
+
+
 def mixed_jobs(count: int, seed: int = 7) -> list[JobSpec]:
     rng = random.Random(seed)
     specs = []
     for i in range(count):
         model = rng.choice([None, None, "H100", "A100"])
-        specs.append(JobSpec(
-            name=f"sim-{i}", command=["true"], gpus=rng.choice([1, 1, 2, 4, 8]), gpu_model=model,
-            labels={SECONDS_LABEL: f"{rng.uniform(0, 0.2):.3f}"},
-        ))  # fmt: skip
+        shape = rng.choice(GANGS) if rng.random() < 0.1 else {"gpus": rng.choice([1, 1, 2, 4, 8])}
+        specs.append(JobSpec.parse({
+            "name": f"sim-{i}", "command": ["true"], "gpu_model": model, **shape,
+            "labels": {SECONDS_LABEL: f"{rng.uniform(0, 0.2):.3f}"},
+        }))  # fmt: skip
     return specs
+
+
+def gpus_of(job: Job) -> list[str]:
+    """Every GPU of the job's attempt: each member's on its node, or its one node's."""
+    return [uuid for m in job.members for uuid in m.gpus] or job.gpus
 
 
 def overlaps(jobs: list[Job]) -> list[str]:
@@ -41,7 +52,7 @@ def overlaps(jobs: list[Job]) -> list[str]:
     by_gpu: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for job in jobs:
         assert job.started_at is not None and job.finished_at is not None
-        for uuid in job.gpus:
+        for uuid in gpus_of(job):
             by_gpu[uuid].append((job.started_at, job.finished_at, job.id))
     found = []
     for uuid, spans in by_gpu.items():
@@ -70,7 +81,8 @@ def test_every_job_succeeds_once_on_simulated_nodes(redis_url: str, consumer: st
     client = Backend(settings=settings)
     with NodeSim(settings, groups, consumer=consumer, reconcile_s=1.0) as sim:
         thread.start()
-        # When 200 jobs of 1 to 8 GPUs, some bound to a GPU model, are submitted
+        # When 200 jobs are submitted: 1 to 8 GPUs, and one in ten on 2 or 3 nodes (2 x 8, 16, 3 x 4
+        # GPUs), some bound to a GPU model
         ids = [client.submit(spec).id for spec in mixed_jobs(200)]
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and len(sim.stats.succeeded) < len(ids):
@@ -89,5 +101,17 @@ def test_every_job_succeeds_once_on_simulated_nodes(redis_url: str, consumer: st
     assert overlaps(jobs) == []
     assert store.redis.hlen(keys.claims) == 0
     h100 = [j for j in jobs if j.spec.gpu_model == "H100"]
-    assert h100 and all(j.node and j.node.startswith("h100-") for j in h100)
+    assert h100 and all(n.startswith("h100-") for j in h100 for n in j.nodes_held)
+    # And each multi-node job ran as one member per node, on distinct nodes, each member's GPUs its
+    # node's; every member but the last to end was done while the others ran
+    gangs = [j for j in jobs if j.spec.gpus > 8 or (j.spec.nodes or 1) > 1]
+    assert len(gangs) >= 10
+    shapes = {j.id: [len(m.gpus) for m in j.members] for j in gangs}
+    want = {j.id: [j.spec.gpus // (j.spec.nodes or 2)] * (j.spec.nodes or 2) for j in gangs}
+    assert shapes == want
+    assert [j.id for j in gangs if len(set(j.nodes_held)) != len(j.members)] == []
+    assert [
+        j.id for j in gangs if any(not g.startswith(f"GPU-{m.node}-") for m in j.members for g in m.gpus)
+    ] == []
+    assert sim.stats.members_done == sum(len(j.members) - 1 for j in gangs)
     client.close()
