@@ -363,7 +363,7 @@ class Agent:
         it an infrastructure fault; the attempt ended by someone else (a peer's own failure, the
         controller) leaves nothing to decide; else it is this member's failure."""
         own = exit.model_copy(update={"reason": f"member {rank} on {self.node}: {exit.reason}"})
-        if exit.fault != JOB:
+        if exit.fault != JOB or job.cancel_requested:  # a cancel ends it whatever the peers say
             return own
         peers = [n for n in job.nodes_held if n != self.node]
         deadline = time.monotonic() + self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s

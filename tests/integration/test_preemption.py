@@ -38,24 +38,26 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
     procs.agent("t-a", gpus=2)
     procs.agent("t-b", gpus=2)
     procs.wait_nodes(client, 2)
-    # And a's four training jobs filling all 4 GPUs, checkpointing every 10 steps
+    # And a's 100 jobs: four training jobs filling all 4 GPUs, checkpointing every 10 steps, and 96
+    # short ones queued behind them
     train = [sys.executable, EXAMPLE, "--steps", "300", "--every", "10", "--sleep", "0.05"]
     a_jobs = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=train, tenant="a")) for i in range(4)]
     wait_for(lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs), timeout=120,
              what="a's jobs running and checkpointing")  # fmt: skip
-    # When b submits two short jobs
-    short = [sys.executable, "-c", "import time; time.sleep(3)"]
-    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=short, tenant="b")) for i in range(2)]
+    short = [sys.executable, "-c", "import time; time.sleep(0.5)"]
+    a_rest = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=short, tenant="a")) for i in range(4, 100)]
+    # When b submits 20 short jobs
+    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=short, tenant="b")) for i in range(20)]
     started = time.monotonic()
     # Then within one grace period b runs its guarantee, on GPUs two of a's jobs gave up
-    wait_for(lambda: all(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs),
+    wait_for(lambda: sum(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs) >= 2,
              timeout=GRACE_S, what=f"b's jobs running:\n{procs.logs()}")  # fmt: skip
     assert time.monotonic() - started <= GRACE_S
     preempted = [j for j in a_jobs if j.status().infra_requeues or j.status().preempt]
     assert len(preempted) == 2, [j.status() for j in a_jobs]
     # And every job of a ends well; the preempted ones resumed from their checkpoints, no retry spent
-    for job in a_jobs:
-        status = job.wait(timeout=180)
+    for job in [*a_jobs, *a_rest, *b_jobs]:
+        status = job.wait(timeout=240)
         assert status.state == JobState.SUCCEEDED and status.failures == 0, procs.logs()
     for job in preempted:
         status = job.status()
@@ -68,6 +70,7 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
                "requeued (retry budget not spent)" in requeue.reason  # fmt: skip
     assert all(j.status().state == JobState.SUCCEEDED for j in b_jobs)
     # And the preemptions are counted for a, and the tenants' status is published
-    assert tenants.preemption_counts() == {"a": 2}
+    preempted_all = sum(j.status().infra_requeues for j in [*a_jobs, *a_rest])
+    assert tenants.preemption_counts() == {"a": preempted_all} and preempted_all >= 2
     status = {s.tenant.name: s for s in tenants.status()}
     assert status["b"].tenant.guaranteed_gpus == 2 and status["a"].usage_gpu_s > 0
