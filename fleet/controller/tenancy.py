@@ -111,6 +111,9 @@ class Tenancy:
         if not waiting or not self.cfg.preemption:
             return []
         fair = self.fair(views)
+        for job_id in self.holds:  # GPUs on their way to a job count as its tenant's already: a
+            if job_id in queue.jobs:  # tenant below its guarantee is not preempted for twice over
+                fair.add(queue.jobs[job_id])
         demand = Counter({t: u.gpus for t, u in fair.held.items()})
         demand.update(queue.demand)
         return preemptions(waiting, list(self.running.values()), views, fair, demand, now)

@@ -46,8 +46,9 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
              what="a's jobs running and checkpointing")  # fmt: skip
     short = [sys.executable, "-c", "import time; time.sleep(0.5)"]
     a_rest = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=short, tenant="a")) for i in range(4, 100)]
-    # When b submits 20 short jobs
-    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=short, tenant="b")) for i in range(20)]
+    # When b submits 20 jobs of a few seconds
+    b_run = [sys.executable, "-c", "import time; time.sleep(3)"]
+    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=b_run, tenant="b")) for i in range(20)]
     started = time.monotonic()
     # Then within one grace period b runs its guarantee, on GPUs two of a's jobs gave up
     wait_for(lambda: sum(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs) >= 2,
