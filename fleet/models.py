@@ -569,6 +569,9 @@ class Tenant(BaseModel):
     guaranteed_gpus: int = Field(default=0, ge=0, le=1_000_000)
     #: the most GPUs its jobs hold at once; None: no limit
     max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    #: the most CPUs and memory its jobs hold at once (scheduled resources, as GPUs); None: no limit
+    max_cpus: float | None = Field(default=None, ge=0, le=10_000_000)
+    max_memory: Size = None
     #: its part of the capacity beyond the guarantees, relative to the other tenants' weights
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
     #: seconds its jobs get between SIGTERM and SIGKILL when preempted, to checkpoint

@@ -31,6 +31,8 @@ def register(sub: Any, output: Any) -> None:
     p.add_argument("name")
     p.add_argument("--guaranteed-gpus", type=int, help="GPUs it gets first whenever it has work (default 0)")
     p.add_argument("--max-gpus", help="most GPUs its jobs hold at once; 'none': no limit (default)")
+    p.add_argument("--max-cpus", help="most CPUs its jobs hold at once; 'none': no limit (default)")
+    p.add_argument("--max-memory", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit")
     p.add_argument("--weight", type=float, help="its part of the GPUs beyond guarantees (default 1)")
     p.add_argument("--preempt-grace", help="SIGTERM to SIGKILL when its jobs are preempted (default 120s)")
     p.add_argument("--min-run", help="a job runs this long before it may be preempted (default 10m)")
@@ -68,6 +70,9 @@ def set_tenant(args: argparse.Namespace) -> int:
         policy["guaranteed_gpus"] = args.guaranteed_gpus
     if args.max_gpus is not None:
         policy["max_gpus"] = None if args.max_gpus.lower() == "none" else args.max_gpus
+    for field, value in (("max_cpus", args.max_cpus), ("max_memory", args.max_memory)):
+        if value is not None:
+            policy[field] = None if value.lower() == "none" else value
     if args.weight is not None:
         policy["weight"] = args.weight
     if args.preempt_grace is not None:

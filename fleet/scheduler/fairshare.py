@@ -98,12 +98,20 @@ class FairShare:
         guaranteed = _part(self.policy(tenant).guaranteed_gpus, fleet.gpus)
         return max(0.0, (1 - PAST) * now + PAST * past - guaranteed)
 
-    def limit(self, job: PendingJob) -> str:
-        """Why ``job`` may not start now because of its tenant's ``max_gpus``, or ''."""
-        most = self.policy(job.tenant).max_gpus
-        if most is None or self.holds(job.tenant).gpus + job.gpus <= most:
-            return ""
-        return f"tenant {job.tenant} is at its limit of {most} GPU{'s' if most != 1 else ''}"
+    def limit(self, job: PendingJob, members: int | None = None) -> str:
+        """Why ``job`` may not start now because of its tenant's ``max_gpus``, ``max_cpus`` or
+        ``max_memory``, or ''. ``members``: its nodes (CPUs and memory are per member; default: the
+        nodes it pinned, else one)."""
+        policy, held = self.policy(job.tenant), self.holds(job.tenant)
+        n = members or job.nodes or 1
+        most = policy.max_gpus
+        if most is not None and held.gpus + job.gpus > most:
+            return f"tenant {job.tenant} is at its limit of {most} GPU{'s' if most != 1 else ''}"
+        if policy.max_cpus is not None and held.cpus + job.cpus * n > policy.max_cpus + 1e-9:
+            return f"tenant {job.tenant} is at its limit of {policy.max_cpus:g} CPUs"
+        if policy.max_memory is not None and held.memory + job.memory * n > policy.max_memory:
+            return f"tenant {job.tenant} is at its limit of {policy.max_memory / (1 << 30):g} GiB of memory"
+        return ""
 
     def add(self, job: PendingJob, members: int = 1) -> None:
         """``job`` was placed (``members`` nodes, each granted its CPUs and memory)."""

@@ -21,6 +21,7 @@ that turn out not to be needed are dropped.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -167,9 +168,12 @@ def _allowed(
 
 def _fits(job: PendingJob, victims: list[RunningJob], nodes: Sequence[NodeView], fair: FairShare) -> bool:
     """Would ``job`` start on the nodes with ``victims`` gone (and stay within its tenant's max)?"""
-    most = fair.policy(job.tenant).max_gpus
-    own = sum(v.gpus for v in victims if v.tenant == job.tenant)
-    if most is not None and fair.holds(job.tenant).gpus - own + job.gpus > most:
+    own = [v for v in victims if v.tenant == job.tenant]
+    if own:  # its own victims' share of its limits comes back first
+        fair = copy.deepcopy(fair)
+        for v in own:
+            fair.without(v.tenant, v.gpus, v.cpus * len(v.members), v.memory * len(v.members))
+    if fair.limit(job):
         return False
     return Capacity(_without(nodes, victims)).place(job) is not None
 

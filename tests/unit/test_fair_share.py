@@ -12,7 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.models import Tenant
-from fleet.scheduler import Capacity, FairShare, PendingJob, PendingQueue, Snapshot, Use, fair_gpus, schedule
+from fleet.scheduler import (
+    Capacity,
+    FairShare,
+    NodeView,
+    PendingJob,
+    PendingQueue,
+    Snapshot,
+    Use,
+    fair_gpus,
+    schedule,
+)  # fmt: skip
 from fleet.scheduler.usage import accrue, window
 from tests.unit.plans import check_members
 from tests.unit.test_scheduler import node
@@ -67,6 +77,19 @@ def test_a_tenant_never_exceeds_its_max_and_its_jobs_say_why() -> None:
     assert placed_by_tenant([p.job_id for p in plan.placements], pending) == {"a": 2, "b": 2}
     assert plan.waiting["a5"] == "tenant a is at its limit of 3 GPUs"
     assert plan.blocked == []  # a limit is not a lack of room: nobody is preempted for it
+
+
+def test_a_tenants_cpu_and_memory_limits_hold_as_its_gpu_limit_does() -> None:
+    # Given tenant a limited to 10 CPUs and 8 GiB, and its CPU-only jobs of 4 CPUs and 2 GiB each
+    cpu_jobs = [PendingJob(f"a{i}", 0, i, 0, cpus=4.0, memory=2 << 30, tenant="a") for i in range(5)]
+    mem_jobs = [PendingJob(f"m{i}", 0, 10 + i, 0, cpus=1.0, memory=3 << 30, tenant="m") for i in range(5)]
+    f = fair(Tenant(name="a", max_cpus=10), Tenant(name="m", max_memory="8g"))
+    big = NodeView("n", True, "", (), cpus=64, memory=512 << 30)
+    plan = schedule(Snapshot((*cpu_jobs, *mem_jobs), (big,)), 0, fair=f)
+    # Then a runs two (8 CPUs, a third would make 12), m two (6 GiB; a third would make 9)
+    assert placed_by_tenant([p.job_id for p in plan.placements], [*cpu_jobs, *mem_jobs]) == {"a": 2, "m": 2}
+    assert plan.waiting["a4"] == "tenant a is at its limit of 10 CPUs"
+    assert plan.waiting["m4"] == "tenant m is at its limit of 8 GiB of memory"
 
 
 def test_past_use_decays_and_the_tenant_that_waited_catches_up() -> None:
