@@ -69,8 +69,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "up",
-        help="run a whole local fleet in the foreground (Redis, controller, agent)",
-        description="Run Redis, a controller and an agent in the foreground. Ctrl-C, SIGTERM or "
+        help="run a whole local fleet in the foreground (Redis, controller, agent, API)",
+        description="Run Redis, a controller, an agent and the API in the foreground. Ctrl-C, SIGTERM or "
         "SIGHUP stops them all; should `fleet up` be killed, its children stop too (Linux).",
     )
     p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")

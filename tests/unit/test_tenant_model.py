@@ -21,7 +21,7 @@ def test_an_unconfigured_tenant_has_no_guarantee_no_limit_and_weight_one() -> No
         ({"name": "a", "weight": 0}, "weight: Input should be greater than 0"),
         ({"name": "a", "guaranteed_gpus": -1}, "guaranteed_gpus: Input should be greater than or equal"),
         ({"name": "a", "guaranteed_gpus": 4, "max_gpus": 2}, "guaranteed_gpus (4) is above max_gpus (2)"),
-        ({"name": "a", "quota": 2}, "quota: unknown field; allowed fields: guaranteed_gpus, max_gpus"),
+        ({"name": "a", "quota": 2}, "quota: unknown field; allowed fields: guaranteed_gpus, max_cpus"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_field(data: dict[str, object], message: str) -> None:
