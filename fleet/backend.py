@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleet.arrays import check_indices, parse_indices, task_id
 from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
 from fleet.config import Settings, load_settings
-from fleet.errors import DrainTimeout, FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
+from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.models import (
@@ -211,14 +211,14 @@ class Backend:
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it; with
         ``tenant``, ``owner`` or ``labels``, only those that have them."""
-        wanted = _state(state)
+        wanted = JobState.parse(state)
         return _matching(lambda n: self._arrays.listing(wanted, n), limit, Filter(tenant, owner, labels))
 
     def jobs(
         self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
         owner: str | None = None, labels: dict[str, str] | None = None,
     ) -> list[Job]:  # fmt: skip
-        wanted = _state(state)
+        wanted = JobState.parse(state)
         return _matching(lambda n: self._jobs.list_jobs(wanted, n), limit, Filter(tenant, owner, labels))
 
     def quarantined_jobs(self) -> dict[str, str]:
@@ -378,25 +378,6 @@ class Backend:
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
         return [self._nodes.get(name) for name in names]
 
-    def wait_drained(
-        self,
-        names: Sequence[str],
-        timeout: float | None = None,
-        progress: Callable[[list[Node]], None] | None = None,
-    ) -> list[Node]:
-        """Block until every node is DRAINED; raise :class:`DrainTimeout` after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            nodes = [self._nodes.get(name) for name in names]
-            if all(n.admin_state == NodeState.DRAINED for n in nodes):
-                return nodes
-            if progress is not None:
-                progress(nodes)
-            if deadline is not None and time.monotonic() >= deadline:
-                left = sum(len(n.jobs) for n in nodes)
-                raise DrainTimeout(f"not drained after {timeout:g}s: {left} jobs left")
-            time.sleep(0.5)
-
     def close(self) -> None:
         self._jobs.redis.close()
         if self._bus is not None:
@@ -437,16 +418,6 @@ def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter
         if len(kept) >= limit or len(entries) < n:
             return kept[:limit]
         n *= 4
-
-
-def _state(state: JobState | str | None) -> JobState | None:
-    """``state`` as a JobState, in any case; :class:`SpecError` naming the states otherwise."""
-    if state is None or state == "":
-        return None
-    try:
-        return JobState(str(state).upper())
-    except ValueError:
-        raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
 
 
 def _standings(ranks: list[tuple[str, tuple[int, int], str]]) -> dict[str, QueuePosition]:

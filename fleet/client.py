@@ -461,12 +461,8 @@ def _spec(spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
 
 
 def _state(state: JobState | str | None) -> str | None:
-    if state is None:
-        return None
-    try:
-        return str(JobState(str(state).upper()))
-    except ValueError:
-        raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
+    parsed = JobState.parse(state)
+    return None if parsed is None else str(parsed)
 
 
 def _filters(

@@ -105,6 +105,16 @@ class JobState(StrEnum):
     def on_node(self) -> bool:
         return self in ON_NODE_STATES
 
+    @classmethod
+    def parse(cls, state: JobState | str | None) -> JobState | None:
+        """``state`` in any case (None or '' for any state); :class:`SpecError` naming the states."""
+        if state is None or state == "":
+            return None
+        try:
+            return cls(str(state).upper())
+        except ValueError:
+            raise SpecError(f"state {state!r}: expected one of {', '.join(s.value for s in cls)}") from None
+
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 #: states in which a job is bound to a node and holds GPU claims

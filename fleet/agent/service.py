@@ -39,7 +39,7 @@ from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.retention import RetentionStore
-from fleet.workdir import unpack
+from fleet.workdir import check_digest, unpack
 
 log = logging.getLogger("fleet.agent")
 
@@ -267,8 +267,9 @@ class Agent:
         if digest is None:
             return None
         folder = self.cfg.state_dir / "workdirs"
-        if (folder / digest.removeprefix("sha256:")).is_dir():
-            return folder / digest.removeprefix("sha256:")
+        unpacked = folder / check_digest(digest)
+        if unpacked.is_dir():  # another attempt here unpacked it: no need to fetch it again
+            return unpacked
         data = self.blobs.get(digest)
         if data is None:
             raise LaunchError(f"workdir {digest} is no longer stored (kept workdir_retention_s after its "

@@ -15,7 +15,7 @@ from fleet.cli import arrays
 from fleet.cli.output import ago, clock, emit_json, iso, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
-from fleet.models import Job, JobArray, JobSpec, JobState, Node
+from fleet.models import Job, JobArray, JobSpec, JobState, Node, parse_duration
 
 if TYPE_CHECKING:
     from fleet.models import LogLine
@@ -551,11 +551,13 @@ def _show_node(node: Node, output: str) -> int:
 
 
 def duration(text: str, flag: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``2h``, ``90d``."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not match:
-        raise SpecError(f"{flag} {text!r}: expected a duration like 90s, 30m, 2h or 90d")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min``, ``2h``, ``90d`` (as a job spec's durations)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: {exc}") from None
+    assert seconds is not None
+    return seconds
 
 
 def drain(args: argparse.Namespace) -> int:
