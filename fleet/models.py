@@ -329,6 +329,23 @@ class Member(BaseModel):
     gpus: list[str] = Field(default_factory=list)
 
 
+class Progress(BaseModel):
+    """The last progress report of a job's current attempt (``fleet_worker.progress`` in the job)."""
+
+    step: int = Field(ge=0)
+    #: steps in the whole run, when the job said (what a bar is drawn against)
+    total: int | None = Field(default=None, ge=1)
+    #: when the job reported it (unix seconds)
+    at: float = 0.0
+    #: anything else the job reported with it (loss, samples/s, ...)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float | None:
+        """Done so far, 0..1, or None without a total."""
+        return None if self.total is None else min(1.0, self.step / self.total)
+
+
 class Job(BaseModel):
     """A job as stored: its spec plus where it stands."""
 
@@ -357,6 +374,8 @@ class Job(BaseModel):
     #: the waiting job this attempt is being stopped for (a preemption), or ""
     preempted_for: str = ""
     checkpoint: str | None = None
+    #: the current attempt's last progress report, or None
+    progress: Progress | None = None
     seq: int = 0
     #: how an attempt ended, written before its container is removed (see JobStore.record_exit)
     last_exit: Exit | None = None
