@@ -596,6 +596,10 @@ class Tenant(BaseModel):
     name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
     #: GPUs the tenant gets first whenever it has work, preempting tenants above their fair share
     guaranteed_gpus: int = Field(default=0, ge=0, le=1_000_000)
+    #: CPUs and memory it gets first: a tenant below any of its guarantees is served before those at
+    #: theirs. Only a GPU guarantee preempts (fair shares of CPUs and memory are not tracked)
+    guaranteed_cpus: float = Field(default=0.0, ge=0, le=10_000_000)
+    guaranteed_memory: Size = None
     #: the most GPUs its jobs hold at once; None: no limit
     max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
     #: the most CPUs and memory its jobs hold at once (scheduled resources, as GPUs); None: no limit
@@ -610,12 +614,22 @@ class Tenant(BaseModel):
 
     @model_validator(mode="after")
     def _guarantee_within_max(self) -> Tenant:
-        if self.max_gpus is not None and self.guaranteed_gpus > self.max_gpus:
-            raise ValueError(
-                f"guaranteed_gpus ({self.guaranteed_gpus}) is above max_gpus ({self.max_gpus}): "
-                "a tenant cannot be guaranteed GPUs it may not use"
-            )
+        for kind, noun, fmt, guaranteed, most in (
+            ("gpus", "GPUs", "d", self.guaranteed_gpus, self.max_gpus),
+            ("cpus", "CPUs", "g", self.guaranteed_cpus, self.max_cpus),
+            ("memory", "memory", "d", self.guaranteed_memory or 0, self.max_memory),
+        ):
+            if most is not None and guaranteed > most:
+                raise ValueError(
+                    f"guaranteed_{kind} ({guaranteed:{fmt}}) is above max_{kind} ({most:{fmt}}): "
+                    f"a tenant cannot be guaranteed {noun} it may not use"
+                )
         return self
+
+    @property
+    def guaranteed(self) -> bool:
+        """Whether any resource is guaranteed."""
+        return bool(self.guaranteed_gpus or self.guaranteed_cpus or self.guaranteed_memory)
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Tenant:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.cli import arrays
-from fleet.cli.output import ago, clock, emit_json, iso, size, stamp, table, took
+from fleet.cli.output import ago, clock, emit_json, guarantee, iso, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobSpec, JobState, Node, parse_duration
@@ -396,7 +396,7 @@ def _print_standing(client: Client, job: Job) -> None:
         policy = tenant.tenant
         limit = "no limit" if policy.max_gpus is None else f"max {policy.max_gpus}"
         print(f"Tenant:     {policy.name} uses {tenant.gpus_used} GPUs; fair share now "
-              f"{tenant.fair_share_gpus:.1f}, guaranteed {policy.guaranteed_gpus}, {limit}, weight "
+              f"{tenant.fair_share_gpus:.1f}, guaranteed {guarantee(policy)}, {limit}, weight "
               f"{policy.weight:g}")  # fmt: skip
 
 

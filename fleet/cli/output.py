@@ -6,9 +6,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from fleet.models import Tenant
 
 GiB = 1 << 30
 
@@ -84,3 +87,13 @@ def stamp(at: float | None) -> str:
 
 def size(n: int | None) -> str:
     return "-" if not n else f"{n / GiB:.0f}GiB" if n >= GiB else f"{n >> 20}MiB"
+
+
+def guarantee(tenant: Tenant) -> str:
+    """'8 GPUs', or with CPU and memory guarantees '8 GPUs, 64 CPUs, 256GiB'."""
+    parts = [f"{tenant.guaranteed_gpus} GPU{'s' if tenant.guaranteed_gpus != 1 else ''}"]
+    if tenant.guaranteed_cpus:
+        parts.append(f"{tenant.guaranteed_cpus:g} CPUs")
+    if tenant.guaranteed_memory:
+        parts.append(size(tenant.guaranteed_memory))
+    return ", ".join(parts)

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from fleet.cli.commands import duration
-from fleet.cli.output import ago, emit_json, table
+from fleet.cli.output import ago, emit_json, guarantee, table
 from fleet.client import Client
 
 
@@ -30,6 +30,8 @@ def register(sub: Any, output: Any) -> None:
     )  # fmt: skip
     p.add_argument("name")
     p.add_argument("--guaranteed-gpus", type=int, help="GPUs it gets first whenever it has work (default 0)")
+    p.add_argument("--guaranteed-cpus", type=float, help="CPUs it gets first (queue order only; default 0)")
+    p.add_argument("--guaranteed-memory", help="memory it gets first, e.g. 256g (queue order only)")
     p.add_argument("--max-gpus", help="most GPUs its jobs hold at once; 'none': no limit (default)")
     p.add_argument("--max-cpus", help="most CPUs its jobs hold at once; 'none': no limit (default)")
     p.add_argument("--max-memory", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit")
@@ -50,7 +52,7 @@ def tenants(args: argparse.Namespace) -> int:
         emit_json(found)
         return 0
     rows = [
-        (s.tenant.name + ("" if s.configured else " (default)"), s.tenant.guaranteed_gpus,
+        (s.tenant.name + ("" if s.configured else " (default)"), guarantee(s.tenant),
          "-" if s.tenant.max_gpus is None else s.tenant.max_gpus, f"{s.tenant.weight:g}", s.gpus_used,
          f"{s.fair_share_gpus:.1f}", s.jobs_running, s.jobs_pending, f"{s.usage_gpu_s / 3600:.1f}")
         for s in found
@@ -66,8 +68,9 @@ def set_tenant(args: argparse.Namespace) -> int:
     client = Client(args.api_url)
     current = next((s.tenant for s in client.tenants() if s.configured and s.tenant.name == args.name), None)
     policy = current.model_dump(exclude={"name"}) if current else {}
-    if args.guaranteed_gpus is not None:
-        policy["guaranteed_gpus"] = args.guaranteed_gpus
+    for field in ("guaranteed_gpus", "guaranteed_cpus", "guaranteed_memory"):
+        if getattr(args, field) is not None:
+            policy[field] = getattr(args, field)
     if args.max_gpus is not None:
         policy["max_gpus"] = None if args.max_gpus.lower() == "none" else args.max_gpus
     for field, value in (("max_cpus", args.max_cpus), ("max_memory", args.max_memory)):
@@ -84,7 +87,7 @@ def set_tenant(args: argparse.Namespace) -> int:
         emit_json(tenant)
     else:
         limit = "no limit" if tenant.max_gpus is None else f"max {tenant.max_gpus}"
-        print(f"tenant {tenant.name}: {tenant.guaranteed_gpus} GPUs guaranteed, {limit}, weight "
+        print(f"tenant {tenant.name}: {guarantee(tenant)} guaranteed, {limit}, weight "
               f"{tenant.weight:g}, preempted with {tenant.preempt_grace_s:g}s grace after "
               f"{tenant.min_run_s:g}s")  # fmt: skip
     return 0

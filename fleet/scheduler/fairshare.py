@@ -2,7 +2,8 @@
 
 Order of service (``FairShare.key``, lowest first):
 
-1. A tenant below its guarantee, the furthest below (held / guaranteed) first.
+1. A tenant below a guarantee (GPUs, CPUs or memory), the furthest below (held / guaranteed, of the
+   resource it is furthest below) first.
 2. Every other tenant by how far it is above its guarantee, divided by its weight. "How far" blends
    two dominant-resource shares of the fleet, half each: what it holds now (the largest of its
    fractions of the fleet's GPUs, CPUs and memory, where those are scheduled), and what it used
@@ -84,10 +85,22 @@ class FairShare:
 
     def key(self, tenant: str) -> tuple[int, float, str]:
         """Lower first: below-guarantee tenants (furthest below first), then by weighted share."""
-        policy, gpus = self.policy(tenant), self.holds(tenant).gpus
-        if gpus < policy.guaranteed_gpus:
-            return (0, gpus / policy.guaranteed_gpus, tenant)
-        return (1, self.share(tenant) / policy.weight, tenant)
+        below = self.below(tenant)
+        if below is not None:
+            return (0, below, tenant)
+        return (1, self.share(tenant) / self.policy(tenant).weight, tenant)
+
+    def below(self, tenant: str) -> float | None:
+        """Held / guaranteed of the resource the tenant is furthest below its guarantee of, or None
+        when it holds every guarantee it has."""
+        policy, held = self.policy(tenant), self.holds(tenant)
+        parts = [
+            have / owed
+            for have, owed in ((held.gpus, policy.guaranteed_gpus), (held.cpus, policy.guaranteed_cpus),
+                               (held.memory, policy.guaranteed_memory or 0))
+            if have < owed
+        ]  # fmt: skip
+        return min(parts, default=None)
 
     def share(self, tenant: str) -> float:
         """The blended dominant share above the tenant's guarantee (see the module doc)."""
@@ -95,7 +108,9 @@ class FairShare:
         now = max(_part(held.gpus, fleet.gpus), _part(held.cpus, fleet.cpus),
                   _part(held.memory, fleet.memory))  # fmt: skip
         past = _part(self.usage.get(tenant, 0.0), fleet.gpus * window(self.half_life))
-        guaranteed = _part(self.policy(tenant).guaranteed_gpus, fleet.gpus)
+        policy = self.policy(tenant)
+        guaranteed = max(_part(policy.guaranteed_gpus, fleet.gpus), _part(policy.guaranteed_cpus, fleet.cpus),
+                         _part(policy.guaranteed_memory or 0, fleet.memory))  # fmt: skip
         return max(0.0, (1 - PAST) * now + PAST * past - guaranteed)
 
     def limit(self, job: PendingJob, members: int | None = None) -> str:

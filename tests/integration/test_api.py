@@ -237,6 +237,8 @@ def test_tenants_are_set_by_admins_and_seen_by_everyone(api: Api) -> None:
     assert made.returncode == 0, made.stderr
     assert "2 GPUs guaranteed, no limit, weight 3" in made.stdout
     assert fleet(api, "tenant", "set", "vision", "--max-gpus", "8").returncode == 0
+    both = fleet(api, "tenant", "set", "vision", "--guaranteed-cpus", "16", "--guaranteed-memory", "64g")
+    assert "2 GPUs, 16 CPUs, 64GiB guaranteed, max 8" in both.stdout, both.stderr
     # Then the tenant keeps what was not changed, and every user sees it (no jobs of others named)
     user = api.token_for("u", "nlp")
     listed = json.loads(fleet(api, "tenants", "-o", "json", token=user).stdout)
@@ -247,6 +249,7 @@ def test_tenants_are_set_by_admins_and_seen_by_everyone(api: Api) -> None:
         3,
         300,
     )
+    assert (vision["guaranteed_cpus"], vision["guaranteed_memory"]) == (16, 64 << 30)
     assert "vision" in fleet(api, "tenants", token=user).stdout
     # And a user may not change it; a guarantee above the limit is refused naming both
     refused = fleet(api, "tenant", "set", "nlp", "--weight", "100", token=user)

@@ -92,6 +92,25 @@ def test_a_tenants_cpu_and_memory_limits_hold_as_its_gpu_limit_does() -> None:
     assert plan.waiting["m4"] == "tenant m is at its limit of 8 GiB of memory"
 
 
+def test_a_tenant_below_its_cpu_or_memory_guarantee_is_served_first() -> None:
+    # Given tenant a's older CPU-only jobs, enough to fill the node's CPUs, and tenant c guaranteed
+    # 12 CPUs, m guaranteed 6 GiB, each with later jobs of 4 CPUs and 2 GiB
+    older = [PendingJob(f"a{i}", 5, i, 0, cpus=4.0, memory=2 << 30, tenant="a") for i in range(8)]
+    cpu = [PendingJob(f"c{i}", 0, 100 + i, 0, cpus=4.0, memory=2 << 30, tenant="c") for i in range(8)]
+    mem = [PendingJob(f"m{i}", 0, 200 + i, 0, cpus=4.0, memory=2 << 30, tenant="m") for i in range(8)]
+    f = FairShare({"c": Tenant(name="c", guaranteed_cpus=12), "m": Tenant(name="m", guaranteed_memory="6g")},
+                  fleet=Use(cpus=32, memory=64 << 30))  # fmt: skip
+    node_ = NodeView("n", True, "", (), cpus=32, memory=64 << 30)
+    # When a pass places on a node of 32 CPUs (8 such jobs)
+    plan = schedule(Snapshot((*older, *cpu, *mem), (node_,)), 0, fair=f)
+    order = [p.job_id for p in plan.placements]
+    # Then c and m reach their guarantees (3 jobs each) before a's older, higher-priority jobs start
+    assert set(order[:6]) == {"c0", "c1", "c2", "m0", "m1", "m2"}
+    # And the rest goes by dominant share above the guarantees: m's 12 CPUs are far above its memory
+    # guarantee, c's are exactly its guarantee, a holds nothing: a, then c, take the last two
+    assert order[6:] == ["a0", "c3"]
+
+
 def test_past_use_decays_and_the_tenant_that_waited_catches_up() -> None:
     # Given tenant a that held the whole fleet for the last half-life, b that used nothing
     used = accrue({}, {"a": 8}, HOUR, HOUR)["a"]

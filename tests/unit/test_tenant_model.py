@@ -21,7 +21,9 @@ def test_an_unconfigured_tenant_has_no_guarantee_no_limit_and_weight_one() -> No
         ({"name": "a", "weight": 0}, "weight: Input should be greater than 0"),
         ({"name": "a", "guaranteed_gpus": -1}, "guaranteed_gpus: Input should be greater than or equal"),
         ({"name": "a", "guaranteed_gpus": 4, "max_gpus": 2}, "guaranteed_gpus (4) is above max_gpus (2)"),
-        ({"name": "a", "quota": 2}, "quota: unknown field; allowed fields: guaranteed_gpus, max_cpus"),
+        ({"name": "a", "guaranteed_cpus": 8, "max_cpus": 4}, "guaranteed_cpus (8) is above max_cpus (4)"),
+        ({"name": "a", "guaranteed_memory": "2g", "max_memory": "1g"}, "guaranteed_memory (2147483648) is"),
+        ({"name": "a", "quota": 2}, "quota: unknown field; allowed fields: guaranteed_cpus, guaranteed_gpus"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_field(data: dict[str, object], message: str) -> None:
