@@ -42,6 +42,7 @@ from fleet.models import (
 from fleet.mounts import check_mounts
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.arrays import ArrayStore
+from fleet.state.ranked import RankIndex
 
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
@@ -85,6 +86,7 @@ class Backend:
         self._jobs = JobStore(client, keys)
         self._nodes = NodeStore(client, keys)
         self._arrays = ArrayStore(self._jobs)
+        self._ranked = RankIndex(client, keys)
         self._bus: Bus | None = None
 
     @property
@@ -226,20 +228,16 @@ class Backend:
         return self._jobs.quarantined()
 
     def position(self, job_id: str) -> QueuePosition | None:
-        """Where the job stands in the queue; None unless it is QUEUED. Reads every queued job's
-        spec: about a second at 100,000 queued jobs, so only ``fleet show`` and the status page ask."""
-        return _standings(self._jobs.queue_ranks()).get(job_id)
+        """Where the job stands in the queue; None unless it is QUEUED (``fleet.state.ranked``)."""
+        return self._ranked.positions([job_id]).get(job_id)
 
     def queue(self, tenant: str | None = None, per_tenant: int = 100) -> list[QueuedJob]:
         """QUEUED jobs by tenant, each tenant's in rank order (priority, then submission) with where
         each stands; the first ``per_tenant`` of each tenant (``tenant``: only that one's)."""
-        standings = _standings(self._jobs.queue_ranks())
-        chosen = sorted(
-            (p.tenant, p.in_tenant, job_id) for job_id, p in standings.items()
-            if (tenant is None or p.tenant == tenant) and p.in_tenant <= per_tenant
-        )  # fmt: skip
-        jobs = {j.id: j for j in self._jobs.get_many([job_id for _, _, job_id in chosen])}
-        return [QueuedJob(job=jobs[i], position=standings[i]) for _, _, i in chosen if i in jobs]
+        ids = self._ranked.heads(tenant, per_tenant)
+        where = self._ranked.positions(ids)
+        jobs = {j.id: j for j in self._jobs.get_many([i for i in ids if i in where])}
+        return [QueuedJob(job=jobs[i], position=where[i]) for i in ids if i in jobs]
 
     def on_nodes(self, tenant: str | None = None) -> list[Job]:
         """Jobs bound to a node (SCHEDULED, STARTING, RUNNING), longest there first; with ``tenant``,
@@ -418,21 +416,6 @@ def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter
         if len(kept) >= limit or len(entries) < n:
             return kept[:limit]
         n *= 4
-
-
-def _standings(ranks: list[tuple[str, tuple[int, int], str]]) -> dict[str, QueuePosition]:
-    """Each queued job's position, from ``(id, rank, tenant)`` rows: by rank in its tenant and overall."""
-    ordered = sorted(ranks, key=lambda r: r[1])
-    queued_in: dict[str, int] = {}
-    for _, _, tenant in ordered:
-        queued_in[tenant] = queued_in.get(tenant, 0) + 1
-    seen: dict[str, int] = {}
-    out = {}
-    for overall, (job_id, _, tenant) in enumerate(ordered, 1):
-        seen[tenant] = seen.get(tenant, 0) + 1
-        out[job_id] = QueuePosition(tenant=tenant, in_tenant=seen[tenant], tenant_queued=queued_in[tenant],
-                                    overall=overall, queued=len(ordered))  # fmt: skip
-    return out
 
 
 def _who() -> str:

@@ -10,7 +10,10 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |-----------------------------------|--------|---------------------------------------------------------|
 | ``<p>:seq``                       | string | submission counter (FIFO order within a priority)       |
 | ``<p>:jobs``                      | zset   | every job id, scored by submission seq                  |
-| ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs, scored by seq                       |
+| ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs scored by rank: higher priority      |
+|                                   |        | first, then seq (``lua/lib/ranked.lua``)                |
+| ``<p>:queue:<tenant>``            | zset   | the same, one tenant's (positions in a tenant's queue)  |
+| ``<p>:queue:@tenants``            | set    | tenants with QUEUED jobs                                |
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
 | ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
 | ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...);  |
@@ -97,6 +100,14 @@ class Keys:
     @property
     def queued(self) -> str:
         return f"{self.prefix}:jobs:queued"
+
+    def queued_in(self, tenant: str) -> str:
+        """A tenant's queued jobs by rank (tenant names cannot hold '@', so none is ``@tenants``)."""
+        return f"{self.prefix}:queue:{tenant}"
+
+    @property
+    def queued_tenants(self) -> str:
+        return f"{self.prefix}:queue:@tenants"
 
     @property
     def state_prefix(self) -> str:

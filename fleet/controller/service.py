@@ -43,6 +43,7 @@ from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
 from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
+from fleet.state.ranked import RankIndex
 from fleet.state.records import JobBatch, NodeBatch
 from fleet.state.retention import RetentionStore
 from fleet.state.tenants import TenantStore
@@ -67,6 +68,7 @@ class Controller:
         self.id = controller_id or uuid.uuid4().hex[:8]
         self.lease = LeaderLease(jobs.redis, jobs.keys, self.id, self.cfg.leader_lease_s)
         self.retention = RetentionStore(jobs.redis, jobs.keys)
+        self.ranked = RankIndex(jobs.redis, jobs.keys)
         #: jobs that ended before fleet had retention are tracked once per leadership
         self._tracked = False
         self.policy = RetryPolicy(
@@ -296,7 +298,9 @@ class Controller:
         return self.jobs.count_queued() != len(self.queue)
 
     def _resync_queue(self) -> set[str]:
-        """State is the truth: the ids to (re)load so the queue in memory matches Redis."""
+        """State is the truth: the ids to (re)load so the queue in memory matches Redis (and the
+        rank index that positions are read from matches the queue)."""
+        self.ranked.repair()
         stored = set(self.jobs.queued_ids())
         for gone in set(self.queue.jobs) - stored:
             self.queue.discard(gone)

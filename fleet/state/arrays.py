@@ -58,7 +58,7 @@ class ArrayStore:
         ]
         head = [array_id, spec.model_dump_json(), normal_form(indices), len(indices),
                 "" if max_running is None else max_running, now, k.prefix, "submitted",
-                "1" if generated else "0", owner]  # fmt: skip
+                "1" if generated else "0", owner, spec.priority, spec.tenant]  # fmt: skip
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(indices), ARRAY_BATCH):
             self._scripts["submit_array"](

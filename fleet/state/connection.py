@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
@@ -66,7 +67,16 @@ def load_scripts(client: redis.Redis) -> dict[str, Any]:
 
 @functools.cache
 def _script_texts() -> dict[str, str]:
-    """The scripts' sources, read once per process (every store of every client registers them)."""
+    """The scripts' sources, read once per process (every store of every client registers them).
+    A line ``--! include NAME`` is replaced by ``lua/lib/NAME.lua``: Redis scripts cannot share
+    functions, and code that keeps an index right must be the same in every script that changes it."""
     folder = resources.files("fleet.state") / "lua"
     lua = [entry for entry in folder.iterdir() if entry.name.endswith(".lua")]
-    return {entry.name.removesuffix(".lua"): entry.read_text() for entry in lua}
+    return {entry.name.removesuffix(".lua"): _included(entry.read_text(), folder / "lib") for entry in lua}
+
+
+def _included(text: str, lib: Any) -> str:
+    return _INCLUDE.sub(lambda m: (lib / f"{m[1]}.lua").read_text(), text)
+
+
+_INCLUDE = re.compile(r"^--! include (\w+)$", re.MULTILINE)

@@ -74,7 +74,8 @@ class JobStore:
         k = self.keys
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id),
                 k.array(job_id)]  # fmt: skip
-        args = [job_id, spec.model_dump_json(), now, "submitted", owner]
+        rank = f"{spec.priority} {spec.tenant}"
+        args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix]
         return self._scripts["submit"](keys=keys, args=args, client=client)
 
     @translated
@@ -166,26 +167,6 @@ class JobStore:
     @translated
     def read_queued(self) -> JobBatch:
         return self.read_many(self.redis.zrange(self.keys.queued, 0, -1))
-
-    @translated
-    def queue_ranks(self) -> list[tuple[str, tuple[int, int], str]]:
-        """Every QUEUED job as (id, rank, tenant), rank being (-priority, seq): what orders jobs within
-        a tenant. Reads only the specs (a task's from its array, once per array), parsing no job."""
-        entries = self.redis.zrange(self.keys.queued, 0, -1, withscores=True)
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id, _ in entries:
-            pipe.hmget(self.keys.job(job_id), "spec", "array")
-        specs: dict[str, dict[str, Any]] = {}
-        ranks = []
-        for (job_id, seq), (spec, array) in zip(entries, pipe.execute(), strict=True):
-            if array:
-                if array not in specs:
-                    specs[array] = _priority_tenant(self.redis.hget(self.keys.array(array), "spec"))
-                fields = specs[array]
-            else:
-                fields = _priority_tenant(spec)
-            ranks.append((job_id, (-fields["priority"], int(seq)), fields["tenant"]))
-        return ranks
 
     @translated
     def array_active_counts(self, array_ids: Iterable[str]) -> dict[str, int]:
@@ -470,12 +451,3 @@ class JobStore:
             got = self.redis.xread({key: after}, block=block_ms)
             entries = got[0][1] if got else []
         return [LogLine(id=eid, attempt=attempt, line=f["l"]) for eid, f in entries]
-
-
-def _priority_tenant(spec: str | None) -> dict[str, Any]:
-    """A stored spec's priority and tenant (defaults where unreadable: a position is a hint)."""
-    try:
-        data = json.loads(spec or "{}")
-    except ValueError:
-        data = {}
-    return {"priority": int(data.get("priority", 0)), "tenant": str(data.get("tenant", "default"))}

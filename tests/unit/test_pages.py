@@ -7,7 +7,6 @@ import pytest
 
 from fleet.api import views
 from fleet.api.pages import _safe_next
-from fleet.backend import _standings
 from fleet.models import Gpu, Job, JobSpec, JobState, Member, Node, NodeState, Tenant, TenantStatus
 
 NOW = 10_000.0
@@ -60,17 +59,6 @@ def test_a_running_row_has_its_duration_and_its_gpus_utilization() -> None:
         (5.0, [("n1", 1, 0)], 0.0),
     ]
     assert [views.duration(s) for s in (5, 90, 3700)] == ["5s", "1m 30s", "1h 01m"]
-
-
-def test_queue_positions_go_by_priority_then_submission_within_each_tenant() -> None:
-    # Given queued jobs of two tenants as (id, (-priority, seq), tenant)
-    ranks = [("a1", (0, 1), "a"), ("b1", (0, 2), "b"), ("a2", (-5, 3), "a"), ("a3", (0, 4), "a")]
-    where = _standings(ranks)
-    # Then a2 (priority 5) leads tenant a and the whole queue; the rest follow in submission order
-    assert {j: (p.tenant, p.in_tenant, p.tenant_queued, p.overall) for j, p in where.items()} == {
-        "a2": ("a", 1, 3, 1), "a1": ("a", 2, 3, 2), "b1": ("b", 1, 1, 3), "a3": ("a", 3, 3, 4),
-    }  # fmt: skip
-    assert {p.queued for p in where.values()} == {4}
 
 
 def test_a_tenants_bar_is_scaled_to_the_fleet() -> None:

@@ -10,6 +10,7 @@
 -- ARGV[4], ARGV[5], ...: job ids
 -- Returns, for each job id in order, four values: code, state, node, attempt. code 1: cancelled
 -- at once; 2: flagged (or already flagged) on a node; 0: already final; -1: no such job.
+--! include ranked
 local on_node = {}
 for s in string.gmatch(ARGV[3], '[^,]+') do
   on_node[s] = true
@@ -26,7 +27,7 @@ local function cancel(id)
   if state == 'QUEUED' then
     redis.call('HSET', key, 'state', 'CANCELLED', 'reason', 'cancelled by user', 'updated_at', now,
       'state_since', now, 'finished_at', now, 'cancel_requested', '1')
-    redis.call('ZREM', KEYS[1], id)
+    ranked_remove(prefix, id)
     redis.call('SREM', KEYS[2], id)
     redis.call('SADD', KEYS[3], id)
     redis.call('ZADD', KEYS[4], now, id)

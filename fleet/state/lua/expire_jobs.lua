@@ -16,6 +16,7 @@
 -- ARGV[4] now  ARGV[5] tombstone TTL ms  ARGV[6] final job states, comma separated
 -- ARGV[7], ARGV[8], ...: job ids
 -- Returns the number of jobs deleted, -2 when ARGV[1] is not the current leader.
+--! include ranked
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then
   return -2
 end
@@ -49,6 +50,7 @@ for i = 7, #ARGV do
           redis.call('DEL', job .. ':logs:' .. n .. ':' .. rank)
         end
       end
+      ranked_remove(prefix, id)  -- never there once final: only a record damaged while queued
       redis.call('DEL', job, job .. ':events')
       if state then
         redis.call('SREM', prefix .. ':jobs:state:' .. state, id)

@@ -19,6 +19,7 @@
 -- the job is no longer queued, a node is down or not READY, a GPU is claimed, a node's CPUs
 -- or memory are taken, rank 0's node has no rendezvous port left, or the job is a task of an
 -- array that has max_running tasks on nodes).
+--! include ranked
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {-2}
 end
@@ -121,7 +122,7 @@ local function place(e)
     redis.call('HDEL', job_key, 'members_running', 'members_done')
     for rank = 0, #members - 1 do redis.call('HDEL', job_key, 'm' .. rank) end
   end
-  redis.call('ZREM', p .. ':jobs:queued', e.job)
+  ranked_remove(p, e.job)
   redis.call('SREM', p .. ':jobs:state:QUEUED', e.job)
   redis.call('SADD', p .. ':jobs:state:SCHEDULED', e.job)
   if active then redis.call('SADD', active, e.job) end

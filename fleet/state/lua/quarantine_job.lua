@@ -11,6 +11,7 @@
 -- ARGV[1] job id  ARGV[2] reason  ARGV[3] now  ARGV[4] key prefix
 -- ARGV[5] the leader value this controller write is fenced by  ARGV[6] every job state, comma separated
 -- Returns 1 when quarantined now, 0 when it already was, -2 when ARGV[5] is not the current leader.
+--! include ranked
 if redis.call('GET', KEYS[6]) ~= ARGV[5] then
   return -2
 end
@@ -18,7 +19,7 @@ if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then
   return 0
 end
 local prefix = ARGV[4]
-redis.call('ZREM', KEYS[4], ARGV[1])
+ranked_remove(prefix, ARGV[1])
 redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
 local job = redis.call('HMGET', KEYS[1], 'state', 'node', 'attempt', 'array')
 for s in string.gmatch(ARGV[6], '[^,]+') do

@@ -3,14 +3,16 @@
 -- (a stream holds at least one node of stream-node-max-bytes, 1 to 4 KB, even with one entry, and
 -- most of a deep queue is jobs that have not run yet).
 -- KEYS[1] job hash        KEYS[2] seq counter     KEYS[3] all-jobs zset
--- KEYS[4] queued zset     KEYS[5] QUEUED set
+-- KEYS[4] queued zset (lib/ranked.lua writes it)  KEYS[5] QUEUED set
 -- KEYS[6] the id's tombstone (a job by this id ended and was deleted by retention)
 -- KEYS[7] the array hash with this id (job and array ids share one name space)
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
 -- ARGV[5] owner: the user who submitted it ('' when unknown)
+-- ARGV[6] "<priority> <tenant>" (its place in the queue: lib/ranked.lua)  ARGV[7] key prefix
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
 -- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
 -- job array has this id.
+--! include ranked
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
@@ -23,8 +25,8 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
   'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3], 'state_since', ARGV[3],
-  'reason', ARGV[4], 'seq', seq, 'not_before', 0, 'owner', ARGV[5])
+  'reason', ARGV[4], 'seq', seq, 'not_before', 0, 'owner', ARGV[5], 'queue', ARGV[6])
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
-redis.call('ZADD', KEYS[4], seq, ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])
+ranked_add(ARGV[7], ARGV[1])
 return 1

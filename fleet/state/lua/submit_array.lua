@@ -11,7 +11,9 @@
 -- ARGV[9] '1' when fleet generated the id: an existing record then must be this submit's own
 --   (created at ARGV[6] by an earlier batch or try), never another array's
 -- ARGV[10] owner: the user who submitted it ('' when unknown; its tasks read it from the array)
--- ARGV[11], ARGV[12], ...: the indices of this batch
+-- ARGV[11] the spec's priority  ARGV[12] its tenant (the queue's order: lib/ranked.lua; the
+--   tasks of one array all have the same rank but for their seq)
+-- ARGV[13], ARGV[14], ...: the indices of this batch
 -- Returns {tasks created, ''}; {-1, field} when the array exists with another spec, indices or
 -- max running; {-2, task id} when a job that is not this array's task holds a task's id;
 -- {-3, ''} when a job has the array's id; {-4, task id} while the tombstone of an expired job
@@ -19,6 +21,7 @@
 -- generated id (ARGV[9]) is another array's.
 -- The record counts its tasks not yet deleted by retention ("left"): expire_jobs.lua deletes the
 -- record with the last one.
+--! include ranked
 if redis.call('EXISTS', KEYS[7]) == 1 then
   return {-3, ''}
 end
@@ -33,7 +36,7 @@ if stored[1] then
   if stored[3] ~= ARGV[5] then return {-1, 'max_running'} end
 end
 local todo = {}
-for i = 11, #ARGV do
+for i = 13, #ARGV do
   local task = id .. '-' .. ARGV[i]
   local owner = redis.call('HMGET', prefix .. ':job:' .. task, 'id', 'array')
   if owner[1] and owner[2] ~= id then
@@ -61,18 +64,25 @@ elseif tonumber(stored[4]) ~= lo - 1 then
   -- another submit took seqs between two batches: listings cannot skip this array's seq range
   redis.call('HSET', KEYS[1], 'gaps', '1')
 end
-redis.call('HSET', KEYS[1], 'seq_hi', hi)
+redis.call('HSET', KEYS[1], 'seq_hi', hi, 'queue', ARGV[11] .. ' ' .. ARGV[12])
+local by_tenant = prefix .. ':queue:' .. ARGV[12]
+local base = (1000 - tonumber(ARGV[11])) * RANK_UNIT
 redis.call('HINCRBY', KEYS[1], 'left', #todo)
-local scored = {}
+local scored, ranks = {}, {}
 for n, index in ipairs(todo) do
   local task, seq = id .. '-' .. index, lo + n - 1
   redis.call('HSET', prefix .. ':job:' .. task, 'id', task, 'array', id, 'index', index, 'state', 'QUEUED',
     'attempt', 0, 'created_at', now, 'reason', ARGV[8], 'seq', seq)
   scored[#scored + 1] = seq
   scored[#scored + 1] = task
+  ranks[#ranks + 1] = string.format('%d', base + seq)
+  ranks[#ranks + 1] = task
   if #scored >= 1000 or n == #todo then
     redis.call('ZADD', KEYS[3], unpack(scored))
-    redis.call('ZADD', KEYS[4], unpack(scored))
+    redis.call('ZADD', KEYS[4], unpack(ranks))
+    redis.call('ZADD', by_tenant, unpack(ranks))
+    redis.call('SADD', prefix .. ':queue:@tenants', ARGV[12])
+    ranks = {}
     local members = {}
     for m = 2, #scored, 2 do members[#members + 1] = scored[m] end
     redis.call('SADD', KEYS[5], unpack(members))

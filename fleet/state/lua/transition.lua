@@ -23,6 +23,7 @@
 -- the ended zset, scored by now, so that retention deletes it job_retention_s later.
 -- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job,
 -- {-2, ''} when ARGV[12] is not the current leader.
+--! include ranked
 if ARGV[12] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[12] then
   return {-2, ''}
 end
@@ -63,10 +64,8 @@ if to ~= state then
   redis.call('HSET', KEYS[1], 'state_since', ARGV[6])
   redis.call('SREM', prefix .. ':jobs:state:' .. state, ARGV[1])
   redis.call('SADD', prefix .. ':jobs:state:' .. to, ARGV[1])
-  if state == 'QUEUED' then redis.call('ZREM', KEYS[4], ARGV[1]) end
-  if to == 'QUEUED' then
-    redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'seq'), ARGV[1])
-  end
+  if state == 'QUEUED' then ranked_remove(prefix, ARGV[1]) end
+  if to == 'QUEUED' then ranked_add(prefix, ARGV[1]) end
   if to == 'SUCCEEDED' or to == 'FAILED' or to == 'CANCELLED' then
     redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
   end
