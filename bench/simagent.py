@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from bench.simfleet import Attempt, Key, SimNode, Stats, run_for
+from fleet.agent.members import member_failed
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Stop, node_queue
 from fleet.config import Settings
 from fleet.errors import FleetError, NotFound
@@ -249,7 +250,8 @@ class SimAgent:
                 self.stats.members_done += 1
                 return
         elif gang:
-            exit = self._member_failed(job, run, exit)
+            wait_s = self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s
+            exit = member_failed(self.jobs, self.nodes, job, run.node.name, exit, wait_s, self.stop_event)
         decision = self.jobs.end_attempt(job, exit, self.policy, self.clock(), {"checkpoint": None})
         if decision is None:
             return
@@ -266,26 +268,6 @@ class SimAgent:
             job_id=job.id, attempt=job.attempt, node=run.node.name, phase="exited", exit_code=exit.code,
             oom=exit.oom, reason=exit.reason,
         ))  # fmt: skip
-
-    def _member_failed(self, job: Job, run: Attempt, exit: Exit) -> Exit:
-        """As the agent's ``_member_failed``: a member's own failure, unless a peer's node lost its
-        lease (an infrastructure fault) within a lease TTL; an attempt someone else ended meanwhile
-        leaves nothing to decide."""
-        own = exit.model_copy(update={"reason": f"member {run.rank} on {run.node.name}: {exit.reason}"})
-        if exit.fault != JOB:
-            return own
-        peers = [n for n in job.nodes_held if n != run.node.name]
-        deadline = time.monotonic() + self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s
-        while True:
-            down = [n for n, up in self.nodes.alive(peers).items() if not up]
-            if down:
-                why = f"{own.reason}, after node {down[0]} of member {job.rank_on(down[0])} went down"
-                return Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="node_down", reason=why)
-            current = self.jobs.get(job.id)
-            if current.attempt != job.attempt or not current.state.on_node or time.monotonic() >= deadline:
-                return own
-            if self.stop_event.wait(0.5):
-                return own
 
     def lost(self, node: SimNode, job: Job) -> None:
         """As the agent's ``_lost``: the end recorded before the removal, if any (a multi-node job's

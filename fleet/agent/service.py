@@ -23,6 +23,7 @@ from fleet.agent import reconcile as plan
 from fleet.agent.gpucheck import await_released, check_assigned
 from fleet.agent.gpus import GpuInventory, busy_reason
 from fleet.agent.logship import LogShipper
+from fleet.agent.members import member_failed
 from fleet.agent.runtime import AttemptStatus, LaunchSpec, Runtime
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
@@ -337,7 +338,8 @@ class Agent:
                 event(log, "member_done", job=job.id, attempt=job.attempt, rank=rank, members_done=done)
                 return
         elif gang:
-            exit = self._member_failed(job, rank, exit)
+            wait_s = self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s
+            exit = member_failed(self.jobs, self.nodes, job, self.node, exit, wait_s, self.stop_event)
         decision = self.jobs.end_attempt(
             job, exit, self.policy, self.clock(), {"checkpoint": self._latest(job)}
         )
@@ -356,28 +358,6 @@ class Agent:
             AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
                           exit_code=exit.code, oom=exit.oom, reason=exit.reason),
         )  # fmt: skip
-
-    def _member_failed(self, job: Job, rank: int, exit: Exit) -> Exit:
-        """How a multi-node job's member failing ends the attempt. A member whose peer's node died
-        fails at once (connection reset), seconds before that node's lease runs out: not its fault.
-        So wait, up to a lease TTL, for a peer to explain it: a peer's node losing its lease makes
-        it an infrastructure fault; the attempt ended by someone else (a peer's own failure, the
-        controller) leaves nothing to decide; else it is this member's failure."""
-        own = exit.model_copy(update={"reason": f"member {rank} on {self.node}: {exit.reason}"})
-        if exit.fault != JOB or job.cancel_requested:  # a cancel ends it whatever the peers say
-            return own
-        peers = [n for n in job.nodes_held if n != self.node]
-        deadline = time.monotonic() + self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s
-        while True:
-            down = [n for n, up in self.nodes.alive(peers).items() if not up]
-            if down:
-                why = f"{own.reason}, after node {down[0]} of member {job.rank_on(down[0])} went down"
-                return Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="node_down", reason=why)
-            current = self.jobs.get(job.id)
-            if current.attempt != job.attempt or not current.state.on_node or time.monotonic() >= deadline:
-                return own
-            if self.stop_event.wait(0.5):
-                return own
 
     def _latest(self, job: Job) -> str | None:
         try:

@@ -81,6 +81,22 @@ def test_one_member_failing_stops_the_others_at_once_and_the_job_restarts_whole(
     assert [job.logs(rank=r) for r in (0, 1)] == ["attempt 2 rank 0", "attempt 2 rank 1"]
 
 
+def test_every_member_failing_at_once_is_the_jobs_failure_decided_without_waiting_for_a_node(
+    procs: FleetProcs, client: Client
+) -> None:
+    fleet_of(procs, client, 2)
+    # Given a 2-node job whose members both fail after a second in the first attempt
+    script = 'if [ "$FLEET_ATTEMPT" = 1 ]; then sleep 1; exit 3; fi; echo "attempt $FLEET_ATTEMPT"'
+    job = client.submit(sh(script, nodes=2, gpus=2))
+    status = job.wait(timeout=90)
+    # Then the attempt ended as the job's own failure as soon as both had said so (no peer's node
+    # to wait for: both were alive to record their failure), one retry spent, and the job ran again
+    assert status.state == JobState.SUCCEEDED, procs.logs()
+    assert status.attempt == 2 and status.failures == 1
+    reasons = [e.reason for e in job.history() if e.attempt == 1]
+    assert any("code 3 (every member failed)" in r for r in reasons), reasons
+
+
 def test_a_members_node_dying_requeues_the_whole_job_onto_the_nodes_left(
     procs: FleetProcs, client: Client
 ) -> None:
