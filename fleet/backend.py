@@ -214,14 +214,18 @@ class Backend:
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it; with
         ``tenant``, ``owner`` or ``labels``, only those that have them."""
         wanted = JobState.parse(state)
-        return _matching(lambda n: self._arrays.listing(wanted, n), limit, Filter(tenant, owner, labels))
+        return _matching(
+            lambda n: self._arrays.listing(wanted, n, tenant), limit, Filter(tenant, owner, labels)
+        )
 
     def jobs(
         self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
         owner: str | None = None, labels: dict[str, str] | None = None,
     ) -> list[Job]:  # fmt: skip
         wanted = JobState.parse(state)
-        return _matching(lambda n: self._jobs.list_jobs(wanted, n), limit, Filter(tenant, owner, labels))
+        return _matching(
+            lambda n: self._jobs.list_jobs(wanted, n, tenant), limit, Filter(tenant, owner, labels)
+        )
 
     def quarantined_jobs(self) -> dict[str, str]:
         """Jobs whose stored record cannot be read (id -> why), set aside by the controller."""
@@ -404,8 +408,8 @@ class Filter:
 def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter) -> list[ListingItem]:
     """The first ``limit`` entries ``read(n)`` gives that ``keep`` keeps.
 
-    Reads ever larger prefixes of the whole listing: a tenant's view of a fleet where others hold
-    most jobs costs reads of theirs too (a per-tenant index would avoid it; not needed yet).
+    Reads ever larger prefixes of the listing (a tenant's has its own, ``<p>:jobs:of:<tenant>``): a
+    user's or a label's view still reads the tenant's other jobs on the way.
     """
     if keep == Filter():
         return read(limit)

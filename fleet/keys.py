@@ -10,10 +10,14 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |-----------------------------------|--------|---------------------------------------------------------|
 | ``<p>:seq``                       | string | submission counter (FIFO order within a priority)       |
 | ``<p>:jobs``                      | zset   | every job id, scored by submission seq                  |
+| ``<p>:jobs:of:<tenant>``          | zset   | a tenant's job (and task) ids, scored by seq: its       |
+|                                   |        | listing, without walking other tenants' jobs            |
 | ``<p>:jobs:queued``               | zset   | ids of QUEUED jobs scored by rank: higher priority      |
 |                                   |        | first, then seq (``lua/lib/ranked.lua``)                |
 | ``<p>:queue:<tenant>``            | zset   | the same, one tenant's (positions in a tenant's queue)  |
 | ``<p>:queue:@tenants``            | set    | tenants with QUEUED jobs                                |
+| ``<p>:indexed``                   | string | set once the jobs of an older version are in the        |
+|                                   |        | per-tenant indexes (``RankIndex.backfill``)             |
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
 | ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
 | ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...);  |
@@ -100,6 +104,14 @@ class Keys:
     @property
     def queued(self) -> str:
         return f"{self.prefix}:jobs:queued"
+
+    @property
+    def indexed(self) -> str:
+        return f"{self.prefix}:indexed"
+
+    def jobs_of(self, tenant: str | None) -> str:
+        """The listing of a tenant's jobs, or every job's (``tenant`` None)."""
+        return self.jobs if tenant is None else f"{self.prefix}:jobs:of:{tenant}"
 
     def queued_in(self, tenant: str) -> str:
         """A tenant's queued jobs by rank (tenant names cannot hold '@', so none is ``@tenants``)."""

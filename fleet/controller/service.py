@@ -300,6 +300,7 @@ class Controller:
     def _resync_queue(self) -> set[str]:
         """State is the truth: the ids to (re)load so the queue in memory matches Redis (and the
         rank index that positions are read from matches the queue)."""
+        self.ranked.backfill()
         self.ranked.repair()
         stored = set(self.jobs.queued_ids())
         for gone in set(self.queue.jobs) - stored:

@@ -117,10 +117,12 @@ class ArrayStore:
     # -- list --------------------------------------------------------------------------
 
     @translated
-    def listing(self, state: JobState | None = None, limit: int = 100) -> list[Job | JobArray]:
+    def listing(
+        self, state: JobState | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[Job | JobArray]:
         """Jobs newest first with each array as one entry (in ``state``: the jobs in it, and the
-        arrays with a task in it), at most ``limit`` entries."""
-        entries = self._newest(limit) if state is None else self._newest_in(state, limit)
+        arrays with a task in it), at most ``limit`` entries; only ``tenant``'s, when given."""
+        entries = self._newest(limit, tenant) if state is None else self._newest_in(state, limit, tenant)
         found: dict[tuple[str, bool], Job | JobArray] = {}
         for job in self.jobs.get_many(i for i, is_array in entries if not is_array):
             found[job.id, False] = job
@@ -128,14 +130,16 @@ class ArrayStore:
             found[array.id, True] = array
         return [found[e] for e in entries if e in found]
 
-    def _newest(self, limit: int) -> list[tuple[str, bool]]:
-        """(id, is an array) newest first: walks the all-jobs zset, skipping the seq range of an
-        array created in one step at once, so a 50,000-task array costs one read, not 50,000."""
+    def _newest(self, limit: int, tenant: str | None) -> list[tuple[str, bool]]:
+        """(id, is an array) newest first: walks the all-jobs zset (or the tenant's), skipping the
+        seq range of an array created in one step at once, so a 50,000-task array costs one read,
+        not 50,000."""
+        listing = self.keys.jobs_of(tenant)
         out: dict[str, bool] = {}
         top = "+inf"
         while len(out) < limit:
             want = min(_CHUNK, limit - len(out) + 1)  # each id costs a read: no more than may be shown
-            chunk = self.redis.zrevrangebyscore(self.keys.jobs, top, "-inf", 0, want, withscores=True)
+            chunk = self.redis.zrevrangebyscore(listing, top, "-inf", 0, want, withscores=True)
             if not chunk:
                 break
             owners = self._owners(job_id for job_id, _ in chunk)
@@ -151,16 +155,18 @@ class ArrayStore:
                     break
         return list(out.items())[:limit]
 
-    def _newest_in(self, state: JobState, limit: int) -> list[tuple[str, bool]]:
-        ids = list(self.redis.smembers(self.keys.jobs_in(state)))
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(self.keys.job(job_id), "array", "seq")
-        newest: dict[tuple[str, bool], int] = {}
-        for job_id, (array_id, seq) in zip(ids, pipe.execute(), strict=True):
-            entry = (array_id or job_id, bool(array_id))
-            newest[entry] = max(newest.get(entry, 0), int(seq or 0))
-        return sorted(newest, key=lambda e: -newest[e])[:limit]
+    def _newest_in(self, state: JobState, limit: int, tenant: str | None) -> list[tuple[str, bool]]:
+        """(id, is an array) of the newest entries with a job in ``state``: the newest jobs in it,
+        read four times as many at a time until ``limit`` entries (an array's tasks make one)."""
+        want = limit
+        while True:
+            found = self.jobs.newest_in(state, want, tenant)
+            entries: dict[tuple[str, bool], None] = {}
+            for (job_id, _), array_id in zip(found, self._owners(i for i, _ in found), strict=True):
+                entries.setdefault((array_id or job_id, bool(array_id)), None)
+            if len(entries) >= limit or len(found) < want:
+                return list(entries)[:limit]
+            want *= 4
 
     def _owners(self, job_ids: Iterable[str]) -> list[str | None]:
         pipe = self.redis.pipeline(transaction=False)

@@ -75,7 +75,7 @@ class JobStore:
         keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id),
                 k.array(job_id)]  # fmt: skip
         rank = f"{spec.priority} {spec.tenant}"
-        args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix]
+        args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix, spec.tenant]
         return self._scripts["submit"](keys=keys, args=args, client=client)
 
     @translated
@@ -142,13 +142,20 @@ class JobStore:
         return batch
 
     @translated
-    def list_jobs(self, state: JobState | None = None, limit: int = 1000) -> list[Job]:
-        """Jobs newest first, optionally only those in ``state``."""
+    def list_jobs(
+        self, state: JobState | None = None, limit: int = 1000, tenant: str | None = None
+    ) -> list[Job]:
+        """Jobs newest first, optionally only those in ``state``, or of ``tenant``."""
         if state is None:
-            ids = self.redis.zrevrange(self.keys.jobs, 0, limit - 1)
-            return self.get_many(ids)
-        jobs = self.get_many(self.redis.smembers(self.keys.jobs_in(state)))
-        return sorted(jobs, key=lambda j: -j.seq)[:limit]
+            return self.get_many(self.redis.zrevrange(self.keys.jobs_of(tenant), 0, limit - 1))
+        return self.get_many(job_id for job_id, _ in self.newest_in(state, limit, tenant))
+
+    @translated
+    def newest_in(self, state: JobState, limit: int, tenant: str | None = None) -> list[tuple[str, int]]:
+        """(id, seq) of the newest ``limit`` jobs in ``state`` (of ``tenant``), newest first."""
+        keys = [self.keys.jobs_of(tenant), self.keys.jobs_in(state)]
+        found = self._scripts["newest_in"](keys=keys, args=[limit])
+        return [(found[i], int(found[i + 1])) for i in range(0, len(found), 2)]
 
     @translated
     def read_on_nodes(self) -> JobBatch:

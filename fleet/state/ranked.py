@@ -56,6 +56,23 @@ class RankIndex:
         return [job_id for ids in pipe.execute() for job_id in ids]
 
     @translated
+    def backfill(self) -> int:
+        """Once per Redis: put jobs stored before the per-tenant indexes into their tenant's listing
+        (and give them the field the indexes read); how many it added. A marker key says it is done."""
+        if self.redis.exists(self.keys.indexed):
+            return 0
+        added, cursor = 0, 0
+        while True:
+            cursor, entries = self.redis.zscan(self.keys.jobs, cursor, count=BATCH)
+            if entries:
+                ids = [job_id for job_id, _ in entries]
+                added += int(self._scripts["backfill_tenants"](args=[self.keys.prefix, *ids]))
+            if cursor == 0:
+                break
+        self.redis.set(self.keys.indexed, "1")
+        return added
+
+    @translated
     def repair(self) -> int:
         """Rank what the queue holds unranked, and make the tenants' queues agree with it when their
         sizes do not add up to the queue's; how many jobs that changed. Costs a count per tenant

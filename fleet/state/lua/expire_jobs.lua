@@ -9,7 +9,8 @@
 -- KEYS[4] queued zset  KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[2]:
 --   <prefix>:job:<id>, <prefix>:job:<id>:events, <prefix>:job:<id>:logs:<1..attempt>[:<rank>],
---   <prefix>:job:<id>:expired (the tombstone) and <prefix>:jobs:state:<STATE> sets; for a task of a
+--   <prefix>:job:<id>:expired (the tombstone), <prefix>:jobs:state:<STATE> sets and the tenant's
+--   listing <prefix>:jobs:of:<tenant> (its tenant from the record: lib/ranked.lua); for a task of a
 --   job array, <prefix>:array:<array id> (its count of tasks left), and once the array's last task
 --   is deleted, that hash, <prefix>:array:<array id>:active and its entry in <prefix>:arrays.
 -- ARGV[1] the leader value this write is fenced by  ARGV[2] key prefix  ARGV[3] cutoff (unix s)
@@ -51,6 +52,8 @@ for i = 7, #ARGV do
         end
       end
       ranked_remove(prefix, id)  -- never there once final: only a record damaged while queued
+      local _, _, tenant = rank_of(prefix, id)
+      if tenant then redis.call('ZREM', prefix .. ':jobs:of:' .. tenant, id) end
       redis.call('DEL', job, job .. ':events')
       if state then
         redis.call('SREM', prefix .. ':jobs:state:' .. state, id)

@@ -9,6 +9,9 @@
 -- ARGV[1] job id  ARGV[2] spec JSON  ARGV[3] now (unix s)  ARGV[4] reason
 -- ARGV[5] owner: the user who submitted it ('' when unknown)
 -- ARGV[6] "<priority> <tenant>" (its place in the queue: lib/ranked.lua)  ARGV[7] key prefix
+-- ARGV[8] its tenant: the job joins <prefix>:jobs:of:<tenant> too (a tenant's listing)
+-- Fields that start at their default (failures, not_before, updated_at, ...) are not stored: a job
+-- queued costs its hash, and every field of a hash of this size is ~50 bytes.
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
 -- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
 -- job array has this id.
@@ -24,9 +27,9 @@ if redis.call('EXISTS', KEYS[7]) == 1 then
 end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'spec', ARGV[2], 'state', 'QUEUED', 'attempt', 0,
-  'failures', 0, 'infra_requeues', 0, 'created_at', ARGV[3], 'updated_at', ARGV[3], 'state_since', ARGV[3],
-  'reason', ARGV[4], 'seq', seq, 'not_before', 0, 'owner', ARGV[5], 'queue', ARGV[6])
+  'created_at', ARGV[3], 'reason', ARGV[4], 'seq', seq, 'owner', ARGV[5], 'queue', ARGV[6])
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
+redis.call('ZADD', ARGV[7] .. ':jobs:of:' .. ARGV[8], seq, ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])
 ranked_add(ARGV[7], ARGV[1])
 return 1

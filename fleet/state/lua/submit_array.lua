@@ -12,7 +12,8 @@
 --   (created at ARGV[6] by an earlier batch or try), never another array's
 -- ARGV[10] owner: the user who submitted it ('' when unknown; its tasks read it from the array)
 -- ARGV[11] the spec's priority  ARGV[12] its tenant (the queue's order: lib/ranked.lua; the
---   tasks of one array all have the same rank but for their seq)
+--   tasks of one array all have the same rank but for their seq); the tasks join the tenant's
+--   listing, <prefix>:jobs:of:<tenant>, too
 -- ARGV[13], ARGV[14], ...: the indices of this batch
 -- Returns {tasks created, ''}; {-1, field} when the array exists with another spec, indices or
 -- max running; {-2, task id} when a job that is not this array's task holds a task's id;
@@ -79,6 +80,7 @@ for n, index in ipairs(todo) do
   ranks[#ranks + 1] = task
   if #scored >= 1000 or n == #todo then
     redis.call('ZADD', KEYS[3], unpack(scored))
+    redis.call('ZADD', prefix .. ':jobs:of:' .. ARGV[12], unpack(scored))
     redis.call('ZADD', KEYS[4], unpack(ranks))
     redis.call('ZADD', by_tenant, unpack(ranks))
     redis.call('SADD', prefix .. ':queue:@tenants', ARGV[12])
