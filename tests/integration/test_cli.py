@@ -154,12 +154,18 @@ def test_bad_input_gets_one_line_with_the_fix_never_a_traceback(fleet_cli, tmp_p
         ("submit", "--memory", "16", "gigs"): (2, "'gigs' follows the options: give the command after --"),
         ("submit", "--memory", "16", "--", "true"): (2, "memory: 16 bytes is less than a job can run in"),
         ("submit", "--timeout", "soon", "--", "true"): (2, "timeout: 'soon' is not a duration"),
-        ("submit", "--prio", "5", "--", "true"): (2, "unrecognized arguments: --prio"),
+        # no guessing: an abbreviation is refused, the option meant is named
+        ("submit", "--prio", "5", "--", "true"): (2, "no such option: --prio (did you mean --priority?)"),
+        ("jobs", "--state", "done"): (2, "--state: 'done': expected one of QUEUED, SCHEDULED"),
+        ("jobs", "--watch", "0"): (2, "--watch: 0: expected seconds above 0"),
+        ("wait",): (2, "missing argument 'ID' (see `fleet wait --help`)"),
+        ("jobs", "--api-url", "http://x:1"): (2, "--api-url is fleet's own option: give it before the command"),
     }
     for argv, (code, message) in cases.items():
         done = fleet_cli(*argv)
         assert (done.returncode, "Traceback" in done.stderr) == (code, False), (argv, done.stderr)
-        assert message in done.stderr, (argv, done.stderr)
+        assert message in done.stderr and done.stderr.startswith("fleet: "), (argv, done.stderr)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
     assert fleet_cli("jobs", "-o", "json").stdout.strip() == "[]"  # and nothing was submitted
 
 
