@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 JOB_HEADERS = ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "PROGRESS",
                "EXIT", "REASON"]  # fmt: skip
+#: the columns a narrow terminal leaves out of `fleet jobs`, first to last: ATTEMPT, START, USER, TENANT, EXIT
+NARROW_DROPS = (6, 7, 2, 3, 10)
 
 
 @click.command(
@@ -68,7 +70,7 @@ def jobs(globals_: Globals, state: str | None, limit: int, tenant: str | None, u
         now = time.time()
         rows = [job_row(j, now) if isinstance(j, Job) else arrays.row(j) for j in found]
         note_quarantined("job", client.quarantined_jobs(), "fleet show ID")
-        return View([Table(JOB_HEADERS, rows, wide=len(JOB_HEADERS) - 1)])
+        return View([Table(JOB_HEADERS, rows, wide=len(JOB_HEADERS) - 1, optional=NARROW_DROPS)])
 
     return present(frame, watch, output)
 

@@ -172,7 +172,9 @@ def usage_line(exc: click.UsageError) -> str:
         name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
         message = f"{name}: {exc.message.rstrip('.')}"
     path = exc.ctx.command_path if exc.ctx is not None else "fleet"
-    return f"fleet: {message[:1].lower()}{message[1:].rstrip('.')} (see `{path} --help`)"
+    if message[1:2].islower():  # click's "Missing argument", not an argument's NAME
+        message = message[:1].lower() + message[1:]
+    return f"fleet: {message.rstrip('.')} (see `{path} --help`)"
 
 
 def run() -> int:

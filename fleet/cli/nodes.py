@@ -73,7 +73,8 @@ def gpu_table(node: Node, view: View) -> None:
     if node.gpus:
         rows = [(g.index, g.uuid, g.model, size(g.memory_total), size(g.memory_used), gpu_status(node, g))
                 for g in node.gpus]  # fmt: skip
-        view.add(Table(["IDX", "UUID", "MODEL", "MEMORY", "USED", "STATUS"], rows, title=node.name, indent=2))
+        headers = ["IDX", "UUID", "MODEL", "MEMORY", "USED", "STATUS"]
+        view.add(Table(headers, rows, title=node.name, indent=2, wide=1))
 
 
 def node_frame(node: Node, output: str) -> View | Node:

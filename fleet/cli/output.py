@@ -122,14 +122,16 @@ def bar(fraction: float, width: int = 30) -> str:
 @dataclass
 class Table:
     """Rows under headers. ``title``: a line above it (``NAME:``, after a blank line, in plain
-    text); ``indent``: spaces before each plain line; ``wide``: the column (index) that gives up
-    width first on a narrow terminal (a free-text one such as REASON)."""
+    text); ``indent``: spaces before each plain line. On a terminal narrower than the table, the
+    ``wide`` column (a free-text one such as REASON) is cut short first, then the ``optional`` ones
+    are left out, in that order (piped, every column is always there)."""
 
     headers: Sequence[str]
     rows: Sequence[Sequence[Any]]
     title: str | None = None
     indent: int = 0
     wide: int | None = None
+    optional: Sequence[int] = ()
 
 
 @dataclass

@@ -56,32 +56,63 @@ def _part(part: Table | Field | Bar | str) -> RenderableType:
     if isinstance(part, Table):
         return _table(part)
     if isinstance(part, Field):
-        label = Text(f"{part.label + ':':<12}", style="bold")
-        return label + Text(part.value, style=style_of(part.value) if part.state else "")
+        value_style = style_of(part.value) if part.state else ""
+        return Text.assemble((f"{part.label + ':':<12}", "bold"), (part.value, value_style))
     if isinstance(part, Bar):
         grid = RichTable.grid(padding=(0, 1))
-        grid.add_row(Text(f"{part.label + ':':<11}", style="bold"), ProgressBar(total=1.0,
-                     completed=part.fraction, width=30), Text(part.text))  # fmt: skip
+        meter = ProgressBar(total=1.0, completed=part.fraction, width=30)
+        grid.add_row(Text(f"{part.label + ':':<11}", style="bold"), meter, Text(part.text))
         return grid
     return Text(part)
 
 
-def _table(part: Table) -> RichTable:
-    """Every row one line: on a narrow terminal the ``wide`` column is cut short (…) first."""
-    out = RichTable(
-        title=f"{part.title}" if part.title else None, title_justify="left", title_style="bold",
-        box=None, header_style="bold", padding=(0, 2, 0, 0), pad_edge=False, collapse_padding=True,
-    )  # fmt: skip
-    for i, header in enumerate(part.headers):
-        out.add_column(header, no_wrap=i != part.wide, overflow="ellipsis")
-    states = {i for i, h in enumerate(part.headers) if h in STATE_COLUMNS}
+def _table(part: Table) -> RenderableType:
+    """Every row one line, fitted to the terminal: see :func:`fit`."""
+    shown, widths = fit(part, console().width)
+    out = RichTable(box=None, header_style="bold", padding=(0, 1, 0, 0), pad_edge=False)
+    states = {i for i in shown if part.headers[i] in STATE_COLUMNS}
+    for i in shown:
+        # what still does not fit, rich narrows: any column but the first (the id) and states
+        keep = i == 0 or i in states
+        out.add_column(part.headers[i], no_wrap=keep, overflow="ellipsis", width=widths.get(i))
     for row in part.rows:
-        out.add_row(*(_cell(v, i in states) for i, v in enumerate(row)))
-    return out
+        out.add_row(*(_cell(row[i], i in states) for i in shown))
+    if part.title is None:
+        return out
+    return Group(Text(""), Text(f"{part.title}:", style="bold"), out)
+
+
+#: the narrowest a free-text column is cut to before columns are left out
+MIN_WIDE = 12
+
+
+def fit(part: Table, width: int) -> tuple[list[int], dict[int, int]]:
+    """The columns to show, and a width for the one cut short. Too wide for the terminal: the
+    ``wide`` column (free text) is cut short (…) down to MIN_WIDE, then the ``optional`` columns
+    are left out, in their order."""
+    natural = [max([len(str(h)), *(len(_text(r[i])) for r in part.rows)]) for i, h in enumerate(part.headers)]
+    shown = list(range(len(part.headers)))
+
+    def excess() -> int:
+        return sum(natural[i] for i in shown) + len(shown) - 1 + part.indent - width
+
+    widths: dict[int, int] = {}
+    wide = part.wide
+    if wide is not None and excess() > 0:
+        natural[wide] = widths[wide] = max(MIN_WIDE, natural[wide] - excess())
+    for i in part.optional:
+        if excess() <= 0:
+            break
+        shown.remove(i)
+    return shown, widths
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 def _cell(value: Any, state: bool) -> Text:
-    text = "" if value is None else str(value)
+    text = _text(value)
     return Text(text, style=style_of(text) if state else "", no_wrap=True, overflow="ellipsis")
 
 
