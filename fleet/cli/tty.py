@@ -40,7 +40,7 @@ def console() -> Console:
 
 def style_of(value: str) -> str:
     """A state's colour; anything not a known state (``lost``, ``unhealthy``) reads as trouble."""
-    word = value.split(" ", 1)[0]
+    word = value.split(" ", 1)[0].split("=", 1)[0]  # an array's QUEUED=9990: its first state
     return STYLES.get(word, STYLES.get(word.rstrip(":"), "red" if word else ""))
 
 
