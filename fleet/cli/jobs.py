@@ -35,10 +35,11 @@ from fleet.models import Job, JobArray, JobState
 if TYPE_CHECKING:
     from fleet.models import LogLine
 
-JOB_HEADERS = ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "PROGRESS",
-               "EXIT", "REASON"]  # fmt: skip
+#: PROGRESS before REASON: the columns before it keep the places scripts know
+JOB_HEADERS = ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT",
+               "PROGRESS", "REASON"]  # fmt: skip
 #: the columns a narrow terminal leaves out of `fleet jobs`, first to last: ATTEMPT, START, USER, TENANT, EXIT
-NARROW_DROPS = (6, 7, 2, 3, 10)
+NARROW_DROPS = (6, 7, 2, 3, 9)
 
 
 @click.command(
@@ -87,20 +88,9 @@ def job_row(j: Job, now: float) -> tuple[object, ...]:
     start = j.started_at if j.started_at and j.state != JobState.QUEUED else None
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
-    return (
-        j.id,
-        j.state.value,
-        j.owner or "-",
-        j.spec.tenant,
-        j.spec.gpus,
-        node,
-        j.attempt,
-        clock(start, now),
-        elapsed,
-        progress_text(j.progress),
-        j.exit_code,
-        short(j.reason, 50),
-    )
+    progress = progress_text(j.progress)
+    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
+            clock(start, now), elapsed, j.exit_code, progress, short(j.reason, 50))  # fmt: skip
 
 
 def note_quarantined(kind: str, records: dict[str, str], show: str) -> None:

@@ -81,7 +81,8 @@ def node_frame(node: Node, output: str) -> View | Node:
     if output == "json":
         return node
     view = View([Field("Node", node.name), Field("State", f"{node.state.value}  {node.reason}", state=True),
-                 Field("Changed", f"{stamp(node.changed_at)} by {node.changed_by or '-'}")])  # fmt: skip
+                 Field("Changed", f"{stamp(node.changed_at)} by {node.changed_by or '-'}")],
+                label_width=11)  # fmt: skip
     if node.drain_deadline:
         view.add(Field("Drain", f"deadline {stamp(node.drain_deadline)}, grace {node.drain_grace_s:g}s"))
     view.add(Field("Jobs", ", ".join(node.jobs) or "-")).add(Field("Heartbeat", ago(node.heartbeat_at)))

@@ -157,6 +157,8 @@ class View:
     """What a command shows: tables, fields, bars and plain lines, in order."""
 
     parts: list[Table | Field | Bar | str] = field(default_factory=list)
+    #: the width of a Field's ``Label:`` (its value starts after it)
+    label_width: int = 12
 
     def add(self, part: Table | Field | Bar | str) -> View:
         self.parts.append(part)
@@ -187,9 +189,9 @@ def print_plain(view: View) -> None:
             headers = [pad + str(part.headers[0]), *part.headers[1:]]
             table(headers, [(pad + _cell(r[0]), *r[1:]) for r in part.rows])
         elif isinstance(part, Field):
-            print(f"{part.label + ':':<12}{part.value}".rstrip())
+            print(f"{part.label + ':':<{view.label_width}}{part.value}".rstrip())
         elif isinstance(part, Bar):
-            print(f"{part.label + ':':<12}{bar(part.fraction)} {part.text}")
+            print(f"{part.label + ':':<{view.label_width}}{bar(part.fraction)} {part.text}")
         else:
             print(part)
 

@@ -49,19 +49,19 @@ def print_view(view: View) -> None:
 
 
 def render(view: View) -> RenderableType:
-    return Group(*(_part(p) for p in view.parts))
+    return Group(*(_part(p, view.label_width) for p in view.parts))
 
 
-def _part(part: Table | Field | Bar | str) -> RenderableType:
+def _part(part: Table | Field | Bar | str, label_width: int) -> RenderableType:
     if isinstance(part, Table):
         return _table(part)
     if isinstance(part, Field):
         value_style = style_of(part.value) if part.state else ""
-        return Text.assemble((f"{part.label + ':':<12}", "bold"), (part.value, value_style))
+        return Text.assemble((f"{part.label + ':':<{label_width}}", "bold"), (part.value, value_style))
     if isinstance(part, Bar):
         grid = RichTable.grid(padding=(0, 1))
         meter = ProgressBar(total=1.0, completed=part.fraction, width=30)
-        grid.add_row(Text(f"{part.label + ':':<11}", style="bold"), meter, Text(part.text))
+        grid.add_row(Text(f"{part.label + ':':<{label_width - 1}}", style="bold"), meter, Text(part.text))
         return grid
     return Text(part)
 

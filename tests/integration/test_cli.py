@@ -257,7 +257,7 @@ def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_c
     assert not colours(in_terminal(["jobs"], {**fleet_cli.env, "NO_COLOR": "1"}, columns=70))
     piped = fleet_cli("jobs").stdout
     assert "\x1b" not in piped and piped.split("\n")[0].split() == [
-        "ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "PROGRESS", "EXIT",
+        "ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT", "PROGRESS",
         "REASON",
     ]  # fmt: skip
     assert "\x1b" not in fleet_cli("show", failed).stdout and "\x1b" not in fleet_cli("nodes").stdout

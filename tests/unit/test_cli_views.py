@@ -34,7 +34,7 @@ def test_the_progress_column_is_a_percentage_against_a_total_else_the_step(
     progress: Progress | None, text: str | None
 ) -> None:
     assert progress_text(progress) == text
-    assert job_row(job(progress), now=10.0)[9] == text  # the PROGRESS column of `fleet jobs`
+    assert job_row(job(progress), now=10.0)[10] == text  # the PROGRESS column of `fleet jobs`
 
 
 def test_show_draws_a_bar_against_the_total_and_names_the_metrics(capsys: pytest.CaptureFixture[str]) -> None:
