@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from fleet.errors import SpecError
+from fleet.errors import FleetError, SpecError
 
 if TYPE_CHECKING:
     from fleet.client import Client
@@ -79,3 +79,26 @@ def duration(text: str, flag: str) -> float:
         raise SpecError(f"{flag}: {exc}") from None
     assert seconds is not None
     return seconds
+
+
+def _client_for_completion(ctx: click.Context) -> Client:
+    """The client of the command line being completed (its --api-url, if typed): no command has run."""
+    return Globals(api_url=ctx.find_root().params.get("api_url")).client()
+
+
+def complete_jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Tab after ``fleet show``: the newest jobs' ids (and job arrays') from the API, or nothing."""
+    try:
+        found = _client_for_completion(ctx).listing(limit=200)
+    except (FleetError, OSError):  # no API, no token: no completions, never an error in the shell
+        return []
+    return [j.id for j in found if j.id.startswith(incomplete)]
+
+
+def complete_nodes(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Tab after ``fleet cordon``: the nodes' names from the API, or nothing."""
+    try:
+        found = _client_for_completion(ctx).nodes()
+    except (FleetError, OSError):
+        return []
+    return [n.name for n in found if n.name.startswith(incomplete)]

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli import arrays
-from fleet.cli.common import CONTEXT, Globals, output_option, pairs, pass_globals, watch_option
+from fleet.cli.common import (
+    CONTEXT,
+    Globals,
+    complete_jobs,
+    output_option,
+    pairs,
+    pass_globals,
+    watch_option,
+)  # fmt: skip
 from fleet.cli.output import (
     Bar,
     Field,
@@ -107,7 +115,7 @@ def short(text: str, width: int) -> str:
     context_settings=CONTEXT,
     short_help="one job: spec, state, progress, attempts and history; or a job array's tasks",
 )
-@click.argument("job", metavar="ID")
+@click.argument("job", metavar="ID", shell_complete=complete_jobs)
 @output_option
 @pass_globals
 def show(globals_: Globals, job: str, output: str) -> int:
@@ -202,7 +210,7 @@ def _countdown(job: Job) -> str:
 
 
 @click.command(context_settings=CONTEXT, short_help="a job's output (latest attempt unless --attempt)")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("-f", "--follow", is_flag=True, help="keep printing new lines until the attempt ends")
 @click.option("--attempt", type=int, help="this attempt's output (default: the latest)")
 @click.option("--rank", type=int, default=0, show_default=True, help="a multi-node job's member")
@@ -229,7 +237,7 @@ def logs(globals_: Globals, job: str, follow: bool, attempt: int | None, rank: i
     context_settings=CONTEXT,
     short_help="wait for a job or job array; exit 0 SUCCEEDED, 1 FAILED, 6 CANCELLED, 4 timeout",
 )
-@click.argument("job", metavar="ID")
+@click.argument("job", metavar="ID", shell_complete=complete_jobs)
 @click.option("--timeout", type=float, help="seconds (default: forever)")
 @output_option
 @pass_globals
@@ -249,7 +257,7 @@ def wait(globals_: Globals, job: str, timeout: float | None, output: str) -> int
     context_settings=CONTEXT,
     short_help="cancel a job, every task of a job array (--array) or every job with labels (--label)",
 )
-@click.argument("job", required=False, metavar="JOB")
+@click.argument("job", required=False, metavar="JOB", shell_complete=complete_jobs)
 @click.option("--array", "array_id", metavar="ID", help="every task of this job array")
 @click.option("--label", multiple=True, metavar="K=V", help="every job with this label (repeat: all of them)")
 @output_option

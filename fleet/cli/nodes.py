@@ -6,7 +6,15 @@ import time
 
 import click
 
-from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals, watch_option
+from fleet.cli.common import (
+    CONTEXT,
+    Globals,
+    complete_nodes,
+    duration,
+    output_option,
+    pass_globals,
+    watch_option,
+)  # fmt: skip
 from fleet.cli.jobs import note_quarantined, short
 from fleet.cli.output import Field, Table, View, ago, emit_json, present, show_view, size, stamp
 from fleet.errors import SpecError
@@ -18,7 +26,7 @@ NODE_HEADERS = ["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKE
 @click.command(
     context_settings=CONTEXT, short_help="nodes with state, heartbeat and GPUs; `nodes NODE` for one"
 )
-@click.argument("node", nargs=-1, metavar="[NODE]")
+@click.argument("node", nargs=-1, metavar="[NODE]", shell_complete=complete_nodes)
 @watch_option
 @output_option
 @pass_globals
@@ -99,7 +107,7 @@ def _show_node(node: Node, output: str) -> int:
 
 
 @click.command(context_settings=CONTEXT, short_help="no new jobs on a node; running jobs are untouched")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @click.option("--reason", default="", help="why, shown by fleet nodes")
 @output_option
 @pass_globals
@@ -109,7 +117,7 @@ def cordon(globals_: Globals, node: str, reason: str, output: str) -> int:
 
 
 @click.command(context_settings=CONTEXT, short_help="let a cordoned or drained node take jobs again")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @output_option
 @pass_globals
 def uncordon(globals_: Globals, node: str, output: str) -> int:
@@ -121,7 +129,7 @@ def uncordon(globals_: Globals, node: str, output: str) -> int:
     context_settings=CONTEXT,
     short_help="cordon; jobs may finish until --deadline, then checkpoint (SIGTERM) and move on",
 )
-@click.argument("names", nargs=-1, required=True, metavar="NODE...")
+@click.argument("names", nargs=-1, required=True, metavar="NODE...", shell_complete=complete_nodes)
 @click.option(
     "--deadline", default="1h", show_default=True, help="how long running jobs may finish (e.g. 30m)"
 )

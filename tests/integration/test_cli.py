@@ -325,3 +325,22 @@ def test_a_cordoned_nodes_gpus_show_as_not_placeable(fleet_cli) -> None:  # type
     assert "0/2" in table and table.count("not placeable: node CORDONED") == 2, table
     assert fleet_cli("nodes", "t-cli").stdout.count("not placeable: node CORDONED") == 2
     fleet_cli("uncordon", "t-cli")
+
+
+def test_tab_completes_job_ids_and_node_names_from_the_api(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--", "true").stdout.strip()
+
+    def complete(words: str) -> list[str]:
+        env = {**fleet_cli.env, "_FLEET_COMPLETE": "bash_complete", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "fleet"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        return done.stdout.split()
+
+    assert complete("fleet cordon t-") == ["plain,t-cli"]
+    assert complete("fleet drain t-cli t") == ["plain,t-cli"]
+    assert complete(f"fleet show {job_id[:4]}") == [f"plain,{job_id}"]
+    # no API: no completions, and no error in the middle of the user's command line
+    assert complete("fleet --api-url http://127.0.0.1:1 show tr") == []
