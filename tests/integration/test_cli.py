@@ -181,7 +181,13 @@ def test_bad_input_gets_one_line_with_the_fix_never_a_traceback(fleet_cli, tmp_p
 def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
     for i in range(150):
         client.submit({"name": f"q{i}", "command": ["true"], "gpus": 64})  # never fits: stays queued
-    for argv in (["jobs"], ["jobs", "-o", "json"], ["nodes"]):
+    for argv in (
+        ["jobs"],
+        ["jobs", "-o", "json"],
+        ["nodes"],
+        ["jobs", "--watch", "0.2"],
+        ["top", "-n", "0.2"],
+    ):
         done = subprocess.run(
             f"{sys.executable} -m fleet {' '.join(argv)} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
             shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
