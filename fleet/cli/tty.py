@@ -118,7 +118,12 @@ def _cell(value: Any, state: bool) -> Text:
 
 def live(frame: Callable[[], View], interval: float, screen: bool) -> None:
     """Redraw ``frame()`` in place every ``interval`` seconds until Ctrl-C (KeyboardInterrupt)."""
-    with Live(render(frame()), console=console(), auto_refresh=False, screen=screen) as shown:
+
+    def drawn() -> RenderableType:
+        now = time.strftime("%H:%M:%S")
+        return Group(Text(f"every {interval:g}s, {now}; Ctrl-C stops", style="dim"), render(frame()))
+
+    with Live(drawn(), console=console(), auto_refresh=False, screen=screen) as shown:
         while True:
             time.sleep(interval)
-            shown.update(render(frame()), refresh=True)
+            shown.update(drawn(), refresh=True)

@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -216,15 +217,22 @@ def test_logs_carry_their_times_and_json_has_iso_timestamps(fleet_cli) -> None: 
     assert shown["created_at_iso"].endswith("Z") and abs(shown["created_at"] - time.time()) < 120
 
 
-def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100) -> str:
-    """What ``fleet ARGV`` writes to a terminal ``columns`` wide (a pseudo-terminal: isatty is true)."""
+def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_after: float = 0) -> str:
+    """What ``fleet ARGV`` writes to a terminal ``columns`` wide (a pseudo-terminal: isatty is true);
+    with ``ctrl_c_after``, interrupted (SIGINT, as Ctrl-C) after so many seconds."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdin=subprocess.DEVNULL, stdout=slave,
                             stderr=slave, env={k: v for k, v in env.items() if k != "COLUMNS"})  # fmt: skip
     os.close(slave)
     out = b""
+    interrupt_at = time.monotonic() + ctrl_c_after if ctrl_c_after else None
     while True:
+        if interrupt_at is not None and time.monotonic() > interrupt_at:
+            proc.send_signal(signal.SIGINT)
+            interrupt_at = None
+        if not select.select([master], [], [], 0.1)[0]:
+            continue
         try:
             chunk = os.read(master, 65536)
         except OSError:  # EIO: the program closed its end
@@ -270,6 +278,15 @@ def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_c
     shown = in_terminal(["show", failed], fleet_cli.env)
     assert "State:" in shown and "FAILED" in shown and colours(shown)
     fleet_cli("cancel", running)
+
+
+def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    # When `fleet jobs --watch` runs on a terminal for a while, then Ctrl-C
+    screen = in_terminal(["jobs", "--watch", "0.3"], fleet_cli.env, ctrl_c_after=3)  # asserts exit 0
+    # Then the table was drawn, then drawn again over itself (cursor up, erase line), no traceback
+    assert job_id in screen and "Ctrl-C stops" in screen and "Traceback" not in screen
+    assert "\x1b[1A\x1b[2K" in screen, screen
 
 
 def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  # type: ignore[no-untyped-def]
