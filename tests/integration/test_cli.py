@@ -339,6 +339,9 @@ def test_top_once_shows_gpus_running_jobs_and_queues(fleet_cli, client: Client) 
     as_json = json.loads(fleet_cli("top", "--once", "-o", "json").stdout)
     assert [j["id"] for j in as_json["running"]] == [running] and as_json["nodes"][0]["name"] == "t-cli"
     assert "\x1b" not in frame
+    # And on a terminal it takes the screen (as top does) until Ctrl-C, then gives it back
+    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_after=3)
+    assert "\x1b[?1049h" in screen and screen.rstrip().endswith("\x1b[?1049l") and running in screen
     fleet_cli("cancel", running)
 
 
