@@ -16,7 +16,7 @@ from fleet.cli.common import (
     watch_option,
 )  # fmt: skip
 from fleet.cli.jobs import note_quarantined, short
-from fleet.cli.output import Field, Table, View, ago, emit_json, present, show_view, size, stamp
+from fleet.cli.output import Field, Table, View, ago, emit_json, present, size, stamp
 from fleet.errors import SpecError
 from fleet.models import Gpu, Node, NodeState
 
@@ -101,9 +101,7 @@ def node_frame(node: Node, output: str) -> View | Node:
 
 
 def _show_node(node: Node, output: str) -> int:
-    shown = node_frame(node, output)
-    emit_json(shown) if isinstance(shown, Node) else show_view(shown)
-    return 0
+    return present(lambda: node_frame(node, output), None, output)
 
 
 @click.command(context_settings=CONTEXT, short_help="no new jobs on a node; running jobs are untouched")

@@ -206,7 +206,10 @@ def present(frame: Callable[[], Any], interval: float | None, output: str, scree
     JSON document a line). ``frame`` returns a View, or for ``-o json`` what :func:`emit_json` takes."""
     if interval is None:
         shown = frame()
-        emit_json(shown) if output == "json" else show_view(shown)
+        if output == "json":
+            emit_json(shown)
+        else:
+            show_view(shown)
         return 0
     try:
         if output != "json" and on_terminal():
