@@ -2,68 +2,34 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from typing import Any
 
-from fleet.cli.commands import duration
-from fleet.cli.output import emit_json, stamp, table
+import click
+
+from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals
+from fleet.cli.output import Table, View, emit_json, show_view, stamp
 from fleet.client import Client, credentials_path, save_credentials
 from fleet.errors import SpecError
 from fleet.models import Role, TokenInfo
 
 
-def register(sub: Any, output: Any) -> None:
-    p = sub.add_parser(
-        "login", help="save the API's URL and your token (0600 credentials file)",
-        description="Check the token against the API, then save URL and token to the credentials file "
-        "($FLEET_CREDENTIALS, default ~/.config/fleet/credentials.json, mode 0600). The token is read "
-        "from $FLEET_TOKEN, else from standard input (a prompt on a terminal): never from argv, which "
-        "every user of the machine can read.",
-    )  # fmt: skip
-    p.add_argument("url", help="the fleet API, e.g. https://fleet.example.org:8080")
-    p.add_argument("--ca-file", help="CA bundle that signed the API's certificate (a fleet's own CA)")
-    p.set_defaults(handler=login)
-
-    p = sub.add_parser("logout", help="forget the saved credentials")
-    p.set_defaults(handler=logout)
-
-    p = sub.add_parser("whoami", help="the user, tenant and role of your token")
-    output(p)
-    p.set_defaults(handler=whoami)
-
-    token = sub.add_parser("token", help="create, list and revoke API tokens (admins)")
-    verbs = token.add_subparsers(dest="verb", required=True, metavar="VERB")
-    p = verbs.add_parser(
-        "create", help="issue a token (printed once: only its hash is kept)",
-        description="Issue a token for USER in TENANT with ROLE: user (its tenant's jobs), operator "
-        "(also cordon/drain, every tenant's jobs), admin (also tokens and tenants). Through the API with "
-        "an admin token; on a server that holds the Redis credentials (fleet.toml / FLEET_REDIS_*), "
-        "--direct writes it to Redis itself: how the first admin token is made.",
-    )  # fmt: skip
-    p.add_argument("--user", required=True)
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--role", choices=[r.value for r in Role], default="user")
-    p.add_argument("--expires", help="lifetime, e.g. 90d, 12h, 30m (default: until revoked)")
-    p.add_argument("--direct", action="store_true", help="write to the fleet's Redis, not through the API")
-    output(p)
-    p.set_defaults(handler=create_token)
-
-    p = verbs.add_parser("list", help="tokens not revoked or expired (never the tokens themselves)")
-    output(p)
-    p.set_defaults(handler=list_tokens)
-
-    p = verbs.add_parser("revoke", help="revoke a token by its id (from `fleet token list`)")
-    p.add_argument("id")
-    p.set_defaults(handler=revoke_token)
-
-
-def login(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT, short_help="save the API's URL and your token (0600 credentials file)"
+)
+@click.argument("url")
+@click.option(
+    "--ca-file", metavar="PEM", help="CA bundle that signed the API's certificate (a fleet's own CA)"
+)
+def login(url: str, ca_file: str | None) -> int:
+    """Check the token against the API at URL (e.g. https://fleet.example.org:8080), then save URL
+    and token to the credentials file ($FLEET_CREDENTIALS, default ~/.config/fleet/credentials.json,
+    mode 0600). The token is read from $FLEET_TOKEN, else from standard input (a prompt on a
+    terminal): never from argv, which every user of the machine can read."""
     token = os.environ.get("FLEET_TOKEN") or _read_token()
-    client = Client(args.url, token, ca_file=args.ca_file)
+    client = Client(url, token, ca_file=ca_file)
     who = client.whoami()
-    path = save_credentials(client.url, token, args.ca_file)
+    path = save_credentials(client.url, token, ca_file)
     print(f"logged in to {client.url} as {who.user} (tenant {who.tenant}, role {who.role}); saved to {path}")
     return 0
 
@@ -81,7 +47,9 @@ def _read_token() -> str:
     return token
 
 
-def logout(args: argparse.Namespace) -> int:
+@click.command(context_settings=CONTEXT, short_help="forget the saved credentials")
+def logout() -> int:
+    """Forget the saved credentials."""
     path = credentials_path()
     try:
         path.unlink()
@@ -92,23 +60,48 @@ def logout(args: argparse.Namespace) -> int:
     return 0
 
 
-def whoami(args: argparse.Namespace) -> int:
-    client = Client(args.api_url)
+@click.command(context_settings=CONTEXT, short_help="the user, tenant and role of your token")
+@output_option
+@pass_globals
+def whoami(globals_: Globals, output: str) -> int:
+    """The user, tenant and role of your token, and the API it is for."""
+    client = globals_.client()
     who = client.whoami()
-    if args.output == "json":
+    if output == "json":
         emit_json({**who.model_dump(mode="json"), "url": client.url})
     else:
         print(f"{who.user} (tenant {who.tenant}, role {who.role}) at {client.url}")
     return 0
 
 
-def create_token(args: argparse.Namespace) -> int:
-    expires = None if args.expires is None else duration(args.expires, "--expires")
-    if args.direct:
-        token, info = _create_direct(args, expires)
+@click.group(context_settings=CONTEXT, short_help="create, list and revoke API tokens (admins)")
+def token() -> None:
+    """Create, list and revoke API tokens (admins)."""
+
+
+@token.command(
+    "create", context_settings=CONTEXT, short_help="issue a token (printed once: only its hash is kept)"
+)
+@click.option("--user", required=True, help="who it is for")
+@click.option("--tenant", required=True, help="the tenant whose jobs it may submit and see")
+@click.option("--role", type=click.Choice([r.value for r in Role]), default="user", show_default=True,
+              help="user, operator or admin")  # fmt: skip
+@click.option("--expires", metavar="DURATION", help="lifetime, e.g. 90d, 12h, 30m (default: until revoked)")
+@click.option("--direct", is_flag=True, help="write to the fleet's Redis, not through the API")
+@output_option
+@pass_globals
+def create_token(globals_: Globals, user: str, tenant: str, role: str, expires: str | None, direct: bool,
+                 output: str) -> int:  # fmt: skip
+    """Issue a token for USER in TENANT with ROLE: user (its tenant's jobs), operator (also
+    cordon/drain, every tenant's jobs), admin (also tokens and tenants). Through the API with an
+    admin token; on a server that holds the Redis credentials (fleet.toml / FLEET_REDIS_*), --direct
+    writes it to Redis itself: how the first admin token is made."""
+    expires_s = None if expires is None else duration(expires, "--expires")
+    if direct:
+        token, info = _create_direct(globals_, user, tenant, role, expires_s)
     else:
-        token, info = Client(args.api_url).create_token(args.user, args.tenant, args.role, expires)
-    if args.output == "json":
+        token, info = globals_.client().create_token(user, tenant, role, expires_s)
+    if output == "json":
         emit_json({"token": token, "info": info.model_dump(mode="json")})
     else:
         until = stamp(info.expires_at) if info.expires_at else "revoked"
@@ -118,15 +111,17 @@ def create_token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_direct(args: argparse.Namespace, expires: float | None) -> tuple[str, TokenInfo]:
+def _create_direct(
+    globals_: Globals, user: str, tenant: str, role: str, expires: float | None
+) -> tuple[str, TokenInfo]:
     from fleet.config import load_settings
     from fleet.keys import Keys
     from fleet.state import connect
     from fleet.state.tokens import TokenStore
 
-    settings = load_settings(args.config, redis_url=args.redis_url)
+    settings = load_settings(globals_.config, redis_url=globals_.redis_url)
     store = TokenStore(connect(settings), Keys(settings.key_prefix))
-    return store.create(args.user, args.tenant, Role(args.role), expires_in_s=expires,
+    return store.create(user, tenant, Role(role), expires_in_s=expires,
                         created_by=f"{_local_user()} (direct)")  # fmt: skip
 
 
@@ -139,14 +134,19 @@ def _local_user() -> str:
         return str(os.getuid())
 
 
-def list_tokens(args: argparse.Namespace) -> int:
-    found = Client(args.api_url).tokens()
-    if args.output == "json":
+@token.command("list", context_settings=CONTEXT,
+               short_help="tokens not revoked or expired (never the tokens themselves)")  # fmt: skip
+@output_option
+@pass_globals
+def list_tokens(globals_: Globals, output: str) -> int:
+    """Tokens not revoked or expired (never the tokens themselves)."""
+    found = globals_.client().tokens()
+    if output == "json":
         emit_json(found)
         return 0
     rows = [(t.id, t.user, t.tenant, t.role, stamp(t.created_at), _until(t.expires_at), t.created_by or "-")
             for t in found]  # fmt: skip
-    table(["ID", "USER", "TENANT", "ROLE", "CREATED", "EXPIRES", "BY"], rows)
+    show_view(View([Table(["ID", "USER", "TENANT", "ROLE", "CREATED", "EXPIRES", "BY"], rows)]))
     return 0
 
 
@@ -154,7 +154,13 @@ def _until(at: float | None) -> str:
     return "never" if at is None else stamp(at)
 
 
-def revoke_token(args: argparse.Namespace) -> int:
-    info = Client(args.api_url).revoke_token(args.id)
+@token.command(
+    "revoke", context_settings=CONTEXT, short_help="revoke a token by its id (from fleet token list)"
+)
+@click.argument("token_id", metavar="ID")
+@pass_globals
+def revoke_token(globals_: Globals, token_id: str) -> int:
+    """Revoke a token by its id (from `fleet token list`)."""
+    info = globals_.client().revoke_token(token_id)
     print(f"revoked {info.id} ({info.user}, tenant {info.tenant}, role {info.role})")
     return 0

@@ -5,75 +5,176 @@ usage); 3 no such job or node (a job deleted by retention: the message says it e
 4 ``wait`` timed out; 5 the API or Redis unreachable (or Redis full: maxmemory); 6 job CANCELLED;
 7 the job's or node's record cannot be read (quarantined: the message says why); 8 no token, or
 the token's role or tenant does not allow it (the message says what is missing).
+
+Built on click. Each group of commands is a module of its own (:data:`COMMANDS` names them),
+imported only when one of its commands runs (or for ``--help`` and completion), so a command
+pays for its own imports alone. A new group: a module with click commands, and its lines here.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import click
+
 from fleet import __version__
+from fleet.cli.common import CONTEXT, Globals
 from fleet.errors import FleetError
 
+#: section -> command -> "module:attribute" of its click command, in the order ``--help`` lists them
+COMMANDS: dict[str, dict[str, str]] = {
+    "Jobs": {
+        "submit": "fleet.cli.submit:submit", "jobs": "fleet.cli.jobs:jobs", "show": "fleet.cli.jobs:show",
+        "logs": "fleet.cli.jobs:logs", "wait": "fleet.cli.jobs:wait", "cancel": "fleet.cli.jobs:cancel",
+        "top": "fleet.cli.top:top",
+    },
+    "Nodes": {
+        "nodes": "fleet.cli.nodes:nodes", "cordon": "fleet.cli.nodes:cordon",
+        "uncordon": "fleet.cli.nodes:uncordon", "drain": "fleet.cli.nodes:drain",
+    },
+    "Access and tenants": {
+        "login": "fleet.cli.access:login", "logout": "fleet.cli.access:logout",
+        "whoami": "fleet.cli.access:whoami", "token": "fleet.cli.access:token",
+        "tenants": "fleet.cli.tenants:tenants", "tenant": "fleet.cli.tenants:tenant",
+    },
+    "Services": {
+        "up": "fleet.cli.services:up", "controller": "fleet.cli.services:controller",
+        "agent": "fleet.cli.services:agent", "api": "fleet.cli.services:api",
+        "install": "fleet.cli.services:install", "uninstall": "fleet.cli.services:uninstall",
+    },
+    "Shell": {"completion": "fleet.cli.completion:completion"},
+}  # fmt: skip
+_WHERE = {name: where for section in COMMANDS.values() for name, where in section.items()}
+#: fleet's own options, given before the command
+GLOBAL_OPTIONS = ("--config", "--api-url", "--redis-url")
+#: the variable click's completion scripts set (``fleet completion bash`` prints one)
+COMPLETE_VAR = "_FLEET_COMPLETE"
 
-class _Parser(argparse.ArgumentParser):
-    """No guessing: ``--prio 5`` is an error, not ``--priority 5`` (a typo must not change a job)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
+class FleetGroup(click.Group):
+    """The root: commands imported on first use, listed by section, no guessing at names."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_WHERE)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = _WHERE.get(cmd_name)
+        if where is None:
+            return None
+        module, attr = where.split(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        found = super().resolve_command(ctx, args)
+        # the imports are done: what the command allocates from here on may be garbage (see main)
+        gc.enable()
+        return found
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for section, names in COMMANDS.items():
+            rows = []
+            for name in names:
+                command = self.get_command(ctx, name)
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(limit=200)))
+            with formatter.section(section):
+                formatter.write_dl(rows)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from fleet.cli import access, commands, services, tenants
-
-    parser = _Parser(
-        prog="fleet",
-        description="A serverless-style job queue for your own GPU fleet.",
-        epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
-        "5 API or Redis unreachable (or Redis full), 6 job cancelled, 7 record unreadable (quarantined), "
-        "8 not allowed (no token, or its role or tenant). Start here: `fleet up`.",
-    )
-    parser.add_argument("--version", action="version", version=f"fleet {__version__}")
-    parser.add_argument("--config", help="fleet.toml (default: $FLEET_CONFIG)")
-    parser.add_argument("--api-url", help="the fleet API (default: $FLEET_API_URL, else `fleet login`'s)")
-    parser.add_argument(
-        "--redis-url", help="services and --direct only: the fleet's Redis (default: $FLEET_REDIS_URL)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    commands.register(sub)
-    access.register(sub, commands.output_option)
-    tenants.register(sub, commands.output_option)
-    services.register(sub)
-    return parser
+@click.group(
+    cls=FleetGroup, context_settings=CONTEXT,
+    epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
+    "5 API or Redis unreachable (or Redis full), 6 job cancelled, 7 record unreadable (quarantined), "
+    "8 not allowed (no token, or its role or tenant). Start here: `fleet up`. Shell completion: "
+    "`fleet completion --help`.",
+)  # fmt: skip
+@click.version_option(__version__, "--version", prog_name="fleet", message="%(prog)s %(version)s")
+@click.option("--config", metavar="FILE", help="fleet.toml (default: $FLEET_CONFIG)")
+@click.option(
+    "--api-url", metavar="URL", help="the fleet API (default: $FLEET_API_URL, else `fleet login`'s)"
+)
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    help="services and --direct only: the fleet's Redis (default: $FLEET_REDIS_URL)",
+)
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, api_url: str | None, redis_url: str | None) -> None:
+    """A serverless-style job queue for your own GPU fleet."""
+    ctx.obj = Globals(config, api_url, redis_url)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # importing the commands (redis, pydantic, fleet) allocates a few hundred thousand objects and
-    # none of them is garbage: collecting meanwhile costs ~15 ms of a command's ~250 for nothing
+    """Run one ``fleet`` command; its exit code. Every error a user can cause is one ``fleet: ...``
+    line on stderr naming the fix, with the documented exit code: never a traceback."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if COMPLETE_VAR in os.environ:  # the shell asks for completions (see `fleet completion`)
+        from click.shell_completion import shell_complete
+
+        return shell_complete(cli, {}, "fleet", COMPLETE_VAR, os.environ[COMPLETE_VAR])
+    # importing a command's modules (pydantic, fleet) allocates a few hundred thousand objects and
+    # none of them is garbage: collecting meanwhile costs ~15 ms of a command's ~150 for nothing
+    # (FleetGroup.resolve_command enables it again once the command is imported)
     gc.disable()
     try:
-        args = build_parser().parse_args(argv)
-    finally:
-        gc.enable()
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    try:
-        code = handler(args)
+        with cli.make_context("fleet", args) as ctx:
+            code: Any = cli.invoke(ctx)
         sys.stdout.flush()  # inside the try: a reader gone (`| head`) shows here, not at exit
-        return code
+        return int(code or 0)
+    except click.exceptions.Exit as done:  # --help, --version
+        return done.exit_code
+    except click.UsageError as exc:
+        print(usage_line(exc), file=sys.stderr)
+        return 2
     except FleetError as exc:
-        print(f"fleet: {exc}", file=sys.stderr)
+        print(f"fleet: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:
         # the reader went away (`fleet jobs | head`): what it wanted it got; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.Abort):
         return 130
+    finally:
+        gc.enable()
+
+
+def one_line(message: str) -> str:
+    """``invalid job spec:\n  gpus: ...`` with one bad field as one line (several: a line each)."""
+    head, *details = message.split("\n")
+    return f"{head} {details[0].strip()}" if len(details) == 1 and details[0].startswith("  ") else message
+
+
+def usage_line(exc: click.UsageError) -> str:
+    """click's usage error as one ``fleet:`` line: what is wrong, then where the command's help is."""
+    from click.exceptions import BadParameter, MissingParameter, NoArgsIsHelpError, NoSuchOption
+
+    if isinstance(exc, NoArgsIsHelpError):  # a bare `fleet`: the help is the most useful answer
+        return exc.format_message().rstrip("\n")
+    message = exc.format_message()
+    if isinstance(exc, NoSuchOption) and exc.option_name in GLOBAL_OPTIONS and exc.ctx is not None:
+        where = exc.ctx.command_path.removeprefix("fleet ")
+        name = exc.option_name
+        return f"fleet: {name} is fleet's own option: give it before the command, fleet {name} ... {where}"
+    if isinstance(exc, NoSuchOption):
+        close = f" (did you mean {exc.possibilities[0]}?)" if exc.possibilities else ""  # the closest
+        message = f"no such option: {exc.option_name}{close}"
+    elif isinstance(exc, BadParameter) and not isinstance(exc, MissingParameter) and exc.param is not None:
+        param = exc.param
+        name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
+        message = f"{name}: {exc.message.rstrip('.')}"
+    path = exc.ctx.command_path if exc.ctx is not None else "fleet"
+    if message[1:2].islower():  # click's "Missing argument", not an argument's NAME
+        message = message[:1].lower() + message[1:]
+    return f"fleet: {message.rstrip('.')} (see `{path} --help`)"
 
 
 def run() -> int:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import click
 
 from fleet import log
+from fleet.cli.common import CONTEXT, F, Globals, pass_globals
 from fleet.errors import ConfigError
 
 if TYPE_CHECKING:  # the services' modules are imported when one runs, not for every CLI command
@@ -17,82 +19,20 @@ if TYPE_CHECKING:  # the services' modules are imported when one runs, not for e
     from fleet.state import JobStore, NodeStore
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser("controller", help="run the controller service (scheduling, failure detection)")
-    _log_level_option(p)
-    p.set_defaults(handler=controller)
-
-    p = sub.add_parser("agent", help="run the node agent service (GPUs, containers, heartbeats)")
-    p.add_argument("--node-name", help="this node's name (default: hostname)")
-    p.add_argument("--runtime", choices=["auto", "docker", "process"])
-    p.add_argument("--gpus", choices=["auto", "nvml", "simulated"], help="GPU inventory backend")
-    _log_level_option(p)
-    p.set_defaults(handler=agent)
-
-    p = sub.add_parser(
-        "api", help="run the HTTP API (tokens, roles, tenants; what the CLI and Client talk to)",
-        description="Serve the fleet's HTTP API: HTTPS with --tls-cert and --tls-key (or api.tls_cert "
-        "and api.tls_key in fleet.toml), else plain HTTP. OpenAPI at /docs and /openapi.json.",
-    )  # fmt: skip
-    p.add_argument("--host", help="address to listen on (default: api.host, 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default: api.port, 8080)")
-    p.add_argument("--tls-cert", type=Path, metavar="PEM", help="certificate (chain) for HTTPS")
-    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
-    _log_level_option(p)
-    p.set_defaults(handler=api)
-
-    verbs = (("install", "write config and systemd unit, enable and start it"),
-             ("uninstall", "stop, disable and remove the systemd unit (config is kept)"))  # fmt: skip
-    for verb, what in verbs:
-        p = sub.add_parser(verb, help=f"{what} (bare metal)")
-        services = (
-            ["agent", "api", "controller", "redis"] if verb == "install" else ["agent", "api", "controller"]
-        )
-        p.add_argument(
-            "service", choices=services, help="redis: write /etc/fleet/redis.conf, users.acl, passwords"
-        )
-        p.add_argument("--root", default="/", help="install under this directory instead of / (no systemctl)")
-        if verb == "install":
-            p.add_argument(
-                "--redis-url", default=argparse.SUPPRESS, help="the fleet's Redis, without a password"
-            )
-            p.add_argument(
-                "--redis-password-file", metavar="FILE",
-                help="file holding the service's Redis password (- reads stdin); it goes to a 0600 "
-                "/etc/fleet/redis-SERVICE.password that only the service is given",
-            )  # fmt: skip
-            p.add_argument(
-                "--redis-username", metavar="USER",
-                help="the service's Redis ACL user (default fleet-SERVICE; 'default' for requirepass)",
-            )  # fmt: skip
-        p.set_defaults(handler=install if verb == "install" else uninstall)
-
-    p = sub.add_parser(
-        "up",
-        help="run a whole local fleet in the foreground (Redis, controller, agent, API)",
-        description="Run Redis, a controller, an agent and the API in the foreground. Ctrl-C, SIGTERM or "
-        "SIGHUP stops them all; should `fleet up` be killed, its children stop too (Linux).",
-    )
-    p.add_argument("--gpus", type=int, default=4, help="simulated GPUs when the machine has none (default 4)")
-    p.add_argument("--runtime", choices=["auto", "docker", "process"], default="auto")
-    p.add_argument(
-        "--state-dir", help="keep Redis data, checkpoints and agent state here (default: a temp dir)"
-    )
-    p.add_argument("--demo", action="store_true", help="submit example jobs, show them finish, then stop")
-    p.set_defaults(handler=up)
+def log_level_option(func: F) -> F:
+    return click.option("--log-level", callback=_log_level, default="INFO", metavar="LEVEL",
+                        help=f"{', '.join(log.LEVELS).lower()} (any case; default info)")(func)  # fmt: skip
 
 
-def _log_level_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
-                        help=f"{', '.join(log.LEVELS).lower()} (any case; default info)")  # fmt: skip
-
-
-def _log_level(text: str) -> str:
-    """argparse turns ArgumentTypeError into a usage error (exit 2) carrying our message."""
+def _log_level(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A logging level in any case; another word is a usage error naming the allowed levels."""
     try:
-        return log.level_name(text)
+        return log.level_name(value)
     except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+RUNTIMES = click.Choice(["auto", "docker", "process"])
 
 
 def _stores(settings: Settings) -> tuple[JobStore, NodeStore, Bus]:
@@ -109,12 +49,18 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-def controller(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT, short_help="run the controller service (scheduling, failure detection)"
+)
+@log_level_option
+@pass_globals
+def controller(globals_: Globals, log_level: str) -> int:
+    """Run the controller service (scheduling, failure detection)."""
     from fleet.config import load_settings
     from fleet.controller.service import Controller
 
-    log.setup(args.log_level)
-    settings = load_settings(args.config, redis_url=args.redis_url)
+    log.setup(log_level)
+    settings = load_settings(globals_.config, redis_url=globals_.redis_url)
     jobs, nodes, bus = _stores(settings)
     service = Controller(settings, jobs, nodes, bus)
     _stop_on_signals(service.stop_event)
@@ -122,68 +68,138 @@ def controller(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT, short_help="run the node agent service (GPUs, containers, heartbeats)"
+)
+@click.option("--node-name", help="this node's name (default: hostname)")
+@click.option("--runtime", type=RUNTIMES, help="how jobs run: docker containers or plain processes")
+@click.option("--gpus", type=click.Choice(["auto", "nvml", "simulated"]), help="GPU inventory backend")
+@log_level_option
+@pass_globals
+def agent(
+    globals_: Globals, node_name: str | None, runtime: str | None, gpus: str | None, log_level: str
+) -> int:
+    """Run the node agent service (GPUs, containers, heartbeats)."""
     from fleet.agent.gpus import open_inventory
     from fleet.agent.runtime import open_runtime
     from fleet.agent.service import Agent
     from fleet.agent.supervision import SupervisorClient
     from fleet.config import load_settings
 
-    log.setup(args.log_level)
-    settings = load_settings(args.config, redis_url=args.redis_url)
-    overrides = {"node_name": args.node_name, "runtime": args.runtime, "gpus": args.gpus}
+    log.setup(log_level)
+    settings = load_settings(globals_.config, redis_url=globals_.redis_url)
+    overrides = {"node_name": node_name, "runtime": runtime, "gpus": gpus}
     settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
     jobs, nodes, bus = _stores(settings)
     cfg = settings.agent
     supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4))
-    runtime = open_runtime(cfg, supervisor)
-    service = Agent(settings, jobs, nodes, bus, open_inventory(cfg), runtime, supervisor)
+    service = Agent(
+        settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor), supervisor
+    )
     _stop_on_signals(service.stop_event)
     service.run()
     return 0
 
 
-def api(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT,
+    short_help="run the HTTP API (tokens, roles, tenants; what the CLI and Client talk to)",
+)
+@click.option("--host", help="address to listen on (default: api.host, 127.0.0.1)")
+@click.option("--port", type=int, help="port (default: api.port, 8080)")
+@click.option(
+    "--tls-cert", type=click.Path(path_type=Path), metavar="PEM", help="certificate (chain) for HTTPS"
+)
+@click.option(
+    "--tls-key", type=click.Path(path_type=Path), metavar="PEM", help="the certificate's private key"
+)
+@log_level_option
+@pass_globals
+def api(globals_: Globals, host: str | None, port: int | None, tls_cert: Path | None, tls_key: Path | None,
+        log_level: str) -> int:  # fmt: skip
+    """Serve the fleet's HTTP API: HTTPS with --tls-cert and --tls-key (or api.tls_cert and
+    api.tls_key in fleet.toml), else plain HTTP. OpenAPI at /docs and /openapi.json."""
     from fleet.api import serve
     from fleet.config import load_settings
 
-    log.setup(args.log_level)
-    settings = load_settings(args.config, redis_url=args.redis_url)
+    log.setup(log_level)
+    settings = load_settings(globals_.config, redis_url=globals_.redis_url)
     cfg = settings.api
-    cert, key = args.tls_cert or cfg.tls_cert, args.tls_key or cfg.tls_key
+    cert, key = tls_cert or cfg.tls_cert, tls_key or cfg.tls_key
     if (cert is None) != (key is None):
         raise ConfigError("--tls-cert and --tls-key: give both (HTTPS) or neither (HTTP)")
-    serve(settings, args.host or cfg.host, cfg.port if args.port is None else args.port, cert=cert, key=key)
+    serve(settings, host or cfg.host, cfg.port if port is None else port, cert=cert, key=key)
     return 0
 
 
-def up(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT,
+    short_help="run a whole local fleet in the foreground (Redis, controller, agent, API)",
+)
+@click.option(
+    "--gpus", type=int, default=4, show_default=True, help="simulated GPUs when the machine has none"
+)
+@click.option(
+    "--runtime", type=RUNTIMES, default="auto", show_default=True, help="docker containers or processes"
+)
+@click.option(
+    "--state-dir",
+    metavar="DIR",
+    help="keep Redis data, checkpoints and agent state here (default: a temp dir)",
+)
+@click.option("--demo", is_flag=True, help="submit example jobs, show them finish, then stop")
+@pass_globals
+def up(globals_: Globals, gpus: int, runtime: str, state_dir: str | None, demo: bool) -> int:
+    """Run Redis, a controller, an agent and the API in the foreground, and print the API's URL and
+    an admin token. Ctrl-C, SIGTERM or SIGHUP stops them all; should `fleet up` be killed, its
+    children stop too (Linux)."""
     from fleet.local import LocalFleet
 
-    with LocalFleet(gpus=args.gpus, runtime=args.runtime, state_dir=args.state_dir,
-                    redis_url=args.redis_url) as fleet:  # fmt: skip
-        if args.demo:
+    with LocalFleet(gpus=gpus, runtime=runtime, state_dir=state_dir, redis_url=globals_.redis_url) as fleet:
+        if demo:
             return fleet.demo()
         fleet.serve()
     return 0
 
 
-def install(args: argparse.Namespace) -> int:
+ROOT_OPTION = click.option(
+    "--root", default="/", show_default=True, help="install under this directory instead of / (no systemctl)"
+)
+
+
+@click.command(
+    context_settings=CONTEXT, short_help="write config and systemd unit, enable and start it (bare metal)"
+)
+@click.argument("service", type=click.Choice(["agent", "api", "controller", "redis"]))
+@ROOT_OPTION
+@click.option("--redis-url", "service_redis_url", metavar="URL", help="the fleet's Redis, without a password")
+@click.option(
+    "--redis-password-file", metavar="FILE",
+    help="file holding the service's Redis password (- reads stdin); it goes to a 0600 "
+    "/etc/fleet/redis-SERVICE.password that only the service is given",
+)  # fmt: skip
+@click.option(
+    "--redis-username",
+    metavar="USER",
+    help="the service's Redis ACL user (default fleet-SERVICE; 'default' for requirepass)",
+)
+@pass_globals
+def install(globals_: Globals, service: str, root: str, service_redis_url: str | None,
+            redis_password_file: str | None, redis_username: str | None) -> int:  # fmt: skip
+    """Write SERVICE's config and systemd unit, enable and start it (bare metal). redis: write
+    /etc/fleet/redis.conf, users.acl and each service's password."""
     from fleet.install import install as do_install
     from fleet.install import read_password
 
-    if args.service == "redis":
-        return _install_redis(Path(args.root))
-    password = read_password(args.redis_password_file) if args.redis_password_file else None
-    done = do_install(args.service, Path(args.root), args.redis_url, password, args.redis_username)
+    if service == "redis":
+        return _install_redis(Path(root))
+    password = read_password(redis_password_file) if redis_password_file else None
+    redis_url = service_redis_url or globals_.redis_url
+    done = do_install(service, Path(root), redis_url, password, redis_username)
     print(f"wrote {done.unit}\nconfig {done.config}")
     if done.secret:
         print(f"secret {done.secret} (0600), given to the service alone (LoadCredential=)")
-    print(
-        f"started fleet-{args.service}"
-        if done.started
-        else "not started (use systemctl, or --root was given)"
-    )
+    print(f"started fleet-{service}" if done.started else "not started (use systemctl, or --root was given)")
     return 0
 
 
@@ -202,8 +218,14 @@ def _install_redis(root: Path) -> int:
     return 0
 
 
-def uninstall(args: argparse.Namespace) -> int:
+@click.command(
+    context_settings=CONTEXT, short_help="stop, disable and remove the systemd unit (config is kept)"
+)
+@click.argument("service", type=click.Choice(["agent", "api", "controller"]))
+@ROOT_OPTION
+def uninstall(service: str, root: str) -> int:
+    """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept)."""
     from fleet.install import uninstall as do_uninstall
 
-    print(f"removed {do_uninstall(args.service, Path(args.root))}")
+    print(f"removed {do_uninstall(service, Path(root))}")
     return 0

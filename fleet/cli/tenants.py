@@ -2,53 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from fleet.cli.commands import duration
-from fleet.cli.output import ago, emit_json, guarantee, table
-from fleet.client import Client
+import click
+
+from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals
+from fleet.cli.output import Table, View, ago, emit_json, guarantee, show_view
 
 
-def register(sub: Any, output: Any) -> None:
-    p = sub.add_parser(
-        "tenants", help="each tenant's guarantee, limit, weight, use, fair share and decayed usage",
-        description="Every tenant with a policy or with jobs: its guarantee, limit and weight, the GPUs "
-        "its jobs hold, the fair share weighted dominant-resource fair share gives it now, and its "
-        "GPU-hours of decayed usage (controller.fair_share_half_life_s), as the leader last published them.",
-    )  # fmt: skip
-    output(p)
-    p.set_defaults(handler=tenants)
-
-    tenant = sub.add_parser("tenant", help="set or delete a tenant's policy (admins)")
-    verbs = tenant.add_subparsers(dest="verb", required=True, metavar="VERB")
-    p = verbs.add_parser(
-        "set", help="create a tenant's policy, or change the fields given",
-        description="Create a tenant's policy, or change only the fields given on an existing one. A tenant "
-        "below its guarantee is served first and may preempt tenants above their fair share; beyond the "
-        "guarantees, GPUs are shared by weight; a tenant never holds more than its max.",
-    )  # fmt: skip
-    p.add_argument("name")
-    p.add_argument("--guaranteed-gpus", type=int, help="GPUs it gets first whenever it has work (default 0)")
-    p.add_argument("--guaranteed-cpus", type=float, help="CPUs it gets first (queue order only; default 0)")
-    p.add_argument("--guaranteed-memory", help="memory it gets first, e.g. 256g (queue order only)")
-    p.add_argument("--max-gpus", help="most GPUs its jobs hold at once; 'none': no limit (default)")
-    p.add_argument("--max-cpus", help="most CPUs its jobs hold at once; 'none': no limit (default)")
-    p.add_argument("--max-memory", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit")
-    p.add_argument("--weight", type=float, help="its part of the GPUs beyond guarantees (default 1)")
-    p.add_argument("--preempt-grace", help="SIGTERM to SIGKILL when its jobs are preempted (default 120s)")
-    p.add_argument("--min-run", help="a job runs this long before it may be preempted (default 10m)")
-    output(p)
-    p.set_defaults(handler=set_tenant)
-
-    p = verbs.add_parser("delete", help="forget a tenant's policy (its jobs get the default one)")
-    p.add_argument("name")
-    p.set_defaults(handler=delete_tenant)
-
-
-def tenants(args: argparse.Namespace) -> int:
-    found = Client(args.api_url).tenants()
-    if args.output == "json":
+@click.command(
+    context_settings=CONTEXT,
+    short_help="each tenant's guarantee, limit, weight, use, fair share and decayed usage",
+)
+@output_option
+@pass_globals
+def tenants(globals_: Globals, output: str) -> int:
+    """Every tenant with a policy or with jobs: its guarantee, limit and weight, the GPUs its jobs
+    hold, the fair share weighted dominant-resource fair share gives it now, and its GPU-hours of
+    decayed usage (controller.fair_share_half_life_s), as the leader last published them."""
+    found = globals_.client().tenants()
+    if output == "json":
         emit_json(found)
         return 0
     rows = [
@@ -58,32 +31,53 @@ def tenants(args: argparse.Namespace) -> int:
         for s in found
     ]  # fmt: skip
     headers = ["TENANT", "GUARANTEED", "MAX", "WEIGHT", "USING", "FAIR SHARE", "RUNNING", "PENDING", "GPU-H"]
-    table(headers, rows)
+    view = View([Table(headers, rows)])
     if found:
-        print(f"(as of {ago(max(s.as_of for s in found))})")
+        view.add(f"(as of {ago(max(s.as_of for s in found))})")
+    show_view(view)
     return 0
 
 
-def set_tenant(args: argparse.Namespace) -> int:
-    client = Client(args.api_url)
-    current = next((s.tenant for s in client.tenants() if s.configured and s.tenant.name == args.name), None)
+@click.group(context_settings=CONTEXT, short_help="set or delete a tenant's policy (admins)")
+def tenant() -> None:
+    """Set or delete a tenant's policy (admins)."""
+
+
+@tenant.command(
+    "set", context_settings=CONTEXT, short_help="create a tenant's policy, or change the fields given"
+)
+@click.argument("name")
+@click.option("--guaranteed-gpus", type=int, help="GPUs it gets first whenever it has work (default 0)")
+@click.option("--guaranteed-cpus", type=float, help="CPUs it gets first (queue order only; default 0)")
+@click.option(
+    "--guaranteed-memory", metavar="SIZE", help="memory it gets first, e.g. 256g (queue order only)"
+)
+@click.option("--max-gpus", help="most GPUs its jobs hold at once; 'none': no limit (default)")
+@click.option("--max-cpus", help="most CPUs its jobs hold at once; 'none': no limit (default)")
+@click.option(
+    "--max-memory", metavar="SIZE", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit"
+)
+@click.option("--weight", type=float, help="its part of the GPUs beyond guarantees (default 1)")
+@click.option(
+    "--preempt-grace",
+    metavar="DURATION",
+    help="SIGTERM to SIGKILL when its jobs are preempted (default 120s)",
+)
+@click.option(
+    "--min-run", metavar="DURATION", help="a job runs this long before it may be preempted (default 10m)"
+)
+@output_option
+@pass_globals
+def set_tenant(globals_: Globals, /, name: str, output: str, **given: Any) -> int:
+    """Create a tenant's policy, or change only the fields given on an existing one. A tenant below
+    its guarantee is served first and may preempt tenants above their fair share; beyond the
+    guarantees, GPUs are shared by weight; a tenant never holds more than its max."""
+    client = globals_.client()
+    current = next((s.tenant for s in client.tenants() if s.configured and s.tenant.name == name), None)
     policy = current.model_dump(exclude={"name"}) if current else {}
-    for field in ("guaranteed_gpus", "guaranteed_cpus", "guaranteed_memory"):
-        if getattr(args, field) is not None:
-            policy[field] = getattr(args, field)
-    if args.max_gpus is not None:
-        policy["max_gpus"] = None if args.max_gpus.lower() == "none" else args.max_gpus
-    for field, value in (("max_cpus", args.max_cpus), ("max_memory", args.max_memory)):
-        if value is not None:
-            policy[field] = None if value.lower() == "none" else value
-    if args.weight is not None:
-        policy["weight"] = args.weight
-    if args.preempt_grace is not None:
-        policy["preempt_grace_s"] = duration(args.preempt_grace, "--preempt-grace")
-    if args.min_run is not None:
-        policy["min_run_s"] = duration(args.min_run, "--min-run")
-    tenant = client.set_tenant(args.name, **policy)
-    if args.output == "json":
+    policy.update(_changes(given))
+    tenant = client.set_tenant(name, **policy)
+    if output == "json":
         emit_json(tenant)
     else:
         limit = "no limit" if tenant.max_gpus is None else f"max {tenant.max_gpus}"
@@ -93,7 +87,28 @@ def set_tenant(args: argparse.Namespace) -> int:
     return 0
 
 
-def delete_tenant(args: argparse.Namespace) -> int:
-    Client(args.api_url).delete_tenant(args.name)
-    print(f"tenant {args.name}: policy deleted; its jobs get the default one")
+def _changes(given: dict[str, Any]) -> dict[str, Any]:
+    """The policy fields the flags set ('none' lifts a limit; durations in seconds)."""
+    changes: dict[str, Any] = {}
+    for field in ("guaranteed_gpus", "guaranteed_cpus", "guaranteed_memory", "weight"):
+        if given[field] is not None:
+            changes[field] = given[field]
+    for field in ("max_gpus", "max_cpus", "max_memory"):
+        if given[field] is not None:
+            changes[field] = None if given[field].lower() == "none" else given[field]
+    if given["preempt_grace"] is not None:
+        changes["preempt_grace_s"] = duration(given["preempt_grace"], "--preempt-grace")
+    if given["min_run"] is not None:
+        changes["min_run_s"] = duration(given["min_run"], "--min-run")
+    return changes
+
+
+@tenant.command("delete", context_settings=CONTEXT,
+                short_help="forget a tenant's policy (its jobs get the default one)")  # fmt: skip
+@click.argument("name")
+@pass_globals
+def delete_tenant(globals_: Globals, name: str) -> int:
+    """Forget a tenant's policy (its jobs get the default one)."""
+    globals_.client().delete_tenant(name)
+    print(f"tenant {name}: policy deleted; its jobs get the default one")
     return 0

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
 import re
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -154,19 +161,34 @@ def test_bad_input_gets_one_line_with_the_fix_never_a_traceback(fleet_cli, tmp_p
         ("submit", "--memory", "16", "gigs"): (2, "'gigs' follows the options: give the command after --"),
         ("submit", "--memory", "16", "--", "true"): (2, "memory: 16 bytes is less than a job can run in"),
         ("submit", "--timeout", "soon", "--", "true"): (2, "timeout: 'soon' is not a duration"),
-        ("submit", "--prio", "5", "--", "true"): (2, "unrecognized arguments: --prio"),
+        # no guessing: an abbreviation is refused, the option meant is named
+        ("submit", "--prio", "5", "--", "true"): (2, "no such option: --prio (did you mean --priority?)"),
+        ("jobs", "--state", "done"): (2, "--state: 'done': expected one of QUEUED, SCHEDULED"),
+        ("jobs", "--watch", "0"): (2, "--watch: 0: expected seconds above 0"),
+        ("wait",): (2, "missing argument 'ID' (see `fleet wait --help`)"),
+        ("jobs", "--api-url", "http://x:1"): (
+            2,
+            "--api-url is fleet's own option: give it before the command",
+        ),
     }
     for argv, (code, message) in cases.items():
         done = fleet_cli(*argv)
         assert (done.returncode, "Traceback" in done.stderr) == (code, False), (argv, done.stderr)
-        assert message in done.stderr, (argv, done.stderr)
+        assert message in done.stderr and done.stderr.startswith("fleet: "), (argv, done.stderr)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
     assert fleet_cli("jobs", "-o", "json").stdout.strip() == "[]"  # and nothing was submitted
 
 
 def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
     for i in range(150):
         client.submit({"name": f"q{i}", "command": ["true"], "gpus": 64})  # never fits: stays queued
-    for argv in (["jobs"], ["jobs", "-o", "json"], ["nodes"]):
+    for argv in (
+        ["jobs"],
+        ["jobs", "-o", "json"],
+        ["nodes"],
+        ["jobs", "--watch", "0.2"],
+        ["top", "-n", "0.2"],
+    ):
         done = subprocess.run(
             f"{sys.executable} -m fleet {' '.join(argv)} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
             shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
@@ -193,3 +215,158 @@ def test_logs_carry_their_times_and_json_has_iso_timestamps(fleet_cli) -> None: 
     assert [(r["attempt"], r["line"]) for r in records] == [(1, "first"), (1, "second")]
     shown = json.loads(fleet_cli("show", job_id, "-o", "json").stdout)
     assert shown["created_at_iso"].endswith("Z") and abs(shown["created_at"] - time.time()) < 120
+
+
+def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_after: float = 0) -> str:
+    """What ``fleet ARGV`` writes to a terminal ``columns`` wide (a pseudo-terminal: isatty is true);
+    with ``ctrl_c_after``, interrupted (SIGINT, as Ctrl-C) after so many seconds."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=slave, env={k: v for k, v in env.items() if k != "COLUMNS"})  # fmt: skip
+    os.close(slave)
+    out = b""
+    interrupt_at = time.monotonic() + ctrl_c_after if ctrl_c_after else None
+    while True:
+        if interrupt_at is not None and time.monotonic() > interrupt_at:
+            proc.send_signal(signal.SIGINT)
+            interrupt_at = None
+        if not select.select([master], [], [], 0.1)[0]:
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the program closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, out
+    return out.decode()
+
+
+def colours(text: str) -> set[str]:
+    """The SGR colour codes in ``text`` (30-37, 90-97 and 38;... foregrounds)."""
+    codes = set()
+    for params in re.findall(r"\x1b\[([0-9;]*)m", text):
+        codes |= {p for p in params.split(";") if p and (30 <= int(p) <= 38 or 90 <= int(p) <= 97)}
+    return codes
+
+
+def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    # Given a running job and a failed one, with a long reason
+    running = fleet_cli("submit", "--gpus", "1", "--", "sleep", "60").stdout.strip()
+    failed = fleet_cli("submit", "--max-attempts", "1", "--wait", "--", "sh", "-c", "exit 3").stdout.split()[
+        0
+    ]
+
+    # When `fleet jobs` writes to a terminal 70 columns wide
+    screen = in_terminal(["jobs"], fleet_cli.env, columns=70)
+
+    # Then states are coloured and every line fits, the ids whole
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", screen)
+    assert colours(screen) and max(len(line) for line in plain.splitlines()) <= 70, plain
+    assert running in plain and failed in plain and "FAILED" in plain
+    # And with NO_COLOR there is no colour; piped there is no escape code at all, and every column
+    assert not colours(in_terminal(["jobs"], {**fleet_cli.env, "NO_COLOR": "1"}, columns=70))
+    piped = fleet_cli("jobs").stdout
+    assert "\x1b" not in piped and piped.split("\n")[0].split() == [
+        "ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT", "PROGRESS",
+        "REASON",
+    ]  # fmt: skip
+    assert "\x1b" not in fleet_cli("show", failed).stdout and "\x1b" not in fleet_cli("nodes").stdout
+    shown = in_terminal(["show", failed], fleet_cli.env)
+    assert "State:" in shown and "FAILED" in shown and colours(shown)
+    fleet_cli("cancel", running)
+
+
+def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    # When `fleet jobs --watch` runs on a terminal for a while, then Ctrl-C
+    screen = in_terminal(["jobs", "--watch", "0.3"], fleet_cli.env, ctrl_c_after=3)  # asserts exit 0
+    # Then the table was drawn, then drawn again over itself (cursor up, erase line), no traceback
+    assert job_id in screen and "Ctrl-C stops" in screen and "Traceback" not in screen
+    assert "\x1b[1A\x1b[2K" in screen, screen
+
+
+def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    # Given a queued job
+    job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    for argv, marker in ((["jobs", "--watch", "0.2"], "ID "), (["nodes", "--watch", "0.2"], "NODE "),
+                         (["jobs", "-o", "json", "--watch", "0.2"], "[")):  # fmt: skip
+        # When it is watched through a pipe
+        proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=fleet_cli.env)  # fmt: skip
+        assert proc.stdout is not None
+        snapshots = []
+        for line in proc.stdout:
+            if line.startswith(marker):
+                snapshots.append(line)
+            if len(snapshots) == 3:
+                break
+        # Then each interval brings a new snapshot, and Ctrl-C ends it as a success
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert (len(snapshots), proc.returncode, err) == (3, 0, ""), argv
+        if argv[1] == "-o":
+            assert [j["id"] for j in json.loads(snapshots[0])] == [job_id]  # one JSON document a line
+
+
+def test_top_once_shows_gpus_running_jobs_and_queues(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
+    # Given a running job and one that waits
+    running = fleet_cli("submit", "--gpus", "1", "--", "sleep", "60").stdout.strip()
+    waiting = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    deadline = time.monotonic() + 20
+    while client.get(running).state != JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    # When fleet top prints one frame (once the leader has published the tenants' queues)
+    done = fleet_cli("top", "--once")
+    while "1 queued" not in done.stdout and time.monotonic() < deadline + 20:
+        time.sleep(0.5)
+        done = fleet_cli("top", "--once")
+
+    # Then it shows each GPU (claimed by which attempt, or free), the running job, and the queue
+    assert done.returncode == 0, done.stderr
+    frame = done.stdout
+    assert "GPUs 1 free of 2" in frame and "1 running, 1 queued" in frame, frame
+    gpus = frame.split("\nGPUs:\n")[1].split("\n\n")[0].splitlines()
+    assert gpus[0].split() == ["NODE", "STATE", "IDX", "MODEL", "MEMORY", "UTIL", "STATUS"]
+    assert f"claimed by {running}:1" in frame and gpus[2].endswith("free"), frame
+    assert running in frame.split("\nRunning:\n")[1] and waiting not in frame
+    queues = frame.split("\nQueues:\n")[1].splitlines()
+    assert queues[1].split()[:3] == ["default", "1", "1"], frame
+    as_json = json.loads(fleet_cli("top", "--once", "-o", "json").stdout)
+    assert [j["id"] for j in as_json["running"]] == [running] and as_json["nodes"][0]["name"] == "t-cli"
+    assert "\x1b" not in frame
+    # And on a terminal it takes the screen (as top does) until Ctrl-C, then gives it back
+    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_after=3)
+    assert "\x1b[?1049h" in screen and screen.rstrip().endswith("\x1b[?1049l") and running in screen
+    fleet_cli("cancel", running)
+
+
+def test_a_cordoned_nodes_gpus_show_as_not_placeable(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    fleet_cli("cordon", "t-cli", "--reason", "repair")
+    table = fleet_cli("nodes").stdout
+    assert "0/2" in table and table.count("not placeable: node CORDONED") == 2, table
+    assert fleet_cli("nodes", "t-cli").stdout.count("not placeable: node CORDONED") == 2
+    fleet_cli("uncordon", "t-cli")
+
+
+def test_tab_completes_job_ids_and_node_names_from_the_api(fleet_cli) -> None:  # type: ignore[no-untyped-def]
+    job_id = fleet_cli("submit", "--", "true").stdout.strip()
+
+    def complete(words: str) -> list[str]:
+        env = {**fleet_cli.env, "_FLEET_COMPLETE": "bash_complete", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "fleet"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        return done.stdout.split()
+
+    assert complete("fleet cordon t-") == ["plain,t-cli"]
+    assert complete("fleet drain t-cli t") == ["plain,t-cli"]
+    assert complete(f"fleet show {job_id[:4]}") == [f"plain,{job_id}"]
+    # no API: no completions, and no error in the middle of the user's command line
+    assert complete("fleet --api-url http://127.0.0.1:1 show tr") == []

@@ -54,19 +54,18 @@ def test_cli_rejects_a_bad_spec_with_exit_2_before_touching_redis(capsys: pytest
 
 
 def test_cli_builds_the_spec_from_file_and_flags(tmp_path: pytest.TempPathFactory) -> None:
-    from fleet.cli.commands import spec_from_args
-    from fleet.cli.main import build_parser
+    from fleet.cli.submit import spec_from_options, submit
 
     path = tmp_path / "job.yaml"  # type: ignore[operator]
     path.write_text("name: train\ngpus: 2\nenv: {A: '1'}\ncommand: [python, train.py]\n")
-    args = build_parser().parse_args(["submit", "-f", str(path), "--gpus", "4", "--env", "B=2",
-                                      "--mount", "/data:/data"])  # fmt: skip
-    spec = spec_from_args(args)
+    argv = ["-f", str(path), "--gpus", "4", "--env", "B=2", "--mount", "/data:/data", "--", "python", "t.py"]
+    ctx = submit.make_context("submit", argv)
+    spec = spec_from_options(ctx.params, ctx.meta["fleet.command"])
     assert (spec.name, spec.gpus, spec.env, spec.command) == (
         "train",
         4,
         {"A": "1", "B": "2"},
-        ["python", "train.py"],
+        ["python", "t.py"],
     )
     assert spec.mounts[0].read_only is True
 

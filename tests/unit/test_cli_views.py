@@ -1,0 +1,107 @@
+"""What the CLI shows, without a fleet: progress, plain and terminal tables, shell completion."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fleet.cli.jobs import _job_view, job_row
+from fleet.cli.output import Table, View, print_plain, progress_text
+from fleet.models import Job, JobSpec, JobState, Progress
+
+
+def job(progress: Progress | None) -> Job:
+    spec = JobSpec(name="train", command=["python", "train.py"], gpus=1)
+    return Job(id="train-1", spec=spec, state=JobState.RUNNING, attempt=1, node="n1", created_at=1.0,
+               started_at=2.0, progress=progress)  # fmt: skip
+
+
+def plain(view: View, capsys: pytest.CaptureFixture[str]) -> str:
+    print_plain(view)
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("progress", "text"),
+    [(None, None), (Progress(step=450, total=1000), "45%"), (Progress(step=1200), "step 1200"),
+     (Progress(step=5000, total=1000), "100%")],
+)  # fmt: skip
+def test_the_progress_column_is_a_percentage_against_a_total_else_the_step(
+    progress: Progress | None, text: str | None
+) -> None:
+    assert progress_text(progress) == text
+    assert job_row(job(progress), now=10.0)[10] == text  # the PROGRESS column of `fleet jobs`
+
+
+def test_show_draws_a_bar_against_the_total_and_names_the_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    # Given a job that reported step 450 of 1000 with its loss
+    shown = plain(_job_view(job(Progress(step=450, total=1000, metrics={"loss": 0.25}))), capsys)
+    # Then `fleet show` has a bar a script can read too
+    line = next(line for line in shown.splitlines() if line.startswith("Progress:"))
+    assert line == "Progress:   [##############................] 45%  step 450 of 1000  loss=0.25"
+    # And without a total, the step alone; before any report, no progress line at all
+    assert "Progress:   step 7\n" in plain(_job_view(job(Progress(step=7))), capsys)
+    assert "Progress:" not in plain(_job_view(job(None)), capsys)
+
+
+def test_a_terminal_table_cuts_free_text_then_leaves_out_optional_columns() -> None:
+    from rich.console import Console
+
+    from fleet.cli import tty
+
+    rows = [("a-very-long-job-id-1", "RUNNING", "alice", "x" * 60)]
+    table = Table(["ID", "STATE", "USER", "REASON"], rows, wide=3, optional=(2,))
+    assert tty.fit(table, 200) == ([0, 1, 2, 3], {})  # room for everything
+    assert tty.fit(table, 60) == ([0, 1, 2, 3], {3: 60 - 20 - 7 - 5 - 3})  # REASON cut short
+    assert tty.fit(table, 40) == ([0, 1, 3], {3: tty.MIN_WIDE})  # then USER left out
+    # And rendered, every line fits and the id is whole
+    out = io.StringIO()
+    tty._console = Console(file=out, width=40, force_terminal=True, color_system="standard")
+    try:
+        tty.print_view(View([table]))
+    finally:
+        tty._console = None
+    lines = out.getvalue().splitlines()
+    assert "a-very-long-job-id-1" in lines[1] and "\x1b[32m" in lines[1]  # RUNNING in green
+    assert all(len(tty.Text.from_ansi(line).plain) <= 40 for line in lines)
+
+
+def fleet(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet", *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})  # fmt: skip
+
+
+@pytest.mark.parametrize(("shell", "marker"), [("bash", "complete -o nosort -F"), ("zsh", "#compdef fleet"),
+                                               ("fish", "complete --no-files --command fleet")])  # fmt: skip
+def test_completion_prints_the_shells_script(shell: str, marker: str) -> None:
+    done = fleet("completion", shell)
+    assert done.returncode == 0 and marker in done.stdout and "_FLEET_COMPLETE" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [("fleet sub", "plain,submit"), ("fleet jobs --st", "plain,--state"),
+     ("fleet jobs --state RU", "plain,RUNNING"),
+     ("fleet install ", "plain,agent\nplain,api\nplain,controller\nplain,redis"),
+     ("fleet completion ", "plain,bash\nplain,zsh\nplain,fish")],
+)  # fmt: skip
+def test_the_completion_script_is_answered_with_commands_options_and_choices(
+    words: str, expected: str
+) -> None:
+    # What the bash script asks fleet when Tab is pressed after WORDS
+    cword = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+    done = fleet(_FLEET_COMPLETE="bash_complete", COMP_WORDS=words, COMP_CWORD=cword)
+    assert (done.returncode, done.stdout.strip()) == (0, expected), done.stderr
+
+
+def test_an_unknown_shell_is_a_usage_error() -> None:
+    done = fleet("completion", "tcsh")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == "fleet: SHELL: 'tcsh' is not one of 'bash', 'zsh', 'fish' (see `fleet completion --help`)\n"
+    )
