@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from difflib import get_close_matches
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -121,7 +122,28 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLE
 ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 
 
-class Mount(BaseModel):
+if TYPE_CHECKING:  # mypy keeps the pydantic plugin's typed constructor signatures
+    _UserModel = BaseModel
+else:
+
+    class _Checked(type(BaseModel)):
+        """Direct construction (``JobSpec(name=..., gpu=1)``) raises :class:`SpecError` naming the field
+        and the fix, as :meth:`JobSpec.parse` does, never pydantic's raw ``ValidationError`` (both are
+        ``ValueError``: ``except ValueError`` still works). A metaclass, not ``__init__``: pydantic
+        calls a custom ``__init__`` for every nested model it validates (each stored job's spec)."""
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().__call__(*args, **kwargs)
+            except ValidationError as exc:
+                what = "job spec" if cls.__name__ == "JobSpec" else cls.__name__.lower()
+                raise SpecError(describe_errors(exc, cls, what)) from None
+
+    class _UserModel(BaseModel, metaclass=_Checked):
+        pass
+
+
+class Mount(_UserModel):
     """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
@@ -146,7 +168,7 @@ FROM_FLEET = "from_fleet"
 MEMORY_MIN = 6 << 20
 
 
-class JobSpec(BaseModel):
+class JobSpec(_UserModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
@@ -294,6 +316,8 @@ def describe_errors(
         if err["type"] == "extra_forbidden":
             fields = (model or JobSpec).model_fields
             message = f"unknown field; allowed fields: {', '.join(sorted(fields))}"
+            if near := get_close_matches(str(err["loc"][-1]), fields, n=1):
+                message += f"; did you mean {near[0]!r}?"
         elif err["type"] == "missing":
             message = "is required"
         elif "input" in err and err["type"] not in ("value_error",):
@@ -587,7 +611,7 @@ class TokenInfo(BaseModel):
 TENANT_NAME = _NAME
 
 
-class Tenant(BaseModel):
+class Tenant(_UserModel):
     """A team's share of the fleet. A tenant with no record gets ``Tenant(name=...)``: no guarantee,
     no limit, weight 1, so nobody is starved by forgetting to configure a team."""
 

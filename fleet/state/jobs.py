@@ -460,6 +460,12 @@ class JobStore:
         return [str(last[0][1]["c"]) if last else None for last in pipe.execute()]
 
     @translated
+    def log_tail(self, job_id: str, attempt: int, count: int, rank: int = 0) -> list[str]:
+        """The attempt's last ``count`` lines, oldest first."""
+        entries = self.redis.xrevrange(self.keys.logs(job_id, attempt, rank), count=count)
+        return [f["l"] for _, f in reversed(entries)]
+
+    @translated
     def read_logs(
         self, job_id: str, attempt: int, after: str = "0", block_ms: int | None = None, rank: int = 0
     ) -> list[LogLine]:
