@@ -160,6 +160,39 @@ class Mount(_UserModel):
         return value
 
 
+#: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)
+WEBHOOK_URL_MAX = 2048
+
+
+class Webhook(_UserModel):
+    """Where fleet POSTs what happened (a job's end, a node's state): JSON signed with the tenant's
+    secret (``X-Fleet-Signature-256``), or ``format="slack"``: the ``{"text": ...}`` a Slack incoming
+    webhook takes. A bare URL string is read as ``Webhook(url=...)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    url: str = Field(max_length=WEBHOOK_URL_MAX, description="http:// or https:// URL")
+    format: Literal["json", "slack"] = "json"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value[:100]!r} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError(f"{value[:100]!r}: expected an http:// or https:// URL with a host")
+        return value
+
+
+def _webhook(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value
+
+
 #: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
 FROM_FLEET = "from_fleet"
 
@@ -213,6 +246,8 @@ class JobSpec(_UserModel):
     #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
     workdir: str | None = Field(default=None, max_length=4096)
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
+    #: POSTed to when the job ends (SUCCEEDED, FAILED, CANCELLED): a URL, or {url, format}
+    notify: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
 
     @field_validator("command")
     @classmethod
@@ -631,6 +666,10 @@ class Tenant(_UserModel):
     preempt_grace_s: float = Field(default=120.0, ge=0, le=86_400)
     #: seconds a job of this tenant runs before it may be preempted (so it checkpoints at least once)
     min_run_s: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    #: POSTed to when any of its jobs ends (a URL, or {url, format}); shown only to the tenant and admins
+    webhook: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
+    #: the webhook hears node state changes too (READY, CORDONED, DRAINING, DRAINED, DOWN, removed)
+    webhook_nodes: bool = False
 
     @model_validator(mode="after")
     def _guarantee_within_max(self) -> Tenant:

@@ -34,7 +34,7 @@ def row(a: JobArray) -> tuple[object, ...]:
     """The array as one line of ``fleet jobs``."""
     limit = f", max running {a.max_running}" if a.max_running else ""
     since = took(time.time() - a.created_at)
-    return (a.id, states(a), a.owner or "-", a.spec.tenant, a.spec.gpus, "-", "-", "-", since, "-",
+    return (a.id, states(a), a.owner or "-", a.spec.tenant, a.spec.gpus, "-", "-", "-", since, "-", "-",
             f"job array of {a.size}{limit}")  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet import progress
 from fleet.cli import arrays
 from fleet.cli.output import ago, clock, emit_json, iso, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
@@ -319,7 +320,20 @@ def jobs(args: argparse.Namespace) -> int:
     now = time.time()
     rows = [_job_row(j, now) if isinstance(j, Job) else arrays.row(j) for j in found]
     table(
-        ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT", "REASON"],
+        [
+            "ID",
+            "STATE",
+            "USER",
+            "TENANT",
+            "GPUS",
+            "NODE",
+            "ATTEMPT",
+            "START",
+            "ELAPSED",
+            "EXIT",
+            "PROGRESS",
+            "REASON",
+        ],
         rows,
     )
     _note_quarantined("job", client.quarantined_jobs(), "fleet show ID")
@@ -332,7 +346,8 @@ def _job_row(j: Job, now: float) -> tuple[object, ...]:
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
     return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
-            clock(start, now), elapsed, j.exit_code, _short(j.reason, 50))  # fmt: skip
+            clock(start, now), elapsed, j.exit_code, progress.label(j.progress),
+            _short(j.reason, 50))  # fmt: skip
 
 
 def _note_quarantined(kind: str, records: dict[str, str], show: str) -> None:
@@ -357,6 +372,8 @@ def show(args: argparse.Namespace) -> int:
     spec = job.spec
     print(f"Job:        {job.id}  ({spec.name}, tenant {spec.tenant})")
     print(f"State:      {job.state.value}  {job.reason}{_countdown(job)}")
+    if job.progress is not None:
+        print(f"Progress:   {progress.bar(job.progress)} (attempt {job.attempt}, {ago(job.progress.at)})")
     print(f"Image:      {spec.image or '(the fleet default_image)'}")
     print(f"Command:    {' '.join(spec.command)}")
     print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
@@ -422,7 +439,9 @@ def logs(args: argparse.Namespace) -> int:
             record = {"at": line.at, "time": iso(line.at), "attempt": line.attempt, "line": line.line}
             print(json.dumps(record), flush=args.follow)
         else:
-            print(f"{iso(line.at)} {line.line}" if args.timestamps else line.line, flush=args.follow)
+            report = progress.parse_line(line.line, line.at) if args.follow else None
+            text = line.line if report is None else f"progress {progress.bar(report)}"
+            print(f"{iso(line.at)} {text}" if args.timestamps else text, flush=args.follow)
     return 0
 
 

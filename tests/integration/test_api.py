@@ -313,7 +313,7 @@ def test_jobs_list_who_submitted_them_and_how_they_ran(api: Api, procs: FleetPro
     lines = fleet(api, "jobs", token=token).stdout.splitlines()
     header = lines[0].split()
     assert header == ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT",
-                      "REASON"]  # fmt: skip
+                      "PROGRESS", "REASON"]  # fmt: skip
     job_line = next(line.split() for line in lines if line.startswith("sh-") and not line.startswith(array))
     assert job_line[1:5] == ["FAILED", "mia", "ml", "0"] and job_line[9] == "3"
     assert re.fullmatch(r"\d\d:\d\d:\d\d", job_line[7]) and re.fullmatch(r"\d+s", job_line[8])

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -13,6 +16,7 @@ from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, SpecError
 from tests.conftest import Api, FleetProcs
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -80,3 +84,52 @@ def test_nodes_node_shows_one_node(ready: Client, procs: FleetProcs) -> None:
         done = subprocess.run([sys.executable, "-m", "fleet", *argv, "-o", "json"], env=procs.cli_env(),
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert json.loads(done.stdout)["name"] == "t-py", done.stderr
+
+
+def report(step: int, total: int, loss: float) -> str:
+    return f"""echo 'fleet-progress {{"step": {step}, "total": {total}, "loss": {loss}}}'"""
+
+
+def test_progress_is_the_current_attempts_last_report(ready: Client, procs: FleetProcs) -> None:
+    # Given a job whose first attempt reports progress and fails, and whose second reports later
+    script = (f'if [ "$FLEET_ATTEMPT" = 1 ]; then {report(1, 4, 0.9)}; {report(2, 4, 0.5)}; exit 1; fi; '
+              f"sleep 1.5; {report(3, 4, 0.25)}; sleep 600")  # fmt: skip
+    job = ready.submit(sh("prog", script, max_attempts=2))
+    # Then while the second attempt has not reported yet, the job shows no progress (not the first's)
+    until(lambda: job.status().attempt == 2 and job.status().state == JobState.RUNNING, "attempt 2 running")
+    assert job.progress() is None
+    # And once it reports, the job's progress is that last report
+    found = until(lambda: job.progress(), "attempt 2's report")
+    assert (found.step, found.total, found.metrics, found.fraction) == (3, 4, {"loss": 0.25}, 0.75)
+    # And `fleet jobs` shows it as a percentage, `fleet show` as a bar
+    listing = cli(procs, "jobs").splitlines()
+    column = listing[0].split().index("PROGRESS")
+    assert next(line.split() for line in listing if line.startswith(job.id))[column] == "75%"
+    assert "Progress:   [##################------]  75% step 3/4 loss=0.25 (attempt 2" in cli(
+        procs, "show", job.id
+    )
+    job.cancel()
+
+
+def test_logs_follow_draws_progress_lines_as_a_bar(ready: Client, procs: FleetProcs) -> None:
+    job = ready.submit(sh("bar", f"echo start; {report(1, 2, 0.5)}; echo done"))
+    job.result(timeout=60)
+    followed = cli(procs, "logs", "-f", job.id).splitlines()
+    assert followed == ["start", "progress [############------------]  50% step 1/2 loss=0.5", "done"]
+    # and the plain log keeps the line as the job printed it
+    assert job.logs().splitlines()[1].startswith('fleet-progress {"step": 1')
+
+
+def cli(procs: FleetProcs, *argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "fleet", *argv], env=procs.cli_env(), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def until(check: Callable[[], T | None], why: str, timeout: float = 30) -> T:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {why}"
+        time.sleep(0.1)
+    return found
