@@ -40,6 +40,7 @@ from fleet.models import (
     Tenant,
     TenantStatus,
     TokenInfo,
+    WebhookOutcome,
 )
 
 T = TypeVar("T")
@@ -192,6 +193,15 @@ class AsyncClient:
 
     async def delete_tenant(self, name: str) -> Tenant:
         return await self._run(self.sync.delete_tenant, name)
+
+    async def webhook_secret(self, tenant: str | None = None) -> str:
+        return await self._run(self.sync.webhook_secret, tenant)
+
+    async def rotate_webhook_secret(self, tenant: str | None = None) -> str:
+        return await self._run(self.sync.rotate_webhook_secret, tenant)
+
+    async def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
+        return await self._run(self.sync.webhook_deliveries, tenant, limit)
 
     async def whoami(self) -> Identity:
         return await self._run(self.sync.whoami)

@@ -64,6 +64,7 @@ from fleet.models import (
     Tenant,
     TenantStatus,
     TokenInfo,
+    WebhookOutcome,
     check_job_id,
 )
 
@@ -456,6 +457,29 @@ class Client:
         return Tenant.model_validate(
             self._call("DELETE", f"/v1/tenants/{_segment(checks.ident(name, 'tenant'))}")
         )
+
+    # -- webhooks ----------------------------------------------------------------------
+
+    def webhook_secret(self, tenant: str | None = None) -> str:
+        """The secret the tenant's webhook deliveries are signed with (``X-Fleet-Signature-256``;
+        check it with :func:`fleet.webhooks.verify`): the token's tenant's, or an admin's any."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant")}
+        return str(self._call("GET", "/v1/webhooks/secret", query=query)["secret"])
+
+    def rotate_webhook_secret(self, tenant: str | None = None) -> str:
+        """A new signing secret for the tenant, used from now on. Admins only."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant")}
+        return str(self._call("POST", "/v1/webhooks/secret/rotate", query=query)["secret"])
+
+    def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
+        """How the newest delivery attempts went, newest first (failures say why, and retries when
+        the next attempt is due): the token's tenant's; an operator's every tenant's or ``tenant``'s."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant"),
+                 "limit": checks.count(limit, "limit", 1, 1000)}  # fmt: skip
+        return [
+            WebhookOutcome.model_validate(o)
+            for o in self._call("GET", "/v1/webhooks/deliveries", query=query)
+        ]
 
     # -- identities --------------------------------------------------------------------
 

@@ -46,6 +46,16 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
 | ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), expiring        |
 |                                   |        | ``workdir_retention_s`` after its last upload or submit |
+| ``<p>:outbox``                    | stream | jobs as they end (kind, id, state), capped at ~50,000:  |
+|                                   |        | the feed of the leader's webhook sender                 |
+| ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |
+| ``<p>:webhooks:nodes``            | hash   | node -> the state the sender last announced (``@init``: |
+|                                   |        | set once the first look was taken, announcing nothing)  |
+| ``<p>:webhooks:pending``          | hash   | delivery id -> a delivery not yet done (JSON: URL,      |
+|                                   |        | body, attempts, last error)                             |
+| ``<p>:webhooks:due``              | zset   | delivery id -> when its next attempt is due             |
+| ``<p>:webhooks:log``              | stream | each attempt's outcome (capped at ~1,000 entries)       |
+| ``<p>:webhooks:secrets``          | hash   | tenant -> the secret its webhooks are signed with       |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -202,6 +212,14 @@ class Keys:
 
     def blob(self, hexdigest: str) -> str:
         return f"{self.prefix}:blob:{hexdigest}"
+
+    @property
+    def outbox(self) -> str:
+        return f"{self.prefix}:outbox"
+
+    def webhooks(self, part: str) -> str:
+        """The webhook sender's keys: cursor, nodes, pending, due, log, secrets."""
+        return f"{self.prefix}:webhooks:{part}"
 
     @property
     def tokens(self) -> str:

@@ -708,6 +708,30 @@ class TenantStatus(BaseModel):
     as_of: float = 0.0
 
 
+class WebhookOutcome(BaseModel):
+    """How one attempt at a webhook delivery went (``Client.webhook_deliveries()``)."""
+
+    model_config = _LAZY
+
+    at: float
+    #: the delivery's id (its ``X-Fleet-Delivery`` header, the same on every retry)
+    delivery: str
+    tenant: str
+    #: job.ended or node.changed, and the job id or node name it is about
+    event: str
+    subject: str
+    #: the receiver's scheme and host only (a Slack webhook URL's path is its secret)
+    url: str
+    #: delivered (answered 2xx), retrying (will be tried again) or failed (attempts spent)
+    status: Literal["delivered", "retrying", "failed"]
+    attempt: int
+    #: the HTTP status it answered, None when it did not (refused, timed out)
+    code: int | None = None
+    error: str = ""
+    #: when the next attempt is due (retrying)
+    next_at: float | None = None
+
+
 class QueuePosition(BaseModel):
     """Where a QUEUED job stands: jobs ahead of it by rank (priority, then submission), in its tenant
     and in the whole queue. Tenants take turns by fair share, so the overall figure is how many
