@@ -71,7 +71,9 @@ to find the id of bytes it cannot decode.
 Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the sets above are
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
-holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept.
+holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept;
+so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied
+of what the webhook sender took from it.
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
 decayed below one GPU-second, and its status entry once it has neither jobs nor a record.
 

@@ -100,8 +100,10 @@ class WebhookStore:
         for d in deliveries:
             pipe.hset(self.keys.webhooks("pending"), d.id, d.model_dump_json())
             pipe.zadd(self.keys.webhooks("due"), {d.id: now})
-        if cursor is not None:
+        if cursor is not None:  # what is turned into deliveries leaves the outbox
             pipe.set(self.keys.webhooks("cursor"), cursor)
+            ms, _, seq = cursor.partition("-")
+            pipe.xtrim(self.keys.outbox, minid=f"{ms}-{int(seq or 0) + 1}")
         for name, state in (nodes or {}).items():
             if state is None:
                 pipe.hdel(self.keys.webhooks("nodes"), name)
