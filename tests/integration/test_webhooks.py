@@ -125,12 +125,14 @@ def test_a_tenant_webhook_in_slack_format_hears_jobs_and_nodes(
     job.wait(timeout=60)
     client.cordon("t-wh", reason="disk check")
     # Then the channel gets one {"text": ...} line for each
-    texts = until(
-        lambda: [str(b["text"]) for b in receiver.bodies()] if len(receiver.got) >= 2 else None, "both"
-    )
-    assert any(t.startswith(f":x: fleet: job `{job.id}` (bad, tenant default) FAILED: exited with code 3")
-               for t in texts), texts  # fmt: skip
-    assert ":computer: fleet: node `t-wh` READY -> CORDONED: disk check" in texts
+    failed = f":x: fleet: job `{job.id}` (bad, tenant default) FAILED: exited with code 3"
+    cordoned = ":computer: fleet: node `t-wh` READY -> CORDONED: disk check"
+
+    def heard() -> list[str] | None:
+        texts = [str(b["text"]) for b in receiver.bodies()]
+        return texts if any(t.startswith(failed) for t in texts) and cordoned in texts else None
+
+    until(heard, "the job's end and the cordon")
     # And another tenant's user sees that a webhook exists, not its URL (a Slack URL is a secret)
     assert fleet.api is not None
     other = Client(client.url, fleet.api.token_for("bob", "other"))
