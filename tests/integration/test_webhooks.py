@@ -162,3 +162,26 @@ def test_bad_webhook_urls_are_refused_with_the_fix(client: Client) -> None:
         client.set_tenant("t", webhook="file:///etc/passwd")
     with pytest.raises(SpecError, match=r"notify\.format"):
         client.submit({"name": "j", "command": ["true"], "notify": {"url": "http://h/", "format": "teams"}})
+
+
+def test_a_node_that_stops_heartbeating_is_announced_down(
+    fleet: FleetProcs, client: Client, receiver: Receiver
+) -> None:
+    # Given a tenant webhook that hears nodes
+    client.set_tenant("default", webhook=f"{receiver.url}/nodes", webhook_nodes=True)
+    until(lambda: client.tenants(), "the tenant's policy")
+    # When the node's machine dies (no more heartbeats: its lease runs out, nothing is written)
+    fleet.kill_node("t-wh")
+
+    # Then the webhook hears it go DOWN, from READY, with the reason users see
+    def down() -> dict[str, object] | None:
+        return next((b["node"] for b in receiver.bodies() if b["event"] == "node.changed"
+                     and b["node"]["state"] == "DOWN"), None)  # type: ignore[index]  # fmt: skip
+
+    node = until(down, "the node's DOWN", timeout=30)
+    assert node == {
+        "name": "t-wh",
+        "state": "DOWN",
+        "previous": "READY",
+        "reason": "lease expired (no heartbeat)",
+    }
