@@ -399,7 +399,7 @@ class Client:
         )
 
     def drain(
-        self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
+        self, names: str | Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
         reason: str = "",
     ) -> list[Node]:  # fmt: skip
         """Cordon every node first (so work does not hop onto the next one), then drain them.
@@ -415,7 +415,7 @@ class Client:
 
     def wait_drained(
         self,
-        names: Sequence[str],
+        names: str | Sequence[str],
         timeout: float | None = None,
         progress: Callable[[list[Node]], None] | None = None,
     ) -> list[Node]:
