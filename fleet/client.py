@@ -399,8 +399,8 @@ class Client:
         )
 
     def drain(
-        self, names: str | Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
-        reason: str = "",
+        self, names: str | Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0,
+        force: bool = False, reason: str = "",
     ) -> list[Node]:  # fmt: skip
         """Cordon every node first (so work does not hop onto the next one), then drain them.
 
