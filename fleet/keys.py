@@ -50,7 +50,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | the feed of the leader's webhook sender                 |
 | ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |
 | ``<p>:webhooks:nodes``            | hash   | node -> the state the sender last announced (``@init``: |
-|                                   |        | set once the first look was taken, announcing nothing)  |
+|                                   |        | set once the first look was taken, announcing nothing); |
+|                                   |        | deleted while no tenant's webhook hears nodes           |
 | ``<p>:webhooks:pending``          | hash   | delivery id -> a delivery not yet done (JSON: URL,      |
 |                                   |        | body, attempts, last error)                             |
 | ``<p>:webhooks:due``              | zset   | delivery id -> when its next attempt is due             |

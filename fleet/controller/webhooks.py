@@ -90,6 +90,10 @@ class WebhookSender:
         return found
 
     def collect_nodes(self, now: float, policies: dict[str, Tenant]) -> int:
+        listeners = [t for t in policies.values() if t.webhook is not None and t.webhook_nodes]
+        if not listeners:  # nobody listens: no reads; the next listener starts from a fresh first look
+            self.store.forget_nodes()
+            return 0
         names = self.nodes.names()
         states, announced = self.store.node_states(names), self.store.announced()
         if INIT not in announced:  # the first look (a new fleet, or one from before webhooks): no news
@@ -99,7 +103,6 @@ class WebhookSender:
         changes |= {n: None for n in announced.keys() - states.keys() - {INIT}}
         if not changes:
             return 0
-        listeners = [t for t in policies.values() if t.webhook is not None and t.webhook_nodes]
         deliveries = []
         for name, state in changes.items():
             reason = states[name][1] if name in states else "removed by retention (node_retention_s)"

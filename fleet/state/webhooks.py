@@ -72,6 +72,10 @@ class WebhookStore:
         return dict(self.redis.hgetall(self.keys.webhooks("nodes")))
 
     @translated
+    def forget_nodes(self) -> None:
+        self.redis.delete(self.keys.webhooks("nodes"))
+
+    @translated
     def node_states(self, names: list[str]) -> dict[str, tuple[str, str]]:
         """name -> (state as users see it: DOWN without a lease, else the admin state; reason)."""
         pipe = self.redis.pipeline(transaction=False)
