@@ -284,7 +284,7 @@ class AsyncArrayHandle:
     def task(self, index: int) -> AsyncJobHandle:
         from fleet.arrays import task_id
 
-        return AsyncJobHandle(self.client, task_id(self.id, index))
+        return AsyncJobHandle(self.client, task_id(self.id, checks.count(index, "index", 0, 10**9)))
 
     async def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> JobArray:
         """Every task final; :class:`JobTimeout` after ``timeout`` seconds."""

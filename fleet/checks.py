@@ -61,6 +61,16 @@ def names(value: object, what: str = "nodes") -> list[str]:
     return found
 
 
+def indices(value: object) -> str | list[int]:
+    """A job array's indices: ``"0-9999"``, ``"1,3,5-9"`` or whole numbers."""
+    if isinstance(value, str):
+        return value
+    found = list(value) if isinstance(value, Iterable) else None
+    if found is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in found):
+        raise SpecError(f"indices {value!r}: expected a range like '0-9999' or '1,3,5-9', or whole numbers")
+    return found
+
+
 def spec(value: Any) -> Any:
     """A job spec: a :class:`fleet.JobSpec` or a dict of its fields."""
     from fleet.models import JobSpec

@@ -251,7 +251,7 @@ class Client:
         ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
-        wanted = indices if isinstance(indices, str) else list(indices)
+        wanted = checks.indices(indices)
         body = {"spec": self._shipped(spec), "indices": wanted, "max_running": max_running, "id": array_id}
         array = _array(self._call("POST", "/v1/arrays", body))
         return ArrayHandle(self, array.id)

@@ -133,7 +133,7 @@ class ArrayHandle:
         return self.client.array(self.id)
 
     def task(self, index: int) -> JobHandle:
-        return JobHandle(self.client, task_id(self.id, index))
+        return JobHandle(self.client, task_id(self.id, checks.count(index, "index", 0, 10**9)))
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> JobArray:
         """Block until every task is final; raise :class:`JobTimeout` after ``timeout`` seconds."""

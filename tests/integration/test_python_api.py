@@ -221,6 +221,8 @@ def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> No
         (lambda c: c.set_tenant("t", gpus=1), "gpus: unknown field; allowed fields"),
         (lambda c: c.create_token("u", "t", role="root"), "role 'root': expected one of user"),
         (lambda c: fleet.wait([], timeout=-5), "timeout -5"),
+        (lambda c: c.submit_array(sh("a", "x"), 10), "indices 10: expected a range like '0-9999'"),
+        (lambda c: fleet.ArrayHandle(c, "a").task(-1), "index -1: expected a whole number from 0"),
         (lambda c: JobSpec(name="j", command=["x"], gpu=1), "gpu: unknown field.*did you mean 'gpus'"),
     ],
 )
