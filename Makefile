@@ -48,7 +48,7 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, fair share and preemption, queue positions, Slurm if installed; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, fair share and preemption, queue positions, webhooks, Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
@@ -58,6 +58,7 @@ bench: install images-test  ## dispatch, recovery, launch cost, memory under ret
 	$(PYTHON) -m bench.cli
 	$(PYTHON) -m bench.fairness
 	$(PYTHON) -m bench.positions
+	$(PYTHON) -m bench.webhooks
 	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
 
 clean:

@@ -9,34 +9,43 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleet.client import (
-        ALL_COMPLETED,
-        FIRST_COMPLETED,
-        ArrayHandle,
-        Client,
-        JobHandle,
-        as_completed,
-        wait,
-    )
+    from fleet.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
+    from fleet.client import Client
     from fleet.errors import FleetError, JobCancelled, JobExpired, JobFailed, JobTimeout, NotFound, SpecError
-    from fleet.models import CancelReport, Job, JobArray, JobSpec, JobState, Mount, Node, NodeState
+    from fleet.handles import ALL_COMPLETED, FIRST_COMPLETED, ArrayHandle, JobHandle, as_completed, wait
+    from fleet.models import (
+        CancelReport,
+        Job,
+        JobArray,
+        JobSpec,
+        JobState,
+        Mount,
+        Node,
+        NodeState,
+        Progress,
+        Webhook,
+    )
 
 __version__ = "0.1.0"
 
 _HOMES = {
-    "fleet.client": (
-        "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "Client", "JobHandle", "as_completed", "wait",
-    ),
+    "fleet.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
+    "fleet.client": ("Client",),
+    "fleet.handles": ("ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "JobHandle", "as_completed", "wait"),
     "fleet.errors": (
         "FleetError", "JobCancelled", "JobExpired", "JobFailed", "JobTimeout", "NotFound", "SpecError",
     ),
-    "fleet.models": ("CancelReport", "Job", "JobArray", "JobSpec", "JobState", "Mount", "Node", "NodeState"),
+    "fleet.models": (
+        "CancelReport", "Job", "JobArray", "JobSpec", "JobState", "Mount", "Node", "NodeState", "Progress",
+        "Webhook",
+    ),
 }  # fmt: skip
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
-    "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "CancelReport", "Client", "FleetError", "Job",
-    "JobArray", "JobCancelled", "JobExpired", "JobFailed", "JobHandle", "JobSpec", "JobState", "JobTimeout",
-    "Mount", "Node", "NodeState", "NotFound", "SpecError", "__version__", "as_completed", "wait",
+    "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "AsyncArrayHandle", "AsyncClient", "AsyncJobHandle",
+    "CancelReport", "Client", "FleetError", "Job", "JobArray", "JobCancelled", "JobExpired", "JobFailed",
+    "JobHandle", "JobSpec", "JobState", "JobTimeout", "Mount", "Node", "NodeState", "NotFound", "Progress",
+    "SpecError", "Webhook", "__version__", "as_completed", "wait",
 ]  # fmt: skip
 
 

@@ -17,12 +17,13 @@ import os
 import ssl  # http.client imports it anyway
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from fleet.arrays import task_id
+from fleet import checks
 from fleet.errors import (
     ApiUnavailable,
     ConfigError,
@@ -31,17 +32,22 @@ from fleet.errors import (
     FleetError,
     Forbidden,
     IdInUse,
-    JobCancelled,
     JobExpired,
-    JobFailed,
     JobTimeout,
     NotFound,
     SpecError,
     StoreUnavailable,
     Unauthorized,
 )
+
+# their home was here: `from fleet.client import wait` works on
+from fleet.handles import ALL_COMPLETED as ALL_COMPLETED
+from fleet.handles import FIRST_COMPLETED as FIRST_COMPLETED
+from fleet.handles import ArrayHandle as ArrayHandle
+from fleet.handles import JobHandle as JobHandle
+from fleet.handles import as_completed as as_completed
+from fleet.handles import wait as wait
 from fleet.models import (
-    FINAL_STATES,
     FROM_FLEET,
     CancelReport,
     Event,
@@ -58,6 +64,8 @@ from fleet.models import (
     Tenant,
     TenantStatus,
     TokenInfo,
+    WebhookOutcome,
+    check_job_id,
 )
 
 #: errors the API names in its answers, raised again here as themselves (exit codes included)
@@ -134,30 +142,48 @@ class Client:
             raise ConfigError(f"fleet API URL {self.url!r}: {exc}; expected http://HOST:PORT") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"fleet API URL {self.url!r}: expected http://HOST:PORT or https://HOST:PORT")
-        self._parts, self._timeout = parts, timeout
+        self._parts, self._timeout = parts, checks.seconds(timeout) or 60.0
         self._ca_file = ca_file or os.environ.get("FLEET_CA_FILE") or saved.get("ca_file")
         self._local = threading.local()
+        #: every thread's connection, so that an AsyncClient's close reaches its pool's threads
+        self._conns: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
 
     # -- HTTP --------------------------------------------------------------------------
 
     def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
+        """This thread's connection (kept alive between calls)."""
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is not None and not fresh:
             return conn
         if conn is not None:
             conn.close()
+        self._local.conn = conn = self._open()
+        self._conns.add(conn)
+        return conn
+
+    def _open(self) -> http.client.HTTPConnection:
         host, port = self._parts.hostname or "", self._parts.port
         if self._parts.scheme == "https":
             context = ssl.create_default_context(cafile=self._ca_file)
-            conn = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=context)
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
-        self._local.conn = conn
-        return conn
+            return http.client.HTTPSConnection(host, port, timeout=self._timeout, context=context)
+        return http.client.HTTPConnection(host, port, timeout=self._timeout)
 
     def _send(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
               timeout: float | None = None) -> http.client.HTTPResponse:  # fmt: skip
         """The response to one call, status checked; raises the error the API named."""
+        return self._exchange(method, path, body, query, timeout)[1]
+
+    def _stream(
+        self, path: str, query: dict[str, Any], timeout: float = 3600.0
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """A GET whose answer is read for long (a followed log), on a connection of its own: the
+        thread's connection stays free for other calls meanwhile. The caller closes both."""
+        return self._exchange("GET", path, None, query, timeout, own=True)
+
+    def _exchange(
+        self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float | None,
+        own: bool = False,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:  # fmt: skip
         params = {k: v for k, v in (query or {}).items() if v is not None}
         target = self._parts.path + path + (f"?{urlencode(params, doseq=True)}" if params else "")
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
@@ -169,7 +195,8 @@ class Client:
             if data is not None:
                 headers["Content-Type"] = "application/json"
         for attempt in range(CONNECT_RETRIES + 1):
-            conn = self._connection(fresh=attempt > 0)
+            conn = self._open() if own else self._connection(fresh=attempt > 0)
+            drop = conn.close if own else self._drop
             conn.timeout = timeout or self._timeout
             try:
                 conn.request(method, target, data, headers)
@@ -178,23 +205,26 @@ class Client:
             except _STALE as exc:
                 # a connection the server closed while idle, or left mid-call by an earlier error:
                 # never reused; the call is tried again on a fresh one
-                self._drop()
+                drop()
                 sent = not isinstance(exc, ConnectionRefusedError)
                 if attempt == CONNECT_RETRIES or (sent and method != "GET" and attempt > 0):
                     raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
                 time.sleep(0.2 * attempt)
             except ssl.SSLCertVerificationError as exc:
-                self._drop()
+                drop()
                 raise ConfigError(
                     f"fleet API at {self.url}: its certificate cannot be verified ({exc.verify_message}); "
                     "give the CA that signed it with --ca-file (fleet login) or FLEET_CA_FILE"
                 ) from None
             except OSError as exc:
-                self._drop()
+                drop()
                 raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
         if response.status >= 400 and not (method == "HEAD" and response.status == 404):
-            raise _error(response, self.url)
-        return response
+            error = _error(response, self.url)
+            if own:
+                conn.close()
+            raise error
+        return conn, response
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
               timeout: float | None = None) -> Any:  # fmt: skip
@@ -206,6 +236,8 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
         It runs in the token's tenant (an admin's spec may name another)."""
+        if job_id is not None:
+            check_job_id(job_id)
         job = _job(self._call("POST", "/v1/jobs", {"spec": self._shipped(spec), "id": job_id}))
         return JobHandle(self, job.id)
 
@@ -219,7 +251,7 @@ class Client:
         ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
-        wanted = indices if isinstance(indices, str) else list(indices)
+        wanted = checks.indices(indices)
         body = {"spec": self._shipped(spec), "indices": wanted, "max_running": max_running, "id": array_id}
         array = _array(self._call("POST", "/v1/arrays", body))
         return ArrayHandle(self, array.id)
@@ -228,7 +260,7 @@ class Client:
         """The spec as the API takes it, its ``workdir`` (a local directory) uploaded and named by
         digest: only when the fleet does not hold those bytes yet (an unchanged directory is not sent
         again)."""
-        data = _spec(spec)
+        data = _spec(checks.spec(spec))
         workdir = data.get("workdir")
         if workdir and not str(workdir).startswith("sha256:"):
             data = {**data, "workdir": self.upload_workdir(str(workdir))}
@@ -248,11 +280,11 @@ class Client:
         return digest
 
     def get(self, job_id: str) -> Job:
-        return _job(self._call("GET", f"/v1/jobs/{_segment(job_id)}"))
+        return _job(self._call("GET", f"/v1/jobs/{_segment(checks.ident(job_id))}"))
 
     def array(self, array_id: str) -> JobArray:
         """A job array with its tasks counted by state."""
-        return _array(self._call("GET", f"/v1/arrays/{_segment(array_id)}"))
+        return _array(self._call("GET", f"/v1/arrays/{_segment(checks.ident(array_id, 'array id'))}"))
 
     def listing(
         self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
@@ -266,6 +298,7 @@ class Client:
         return [_array(r) if r.get("kind") == "array" else _job(r) for r in rows]
 
     def job(self, job_id: str) -> JobHandle:
+        """A handle on a job submitted earlier (:class:`NotFound` if there is none)."""
         self.get(job_id)
         return JobHandle(self, job_id)
 
@@ -284,31 +317,34 @@ class Client:
 
     def position(self, job_id: str) -> QueuePosition | None:
         """Where a QUEUED job stands in its tenant's queue and in the whole queue (None otherwise)."""
-        found = self._call("GET", f"/v1/jobs/{_segment(job_id)}/position")
+        found = self._call("GET", f"/v1/jobs/{_segment(checks.ident(job_id))}/position")
         return None if found is None else QueuePosition.model_validate(found)
 
     def history(self, job_id: str) -> list[Event]:
-        return [Event.model_validate(e) for e in self._call("GET", f"/v1/jobs/{_segment(job_id)}/history")]
+        path = f"/v1/jobs/{_segment(checks.ident(job_id))}/history"
+        return [Event.model_validate(e) for e in self._call("GET", path)]
 
     def cancel(self, job_id: str) -> Job:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
-        return _job(self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel"))
+        return _job(self._call("POST", f"/v1/jobs/{_segment(checks.ident(job_id))}/cancel"))
 
     def cancel_array(self, array_id: str) -> CancelReport:
         """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
-        return CancelReport.model_validate(self._call("POST", f"/v1/arrays/{_segment(array_id)}/cancel"))
+        path = f"/v1/arrays/{_segment(checks.ident(array_id, 'array id'))}/cancel"
+        return CancelReport.model_validate(self._call("POST", path))
 
     def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
         """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
         names an array's tasks), within the token's tenant."""
-        if not labels:
+        if not checks.labels(labels):
             raise SpecError("cancel by label: give at least one label KEY=VALUE")
         return CancelReport.model_validate(self._call("POST", "/v1/cancel", {"labels": labels}))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
+        timeout = checks.seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        path = f"/v1/jobs/{_segment(job_id)}/wait"
+        path = f"/v1/jobs/{_segment(checks.ident(job_id))}/wait"
         while True:
             left = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
             job = _job(self._call("GET", path, query={"timeout_s": f"{left:.3f}"},
@@ -320,20 +356,19 @@ class Client:
 
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
         """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
-        rows = self._call(
-            "GET", f"/v1/jobs/{_segment(job_id)}/logs", query={"attempt": attempt, "rank": rank}
-        )
+        query = {"attempt": checks.attempt(attempt), "rank": checks.count(rank, "rank", 0, 64)}
+        rows = self._call("GET", f"/v1/jobs/{_segment(checks.ident(job_id))}/logs", query=query)
         return [LogLine.model_validate(r) for r in rows]
 
     def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> Iterator[LogLine]:
         """Yield log lines as they arrive until the attempt is over and its stream drained."""
-        query = {"attempt": attempt, "rank": rank, "follow": "true"}
-        response = self._send("GET", f"/v1/jobs/{_segment(job_id)}/logs", query=query, timeout=3600.0)
+        conn, response = self._stream(*_follow(job_id, attempt, rank))
         try:
             while line := response.readline():
                 yield LogLine.model_validate_json(line)
         finally:
             response.close()
+            conn.close()
 
     # -- nodes -------------------------------------------------------------------------
 
@@ -349,38 +384,43 @@ class Client:
         return dict(self._call("GET", "/v1/quarantine")["nodes"])
 
     def node(self, name: str) -> Node:
-        return Node.model_validate(self._call("GET", f"/v1/nodes/{_segment(name)}"))
+        return Node.model_validate(self._call("GET", f"/v1/nodes/{_segment(checks.ident(name, 'node'))}"))
 
     def cordon(self, name: str, reason: str = "") -> Node:
         """No new jobs on ``name``; running ones are untouched. Idempotent. Operators only."""
         return Node.model_validate(
-            self._call("POST", f"/v1/nodes/{_segment(name)}/cordon", {"reason": reason})
+            self._call("POST", f"/v1/nodes/{_segment(checks.ident(name, 'node'))}/cordon", {"reason": reason})
         )
 
     def uncordon(self, name: str) -> Node:
         """Back to READY (also ends a drain). Operators only."""
-        return Node.model_validate(self._call("POST", f"/v1/nodes/{_segment(name)}/uncordon"))
+        return Node.model_validate(
+            self._call("POST", f"/v1/nodes/{_segment(checks.ident(name, 'node'))}/uncordon")
+        )
 
     def drain(
-        self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
-        reason: str = "",
+        self, names: str | Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0,
+        force: bool = False, reason: str = "",
     ) -> list[Node]:  # fmt: skip
         """Cordon every node first (so work does not hop onto the next one), then drain them.
 
         Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
         ``grace_s`` to checkpoint, and is requeued elsewhere without spending its retries.
         """
-        body = {"names": list(names), "deadline_s": deadline_s, "grace_s": grace_s, "force": force,
-                "reason": reason}  # fmt: skip
+        body = {
+            "names": checks.names(names), "deadline_s": checks.seconds(deadline_s, "deadline_s"),
+            "grace_s": checks.seconds(grace_s, "grace_s"), "force": bool(force), "reason": reason,
+        }  # fmt: skip
         return [Node.model_validate(n) for n in self._call("POST", "/v1/drain", body)]
 
     def wait_drained(
         self,
-        names: Sequence[str],
+        names: str | Sequence[str],
         timeout: float | None = None,
         progress: Callable[[list[Node]], None] | None = None,
     ) -> list[Node]:
         """Block until every node is DRAINED; raise :class:`DrainTimeout` after ``timeout`` seconds."""
+        names, timeout = checks.names(names), checks.seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             nodes = [self.node(name) for name in names]
@@ -403,11 +443,43 @@ class Client:
     def set_tenant(self, name: str, **policy: Any) -> Tenant:
         """Create or replace a tenant's policy (``guaranteed_gpus``, ``max_gpus``, ``weight``,
         ``preempt_grace_s``, ``min_run_s``; those left out get their defaults). Admins only."""
-        return Tenant.model_validate(self._call("PUT", f"/v1/tenants/{_segment(name)}", policy))
+        path = f"/v1/tenants/{_segment(checks.ident(name, 'tenant'))}"
+        return Tenant.model_validate(
+            self._call(
+                "PUT",
+                path,
+                Tenant(name=name, **policy).model_dump(mode="json", exclude_unset=True, exclude={"name"}),
+            )
+        )
 
     def delete_tenant(self, name: str) -> Tenant:
         """Forget a tenant's policy: its jobs get the default one. Admins only."""
-        return Tenant.model_validate(self._call("DELETE", f"/v1/tenants/{_segment(name)}"))
+        return Tenant.model_validate(
+            self._call("DELETE", f"/v1/tenants/{_segment(checks.ident(name, 'tenant'))}")
+        )
+
+    # -- webhooks ----------------------------------------------------------------------
+
+    def webhook_secret(self, tenant: str | None = None) -> str:
+        """The secret the tenant's webhook deliveries are signed with (``X-Fleet-Signature-256``;
+        check it with :func:`fleet.webhooks.verify`): the token's tenant's, or an admin's any."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant")}
+        return str(self._call("GET", "/v1/webhooks/secret", query=query)["secret"])
+
+    def rotate_webhook_secret(self, tenant: str | None = None) -> str:
+        """A new signing secret for the tenant, used from now on. Admins only."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant")}
+        return str(self._call("POST", "/v1/webhooks/secret/rotate", query=query)["secret"])
+
+    def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
+        """How the newest delivery attempts went, newest first (failures say why, and retries when
+        the next attempt is due): the token's tenant's; an operator's every tenant's or ``tenant``'s."""
+        query = {"tenant": None if tenant is None else checks.ident(tenant, "tenant"),
+                 "limit": checks.count(limit, "limit", 1, 1000)}  # fmt: skip
+        return [
+            WebhookOutcome.model_validate(o)
+            for o in self._call("GET", "/v1/webhooks/deliveries", query=query)
+        ]
 
     # -- identities --------------------------------------------------------------------
 
@@ -418,7 +490,12 @@ class Client:
         self, user: str, tenant: str, role: Role | str = Role.USER, expires_in_s: float | None = None
     ) -> tuple[str, TokenInfo]:
         """A new token (shown only now) and its record. Admins only."""
-        body = {"user": user, "tenant": tenant, "role": str(role), "expires_in_s": expires_in_s}
+        if str(role) not in {r.value for r in Role}:
+            raise SpecError(f"role {role!r}: expected one of {', '.join(r.value for r in Role)}")
+        body = {
+            "user": checks.ident(user, "user"), "tenant": checks.ident(tenant, "tenant"), "role": str(role),
+            "expires_in_s": checks.seconds(expires_in_s, "expires_in_s"),
+        }  # fmt: skip
         issued = self._call("POST", "/v1/tokens", body)
         return issued["token"], TokenInfo.model_validate(issued["info"])
 
@@ -426,7 +503,9 @@ class Client:
         return [TokenInfo.model_validate(t) for t in self._call("GET", "/v1/tokens")]
 
     def revoke_token(self, token_id: str) -> TokenInfo:
-        return TokenInfo.model_validate(self._call("DELETE", f"/v1/tokens/{_segment(token_id)}"))
+        return TokenInfo.model_validate(
+            self._call("DELETE", f"/v1/tokens/{_segment(checks.ident(token_id, 'token id'))}")
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -437,6 +516,11 @@ class Client:
     def close(self) -> None:
         """Close this thread's connection (the next call opens another)."""
         self._drop()
+
+    def _close_all(self) -> None:
+        """Close every thread's connection (the client's threads are done with it)."""
+        for conn in list(self._conns):
+            conn.close()
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -472,8 +556,19 @@ def _filters(
     user: str | None,
     labels: dict[str, str] | None,
 ) -> dict[str, Any]:
+    labels = checks.labels(labels)
     pairs = None if not labels else [f"{k}={v}" for k, v in labels.items()]
+    for what, value in (("tenant", tenant), ("user", user)):
+        if value is not None:
+            checks.ident(value, what)
+    limit = checks.count(limit, "limit")
     return {"state": _state(state), "limit": limit, "tenant": tenant, "user": user, "label": pairs}
+
+
+def _follow(job_id: str, attempt: int | None, rank: int) -> tuple[str, dict[str, Any]]:
+    """Path and query of a followed log, arguments checked."""
+    query = {"attempt": checks.attempt(attempt), "rank": checks.count(rank, "rank", 0, 64), "follow": "true"}
+    return f"/v1/jobs/{_segment(checks.ident(job_id))}/logs", query
 
 
 def _segment(value: str) -> str:
@@ -499,124 +594,3 @@ def _error(response: http.client.HTTPResponse, url: str) -> FleetError:
     if name == "ApiUnavailable" or response.status == 503:
         return ApiUnavailable(detail)
     return _ERRORS.get(name, FleetError)(detail)
-
-
-class JobHandle:
-    """A submitted job: wait for it, read its logs, cancel it."""
-
-    def __init__(self, client: Client, job_id: str) -> None:
-        self.client = client
-        self.id = job_id
-
-    def __repr__(self) -> str:
-        return f"JobHandle({self.id!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, JobHandle) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self.id)
-
-    def status(self) -> Job:
-        return self.client.get(self.id)
-
-    def wait(self, timeout: float | None = None) -> Job:
-        return self.client.wait(self.id, timeout)
-
-    def logs(self, attempt: int | None = None, rank: int = 0) -> str:
-        """The attempt's output so far (default: the latest attempt); ``follow_logs`` streams it."""
-        return "\n".join(line.line for line in self.client.logs(self.id, attempt, rank))
-
-    def follow_logs(self, attempt: int | None = None, rank: int = 0) -> Iterator[str]:
-        """Each line as it is written, until the attempt is over."""
-        return (line.line for line in self.client.follow_logs(self.id, attempt, rank))
-
-    def done(self) -> bool:
-        """Whether the job is final (SUCCEEDED, FAILED or CANCELLED)."""
-        return self.status().state.final
-
-    def result(self, timeout: float | None = None) -> Job:
-        """The final status once SUCCEEDED; :class:`JobFailed` or :class:`JobCancelled` (holding it)
-        otherwise, :class:`JobTimeout` after ``timeout`` seconds."""
-        job = self.wait(timeout)
-        if job.state == JobState.CANCELLED:
-            raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
-        if job.state == JobState.FAILED:
-            raise JobFailed(job, f"job {job.id} FAILED: {job.reason}")
-        return job
-
-    def history(self) -> list[Event]:
-        return self.client.history(self.id)
-
-    def cancel(self) -> Job:
-        return self.client.cancel(self.id)
-
-
-FIRST_COMPLETED, ALL_COMPLETED = "FIRST_COMPLETED", "ALL_COMPLETED"
-
-
-def wait(
-    handles: Iterable[JobHandle], timeout: float | None = None, return_when: str = ALL_COMPLETED,
-    poll_s: float = 0.5,
-) -> tuple[set[JobHandle], set[JobHandle]]:  # fmt: skip
-    """(done, not done), as ``concurrent.futures.wait``: once any job is final (``FIRST_COMPLETED``)
-    or all are (``ALL_COMPLETED``), or after ``timeout`` seconds."""
-    if return_when not in (FIRST_COMPLETED, ALL_COMPLETED):
-        raise SpecError(f"return_when {return_when!r}: expected FIRST_COMPLETED or ALL_COMPLETED")
-    pending, finished = set(handles), set[JobHandle]()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        finished |= {h for h in pending if h.done()}
-        pending -= finished
-        if not pending or (return_when == FIRST_COMPLETED and finished):
-            return finished, pending
-        if deadline is not None and time.monotonic() >= deadline:
-            return finished, pending
-        time.sleep(poll_s)
-
-
-def as_completed(
-    handles: Iterable[JobHandle], timeout: float | None = None, poll_s: float = 0.5
-) -> Iterator[JobHandle]:
-    """Each handle as its job becomes final, as ``concurrent.futures.as_completed``;
-    :class:`JobTimeout` if some are not final after ``timeout`` seconds."""
-    pending = set(handles)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while pending:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        finished, pending = wait(pending, left, FIRST_COMPLETED, poll_s)
-        if not finished:
-            raise JobTimeout(f"{len(pending)} jobs not final after {timeout:g}s")
-        yield from sorted(finished, key=lambda h: h.id)
-
-
-class ArrayHandle:
-    """A submitted job array: its status, its tasks, wait for all of them, cancel them."""
-
-    def __init__(self, client: Client, array_id: str) -> None:
-        self.client = client
-        self.id = array_id
-
-    def __repr__(self) -> str:
-        return f"ArrayHandle({self.id!r})"
-
-    def status(self) -> JobArray:
-        return self.client.array(self.id)
-
-    def task(self, index: int) -> JobHandle:
-        return JobHandle(self.client, task_id(self.id, index))
-
-    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> JobArray:
-        """Block until every task is final; raise :class:`JobTimeout` after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (array := self.status()).done:
-            if deadline is not None and time.monotonic() >= deadline:
-                left = array.size - sum(array.tasks.get(s, 0) for s in FINAL_STATES)
-                raise JobTimeout(
-                    f"job array {self.id}: {left} of {array.size} tasks not final after {timeout:g}s"
-                )
-            time.sleep(poll_s)
-        return array
-
-    def cancel(self) -> CancelReport:
-        return self.client.cancel_array(self.id)

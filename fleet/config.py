@@ -59,6 +59,12 @@ class ControllerSettings(_Section):
     preemption: bool = True
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
     retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
+    #: webhooks: how often ended jobs and node changes become deliveries, and how they are sent
+    webhook_interval_s: float = Field(default=1.0, gt=0, le=60)
+    webhook_threads: int = Field(default=4, ge=1, le=64)
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    webhook_backoff_s: float = Field(default=5.0, gt=0, le=3600)
+    webhook_attempts: int = Field(default=8, ge=1, le=30)
 
 
 class AgentSettings(_Section):

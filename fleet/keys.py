@@ -53,6 +53,17 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
 | ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), expiring        |
 |                                   |        | ``workdir_retention_s`` after its last upload or submit |
+| ``<p>:outbox``                    | stream | jobs as they end (kind, id, state), capped at ~50,000:  |
+|                                   |        | the feed of the leader's webhook sender                 |
+| ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |
+| ``<p>:webhooks:nodes``            | hash   | node -> the state the sender last announced (``@init``: |
+|                                   |        | set once the first look was taken, announcing nothing); |
+|                                   |        | deleted while no tenant's webhook hears nodes           |
+| ``<p>:webhooks:pending``          | hash   | delivery id -> a delivery not yet done (JSON: URL,      |
+|                                   |        | body, attempts, last error)                             |
+| ``<p>:webhooks:due``              | zset   | delivery id -> when its next attempt is due             |
+| ``<p>:webhooks:log``              | stream | each attempt's outcome (capped at ~1,000 entries)       |
+| ``<p>:webhooks:secrets``          | hash   | tenant -> the secret its webhooks are signed with       |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -68,7 +79,9 @@ to find the id of bytes it cannot decode.
 Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the sets above are
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
-holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept.
+holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept;
+so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied
+of what the webhook sender took from it.
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
 decayed below one GPU-second, and its status entry once it has neither jobs nor a record.
 
@@ -225,6 +238,14 @@ class Keys:
 
     def blob(self, hexdigest: str) -> str:
         return f"{self.prefix}:blob:{hexdigest}"
+
+    @property
+    def outbox(self) -> str:
+        return f"{self.prefix}:outbox"
+
+    def webhooks(self, part: str) -> str:
+        """The webhook sender's keys: cursor, nodes, pending, due, log, secrets."""
+        return f"{self.prefix}:webhooks:{part}"
 
     @property
     def tokens(self) -> str:

@@ -8,6 +8,8 @@ bounded by a separate cap so a job that keeps losing its node cannot loop foreve
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleet.models import Exit, Job, JobState
@@ -18,6 +20,27 @@ CANNOT_RUN = {
     127: "the program was not found (a typo, or not in the image's PATH or the shipped directory)",
     126: "the program is not executable",
 }
+
+
+#: what CPython prints (on stderr, then exit 2) when the script it was given does not exist: a path
+#: wrong in every attempt alike. Recognised only together with exit code 2, in the attempt's last lines
+_NO_SCRIPT = re.compile(r"python[\d.]*: can't open file .*: \[Errno 2\] No such file or directory")
+#: how many of an attempt's last output lines ``explain`` looks at
+TAIL_LINES = 5
+
+
+def explain(exit: Exit, tail: Sequence[str]) -> Exit:
+    """``exit`` as not retryable (fault ``fatal``) when the attempt's last output lines (``tail``)
+    say its program never ran: ``python X.py`` exiting 2 with "can't open file 'X.py': [Errno 2]".
+    Exit 126 and 127 (shells and init) need no output: :func:`decide` knows them by code."""
+    if exit.fault != JOB or exit.code != 2 or exit.oom:
+        return exit
+    said = next((line.strip() for line in reversed(tail) if _NO_SCRIPT.search(line)), None)
+    if said is None:
+        return exit
+    why = (f"{exit.reason}: {said[-300:]}: the script is not in the job's working directory (ship it "
+           "with --workdir, or give its path inside the image)")  # fmt: skip
+    return Exit(code=exit.code, fault=FATAL, reason=why)
 
 
 @dataclass(frozen=True)

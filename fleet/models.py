@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from difflib import get_close_matches
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -121,7 +122,28 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLE
 ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 
 
-class Mount(BaseModel):
+if TYPE_CHECKING:  # mypy keeps the pydantic plugin's typed constructor signatures
+    _UserModel = BaseModel
+else:
+
+    class _Checked(type(BaseModel)):
+        """Direct construction (``JobSpec(name=..., gpu=1)``) raises :class:`SpecError` naming the field
+        and the fix, as :meth:`JobSpec.parse` does, never pydantic's raw ``ValidationError`` (both are
+        ``ValueError``: ``except ValueError`` still works). A metaclass, not ``__init__``: pydantic
+        calls a custom ``__init__`` for every nested model it validates (each stored job's spec)."""
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().__call__(*args, **kwargs)
+            except ValidationError as exc:
+                what = "job spec" if cls.__name__ == "JobSpec" else cls.__name__.lower()
+                raise SpecError(describe_errors(exc, cls, what)) from None
+
+    class _UserModel(BaseModel, metaclass=_Checked):
+        pass
+
+
+class Mount(_UserModel):
     """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
@@ -138,6 +160,39 @@ class Mount(BaseModel):
         return value
 
 
+#: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)
+WEBHOOK_URL_MAX = 2048
+
+
+class Webhook(_UserModel):
+    """Where fleet POSTs what happened (a job's end, a node's state): JSON signed with the tenant's
+    secret (``X-Fleet-Signature-256``), or ``format="slack"``: the ``{"text": ...}`` a Slack incoming
+    webhook takes. A bare URL string is read as ``Webhook(url=...)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    url: str = Field(max_length=WEBHOOK_URL_MAX, description="http:// or https:// URL")
+    format: Literal["json", "slack"] = "json"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value[:100]!r} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError(f"{value[:100]!r}: expected an http:// or https:// URL with a host")
+        return value
+
+
+def _webhook(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value
+
+
 #: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
 FROM_FLEET = "from_fleet"
 
@@ -146,7 +201,7 @@ FROM_FLEET = "from_fleet"
 MEMORY_MIN = 6 << 20
 
 
-class JobSpec(BaseModel):
+class JobSpec(_UserModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
@@ -191,6 +246,8 @@ class JobSpec(BaseModel):
     #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
     workdir: str | None = Field(default=None, max_length=4096)
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
+    #: POSTed to when the job ends (SUCCEEDED, FAILED, CANCELLED): a URL, or {url, format}
+    notify: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
 
     @field_validator("command")
     @classmethod
@@ -294,6 +351,8 @@ def describe_errors(
         if err["type"] == "extra_forbidden":
             fields = (model or JobSpec).model_fields
             message = f"unknown field; allowed fields: {', '.join(sorted(fields))}"
+            if near := get_close_matches(str(err["loc"][-1]), fields, n=1):
+                message += f"; did you mean {near[0]!r}?"
         elif err["type"] == "missing":
             message = "is required"
         elif "input" in err and err["type"] not in ("value_error",):
@@ -587,7 +646,7 @@ class TokenInfo(BaseModel):
 TENANT_NAME = _NAME
 
 
-class Tenant(BaseModel):
+class Tenant(_UserModel):
     """A team's share of the fleet. A tenant with no record gets ``Tenant(name=...)``: no guarantee,
     no limit, weight 1, so nobody is starved by forgetting to configure a team."""
 
@@ -611,6 +670,10 @@ class Tenant(BaseModel):
     preempt_grace_s: float = Field(default=120.0, ge=0, le=86_400)
     #: seconds a job of this tenant runs before it may be preempted (so it checkpoints at least once)
     min_run_s: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    #: POSTed to when any of its jobs ends (a URL, or {url, format}); shown only to the tenant and admins
+    webhook: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
+    #: the webhook hears node state changes too (READY, CORDONED, DRAINING, DRAINED, DOWN, removed)
+    webhook_nodes: bool = False
 
     @model_validator(mode="after")
     def _guarantee_within_max(self) -> Tenant:
@@ -657,6 +720,30 @@ class TenantStatus(BaseModel):
     #: GPU-seconds used, each second's weight halving every ``controller.fair_share_half_life_s``
     usage_gpu_s: float = 0.0
     as_of: float = 0.0
+
+
+class WebhookOutcome(BaseModel):
+    """How one attempt at a webhook delivery went (``Client.webhook_deliveries()``)."""
+
+    model_config = _LAZY
+
+    at: float
+    #: the delivery's id (its ``X-Fleet-Delivery`` header, the same on every retry)
+    delivery: str
+    tenant: str
+    #: job.ended or node.changed, and the job id or node name it is about
+    event: str
+    subject: str
+    #: the receiver's scheme and host only (a Slack webhook URL's path is its secret)
+    url: str
+    #: delivered (answered 2xx), retrying (will be tried again) or failed (attempts spent)
+    status: Literal["delivered", "retrying", "failed"]
+    attempt: int
+    #: the HTTP status it answered, None when it did not (refused, timed out)
+    code: int | None = None
+    error: str = ""
+    #: when the next attempt is due (retrying)
+    next_at: float | None = None
 
 
 class QueuePosition(BaseModel):

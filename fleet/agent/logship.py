@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -23,6 +24,8 @@ from typing import TypeVar
 from fleet.agent.runtime.base import Runtime
 from fleet.errors import FleetError
 from fleet.log import StepHealth, event
+from fleet.models import Progress
+from fleet.progress import last_report
 from fleet.state.jobs import JobStore
 
 log = logging.getLogger("fleet.agent.logs")
@@ -110,7 +113,8 @@ class LogShipper(threading.Thread):
         batches = {key: lines for key, state, ending in todo if (lines := self._read(key, state, ending))}
         if batches:
             stored = {(*key, state.rank): batches[key] for key, state, _ in todo if key in batches}
-            self._retrying(lambda: self.jobs.append_logs_many(stored, self.max_lines))
+            reports = self._progress(stored)
+            self._retrying(lambda: self.jobs.append_logs_many(stored, self.max_lines, reports))
         for key, state, ending in todo:
             if key in batches:
                 state.cursor = batches[key][-1][0]
@@ -119,6 +123,17 @@ class LogShipper(threading.Thread):
                     if self._attempts.get(key) is state:
                         del self._attempts[key]
                 state.done.set()
+
+    def _progress(self, stored: dict[tuple[str, int, int], list[tuple[str, str]]]) -> dict[Key, Progress]:
+        """Each attempt's newest ``fleet-progress`` report in this round (rank 0's: the members of a
+        multi-node job report the same steps): the job record keeps only the latest, one write per
+        attempt per round however often the job prints."""
+        now = time.time()
+        found = {}
+        for (job_id, attempt, rank), lines in stored.items():
+            if rank == 0 and (report := last_report([line for _, line in lines], now)) is not None:
+                found[job_id, attempt] = report
+        return found
 
     def _read(self, key: Key, state: _Attempt, ending: bool) -> list[tuple[str, str]]:
         try:

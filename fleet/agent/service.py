@@ -30,7 +30,7 @@ from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
-from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RetryPolicy
+from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, TAIL_LINES, RetryPolicy, explain
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
@@ -323,7 +323,7 @@ class Agent:
         """
         if not self.logs.finish(job.id, job.attempt, timeout=10, rank=job.rank_on(self.node) or 0):
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
-        exit = self._ended_by_time_limit(job, exit)
+        exit = self._ended_by_time_limit(job, self._explained(job, exit))
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
             kind = "preempted" if job.preempted_for else "drain"
             why = f"{job.preempt}: {exit.reason}"
@@ -358,6 +358,14 @@ class Agent:
             AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
                           exit_code=exit.code, oom=exit.oom, reason=exit.reason),
         )  # fmt: skip
+
+    def _explained(self, job: Job, exit: Exit) -> Exit:
+        """A program that never ran (python's "can't open file", exit 2) fails at once, not after
+        spending its retries: read from the attempt's last lines, shipped just before."""
+        if exit.code != 2 or exit.fault != JOB:
+            return exit  # only a candidate costs a read
+        tail = self.jobs.log_tail(job.id, job.attempt, TAIL_LINES, job.rank_on(self.node) or 0)
+        return explain(exit, tail)
 
     def _latest(self, job: Job) -> str | None:
         try:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from fleet import __version__
-from fleet.api import pages
+from fleet.api import pages, webhooks
 from fleet.api.deps import Admin, Anyone, Operator, User, own, whom
 from fleet.backend import Backend
 from fleet.config import Settings
@@ -57,6 +57,7 @@ from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect_binary
 from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
+from fleet.state.webhooks import WebhookStore
 from fleet.workdir import check_digest, digest_of
 
 log = logging.getLogger("fleet.api")
@@ -151,6 +152,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
     tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
     blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)
+    hooks = WebhookStore(backend.redis, Keys(settings.key_prefix))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -351,10 +353,10 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
     # -- tenants -----------------------------------------------------------------------------
 
     @app.get("/v1/tenants")
-    def tenant_list(_: User) -> list[TenantStatus]:
+    def tenant_list(who: User) -> list[TenantStatus]:
         """Every tenant's policy, use, fair share and decayed usage: what anyone waiting may see, to
-        know why (no job of another tenant is named)."""
-        return tenants.status()
+        know why (no job of another tenant is named, nor another tenant's webhook URL)."""
+        return [webhooks.redacted(t, who.tenant, who.role == Role.ADMIN) for t in tenants.status()]
 
     @app.put("/v1/tenants/{name}")
     def tenant_set(name: str, body: dict[str, Any], who: Admin) -> Tenant:
@@ -398,6 +400,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
         event(log, "token_revoked", id=token_id, by=who.user)
         return found
 
+    app.include_router(webhooks.routes(hooks))
     app.include_router(pages.page_routes(backend, tenants))
     return app
 

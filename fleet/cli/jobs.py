@@ -30,7 +30,6 @@ from fleet.cli.output import (
     guarantee,
     iso,
     present,
-    progress_text,
     show_view,
     size,
     stamp,
@@ -40,6 +39,7 @@ from fleet.cli.submit import EXIT_FOR_STATE, print_job_line
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobState
+from fleet.progress import bar, label, parse_line
 
 if TYPE_CHECKING:
     from fleet.models import LogLine
@@ -97,7 +97,7 @@ def job_row(j: Job, now: float) -> tuple[object, ...]:
     start = j.started_at if j.started_at and j.state != JobState.QUEUED else None
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
-    progress = progress_text(j.progress)
+    progress = label(j.progress)
     return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
             clock(start, now), elapsed, j.exit_code, progress, short(j.reason, 50))  # fmt: skip
 
@@ -229,8 +229,10 @@ def logs(globals_: Globals, job: str, follow: bool, attempt: int | None, rank: i
         if output == "json":
             record = {"at": line.at, "time": iso(line.at), "attempt": line.attempt, "line": line.line}
             print(json.dumps(record), flush=follow)
-        else:
-            print(f"{iso(line.at)} {line.line}" if timestamps else line.line, flush=follow)
+            continue
+        report = parse_line(line.line, line.at) if follow else None  # followed: a bar, not the JSON
+        text = line.line if report is None else f"progress {bar(report)}"
+        print(f"{iso(line.at)} {text}" if timestamps else text, flush=follow)
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from fleet.models import Progress, Tenant
+    from fleet.models import Tenant
 
 GiB = 1 << 30
 
@@ -100,14 +100,6 @@ def stamp(at: float | None) -> str:
 
 def size(n: int | None) -> str:
     return "-" if not n else f"{n / GiB:.0f}GiB" if n >= GiB else f"{n >> 20}MiB"
-
-
-def progress_text(progress: Progress | None) -> str | None:
-    """``45%`` against a total, else ``step 1200``; None (an empty cell) before any report."""
-    if progress is None:
-        return None
-    fraction = progress.fraction
-    return f"step {progress.step}" if fraction is None else f"{fraction * 100:.0f}%"
 
 
 def bar(fraction: float, width: int = 30) -> str:

@@ -64,6 +64,9 @@ class CommandAfterDashes(click.Command):
 @click.option("--not-preemptible", "preemptible", flag_value=False, default=None,
               help="never preempted while its tenant is within its guarantee")  # fmt: skip
 @click.option("--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)")
+@click.option(
+    "--notify", metavar="URL", help="POST here when the job ends (signed JSON; see README Webhooks)"
+)
 @click.option("--env", multiple=True, metavar="K=V", help="an environment variable of the job (repeat)")
 @click.option("--label", multiple=True, metavar="K=V", help="a label, for fleet jobs/cancel --label (repeat)")
 @click.option("--tenant", help="the tenant it runs for (default: your token's)")
@@ -130,7 +133,7 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
 SPEC_FLAGS = (
     "name", "image", "gpus", "cpus", "memory", "nodes", "gpus_per_node", "shm_size", "gpu_model",
     "min_gpu_memory", "priority", "max_attempts", "tenant", "preemptible", "timeout", "signal_before",
-    "requeue_on_timeout", "workdir",
+    "requeue_on_timeout", "workdir", "notify",
 )  # fmt: skip
 
 

@@ -58,6 +58,13 @@ def tenant() -> None:
     "--max-memory", metavar="SIZE", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit"
 )
 @click.option("--weight", type=float, help="its part of the GPUs beyond guarantees (default 1)")
+@click.option("--webhook", metavar="URL", help="POST here when its jobs end; 'none': no webhook")
+@click.option(
+    "--webhook-format", type=click.Choice(["json", "slack"]), help="signed JSON (default) or Slack text"
+)
+@click.option(
+    "--webhook-nodes/--no-webhook-nodes", default=None, help="the webhook hears node state changes too"
+)
 @click.option(
     "--preempt-grace",
     metavar="DURATION",
@@ -96,6 +103,15 @@ def _changes(given: dict[str, Any]) -> dict[str, Any]:
     for field in ("max_gpus", "max_cpus", "max_memory"):
         if given[field] is not None:
             changes[field] = None if given[field].lower() == "none" else given[field]
+    hook = given["webhook"]
+    if hook is not None:
+        changes["webhook"] = (
+            None if hook.lower() == "none" else {"url": hook, "format": given["webhook_format"] or "json"}
+        )
+    elif given["webhook_format"] is not None:
+        raise click.UsageError("--webhook-format goes with --webhook URL (the URL it formats for)")
+    if given["webhook_nodes"] is not None:
+        changes["webhook_nodes"] = given["webhook_nodes"]
     if given["preempt_grace"] is not None:
         changes["preempt_grace_s"] = duration(given["preempt_grace"], "--preempt-grace")
     if given["min_run"] is not None:

@@ -10,9 +10,10 @@ import click
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
 from fleet.cli.jobs import short
 from fleet.cli.nodes import free_gpus, gpu_status
-from fleet.cli.output import Table, View, present, progress_text, size, took
+from fleet.cli.output import Table, View, present, size, took
 from fleet.client import Client
 from fleet.models import Job, JobState, Node, TenantStatus
+from fleet.progress import label
 
 #: the running jobs a frame asks for (the API's page size); more are counted, not listed
 RUNNING_LIMIT = 500
@@ -83,7 +84,7 @@ def running_row(job: Job, now: float) -> tuple[object, ...]:
     node = f"{job.node}+{len(job.members) - 1}" if len(job.members) > 1 else job.node
     elapsed = took(now - job.started_at) if job.started_at else "-"
     return (job.id, job.owner or "-", job.spec.tenant, job.spec.gpus, node, elapsed,
-            progress_text(job.progress), short(job.reason, 40))  # fmt: skip
+            label(job.progress), short(job.reason, 40))  # fmt: skip
 
 
 def queue_row(status: TenantStatus) -> tuple[object, ...]:

@@ -36,6 +36,7 @@ from fleet.controller import retention, snapshot
 from fleet.controller.leader import LeaderLease
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.controller.tenancy import Tenancy
+from fleet.controller.webhooks import WebhookSender
 from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
@@ -47,6 +48,7 @@ from fleet.state.ranked import RankIndex
 from fleet.state.records import JobBatch, NodeBatch
 from fleet.state.retention import RetentionStore
 from fleet.state.tenants import TenantStore
+from fleet.state.webhooks import WebhookStore
 
 log = logging.getLogger("fleet.controller")
 #: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
@@ -104,6 +106,8 @@ class Controller:
         self._blocked: list[str] = []
         self._tenants_changed = False
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
+        store = WebhookStore(jobs.redis, jobs.keys)
+        self.webhooks = WebhookSender(jobs, nodes, self.tenants, store, self.cfg, clock, self.leading)
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
@@ -112,6 +116,10 @@ class Controller:
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)
         leader.start()
+        hooks = threading.Thread(
+            target=self.webhooks.run, args=(self.stop_event,), name="webhooks", daemon=True
+        )
+        hooks.start()
         periodic = [
             (self.reconcile, self.cfg.schedule_interval_s),
             (self.expire, self.cfg.retention_interval_s),

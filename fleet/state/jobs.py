@@ -13,7 +13,18 @@ from fleet.arrays import ARRAY_BATCH
 from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
-from fleet.models import ON_NODE_STATES, Event, Exit, Job, JobArray, JobSpec, JobState, LogLine, check_job_id
+from fleet.models import (
+    ON_NODE_STATES,
+    Event,
+    Exit,
+    Job,
+    JobArray,
+    JobSpec,
+    JobState,
+    LogLine,
+    Progress,
+    check_job_id,
+)
 from fleet.state.connection import load_scripts, translated
 from fleet.state.records import JobBatch, parse_array, parse_job, parse_tombstone
 
@@ -427,15 +438,20 @@ class JobStore:
 
     @translated
     def append_logs_many(
-        self, batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]], max_lines: int
-    ) -> None:
+        self, batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]], max_lines: int,
+        progress: Mapping[tuple[str, int], Progress] | None = None,
+    ) -> None:  # fmt: skip
         """Append every stream's ``(cursor, line)`` pairs (a stream: job, attempt, member rank), in
-        order, in one round trip."""
+        order, and keep each attempt's last ``progress`` report (progress.lua: only the job's
+        latest attempt's), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for (job_id, attempt, rank), lines in batches.items():
             key = self.keys.logs(job_id, attempt, rank)
             for cursor, line in lines:
                 pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
+        for (job_id, attempt), report in (progress or {}).items():
+            stored = json.dumps({"attempt": attempt, **report.model_dump(mode="json")})
+            self._scripts["progress"](keys=[self.keys.job(job_id)], args=[attempt, stored], client=pipe)
         pipe.execute()
 
     @translated
@@ -446,6 +462,12 @@ class JobStore:
         for job_id, attempt, rank in streams:
             pipe.xrevrange(self.keys.logs(job_id, attempt, rank), count=1)
         return [str(last[0][1]["c"]) if last else None for last in pipe.execute()]
+
+    @translated
+    def log_tail(self, job_id: str, attempt: int, count: int, rank: int = 0) -> list[str]:
+        """The attempt's last ``count`` lines, oldest first."""
+        entries = self.redis.xrevrange(self.keys.logs(job_id, attempt, rank), count=count)
+        return [f["l"] for _, f in reversed(entries)]
 
     @translated
     def read_logs(

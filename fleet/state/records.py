@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from fleet.arrays import ARRAY_LABEL, INDEX_LABEL
 from fleet.errors import CorruptRecord, JobExpired
-from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Member, Node, NodeState
+from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Member, Node, NodeState, Progress
 
 T = TypeVar("T")
 
@@ -140,6 +140,7 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         preempt=raw.get("preempt", ""),
         preempted_for=raw.get("preempted_for", ""),
         checkpoint=raw.get("checkpoint") or None,
+        progress=_progress(raw.get("progress"), f.get("attempt", int, 0)),
         seq=f.get("seq", int, 0),
         state_since=f.get("state_since", float, None) or updated,
         members=f.get("members", _members, None) or [],
@@ -187,6 +188,18 @@ def parse_array(raw: dict[str, str], spec: JobSpec | None = None) -> JobArray:
         )
     except ValidationError as exc:
         raise CorruptRecord(why(exc)) from None
+
+
+def _progress(text: str | None, attempt: int) -> Progress | None:
+    """The last report of the job's latest attempt: one from an earlier attempt is not shown (a new
+    attempt starts without one). Unreadable: none (a report is a hint, never a reason to quarantine)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return Progress.model_validate(data) if data.pop("attempt", None) == attempt else None
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _last_exit(text: str) -> dict[str, Any]:

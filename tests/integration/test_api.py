@@ -239,6 +239,11 @@ def test_tenants_are_set_by_admins_and_seen_by_everyone(api: Api) -> None:
     assert fleet(api, "tenant", "set", "vision", "--max-gpus", "8").returncode == 0
     both = fleet(api, "tenant", "set", "vision", "--guaranteed-cpus", "16", "--guaranteed-memory", "64g")
     assert "2 GPUs, 16 CPUs, 64GiB guaranteed, max 8" in both.stdout, both.stderr
+    hook = ["--webhook", "https://hooks.example/T1", "--webhook-format", "slack", "--webhook-nodes"]
+    hooked = fleet(api, "tenant", "set", "vision", *hook, "-o", "json")
+    assert json.loads(hooked.stdout)["webhook"] == {"url": "https://hooks.example/T1", "format": "slack"}
+    lone = fleet(api, "tenant", "set", "vision", "--webhook-format", "json")
+    assert lone.returncode == 2 and "--webhook-format goes with --webhook URL" in lone.stderr
     # Then the tenant keeps what was not changed, and every user sees it (no jobs of others named)
     user = api.token_for("u", "nlp")
     listed = json.loads(fleet(api, "tenants", "-o", "json", token=user).stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import docker
@@ -150,3 +151,24 @@ def test_oom_kill_is_reported_with_the_memory_limit(
     assert status.reason == "OOMKilled (memory limit 16 MiB); 2 of 2 attempts used"
     retried = [e for e in job.history() if e.state == "QUEUED" and e.attempt == 1]
     assert retried[0].reason.startswith("OOMKilled (memory limit 16 MiB); retry 2 of 2 in")
+
+
+def test_a_script_that_is_not_there_fails_at_once_not_after_its_retries(
+    one_node: FleetProcs, client: Client, runtime: str
+) -> None:
+    # Given `python train.py` where no train.py is (python says "can't open file" and exits 2)
+    if runtime == "docker":
+        try:
+            docker.from_env().images.get("localhost/fleet/torch:latest")
+        except docker.errors.ImageNotFound:
+            pytest.skip("localhost/fleet/torch image missing (make images-test)")
+        image = "localhost/fleet/torch:latest"
+        spec = JobSpec(name="t", image=image, command=["python3", "no_such_train.py"])
+    else:
+        spec = JobSpec(name="t", command=[sys.executable, "no_such_train.py"])
+    # When it is submitted with three attempts allowed
+    status = client.submit(spec.model_copy(update={"max_attempts": 3})).wait(timeout=90)
+    # Then it fails after the first, saying why, and is not retried
+    assert status.state == JobState.FAILED and status.attempt == 1, status.reason
+    assert "can't open file" in status.reason and "no_such_train.py" in status.reason
+    assert status.reason.endswith("not retryable")

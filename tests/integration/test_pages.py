@@ -203,7 +203,8 @@ def alices_fleet(procs: FleetProcs, api: Api) -> dict[str, str]:
     procs.wait_nodes(alice, 1)
     printer = alice.submit(sh("printer", 'for i in $(seq 1 150); do echo "line $i"; done'))
     assert printer.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
-    hold = alice.submit(sh("hold", "sleep 600", gpus=1))
+    report = 'fleet-progress {"step": 45, "total": 100, "loss": 0.25}'
+    hold = alice.submit(sh("hold", f"echo '{report}'; sleep 600", gpus=1))
     until(lambda: hold.status().state == JobState.RUNNING, why="the holding job runs")
     waiter = alice.submit(sh("waiter", "sleep 600", gpus=2))
     until(lambda: waiter.status().reason, why="the waiting job's reason")
@@ -250,6 +251,17 @@ def test_a_user_sees_the_fleet_as_it_is(
     assert [r.get_attribute("data-job") for r in running] == [ids["hold"]]
     cells = [c.text for c in running[0].find_elements(By.TAG_NAME, "td")]
     assert cells[2] == "RUNNING" and cells[3].endswith("s") and cells[4] == "n1:0 (0%)" and cells[5] == "0%"
+
+    # with the progress its job reported (fleet_worker.progress), drawn as a bar
+    def progress_cell(b: Any) -> str | None:
+        cell = b.find_elements(By.CSS_SELECTOR, "tr.running td")[-1].text
+        return cell if cell != "-" else None
+
+    assert shown(browser, f"{api.url}/ui/running", progress_cell, "the job's progress") == "45%"
+    bar = browser.find_element(By.CSS_SELECTOR, "tr.running .progress .used")
+    assert bar.get_attribute("style") == "width: 45%;"
+    browser.get(f"{api.url}/ui/jobs/{ids['hold']}")
+    assert browser.find_element(By.ID, "job-progress").text == "45%"
 
     # And the finished job's page shows its history and the last 100 lines of its log
     browser.get(f"{api.url}/ui/jobs/{ids['printer']}")

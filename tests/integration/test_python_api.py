@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 import fleet
-from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, SpecError
+from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, NodeState, SpecError
+from fleet.errors import Forbidden
 from tests.conftest import Api, FleetProcs
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -80,3 +86,165 @@ def test_nodes_node_shows_one_node(ready: Client, procs: FleetProcs) -> None:
         done = subprocess.run([sys.executable, "-m", "fleet", *argv, "-o", "json"], env=procs.cli_env(),
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert json.loads(done.stdout)["name"] == "t-py", done.stderr
+
+
+def report(step: int, total: int, loss: float) -> str:
+    return f"""echo 'fleet-progress {{"step": {step}, "total": {total}, "loss": {loss}}}'"""
+
+
+def test_progress_is_the_current_attempts_last_report(ready: Client, procs: FleetProcs) -> None:
+    # Given a job whose first attempt reports progress and fails, and whose second reports later
+    script = (f'if [ "$FLEET_ATTEMPT" = 1 ]; then {report(1, 4, 0.9)}; {report(2, 4, 0.5)}; exit 1; fi; '
+              f"sleep 1.5; {report(3, 4, 0.25)}; sleep 600")  # fmt: skip
+    job = ready.submit(sh("prog", script, max_attempts=2))
+    # Then while the second attempt has not reported yet, the job shows no progress (not the first's)
+    until(lambda: job.status().attempt == 2 and job.status().state == JobState.RUNNING, "attempt 2 running")
+    assert job.progress() is None
+    # And once it reports, the job's progress is that last report
+    found = until(lambda: job.progress(), "attempt 2's report")
+    assert (found.step, found.total, found.metrics, found.fraction) == (3, 4, {"loss": 0.25}, 0.75)
+    # And `fleet jobs` shows it as a percentage, `fleet show` as a bar
+    listing = cli(procs, "jobs").splitlines()
+    column = listing[0].split().index("PROGRESS")
+    assert next(line.split() for line in listing if line.startswith(job.id))[column] == "75%"
+    shown = next(line for line in cli(procs, "show", job.id).splitlines() if line.startswith("Progress"))
+    assert "75%" in shown and "#" in shown, shown
+    job.cancel()
+
+
+def test_logs_follow_draws_progress_lines_as_a_bar(ready: Client, procs: FleetProcs) -> None:
+    job = ready.submit(sh("bar", f"echo start; {report(1, 2, 0.5)}; echo done"))
+    job.result(timeout=60)
+    followed = cli(procs, "logs", "-f", job.id).splitlines()
+    assert followed[0] == "start" and followed[2] == "done"
+    assert followed[1].startswith("progress [") and "50% step 1/2 loss=0.5" in followed[1], followed
+    # and the plain log keeps the line as the job printed it
+    assert job.logs().splitlines()[1].startswith('fleet-progress {"step": 1')
+
+
+def cli(procs: FleetProcs, *argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "fleet", *argv], env=procs.cli_env(), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def until(check: Callable[[], T | None], why: str, timeout: float = 30) -> T:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {why}"
+        time.sleep(0.1)
+    return found
+
+
+def test_every_job_method_of_the_client(ready: Client, tmp_path: Path) -> None:
+    # submit with an id is idempotent; get, job, jobs and listing find it
+    first = ready.submit(sh("ided", "echo hi"), job_id="my-run-1")
+    assert ready.submit(sh("ided", "echo hi"), job_id="my-run-1") == first and first.id == "my-run-1"
+    assert ready.wait(first.id, timeout=60).state == JobState.SUCCEEDED
+    assert ready.get(first.id).exit_code == 0 and ready.job(first.id) == first
+    assert first.id in [j.id for j in ready.jobs()] and first.id in [j.id for j in ready.listing()]
+    assert [line.line for line in ready.logs(first.id)] == ["hi"]
+    assert [line.line for line in ready.follow_logs(first.id, attempt=1)] == ["hi"]
+    assert [e.state for e in ready.history(first.id)][-1] == "SUCCEEDED" == first.history()[-1].state
+    # a job too big for the node waits, with its place in the queue; cancel ends it
+    big = ready.submit(sh("big", "true", gpus=3, labels={"exp": "big"}))
+    place = until(lambda: ready.position(big.id), "a queue position")
+    assert (place.in_tenant, place.tenant, ready.most_gpus()) == (1, "default", 2)
+    assert ready.cancel_labels({"exp": "big"}).cancelled == [big.id]
+    assert ready.position(big.id) is None and ready.cancel(big.id).state == JobState.CANCELLED
+    # a shipped directory: uploaded once, named by digest, the job's working directory
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "hello.txt").write_text("shipped\n")
+    digest = ready.upload_workdir(str(tmp_path / "proj"))
+    assert digest.startswith("sha256:") and ready.upload_workdir(str(tmp_path / "proj")) == digest
+    by_digest = ready.submit(sh("wd", "cat hello.txt", workdir=digest))
+    by_digest.result(timeout=60)
+    assert list(by_digest.logs(follow=True)) == ["shipped"]
+    shipped = ready.submit(sh("wd", "cat hello.txt", workdir=str(tmp_path / "proj")))
+    assert shipped.result(timeout=60).state == JobState.SUCCEEDED and shipped.logs() == "shipped"
+    assert ready.quarantined_jobs() == {}
+
+
+def test_arrays_through_their_handles(ready: Client) -> None:
+    done = ready.submit_array(sh("arr", 'echo "task $FLEET_ARRAY_INDEX"'), "0-2", max_running=2)
+    assert done.wait(timeout=60).tasks[JobState.SUCCEEDED] == 3
+    assert done.task(1).result(timeout=10).state == JobState.SUCCEEDED and done.task(1).logs() == "task 1"
+    assert ready.array(done.id).size == 3 == done.status().size
+    waiting = ready.submit_array(sh("arr", "true", gpus=3), [0, 1])
+    assert sorted(waiting.cancel().cancelled) == [f"{waiting.id}-0", f"{waiting.id}-1"]
+    assert ready.cancel_array(waiting.id).already_final == 2
+
+
+def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> None:
+    assert [n.name for n in ready.nodes()] == ["t-py"] and ready.node("t-py").alive
+    assert ready.cordon("t-py", reason="check").admin_state == NodeState.CORDONED
+    assert ready.uncordon("t-py").admin_state == NodeState.READY
+    assert ready.drain("t-py", deadline_s=0, force=True)[0].admin_state == NodeState.DRAINING
+    assert ready.wait_drained(["t-py"], timeout=30)[0].admin_state == NodeState.DRAINED
+    ready.uncordon("t-py")
+    assert ready.quarantined_nodes() == {}
+    # tenants: set, listed with their standing, deleted
+    assert ready.set_tenant("ml", guaranteed_gpus=1, webhook="https://hooks.example/x").webhook is not None
+    assert "ml" in [t.tenant.name for t in ready.tenants()]
+    assert ready.delete_tenant("ml").guaranteed_gpus == 1
+    # tokens: whoami, made, listed, revoked
+    assert ready.whoami().role == "admin"
+    token, info = ready.create_token("ann", "ml", "user", expires_in_s=3600)
+    with Client(api.url, token) as ann:
+        assert ann.whoami().user == "ann"
+        # webhooks: a user reads its own tenant's secret, not another's
+        assert ann.webhook_secret().startswith("whsec_") and ann.webhook_deliveries() == []
+        with pytest.raises(Forbidden, match="reads its own tenant's"):
+            ann.webhook_secret("default")
+    assert info.id in [t.id for t in ready.tokens()] and ready.revoke_token(info.id).user == "ann"
+    before = ready.webhook_secret("ml")
+    assert ready.rotate_webhook_secret("ml") != before and ready.webhook_secret("ml") != before
+    ready.close()  # closes this thread's connection; the next call opens another
+    assert ready.whoami().user == "tester"
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (lambda c: c.jobs(state="runing"), "state 'runing': expected one of QUEUED"),
+        (lambda c: c.jobs(limit=0), "limit 0: expected a whole number from 1"),
+        (lambda c: c.jobs(labels={"exp": 7}), "labels .*expected a dict of strings"),
+        (lambda c: c.get(""), "job id '': expected a non-empty string"),
+        (lambda c: c.wait("x", timeout=-1), "timeout -1: expected seconds as a number >= 0"),
+        (lambda c: c.wait("x", timeout="10"), "timeout '10': expected seconds"),
+        (lambda c: c.logs("x", attempt=0), "attempt 0: expected a whole number from 1"),
+        (lambda c: c.submit("python train.py"), "spec 'python train.py': expected a JobSpec"),
+        (lambda c: c.submit({"name": "j", "command": ["x"], "gpu": 1}), "did you mean 'gpus'"),
+        (lambda c: c.submit(sh("j", "x"), job_id="a/b"), "job id 'a/b' is invalid"),
+        (lambda c: c.drain([]), "expected a node name or a list of node names"),
+        (lambda c: c.set_tenant("t", gpus=1), "gpus: unknown field; allowed fields"),
+        (lambda c: c.create_token("u", "t", role="root"), "role 'root': expected one of user"),
+        (lambda c: fleet.wait([], timeout=-5), "timeout -5"),
+        (lambda c: c.submit_array(sh("a", "x"), 10), "indices 10: expected a range like '0-9999'"),
+        (lambda c: fleet.ArrayHandle(c, "a").task(-1), "index -1: expected a whole number from 0"),
+        (lambda c: JobSpec(name="j", command=["x"], gpu=1), "gpu: unknown field.*did you mean 'gpus'"),
+    ],
+)
+def test_a_bad_argument_is_a_spec_error_with_the_fix(client: Client, call: Callable[[Client], object],
+                                                     said: str) -> None:  # fmt: skip
+    with pytest.raises(SpecError, match=said):
+        call(client)
+
+
+def test_every_public_method_has_a_test() -> None:
+    """A method added to the Python API without a test here (or in the async module) fails this."""
+    from fleet import aio, handles
+
+    here = Path(__file__).read_text() + (Path(__file__).parent / "test_python_api_async.py").read_text()
+    classes = [Client, handles.JobHandle, handles.ArrayHandle, aio.AsyncClient, aio.AsyncJobHandle,
+               aio.AsyncArrayHandle]  # fmt: skip
+    public = {name for cls in classes for name in vars(cls) if not name.startswith("_")}
+    untested = sorted(name for name in public if f".{name}(" not in here)
+    assert untested == []
+    assert (
+        "fleet.wait(" in here
+        and "fleet.as_completed(" in here
+        and "aio.wait(" in here
+        and "aio.as_completed(" in here
+    )

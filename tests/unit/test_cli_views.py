@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from fleet.cli.jobs import _job_view, job_row
-from fleet.cli.output import Table, View, print_plain, progress_text
+from fleet.cli.output import Table, View, print_plain
 from fleet.models import Job, JobSpec, JobState, Progress
+from fleet.progress import label
 
 
 def job(progress: Progress | None) -> Job:
@@ -27,13 +28,13 @@ def plain(view: View, capsys: pytest.CaptureFixture[str]) -> str:
 
 @pytest.mark.parametrize(
     ("progress", "text"),
-    [(None, None), (Progress(step=450, total=1000), "45%"), (Progress(step=1200), "step 1200"),
+    [(None, "-"), (Progress(step=450, total=1000), "45%"), (Progress(step=1200), "step 1200"),
      (Progress(step=5000, total=1000), "100%")],
 )  # fmt: skip
 def test_the_progress_column_is_a_percentage_against_a_total_else_the_step(
-    progress: Progress | None, text: str | None
+    progress: Progress | None, text: str
 ) -> None:
-    assert progress_text(progress) == text
+    assert label(progress) == text
     assert job_row(job(progress), now=10.0)[10] == text  # the PROGRESS column of `fleet jobs`
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide
+from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide, explain
 from fleet.models import Exit, Job, JobSpec, JobState
 
 POLICY = RetryPolicy(backoff_s=5, backoff_max_s=60, max_infra_requeues=2)
@@ -56,3 +56,23 @@ def test_a_program_that_cannot_run_fails_at_once_without_spending_the_retries() 
     assert decide(job(), Exit(code=126, reason="exited with code 126"), POLICY).state == JobState.FAILED
     # a program that ran and chose its own code is retried as any failure
     assert decide(job(), Exit(code=2, reason="exited with code 2"), POLICY).state == JobState.QUEUED
+
+
+def test_a_python_script_that_is_not_there_fails_at_once() -> None:
+    # Given python's own words for a missing script, as the last line of an attempt that exited 2
+    said = "/usr/bin/python3: can't open file '/fleet/workdir/train.py': [Errno 2] No such file or directory"
+    exit = explain(Exit(code=2, reason="exited with code 2"), ["starting", said])
+    # Then the job fails without another attempt, saying what python said and what to do
+    d = decide(job(), exit, POLICY)
+    assert d.state == JobState.FAILED and d.reason.endswith("not retryable")
+    assert "can't open file '/fleet/workdir/train.py'" in d.reason and "--workdir" in d.reason
+
+
+def test_exit_2_without_that_line_or_with_another_code_is_an_ordinary_failure() -> None:
+    said = "python3: can't open file 'x.py': [Errno 2] No such file or directory"
+    for exit, tail in [
+        (Exit(code=2, reason="exited with code 2"), ["usage: train.py [-h]", "error: bad flag"]),
+        (Exit(code=1, reason="exited with code 1"), [said]),  # the program ran and printed it itself
+        (Exit(code=2, fault=INFRA, reason="node down"), [said]),
+    ]:
+        assert explain(exit, tail) == exit

@@ -15,6 +15,7 @@ from fleet.agent.logship import LogShipper
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.supervision import SupervisorClient
 from fleet.errors import StoreUnavailable
+from fleet.models import Progress
 
 Key = tuple[str, int]
 Stream = tuple[str, int, int]
@@ -46,15 +47,20 @@ class FakeStore:
         self.streams: dict[Key, list[tuple[str, str]]] = {}
         self.appends = 0
         self.down = 0
+        self.progress: dict[Key, Progress] = {}
 
     def _call(self) -> None:
         if self.down:
             self.down -= 1
             raise StoreUnavailable("redis unavailable: connection refused")
 
-    def append_logs_many(self, batches: Mapping[Stream, Sequence[tuple[str, str]]], max_lines: int) -> None:
+    def append_logs_many(
+        self, batches: Mapping[Stream, Sequence[tuple[str, str]]], max_lines: int,
+        progress: Mapping[Key, Progress] | None = None,
+    ) -> None:  # fmt: skip
         self._call()
         self.appends += 1
+        self.progress.update(progress or {})
         for (job_id, attempt, rank), lines in batches.items():
             assert rank == 0
             self.streams.setdefault((job_id, attempt), []).extend(lines)
@@ -90,6 +96,21 @@ def test_a_round_ships_every_attempts_new_lines_in_one_append(parts: Any) -> Non
     assert store.appends == 2
     assert store.text(("a", 1)) == ["a1", "a2", "a3"]
     assert store.text(("b", 1)) == ["b1"] and store.text(("c", 2)) == ["c1"]
+
+
+def test_each_attempts_newest_progress_report_of_a_round_is_kept_in_the_same_append(parts: Any) -> None:
+    runtime, store, shipper = parts
+    # Given an attempt printing three reports (one unreadable) and another printing none
+    runtime.lines = {
+        ("a", 1): ['fleet-progress {"step": 1, "at": 5}', 'fleet-progress {"step": 2, "total": 4, "at": 6}',
+                   "fleet-progress {broken", "chatter"],
+        ("b", 1): ["no report"],
+    }  # fmt: skip
+    for key in runtime.lines:
+        shipper.follow(*key)
+    shipper.ship_logs()
+    # Then only the newest readable one is kept, in the round's one append
+    assert store.appends == 1 and store.progress == {("a", 1): Progress(step=2, total=4, at=6.0)}
 
 
 def test_a_restarted_shipper_resumes_after_the_last_stored_line(parts: Any) -> None:

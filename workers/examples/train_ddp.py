@@ -112,7 +112,7 @@ def train(args: argparse.Namespace) -> None:
         if done % args.every == 0 or done == args.steps or stopping:
             fw.dist.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, done)
             if fw.dist.is_rank0():
-                fw.progress(done, loss=round(global_loss, 6))
+                fw.progress(done, total=args.steps, loss=round(global_loss, 6))
         if stopping:
             fw.exit_after_checkpoint()
         time.sleep(args.sleep)

@@ -81,7 +81,7 @@ def main() -> None:
         if done % args.every == 0 or stop.is_set():
             fw.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, done)  # fmt: skip
-            fw.progress(done, loss=round(loss.item(), 6))
+            fw.progress(done, total=args.steps, loss=round(loss.item(), 6))
         if stop.is_set():
             fw.exit_after_checkpoint()
         time.sleep(args.sleep)

@@ -5,7 +5,8 @@
 -- KEYS[1] queued zset  KEYS[2] QUEUED set  KEYS[3] CANCELLED set
 -- KEYS[4] ended zset (final jobs by end time, for retention)
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[1]:
---   <prefix>:job:<id> hashes and <prefix>:job:<id>:events streams.
+--   <prefix>:job:<id> hashes and <prefix>:job:<id>:events streams; <prefix>:outbox gets each job
+--   cancelled at once (the webhook sender's feed, as in transition.lua).
 -- ARGV[1] key prefix  ARGV[2] now  ARGV[3] on-node job states, comma separated
 -- ARGV[4], ARGV[5], ...: job ids
 -- Returns, for each job id in order, four values: code, state, node, attempt. code 1: cancelled
@@ -31,6 +32,8 @@ local function cancel(id)
     redis.call('SREM', KEYS[2], id)
     redis.call('SADD', KEYS[3], id)
     redis.call('ZADD', KEYS[4], now, id)
+    redis.call('XADD', prefix .. ':outbox', 'MAXLEN', '~', 50000, '*', 'kind', 'job', 'id', id,
+      'state', 'CANCELLED')
     redis.call('XADD', key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'CANCELLED',
       'attempt', attempt, 'reason', 'cancelled by user', 'node', node)
     return 1, 'CANCELLED', node, attempt

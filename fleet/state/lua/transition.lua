@@ -20,7 +20,8 @@
 -- A requeue (to QUEUED) of a job flagged cancel_requested ends it CANCELLED instead: a cancel
 -- that raced the attempt's end (the caller decided from an older read) is never lost.
 -- A move into a final state (SUCCEEDED, FAILED, CANCELLED: fleet.models.FINAL_STATES) adds the job to
--- the ended zset, scored by now, so that retention deletes it job_retention_s later.
+-- the ended zset, scored by now, so that retention deletes it job_retention_s later, and appends it
+-- to <prefix>:outbox (capped at about 50,000 entries), which the leader's webhook sender reads.
 -- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job,
 -- {-2, ''} when ARGV[12] is not the current leader.
 --! include ranked
@@ -68,6 +69,8 @@ if to ~= state then
   if to == 'QUEUED' then ranked_add(prefix, ARGV[1]) end
   if to == 'SUCCEEDED' or to == 'FAILED' or to == 'CANCELLED' then
     redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
+    redis.call('XADD', prefix .. ':outbox', 'MAXLEN', '~', 50000, '*', 'kind', 'job', 'id', ARGV[1],
+      'state', to)
   end
   if job[6] and to ~= 'SCHEDULED' and to ~= 'STARTING' and to ~= 'RUNNING' then
     redis.call('SREM', prefix .. ':array:' .. job[6] .. ':active', ARGV[1])

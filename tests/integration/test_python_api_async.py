@@ -1,0 +1,127 @@
+"""The asyncio Python API (fleet.aio): the same calls as Client's, awaited, against a real fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from fleet import aio
+from fleet.aio import AsyncClient
+from fleet.errors import JobFailed, JobTimeout, SpecError
+from fleet.models import JobSpec, JobState, NodeState
+from tests.conftest import Api, FleetProcs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def ready(procs: FleetProcs, api: Api) -> Api:
+    procs.controller()
+    procs.agent("t-aio", gpus=2)
+    procs.wait_nodes(api.client(), 1)
+    return api
+
+
+def sh(name: str, script: str, **fields: object) -> JobSpec:
+    return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
+
+
+def test_jobs_and_handles_awaited(ready: Api, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncClient(ready.url, ready.token) as client:
+            # Given jobs submitted concurrently from one event loop
+            ok, bad, slow = await asyncio.gather(
+                client.submit(sh("ok", "echo one; sleep 0.3; echo two"), job_id="aio-ok"),
+                client.submit(sh("bad", "exit 4")), client.submit(sh("slow", "sleep 600")),
+            )  # fmt: skip
+            # Then each handle is awaited like a future
+            assert (await ok.result(timeout=60)).state == JobState.SUCCEEDED and await ok.done()
+            with pytest.raises(JobFailed, match="exited with code 4"):
+                await bad.result(timeout=60)
+            assert [line async for line in ok.follow_logs()] == ["one", "two"]
+            assert await ok.logs() == "one\ntwo" and (await ok.history())[-1].state == "SUCCEEDED"
+            assert (await ok.status()).exit_code == 0 and await ok.progress() is None
+            assert (await client.job("aio-ok")) == ok and (await client.get("aio-ok")).id == ok.id
+            assert [line.line for line in await client.logs(ok.id)] == ["one", "two"]
+            assert [line.line async for line in client.follow_logs(ok.id, attempt=1)] == ["one", "two"]
+            assert ok.id in [j.id for j in await client.jobs()] and ok.id in [
+                j.id for j in await client.listing()
+            ]
+            assert (await client.wait(ok.id)).state == JobState.SUCCEEDED
+            assert (await client.history(ok.id))[0].state == "QUEUED"
+            # And waiting on many: the first to finish, then each as it does
+            done, pending = await aio.wait([slow, ok], timeout=30, return_when=aio.FIRST_COMPLETED)
+            assert done == {ok} and pending == {slow}
+            assert [h async for h in aio.as_completed([ok, bad], timeout=30)] == sorted(
+                [ok, bad], key=lambda h: h.id
+            )
+            with pytest.raises(JobTimeout):
+                await slow.wait(timeout=0.5)
+            # And a follow left early frees its thread: the client still answers at once
+            stream = slow.follow_logs()
+            follower = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0.5)
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            await stream.aclose()
+            assert (await slow.cancel()).cancel_requested
+            assert (await slow.wait(timeout=60)).state == JobState.CANCELLED
+
+    asyncio.run(main())
+
+
+def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncClient(ready.url, ready.token, max_threads=4) as client:
+            array = await client.submit_array(sh("arr", "true"), "0-1")
+            assert (await array.wait(timeout=60)).tasks[JobState.SUCCEEDED] == 2
+            assert (await array.status()).size == 2 == (await client.array(array.id)).size
+            assert (await array.task(0).result(timeout=10)).state == JobState.SUCCEEDED
+            big = await client.submit(sh("big", "true", gpus=3, labels={"exp": "big"}))
+            for _ in range(100):
+                if place := await client.position(big.id):
+                    break
+                await asyncio.sleep(0.1)
+            assert place is not None and place.in_tenant == 1 and await client.most_gpus() == 2
+            assert (await client.cancel_labels({"exp": "big"})).cancelled == [big.id]
+            assert (await client.cancel(big.id)).state == JobState.CANCELLED
+            waiting = await client.submit_array(sh("arr", "true", gpus=3), "0-1")
+            assert len((await waiting.cancel()).cancelled) == 2
+            assert (await client.cancel_array(waiting.id)).already_final == 2
+            (tmp_path / "p").mkdir()
+            (tmp_path / "p" / "f.txt").write_text("x")
+            assert (await client.upload_workdir(str(tmp_path / "p"))).startswith("sha256:")
+            assert await client.quarantined_jobs() == {} and await client.quarantined_nodes() == {}
+            # nodes
+            assert [n.name for n in await client.nodes()] == ["t-aio"] and (await client.node("t-aio")).alive
+            assert (await client.cordon("t-aio")).admin_state == NodeState.CORDONED
+            assert (await client.uncordon("t-aio")).admin_state == NodeState.READY
+            await client.drain("t-aio", deadline_s=0, force=True)
+            assert (await client.wait_drained("t-aio", timeout=30))[0].admin_state == NodeState.DRAINED
+            await client.uncordon("t-aio")
+            # tenants, tokens and webhooks
+            assert (await client.set_tenant("ml", max_gpus=4)).max_gpus == 4
+            assert "ml" in [t.tenant.name for t in await client.tenants()]
+            assert (await client.delete_tenant("ml")).name == "ml"
+            token, info = await client.create_token("ann", "ml")
+            assert (
+                info.id in [t.id for t in await client.tokens()] and (await client.whoami()).role == "admin"
+            )
+            assert (await client.revoke_token(info.id)).user == "ann" and token.startswith("fleet_")
+            secret = await client.webhook_secret()
+            assert await client.rotate_webhook_secret() != secret and await client.webhook_deliveries() == []
+            # a bad argument is the same SpecError as the Client's
+            with pytest.raises(SpecError, match="limit 0"):
+                await client.jobs(limit=0)
+        await client.close()  # a second close is harmless
+
+    asyncio.run(main())
