@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.arrays import check_indices, parse_indices, task_id
-from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, NodeChanged, Stop, node_queue
+from fleet.bus.messages import (
+    CONTROLLER_QUEUE,
+    MAX_NAMED,
+    JobSubmitted,
+    NodeChanged,
+    QueueLeft,
+    Stop,
+    node_queue,
+)
 from fleet.config import Settings, load_settings
 from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
 from fleet.keys import Keys
@@ -260,6 +268,8 @@ class Backend:
             return job
         self._jobs.request_cancel(job_id, time.time())
         job = self._jobs.get(job_id)
+        if job.state == JobState.CANCELLED:
+            self._notify_left([job_id])
         if job.state.on_node:
             for node in job.nodes_held:  # every member of a multi-node job
                 self._stop(job_id, node, job.attempt)
@@ -286,7 +296,21 @@ class Backend:
                 self._stop(outcome.job_id, outcome.node, outcome.attempt)
             elif outcome.code == 0:
                 report.already_final += 1
+        self._notify_left(report.cancelled)
         return report
+
+    def _notify_left(self, job_ids: list[str]) -> None:
+        """Tell the controller queued jobs left the queue: its count of the queue would otherwise
+        miss jobs added meanwhile as many as those that left (an array's tasks waited for a full
+        resync, up to ``resync_interval_s``). A hint, like a submit's."""
+        if not job_ids:
+            return
+        many = len(job_ids) > MAX_NAMED
+        try:
+            self.bus.send(CONTROLLER_QUEUE, QueueLeft(job_ids=[] if many else job_ids, resync=many))
+        except Exception as exc:
+            event(log, "cancel_notify_failed", logging.WARNING, jobs=len(job_ids), error=exc,
+                  effect="dropped from the controller's queue at its next full resync")  # fmt: skip
 
     def _stop(self, job_id: str, node: str, attempt: int) -> None:
         stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",

@@ -14,6 +14,7 @@ from fleet.bus.messages import (
     JobSubmitted,
     Launch,
     NodeChanged,
+    QueueLeft,
     Stop,
     node_queue,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "JobSubmitted",
     "Launch",
     "NodeChanged",
+    "QueueLeft",
     "Stop",
     "node_queue",
 ]

@@ -46,6 +46,19 @@ class JobSubmitted(Message):
     job_id: str = Field(min_length=1)
 
 
+#: cancelled queued jobs a QueueLeft names at most (past that it asks for a resync)
+MAX_NAMED = 100
+
+
+class QueueLeft(Message):
+    """client -> controller: queued jobs were cancelled; drop them from the queue in memory (at most
+    ``MAX_NAMED`` named; past that, ``resync``: read the whole queue again)."""
+
+    actor: str = "queue_left"
+    job_ids: list[str] = Field(default_factory=list, max_length=MAX_NAMED)
+    resync: bool = False
+
+
 class AttemptUpdate(Message):
     """agent -> controller: an attempt started or exited (the state is already in Redis)."""
 

@@ -28,6 +28,7 @@ from fleet.bus import (
     JobSubmitted,
     Launch,
     NodeChanged,
+    QueueLeft,
     Stop,
     node_queue,
 )
@@ -112,7 +113,7 @@ class Controller:
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
         metrics.serve(self.registry, self.cfg.metrics_port, log)
-        for schema in (JobSubmitted, AttemptUpdate, NodeChanged):
+        for schema in (JobSubmitted, QueueLeft, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)
         leader.start()
@@ -151,6 +152,9 @@ class Controller:
         with self._lock:
             if isinstance(msg, JobSubmitted):
                 self._touched_jobs.add(msg.job_id)
+            elif isinstance(msg, QueueLeft):
+                self._touched_jobs.update(msg.job_ids)
+                self._next_resync = 0.0 if msg.resync else self._next_resync
             elif isinstance(msg, AttemptUpdate):
                 self._touched_jobs.add(msg.job_id)
                 self._touched_nodes.add(msg.node)

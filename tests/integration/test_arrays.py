@@ -223,3 +223,21 @@ def test_cli_cancels_in_bulk(cli: Callable[..., subprocess.CompletedProcess[str]
     assert json.loads(cli("show", labelled, "-o", "json").stdout)["state"] == "CANCELLED"
     # And a cancel naming nothing, or two things, is a usage error
     assert cli("cancel").returncode == 2 and cli("cancel", labelled, "--array", array_id).returncode == 2
+
+
+def test_an_array_submitted_after_a_queued_job_was_cancelled_starts_without_a_resync(
+    procs: FleetProcs, client: Client
+) -> None:
+    # Given a controller that reads the whole queue only every 10 minutes, and one node of 2 GPUs
+    procs.env["FLEET_CONTROLLER__RESYNC_INTERVAL_S"] = "600"
+    procs.controller()
+    procs.agent("t-left", gpus=2)
+    procs.wait_nodes(client, 1)
+    # And a job that waits (it asks more GPUs than the fleet has), cancelled once the controller saw it
+    waiting = client.submit(sh("true", gpus=8))
+    until(lambda: client.get(waiting.id).reason.startswith("needs"))
+    waiting.cancel()
+    # When a 2-task array is submitted: as many jobs joined the queue as left it, less the one named
+    array = client.submit_array(sh("true"), "0-1")
+    # Then both tasks run now, not at the next full read of the queue
+    assert array.wait(timeout=60).tasks[JobState.SUCCEEDED] == 2, procs.logs()
