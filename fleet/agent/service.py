@@ -29,7 +29,7 @@ from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
-from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RetryPolicy
+from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
@@ -259,6 +259,7 @@ class Agent:
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
             array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
             master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
+            batch_size=job.global_batch,
         )  # fmt: skip
 
     def _workdir(self, job: Job) -> Path | None:
@@ -324,7 +325,7 @@ class Agent:
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         exit = self._ended_by_time_limit(job, exit)
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
-            kind = "preempted" if job.preempted_for else "drain"
+            kind = RESIZE if job.resize_gpus is not None else "preempted" if job.preempted_for else "drain"
             why = f"{job.preempt}: {exit.reason}"
             exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind=kind, reason=why)
         self.jobs.record_exit(job, exit, self.clock())

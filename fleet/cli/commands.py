@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.cli import arrays
+from fleet.cli import arrays, elastic
 from fleet.cli.output import ago, clock, emit_json, iso, size, stamp, table, took
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
-from fleet.models import Job, JobArray, JobSpec, JobState, Node, parse_duration
+from fleet.models import PROFILES, Job, JobArray, JobSpec, JobState, Node, parse_duration
 
 if TYPE_CHECKING:
     from fleet.models import LogLine
@@ -40,7 +40,11 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--file", help="job spec YAML/JSON (flags override its fields)")
     p.add_argument("--name")
     p.add_argument("--image", help="container image (default: the fleet's default_image)")
-    p.add_argument("--gpus", type=int, help="GPUs of the whole job; more than a node has: several nodes")
+    p.add_argument("--gpus", type=elastic.count_or_range, help="GPUs of the whole job; more than a node has: "
+                   "several nodes; a range MIN-MAX (e.g. 1-4) makes it elastic: fleet sizes it (README)")
+    p.add_argument("--batch-size", type=elastic.count_or_range, help="global batch size (FLEET_BATCH_SIZE); "
+                   "with --gpus MIN-MAX a range (e.g. 128-1024) lets fleet choose it with the GPUs")
+    p.add_argument("--profile", help=f"an elastic job's scaling profile: {', '.join(PROFILES)}")
     p.add_argument("--nodes", type=int, help="a multi-node job: this many nodes, one member each")
     p.add_argument("--gpus-per-node", type=int, help="a multi-node job: GPUs of each member")
     p.add_argument("--cpus", type=float)
@@ -238,7 +242,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "priority": args.priority, "max_attempts": args.max_attempts, "tenant": args.tenant,
         "preemptible": args.preemptible, "timeout": args.timeout, "signal_before": args.signal_before,
         "requeue_on_timeout": args.requeue_on_timeout, "workdir": args.workdir,
-        "command": command or None,
+        "batch_size": args.batch_size, "profile": args.profile, "command": command or None,
     }  # fmt: skip
     data.update({k: v for k, v in flags.items() if v is not None})
     data["env"] = {**data.get("env", {}), **_pairs(args.env, "--env")}
@@ -294,10 +298,10 @@ def submit_array(args: argparse.Namespace, spec: JobSpec) -> int:
 def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
     """Say so when no live node could hold one member: a job larger than every node runs on several
     (one member each, see the README), but not with members larger than any node."""
-    if not spec.gpus:
+    if not spec.min_gpus:
         return
     largest = client.most_gpus()
-    per_node = spec.gpus_per_node or (spec.gpus // spec.nodes if spec.nodes else 1)
+    per_node = spec.gpus_per_node or (spec.min_gpus // spec.nodes if spec.nodes else 1)
     if per_node > largest or not largest:
         print(
             f"fleet: warning: no live node has {per_node} GPUs (largest: {largest}); "
@@ -331,7 +335,7 @@ def _job_row(j: Job, now: float) -> tuple[object, ...]:
     start = j.started_at if j.started_at and j.state != JobState.QUEUED else None
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
-    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
+    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, elastic.gpus_cell(j), node, j.attempt,
             clock(start, now), elapsed, j.exit_code, _short(j.reason, 50))  # fmt: skip
 
 
@@ -361,6 +365,7 @@ def show(args: argparse.Namespace) -> int:
     print(f"Command:    {' '.join(spec.command)}")
     print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
           f"shm={size(spec.shm_size)} priority={spec.priority}")  # fmt: skip
+    elastic.show(job)
     if job.array_id is not None:
         limit = f" (array max running {job.array_max_running})" if job.array_max_running else ""
         print(f"Array:      {job.array_id}, task {job.array_index}{limit}")

@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleet.cli import access, commands, services, tenants
+    from fleet.cli import access, commands, elastic, services, tenants
 
     parser = _Parser(
         prog="fleet",
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     commands.register(sub)
+    elastic.register(sub, commands.output_option)
     access.register(sub, commands.output_option)
     tenants.register(sub, commands.output_option)
     services.register(sub)
