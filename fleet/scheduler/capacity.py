@@ -62,13 +62,7 @@ class Capacity:
             return job.nodes, job.gpus // job.nodes
         if job.gpus_per_node:
             return job.gpus // job.gpus_per_node, job.gpus_per_node
-        largest = self.largest(job)
-        if job.gpus <= largest:
-            return 1, job.gpus
-        for members in range(2, job.gpus + 1):
-            if job.gpus % members == 0 and job.gpus // members <= largest:
-                return members, job.gpus // members
-        return 1, job.gpus
+        return even_split(job.gpus, self.largest(job))
 
     def largest(self, job: PendingJob) -> int:
         """The most matching healthy GPUs one node has, free or not (down or cordoned nodes too:
@@ -229,6 +223,18 @@ class Capacity:
     def _free_matching(self, job: PendingJob, name: str) -> int:
         self._index(job)
         return self._free_counts[(job.gpu_model, job.min_gpu_memory)].get(name, 0)
+
+
+def even_split(gpus: int, largest: int) -> tuple[int, int]:
+    """(members, GPUs per member) of a job of ``gpus`` GPUs on nodes of at most ``largest`` matching
+    GPUs, when the user pinned neither: one node if it fits, else the fewest equal shares that fit one
+    node each; (1, gpus) when none does (it waits for a bigger node)."""
+    if gpus <= largest:
+        return 1, gpus
+    for members in range(2, gpus + 1):
+        if gpus % members == 0 and gpus // members <= largest:
+            return members, gpus // members
+    return 1, gpus
 
 
 def _busy_category(detail: str) -> str:

@@ -1,0 +1,461 @@
+"""Elastic jobs: the GPU count *and* the global batch size of each, chosen together from each
+model's measured scaling (Saxena et al., "Effective Elastic Scaling of Deep Learning Workloads",
+MASCOTS 2020). Pure: no Redis, no bus, no clock; the simulator and the controller both call it.
+
+A :class:`Profile` is how fast one model trains on N GPUs at global batch B, from measurements in
+the profiles format (``fleet/traces/profiles``, Pollux's traces: step times per placement and
+per-GPU batch). Within the batch range a model's final accuracy is about the same, so a sample
+processed at any batch size in the range counts the same toward completion.
+
+:func:`allocate` is the optimizer: a dynamic program over jobs x GPUs (a multiple-choice knapsack)
+that maximises the fleet's useful throughput, each job's samples/s in units of its own throughput
+at its smallest feasible size (its *speedup*), so an ncf sample and an imagenet sample are not
+compared; a job whose batch is fixed (``fixed_batch``, the paper's baseline) can only change its
+GPU count within what its batch allows per GPU. Because every job's first GPUs are worth more than
+another job's next ones (scaling is sublinear), the optimum starts as many jobs as fit before it
+grows any; among equals, earlier jobs in the input go first. Hysteresis: a running job keeps its
+size unless the new size's samples over ``horizon_s``, less the ``resize_cost_s`` spent
+checkpointing and restarting, beat what it does now; no job is resized within ``min_interval_s``
+of its last start or resize (unless the GPUs it holds are no longer there); a running job is
+stopped only when the running jobs' minimums no longer fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache, lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from fleet.scheduler.capacity import even_split
+
+#: the bundled profiles (``fleet/traces/profiles``)
+PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: training length of each bundled model in epochs, as the Pollux simulator uses them
+EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
+#: the most GPUs per node the profiles were measured with (a member bigger than this counts as
+#: several measured nodes: a conservative estimate for 8-GPU nodes)
+MEASURED_GPUS_PER_NODE = 4
+#: seconds a resize costs (SIGTERM, checkpoint, relaunch, restore): the default of the live path's
+#: grace and restart, a typical figure for the bundled models' checkpoints (see the README)
+RESIZE_COST_S = 30.0
+#: no job is resized again sooner than this after its last start or resize
+MIN_INTERVAL_S = 300.0
+
+#: (per-GPU batch sizes ascending, seconds per step at each)
+Curve = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Throughput of one model. ``min_batch``/``max_batch``: the global batch range in which its
+    accuracy holds; ``epochs`` x ``epoch_samples``: the samples one training run processes."""
+
+    name: str
+    min_batch: int
+    max_batch: int
+    epochs: int = 1
+    epoch_samples: int = 0
+    #: measured placements (GPUs on each 4-GPU node, ascending) -> step time by per-GPU batch
+    placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: larger placements: (nodes, GPUs) -> step time by per-GPU batch
+    scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[tuple[object, ...], tuple[float, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @property
+    def samples(self) -> int:
+        """Samples one training run processes (epochs x samples per epoch)."""
+        return self.epochs * self.epoch_samples
+
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs measured: beyond, the throughput is 0 (no guessing)."""
+        return max([sum(p) for p in self.placements] + [r for _, r in self.scalability], default=0)
+
+    def placement(self, gpus: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> tuple[int, ...]:
+        """The GPUs on each measured node when fleet places ``gpus`` GPUs on nodes of
+        ``gpus_per_node``: equal members (``capacity.even_split``), each member bigger than a
+        measured node counted as several."""
+        members, per = even_split(gpus, gpus_per_node)
+        parts, each = even_split(per, MEASURED_GPUS_PER_NODE)
+        return (each,) * (members * parts)
+
+    def throughput(self, gpus: int, batch: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> float:
+        """Samples/s at global batch ``batch`` on ``gpus`` GPUs; 0.0 where infeasible (batch outside
+        the model's range, per-GPU batch outside what was measured, more GPUs than measured).
+        Step times are interpolated linearly between measured per-GPU batches, and between
+        measured GPU counts for placements not measured as such."""
+        if gpus < 1 or not self.min_batch <= batch <= self.max_batch:
+            return 0.0
+        key = ("t", gpus, batch, gpus_per_node)
+        found = self._cache.get(key)
+        if found is None:
+            step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus)
+            found = self._cache[key] = (batch / step if step else 0.0, batch)
+        return found[0]
+
+    def best(
+        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    ) -> tuple[float, int]:  # fmt: skip
+        """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
+        (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
+        the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
+        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
+        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        key = ("b", gpus, lo, hi, gpus_per_node)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        best = (0.0, 0)
+        if gpus >= 1 and lo <= hi:
+            candidates = {lo, hi, hi // gpus * gpus, -(-lo // gpus) * gpus}
+            for local in self._locals(self.placement(gpus, gpus_per_node)):
+                candidates.add(int(local) * gpus)
+            for batch in sorted(candidates):
+                if lo <= batch <= hi:
+                    t = self.throughput(gpus, batch, gpus_per_node)
+                    if t > best[0] * (1 + 1e-9):
+                        best = (t, batch)
+        self._cache[key] = best
+        return best
+
+    def _locals(self, placement: tuple[int, ...]) -> tuple[float, ...]:
+        curve = self.placements.get(placement)
+        if curve is not None:
+            return curve[0]
+        nodes, replicas = self._group(len(placement), sum(placement))
+        return () if nodes is None else self.scalability[(nodes, replicas)][0]
+
+    def _group(self, nodes: int, replicas: int) -> tuple[int | None, int]:
+        """The measured (nodes, replicas) closest to a placement not measured as such: the fewest
+        measured nodes at least ``nodes`` (else the most), the nearest measured replicas."""
+        groups = sorted({n for n, _ in self.scalability})
+        if not groups:
+            return None, 0
+        group = next((n for n in groups if n >= nodes), groups[-1])
+        counts = sorted(r for n, r in self.scalability if n == group)
+        i = bisect.bisect_left(counts, replicas)
+        return group, counts[min(i, len(counts) - 1)]
+
+    def _step_time(self, placement: tuple[int, ...], local: float) -> float | None:
+        curve = self.placements.get(placement)
+        if curve is not None:
+            return _interp(curve, local)
+        if not self.scalability:
+            return None
+        nodes, replicas = len(placement), sum(placement)
+        groups = sorted({n for n, _ in self.scalability})
+        group = next((n for n in groups if n >= nodes), groups[-1])
+        counts = sorted(r for n, r in self.scalability if n == group)
+        if replicas > counts[-1] and group == groups[-1]:
+            return None  # more GPUs than ever measured
+        replicas = min(max(replicas, counts[0]), counts[-1])
+        i = bisect.bisect_left(counts, replicas)
+        if counts[i] == replicas:
+            return _interp(self.scalability[(group, replicas)], local)
+        below, above = counts[i - 1], counts[i]
+        a, b = (
+            _interp(self.scalability[(group, below)], local),
+            _interp(self.scalability[(group, above)], local),
+        )
+        if a is None or b is None:
+            return None
+        w = (replicas - below) / (above - below)
+        return a * (1 - w) + b * w
+
+
+def _interp(curve: Curve, x: float) -> float | None:
+    xs, ys = curve
+    if not xs or x < xs[0] * (1 - 1e-9) or x > xs[-1] * (1 + 1e-9):
+        return None
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and math.isclose(xs[i], x, rel_tol=1e-9):
+        return ys[i]
+    i = min(max(i, 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _curves(rows: dict[object, dict[float, list[float]]]) -> dict[object, Curve]:
+    out: dict[object, Curve] = {}
+    for key, points in rows.items():
+        xs = tuple(sorted(points))
+        out[key] = (xs, tuple(sum(points[x]) / len(points[x]) for x in xs))
+    return out
+
+
+def load_profile(directory: Path | str, name: str | None = None, epochs: int | None = None) -> Profile:
+    """A model's profile from a directory in the profiles format: ``placements.csv``,
+    ``scalability.csv`` (optional) and ``validation-<B>.csv`` (the batch range: smallest and largest
+    B; an epoch: the first row's ``progress`` x the smallest B samples; the epochs: its rows, unless
+    ``epochs`` says, or the model is one of the bundled ones)."""
+    directory = Path(directory)
+    name = name or directory.name
+    placed: dict[object, dict[float, list[float]]] = {}
+    with open(directory / "placements.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            key = tuple(sorted(int(d) for d in row["placement"].strip()))
+            placed.setdefault(key, {}).setdefault(float(row["local_bsz"]), []).append(float(row["step_time"]))
+    scaled: dict[object, dict[float, list[float]]] = {}
+    if (directory / "scalability.csv").exists():
+        with open(directory / "scalability.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                key = (int(row["num_nodes"]), int(row["num_replicas"]))
+                points = scaled.setdefault(key, {})
+                points.setdefault(float(row["local_bsz"]), []).append(float(row["step_time"]))
+    batches = sorted(
+        int(m.group(1)) for p in directory.glob("validation-*.csv")
+        if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
+    )  # fmt: skip
+    if not batches:
+        raise ValueError(f"{directory}: no validation-<batch>.csv (the batch range comes from them)")
+    with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
+    return Profile(
+        name=name, min_batch=batches[0], max_batch=batches[-1],
+        epochs=epochs or EPOCHS.get(name, len(rows)), epoch_samples=epoch,
+        placements=_curves(placed), scalability=_curves(scaled),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@cache
+def named_profile(name: str) -> Profile:
+    """A bundled profile: one of :data:`PROFILES`."""
+    if name not in PROFILES:
+        raise ValueError(f"no profile named {name!r}: bundled are {', '.join(PROFILES)}")
+    with resources.as_file(resources.files("fleet") / "traces" / "profiles" / name) as path:
+        return load_profile(path, name)
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """An elastic job as the optimizer sees it: its ranges, its profile, where it stands."""
+
+    id: str
+    tenant: str
+    min_gpus: int
+    max_gpus: int
+    min_batch: int
+    max_batch: int
+    profile: Profile
+    #: current allocation (0 = not running) and global batch size
+    gpus: int = 0
+    batch: int = 0
+    #: the paper's baseline: only the GPU count may change (at ``batch``, else ``min_batch``)
+    fixed_batch: bool = False
+    #: when it last started or was resized (for the minimum interval between resizes)
+    changed_at: float = 0.0
+    #: its worth relative to other jobs' (a job's value is weight x speedup)
+    weight: float = 1.0
+    #: samples it still has to process (inf: unknown): a job about to end is not resized
+    remaining: float = math.inf
+
+    def batch_range(self) -> tuple[int, int]:
+        if self.fixed_batch:
+            fixed = self.batch or self.min_batch
+            return fixed, fixed
+        return self.min_batch, self.max_batch
+
+
+#: (gpus, batch, value) of one choice for a job
+Option = tuple[int, int, float]
+
+
+def sizes(job: ElasticJob, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> list[tuple[int, int, float]]:
+    """(GPUs, best global batch, samples/s) of each size worth running ``job`` at, smallest first:
+    within its ranges, feasible for its profile, each faster than every smaller one."""
+    lo, hi = job.batch_range()
+    return _curve(job.profile, max(job.min_gpus, 1), job.max_gpus, lo, hi, gpus_per_node)
+
+
+def _locked(job: ElasticJob, now: float, min_interval_s: float) -> bool:
+    return job.gpus > 0 and now - job.changed_at < min_interval_s
+
+
+def options(
+    job: ElasticJob, now: float, most: int, *, resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S, horizon_s: float | None = None,
+    gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+) -> list[Option]:  # fmt: skip
+    """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
+    units of its samples/s at its smallest size, for a running job that would change less the
+    resize cost's share of the horizon (of what it has left, if shorter). A running job inside
+    its minimum interval keeps its size."""
+    curve = sizes(job, gpus_per_node)
+    ref = curve[0][2] if curve else 1.0
+    if job.gpus <= 0:
+        return [(g, b, job.weight * t / ref) for g, b, t in curve if g <= most]
+    current = job.profile.throughput(job.gpus, job.batch, gpus_per_node)
+    keep = (job.gpus, job.batch, job.weight * current / ref)
+    if _locked(job, now, min_interval_s) and job.gpus <= most:
+        return [keep]
+    horizon = horizon_s if horizon_s is not None else max(min_interval_s, 20 * resize_cost_s)
+    out = [keep] if job.gpus <= most else []
+    for g, b, t in curve:
+        if g > most or (g, b) == (job.gpus, job.batch):
+            continue
+        span = min(horizon, job.remaining / t)
+        kept = max(0.0, 1.0 - resize_cost_s / span) if span > 0 else 0.0
+        out.append((g, b, job.weight * t * kept / ref))
+    return out
+
+
+def allocate(
+    jobs: Sequence[ElasticJob], gpus: int, now: float, *, resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S, gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    horizon_s: float | None = None, tenant_gpus: Mapping[str, int] | None = None,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """The target (GPUs, global batch) of every job in ``jobs`` ((0, 0): wait), using at most
+    ``gpus`` GPUs (those not held by non-elastic jobs), and at most ``tenant_gpus[t]`` for the
+    elastic jobs of tenant ``t`` (what its quota leaves after its other jobs).
+
+    1. Admission, in the order of ``jobs`` (pass them in queue order): running jobs keep running
+       (at their current size while inside their minimum interval, else at least their smallest);
+       each waiting job starts if its smallest size fits in what is left, else it waits and later,
+       smaller jobs may still start (backfill). Running jobs are stopped only if even their
+       minimums no longer fit, the last in the order first.
+    2. Sizes: a dynamic program over the admitted jobs x GPUs (a multiple-choice knapsack, exact)
+       maximises the sum of their speedups (see :func:`options`), which is where hysteresis lives.
+    ``horizon_s``: how long a new size is expected to last when its gain is weighed against the
+    resize cost (default: the larger of ``min_interval_s`` and 20 resize costs)."""
+    gpus = max(int(gpus), 0)
+    caps = {t: max(int(c), 0) for t, c in (tenant_gpus or {}).items()}
+    chosen: dict[str, tuple[int, int]] = {job.id: (0, 0) for job in jobs}
+    admitted = _admit(jobs, gpus, caps, now, min_interval_s, gpus_per_node)
+    groups: dict[str, list[ElasticJob]] = {}
+    for job in admitted:
+        groups.setdefault(job.tenant if job.tenant in caps else "", []).append(job)
+    tables = []
+    for tenant, members in groups.items():
+        cap = min(gpus, caps[tenant]) if tenant else gpus
+        opts = [
+            options(job, now, cap, resize_cost_s=resize_cost_s, min_interval_s=min_interval_s,
+                    horizon_s=horizon_s, gpus_per_node=gpus_per_node)
+            for job in members
+        ]  # fmt: skip
+        best, picks = _knapsack(opts, cap)
+        tables.append((members, opts, best, picks))
+    total = np.zeros(gpus + 1)
+    splits = []
+    for _, _, best, _ in tables:  # the tenants' tables combined: how many GPUs each tenant's jobs get
+        total, pick = _combine(total, best)
+        splits.append(pick)
+    left = gpus
+    for (members, opts, _, picks), pick in zip(reversed(tables), reversed(splits), strict=True):
+        take = int(pick[left])
+        left -= take
+        for job, (g, b, _) in zip(members, _walk(opts, picks, take), strict=True):
+            chosen[job.id] = (g, b)
+    return chosen
+
+
+def _admit(
+    jobs: Sequence[ElasticJob], gpus: int, caps: Mapping[str, int], now: float, min_interval_s: float,
+    gpus_per_node: int,
+) -> list[ElasticJob]:  # fmt: skip
+    """The jobs that run after this decision (see :func:`allocate`), in the order given."""
+    smallest = {job.id: (sizes(job, gpus_per_node) or [(0, 0, 0.0)])[0][0] for job in jobs}
+    running = [job for job in jobs if job.gpus > 0]
+    # a running job keeps at least its smallest size, or its size while locked; the minimum
+    # interval gives way when even that does not fit
+    floors = {job.id: min(smallest[job.id] or job.gpus, job.gpus) for job in running}
+    locked = {job.id: job.gpus for job in running if _locked(job, now, min_interval_s)}
+    strict = _Budget(gpus, caps).fits(running, {**floors, **locked})
+    if strict:
+        floors.update(locked)
+    budget = _Budget(gpus, caps)
+    kept = {job.id for job in running if budget.take(job, floors[job.id])}  # the earliest stay
+    out = []
+    for job in jobs:
+        if job.id in kept or (job.gpus <= 0 and smallest[job.id] and budget.take(job, smallest[job.id])):
+            out.append(job)
+    if not strict:  # locked jobs that must shrink are resized as if unlocked
+        out = [replace(job, changed_at=-math.inf) if job.id in locked else job for job in out]
+    return out
+
+
+class _Budget:
+    """GPUs left, in all and per capped tenant."""
+
+    def __init__(self, gpus: int, caps: Mapping[str, int]) -> None:
+        self.left, self.tenants = gpus, dict(caps)
+
+    def take(self, job: ElasticJob, need: int) -> bool:
+        if need > self.left or need > self.tenants.get(job.tenant, need):
+            return False
+        self.left -= need
+        if job.tenant in self.tenants:
+            self.tenants[job.tenant] -= need
+        return True
+
+    def fits(self, jobs: Sequence[ElasticJob], need: Mapping[str, int]) -> bool:
+        return all([self.take(job, need[job.id]) for job in jobs])
+
+
+@lru_cache(maxsize=256)
+def _curve(
+    profile: Profile, least: int, most: int, lo: int, hi: int, per_node: int
+) -> list[tuple[int, int, float]]:
+    """(GPUs, best batch, throughput) from ``least`` to ``most`` GPUs, each faster than the last."""
+    out: list[tuple[int, int, float]] = []
+    for g in range(least, min(most, profile.max_gpus) + 1):
+        t, b = profile.best(g, lo, hi, per_node)
+        if t > 0 and (not out or t > out[-1][2] * (1 + 1e-9)):
+            out.append((g, b, t))
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _offsets(gs: tuple[int, ...], cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """For options of ``gs`` GPUs: index of dp[c - g] for every c (clipped) and where c < g."""
+    c = np.arange(cap + 1)[None, :] - np.asarray(gs)[:, None]
+    return np.maximum(c, 0), c < 0
+
+
+def _knapsack(opts: list[list[Option]], cap: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """best[c]: the most value with at most c GPUs; picks[j][c]: job j's option there."""
+    dp = np.zeros(cap + 1)
+    picks = []
+    for job_opts in opts:
+        where = [i for i, o in enumerate(job_opts) if o[0] <= cap]
+        gs = tuple(job_opts[i][0] for i in where)
+        values = np.asarray([job_opts[i][2] for i in where])
+        index, short = _offsets(gs, cap)
+        table = dp[index] + values[:, None]
+        table[short] = -np.inf
+        k = table.argmax(axis=0)
+        dp = table[k, np.arange(cap + 1)]
+        picks.append(np.asarray(where)[k])  # positions in the job's list (those over cap left out)
+    return dp, picks
+
+
+def _walk(opts: list[list[Option]], picks: list[np.ndarray], cap: int) -> list[Option]:
+    out: list[Option] = []
+    c = cap
+    for job_opts, pick in zip(reversed(opts), reversed(picks), strict=True):
+        g, b, v = job_opts[int(pick[c])]
+        out.append((g, b, v))
+        c -= g
+    return out[::-1]
+
+
+def _combine(total: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Max-plus convolution of the GPUs so far with one tenant's table; per c, the tenant's part."""
+    size, cap = len(total), len(best) - 1
+    take = np.arange(cap + 1)[:, None]
+    index = np.arange(size)[None, :] - take
+    table = total[np.maximum(index, 0)] + best[:, None]
+    table[index < 0] = -np.inf
+    pick = table.argmax(axis=0)
+    return table[pick, np.arange(size)], pick
