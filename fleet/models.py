@@ -173,15 +173,15 @@ def _count_or_range(value: object) -> str:
     return "range" if isinstance(value, dict | Range) else "count"
 
 
-def _count_or_range_of(count: Any) -> Any:
-    return Annotated[
-        Annotated[count, Tag("count")] | Annotated[Range, Tag("range")],
-        Discriminator(_count_or_range), BeforeValidator(_range_text),
-    ]  # fmt: skip
-
-
-GpuCount = _count_or_range_of(Annotated[int, Field(ge=0, le=1024)])
-BatchSize = _count_or_range_of(Annotated[int, Field(ge=1, le=1 << 24)])
+#: a number, or ``{min, max}`` (``"min-max"``): an elastic job's GPUs or batch size
+GpuCount = Annotated[
+    Annotated[Annotated[int, Field(ge=0, le=1024)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
+BatchSize = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=1 << 24)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
 #: the scaling profiles fleet ships (measured throughput of real models; see fleet sim)
 PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 
@@ -343,8 +343,8 @@ class JobSpec(BaseModel):
             return self
         for pinned in ("nodes", "gpus_per_node"):
             if getattr(self, pinned) is not None:
-                raise ValueError(f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a size "
-                                 "larger than a node runs on several, one member each)")  # fmt: skip
+                raise ValueError(f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a "
+                                 "size larger than a node runs on several, one member each)")  # fmt: skip
         if self.batch_size is None:
             raise ValueError("batch_size: an elastic job needs its global batch size: {min, max} (fleet "
                              "chooses it with the GPUs) or one value (kept at every size)")  # fmt: skip

@@ -40,10 +40,18 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--file", help="job spec YAML/JSON (flags override its fields)")
     p.add_argument("--name")
     p.add_argument("--image", help="container image (default: the fleet's default_image)")
-    p.add_argument("--gpus", type=elastic.count_or_range, help="GPUs of the whole job; more than a node has: "
-                   "several nodes; a range MIN-MAX (e.g. 1-4) makes it elastic: fleet sizes it (README)")
-    p.add_argument("--batch-size", type=elastic.count_or_range, help="global batch size (FLEET_BATCH_SIZE); "
-                   "with --gpus MIN-MAX a range (e.g. 128-1024) lets fleet choose it with the GPUs")
+    p.add_argument(
+        "--gpus",
+        type=elastic.count_or_range,
+        help="GPUs of the whole job; more than a node has: "
+        "several nodes; a range MIN-MAX (e.g. 1-4) makes it elastic: fleet sizes it (README)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=elastic.count_or_range,
+        help="global batch size (FLEET_BATCH_SIZE); "
+        "with --gpus MIN-MAX a range (e.g. 128-1024) lets fleet choose it with the GPUs",
+    )
     p.add_argument("--profile", help=f"an elastic job's scaling profile: {', '.join(PROFILES)}")
     p.add_argument("--nodes", type=int, help="a multi-node job: this many nodes, one member each")
     p.add_argument("--gpus-per-node", type=int, help="a multi-node job: GPUs of each member")

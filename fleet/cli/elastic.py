@@ -16,10 +16,10 @@ _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 def register(sub: Any, output_option: Any) -> None:
     p = sub.add_parser(
         "resize", help="give an elastic job another size: GPUs (within its range) and batch size",
-        description="Resize an elastic job (one submitted with --gpus MIN-MAX) within its range. A queued job "
-        "starts at the new size; a running one checkpoints on SIGTERM and starts again at it, spending no "
-        "retry. Its owner or an operator may resize it. With the controller's elastic step on, fleet may "
-        "size it again after controller.elastic_min_interval_s.",
+        description="Resize an elastic job (one submitted with --gpus MIN-MAX) within its range. A queued "
+        "job starts at the new size; a running one checkpoints on SIGTERM and starts again at it, spending "
+        "no retry. Its owner or an operator may resize it. With the controller's elastic step on, fleet "
+        "may size it again after controller.elastic_min_interval_s.",
     )  # fmt: skip
     p.add_argument("job", metavar="JOB")
     p.add_argument("--gpus", type=int, required=True, help="GPUs of the whole job")
@@ -36,7 +36,9 @@ def count_or_range(text: str) -> int | dict[str, int]:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number, or a range MIN-MAX (e.g. 1-4)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a number, or a range MIN-MAX (e.g. 1-4)"
+        ) from None
 
 
 def resize(args: argparse.Namespace) -> int:
@@ -66,5 +68,5 @@ def show(job: Job) -> None:
     going = ""
     if job.resize_gpus is not None:
         going = f"; resizing to {job.resize_gpus} GPUs, batch {job.resize_batch}"
-    print(f"Elastic:    {now}{going} (gpus {spec.gpus}, batch size {spec.batch_size}, profile {spec.profile}); "
-          f"resized {job.resizes} time{'' if job.resizes == 1 else 's'}")  # fmt: skip
+    ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {spec.profile}"
+    print(f"Elastic:    {now}{going} ({ranges}); resized {job.resizes} time{'' if job.resizes == 1 else 's'}")

@@ -28,3 +28,31 @@ def exit_after_checkpoint() -> None:
 def progress(step: int, **metrics: Any) -> None:
     """One machine-readable progress line on stdout (it lands in `fleet logs`)."""
     print("fleet-progress " + json.dumps({"step": step, "at": time.time(), **metrics}), flush=True)
+
+
+class _Throughput:
+    """Samples since the last report, and when it was: what ``report`` turns into samples/s."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.steps = 0
+
+
+_reported = _Throughput()
+
+
+def report(samples: int, step: int | None = None, **metrics: Any) -> float:
+    """A progress line (as ``progress``) with the samples/s since the last report: ``samples`` is how
+    many the job processed since then (all its GPUs together). ``step`` defaults to the count of
+    reports so far. Returns the samples/s. Elastic jobs report what they run at too (``num_gpus``,
+    ``batch_size``), so the measured scaling can be read back per size."""
+    from fleet_worker.env import batch_size, num_gpus, num_nodes
+
+    now = time.monotonic()
+    elapsed, _reported.since = now - _reported.since, now
+    _reported.steps += 1
+    rate = samples / elapsed if elapsed > 0 else 0.0
+    sized = {"num_gpus": num_gpus() * num_nodes(), "batch_size": batch_size()}
+    progress(_reported.steps if step is None else step, samples_per_s=round(rate, 3),
+             **{k: v for k, v in sized.items() if v is not None}, **metrics)  # fmt: skip
+    return rate
