@@ -69,7 +69,7 @@ class Agent:
         self.agent_id = _agent_id(self.cfg.state_dir)
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
-        self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
+        self._stopping: set[tuple[str, int]] = set()  # attempts being stopped (a Stop, or reconcile)
         self._timed_out: set[tuple[str, int]] = set()  # attempts stopped at their time limit
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
@@ -281,7 +281,14 @@ class Agent:
 
     def on_stop(self, msg: Stop) -> None:
         event(log, "attempt_stop", job=msg.job_id, attempt=msg.attempt, reason=msg.reason)
-        self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)
+        # a stop under way: reconcile must not stop it again with stop_grace_s, which would cut short
+        # the grace this one gave (a preemption's or a resize's, to checkpoint in)
+        key = (msg.job_id, msg.attempt)
+        self._stopping.add(key)
+        try:
+            self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)  # returns once it no longer runs
+        finally:
+            self._stopping.discard(key)
 
     def on_exit(self, job_id: str, attempt: int) -> None:
         """Runtime callback (its own thread); on a Redis error the next reconcile finishes the attempt."""

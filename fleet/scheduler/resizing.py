@@ -1,7 +1,7 @@
 """The elastic step of a pass: which elastic jobs start or change size, and at what. Pure.
 
 Elastic jobs share what the others leave: the healthy GPUs of schedulable nodes, less those held by
-jobs that are not elastic and those the queued ones that are not elastic ask for (so a fixed-size
+jobs that are not elastic and those the queued ones that are not elastic would take (so a fixed-size
 job that arrives makes the elastic ones shrink, instead of waiting behind them). Each tenant's
 elastic jobs get at most what its ``max_gpus`` leaves after its other jobs. The optimizer
 (``elastic.allocate``) chooses every job's GPUs and global batch; this turns its answer into
@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import MEASURED_GPUS_PER_NODE, ElasticJob, allocate, named_profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
-from fleet.scheduler.snapshot import NodeView, PendingJob
+from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,35 @@ class Resize:
     running: bool
 
 
-def elastic_gpus(views: Iterable[NodeView], elastic: Iterable[str], pending: Iterable[PendingJob]) -> int:
+def elastic_gpus(
+    views: Iterable[NodeView], elastic: Iterable[str], pending: Iterable[PendingJob], limit: int = 256
+) -> int:
     """GPUs for elastic jobs: healthy ones on schedulable nodes, free or held by an elastic job, less
-    what queued jobs that are not elastic ask for."""
-    ids = set(elastic)
-    usable = sum(
-        1 for v in views if v.schedulable for g in v.gpus
-        if g.healthy and (g.free or (g.holder and g.holder.rsplit(":", 1)[0] in ids))
-    )  # fmt: skip
-    asked = sum(j.gpus for j in pending if not j.elastic)
+    those the queued jobs that are not elastic would take if the elastic ones gave all theirs up
+    (placed as the pass would, best ranked first, the first ``limit`` of them): a fixed-size job that
+    could not start even then takes nothing from them."""
+    ids, views = set(elastic), list(views)
+    freed = [_free_elastic(v, ids) for v in views]
+    usable = sum(1 for v in freed if v.schedulable for g in v.gpus if g.free)
+    # on a cordoned node, what its elastic jobs hold stays theirs (a cordon leaves running jobs be)
+    usable += sum(1 for v in views if not v.schedulable for g in v.gpus if _holder(g) in ids)
+    capacity = Capacity(freed)
+    waiting = sorted((j for j in pending if not j.elastic and not j.hold and j.gpus), key=lambda j: j.rank)
+    asked = sum(j.gpus for j in waiting[:limit] if capacity.place(j) is not None)
     return max(usable - asked, 0)
+
+
+def _free_elastic(view: NodeView, elastic: set[str]) -> NodeView:
+    """``view`` with the GPUs elastic jobs hold counted free."""
+    gpus = tuple(
+        replace(g, free=True, why="", holder="") if _holder(g) in elastic else g
+        for g in view.gpus
+    )  # fmt: skip
+    return replace(view, gpus=gpus)
+
+
+def _holder(gpu: GpuSlot) -> str:
+    return gpu.holder.rsplit(":", 1)[0]
 
 
 def largest_node(views: Iterable[NodeView]) -> int:

@@ -79,6 +79,7 @@ def _wait(workers: list[multiprocessing.process.BaseProcess]) -> int:
         ended = multiprocessing.connection.wait([w.sentinel for w in running])
         for w in [w for w in running if w.sentinel in ended]:
             running.remove(w)
+            w.join()  # its sentinel closes a moment before it can be reaped: exitcode may still be None
             code = w.exitcode or 0
             code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
             if code and not status:
