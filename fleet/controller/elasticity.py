@@ -56,6 +56,12 @@ class Elasticity:
                       min_interval_s=self.cfg.elastic_min_interval_s, gpus_per_node=largest_node(views),
                       tenant_gpus=_tenant_room(policies, running, self.jobs))  # fmt: skip
 
+    def placed(self, job_id: str, attempt: int) -> None:
+        """A queued elastic job was just placed: it holds its GPUs now (until read again)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self.jobs[job_id] = job.model_copy(update={"state": JobState.SCHEDULED, "attempt": attempt})
+
     def resized(self, job: Job, change: Resize, now: float) -> Job:
         """``job`` as the store now holds it after ``change`` was written (until it is read again)."""
         if change.running:

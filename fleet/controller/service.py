@@ -274,6 +274,7 @@ class Controller:
                     self._touched_jobs.add(job_id)  # refused: see where the job stands now
             if attempt:
                 self.tenancy.placed(plan.jobs[job_id], members, attempt)
+                self.elasticity.placed(job_id, attempt)
             for p in members if attempt else ():
                 self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
         if plan.waiting:

@@ -175,3 +175,35 @@ def test_a_user_resizes_their_elastic_job_by_hand_within_its_range(
         "resized 1 -> 2 GPUs, batch 64 -> 128 by alice",
         "resized 2 -> 1 GPUs, batch 128 -> 96 by ops",
     ]
+
+
+def test_an_elastic_job_larger_than_a_node_runs_as_a_gang_and_is_resized_whole(
+    procs: FleetProcs, client: Client, tmp_path: Path
+) -> None:
+    # Given two nodes of 2 GPUs each
+    procs.env.update(FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2", FLEET_CONTROLLER__RESIZE_COST_S="1",
+                     FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5")  # fmt: skip
+    procs.controller()
+    procs.agent("g-a", gpus=2)
+    procs.agent("g-b", gpus=2)
+    procs.wait_nodes(client, 2)
+    # When an elastic job of 1-4 GPUs arrives on the empty fleet: it takes all 4, as a gang of 2 x 2
+    job = client.submit(elastic(tmp_path))
+    wait_running_at(procs, job, 4, 1)
+    members = job.status().members
+    assert sorted(m.node for m in members) == ["g-a", "g-b"] and [len(m.gpus) for m in members] == [2, 2]
+    # When a 2-GPU job arrives: the whole gang checkpoints and the job comes back on one node, beside it
+    other = client.submit(fixed(2))
+    wait_running_at(procs, job, 2, 2)
+    wait_for(lambda: other.status().state == JobState.RUNNING, what="the 2-GPU job running")
+    status = job.status()
+    assert not status.members and len(status.gpus) == 2 and status.node != other.status().node
+    (tmp_path / "done").touch()
+    status = job.wait(timeout=60)
+    other.cancel()
+    # Then it resumed where the gang checkpointed, and ends SUCCEEDED with one resize and no retry spent
+    assert (status.state, status.resizes, status.failures, status.infra_requeues) == (
+        JobState.SUCCEEDED, 1, 0, 0)  # fmt: skip
+    resumed = steps(job, 1)[-1][0]
+    assert f"resumed from step {resumed} at 2 workers" in job.logs(attempt=2)
+    assert steps(job, 2)[0][0] == resumed + 1
