@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -45,3 +48,21 @@ def test_report_prints_a_progress_line_with_samples_per_second(
     fields = json.loads(line.split(" ", 1)[1])
     assert (fields["step"], fields["loss"], fields["num_gpus"], fields["batch_size"]) == (40, 0.5, 2, 512)
     assert fields["samples_per_s"] == pytest.approx(rate, rel=1e-3) and rate > 0
+
+
+def test_a_second_sigterm_while_the_first_sets_the_stop_flag_does_not_hang_the_job() -> None:
+    # Given the SIGTERM handler, and the stop flag's lock held as while a first SIGTERM's handler sets it
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = fw.stop_requested()
+    stop.clear()
+    try:
+        with stop._cond:  # type: ignore[attr-defined]
+            # When a second SIGTERM comes (a launcher forwarding the one its process group got): its
+            # handler runs in this very thread, which holds the lock
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        # Then it returned at once, and the flag is set as soon as the lock is free
+        assert stop.wait(timeout=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop.clear()

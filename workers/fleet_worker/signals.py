@@ -16,8 +16,16 @@ TERMINATED = 143
 
 def stop_requested() -> threading.Event:
     """Install a SIGTERM handler that sets the returned event; the loop checkpoints and exits."""
-    signal.signal(signal.SIGTERM, lambda *_: _stop.set())
+    signal.signal(signal.SIGTERM, _on_sigterm)
     return _stop
+
+
+def _on_sigterm(*_: object) -> None:
+    """Set the flag from another thread: ``Event.set`` takes a lock, and a second SIGTERM arriving
+    while the first one's handler holds it (a process group's signal, then a launcher forwarding its
+    own) would wait for it forever in the same thread."""
+    if not _stop.is_set():
+        threading.Thread(target=_stop.set, name="fleet-sigterm", daemon=True).start()
 
 
 def exit_after_checkpoint() -> None:
