@@ -31,11 +31,16 @@ from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fleet.scheduler.capacity import even_split
 
+#: allocate's objectives: the sum of jobs' speedups (the fleet's useful throughput), or of the
+#: share of its remaining work each job does per second (favours jobs near their end: lower
+#: average completion time, as shortest-remaining-first does)
+SPEEDUP, COMPLETION = "speedup", "completion"
 #: the bundled profiles (``fleet/traces/profiles``)
 PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 #: training length of each bundled model in epochs, as the Pollux simulator uses them
@@ -57,7 +62,7 @@ Curve = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 Blend = tuple[tuple[float, Curve], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Profile:
     """Throughput of one model. ``min_batch``/``max_batch``: the global batch range in which its
     accuracy holds; ``epochs`` x ``epoch_samples``: the samples one training run processes;
@@ -73,9 +78,8 @@ class Profile:
     placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
     #: larger placements: (nodes, GPUs) -> step times by per-GPU batch
     scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
-    _cache: dict[tuple[object, ...], tuple[float, int]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    #: throughputs, best batches and size curves worked out so far (a profile is equal only to itself)
+    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def samples(self) -> int:
@@ -110,8 +114,8 @@ class Profile:
         found = self._cache.get(key)
         if found is None:
             step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus, accumulate)
-            found = self._cache[key] = (batch / step if step else 0.0, batch)
-        return found[0]
+            found = self._cache[key] = batch / step if step else 0.0
+        return float(found)
 
     def best(
         self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
@@ -125,7 +129,7 @@ class Profile:
         key = ("b", gpus, lo, hi, gpus_per_node, accumulate)
         found = self._cache.get(key)
         if found is not None:
-            return found
+            return tuple(found)
         best = (0.0, 0)
         if gpus >= 1 and lo <= hi:
             candidates = {lo, hi, hi // gpus * gpus, -(-lo // gpus) * gpus}
@@ -314,14 +318,22 @@ def _locked(job: ElasticJob, now: float, min_interval_s: float) -> bool:
 def options(
     job: ElasticJob, now: float, most: int, *, resize_cost_s: float = RESIZE_COST_S,
     min_interval_s: float = MIN_INTERVAL_S, horizon_s: float | None = None,
-    gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    gpus_per_node: int = MEASURED_GPUS_PER_NODE, objective: str = SPEEDUP,
 ) -> list[Option]:  # fmt: skip
     """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
-    units of its samples/s at its smallest size, for a running job that would change less the
-    resize cost's share of the horizon (of what it has left, if shorter). A running job inside
-    its minimum interval keeps its size."""
+    units of its samples/s at its smallest size (its speedup; with ``objective="completion"``,
+    divided by the seconds it would still need at its smallest size: the share of what it has
+    left that it does per second), times its weight; for a running job that would change, less
+    the samples the resize costs (``resize_cost_s`` at the larger of its old and new speeds)
+    spread over the horizon (or what it has left, if shorter). A running job inside its minimum
+    interval keeps its size."""
     curve = sizes(job, gpus_per_node)
     ref = curve[0][2] if curve else 1.0
+    if objective == COMPLETION:
+        left = job.remaining if math.isfinite(job.remaining) else job.profile.samples
+        ref = max(left, 1.0)  # value: weight x samples/s / samples left
+    elif objective != SPEEDUP:
+        raise ValueError(f"objective {objective!r}: {SPEEDUP!r} or {COMPLETION!r}")
     if job.gpus <= 0:
         return [(g, b, job.weight * t / ref) for g, b, t in curve if g <= most]
     current = job.profile.throughput(job.gpus, job.batch, gpus_per_node, job.accumulate)
@@ -333,16 +345,18 @@ def options(
     for g, b, t in curve:
         if g > most or (g, b) == (job.gpus, job.batch):
             continue
+        # over the horizon (or what is left of the job, if shorter) it runs at the new size less
+        # the resize, during which it holds GPUs and makes no progress: charged at the larger size
         span = min(horizon, job.remaining / t)
-        kept = max(0.0, 1.0 - resize_cost_s / span) if span > 0 else 0.0
-        out.append((g, b, job.weight * t * kept / ref))
+        value = (t * span - max(t, current) * resize_cost_s) / span if span > 0 else -math.inf
+        out.append((g, b, job.weight * value / ref))
     return out
 
 
 def allocate(
     jobs: Sequence[ElasticJob], gpus: int, now: float, *, resize_cost_s: float = RESIZE_COST_S,
     min_interval_s: float = MIN_INTERVAL_S, gpus_per_node: int = MEASURED_GPUS_PER_NODE,
-    horizon_s: float | None = None, tenant_gpus: Mapping[str, int] | None = None,
+    horizon_s: float | None = None, tenant_gpus: Mapping[str, int] | None = None, objective: str = SPEEDUP,
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
     """The target (GPUs, global batch) of every job in ``jobs`` ((0, 0): wait), using at most
     ``gpus`` GPUs (those not held by non-elastic jobs), and at most ``tenant_gpus[t]`` for the
@@ -354,7 +368,8 @@ def allocate(
        smaller jobs may still start (backfill). Running jobs are stopped only if even their
        minimums no longer fit, the last in the order first.
     2. Sizes: a dynamic program over the admitted jobs x GPUs (a multiple-choice knapsack, exact)
-       maximises the sum of their speedups (see :func:`options`), which is where hysteresis lives.
+       maximises the sum of their values (see :func:`options`: speedups, or with
+       ``objective="completion"`` the share of its remaining work each does per second), less resize costs.
     ``horizon_s``: how long a new size is expected to last when its gain is weighed against the
     resize cost (default: the larger of ``min_interval_s`` and 20 resize costs)."""
     gpus = max(int(gpus), 0)
@@ -369,7 +384,7 @@ def allocate(
         cap = min(gpus, caps[tenant]) if tenant else gpus
         opts = [
             options(job, now, cap, resize_cost_s=resize_cost_s, min_interval_s=min_interval_s,
-                    horizon_s=horizon_s, gpus_per_node=gpus_per_node)
+                    horizon_s=horizon_s, gpus_per_node=gpus_per_node, objective=objective)
             for job in members
         ]  # fmt: skip
         best, picks = _knapsack(opts, cap)
@@ -431,16 +446,24 @@ class _Budget:
         return all([self.take(job, need[job.id]) for job in jobs])
 
 
-@lru_cache(maxsize=256)
 def _curve(
     profile: Profile, least: int, most: int, lo: int, hi: int, per_node: int, accumulate: bool
 ) -> list[tuple[int, int, float]]:
-    """(GPUs, best batch, throughput) from ``least`` to ``most`` GPUs, each faster than the last."""
+    """(GPUs, best batch, throughput) from ``least`` to ``most`` GPUs, each faster than the last;
+    beyond one node only whole nodes (a gang of equal members that packs: 12 GPUs on 4-GPU nodes,
+    not 7 members of one GPU each)."""
+    key = ("c", least, most, lo, hi, per_node, accumulate)
+    found = profile._cache.get(key)
+    if found is not None:
+        return list(found)
     out: list[tuple[int, int, float]] = []
     for g in range(least, min(most, profile.max_gpus) + 1):
+        if g > per_node and g % per_node:
+            continue
         t, b = profile.best(g, lo, hi, per_node, accumulate)
         if t > 0 and (not out or t > out[-1][2] * (1 + 1e-9)):
             out.append((g, b, t))
+    profile._cache[key] = out
     return out
 
 
