@@ -31,7 +31,7 @@ def register(sub: Any, output: Any) -> None:
     p.add_argument("--until", help="stop the clock there, e.g. 8h (default: when every job has ended)")
     p.add_argument("--limit", type=int, help="only the trace's first N jobs")
     p.add_argument("--resize-cost", default="30s", help="checkpoint + restart time of a resize (default 30s)")
-    p.add_argument("--min-interval", default="5m", help="least time between resizes of a job (default 5m)")
+    p.add_argument("--min-interval", default="2m", help="least time between resizes of a job (default 2m)")
     p.add_argument("--objective", choices=["completion", "speedup"], default="completion",
                    help="elastic: what the optimizer maximises (default completion)")  # fmt: skip
     p.add_argument("--accumulate", action="store_true",

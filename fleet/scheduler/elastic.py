@@ -50,11 +50,13 @@ MAX_LOCAL = {"yolov3": 8}
 #: the most GPUs per node the profiles were measured with (a member bigger than this counts as
 #: several measured nodes: a conservative estimate for 8-GPU nodes)
 MEASURED_GPUS_PER_NODE = 4
-#: seconds a resize costs (SIGTERM, checkpoint, relaunch, restore): the default of the live path's
-#: grace and restart, a typical figure for the bundled models' checkpoints (see the README)
+#: seconds a resize costs: SIGTERM, checkpoint, relaunch, framework start-up, restore. fleet's own
+#: part (requeue, place, launch) is under a second; the rest is the job's, an estimate for the
+#: profiled models' checkpoints (100 MB to a few GB) and communicator start-up. Configurable.
 RESIZE_COST_S = 30.0
-#: no job is resized again sooner than this after its last start or resize
-MIN_INTERVAL_S = 300.0
+#: no job is resized again sooner than this after its last start or resize: 4 resize costs, so a
+#: job spends at most a fifth of its time resizing
+MIN_INTERVAL_S = 120.0
 
 #: (per-GPU batch sizes ascending, seconds per step at each, seconds of it spent synchronising)
 Curve = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]

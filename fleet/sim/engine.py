@@ -36,7 +36,7 @@ from fleet.scheduler.elastic import (
     named_profile,
     sizes,
 )
-from fleet.scheduler.fairshare import WEEK, FairShare, Use
+from fleet.scheduler.fairshare import WEEK, FairShare, Use, fair_gpus
 from fleet.scheduler.preempt import RunningJob, preemptions
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
@@ -155,8 +155,9 @@ class Simulation:
         self.waiting: dict[str, SimJob] = {}
         self.running: dict[str, SimJob] = {}
         self.usage: dict[str, float] = {}
-        #: GPUs each tenant's jobs hold
+        #: GPUs each tenant's jobs hold, and GPUs its rigid jobs wait for
         self.held: Counter[str] = Counter()
+        self.queued_gpus: Counter[str] = Counter()
         self.events: list[tuple[float, int, int, str, int]] = []
         self.unfinished = len(jobs)
         self._tick = 0
@@ -279,6 +280,9 @@ class Simulation:
         dt = now - self.now
         if dt > 0:
             self.recorder.span(self.now, now, held, len(self.queue) + len(self.waiting))
+            if any(gpus > 0 for gpus in self.queued_gpus.values()):  # contended: compare with fair share
+                demand = {t: held[t] + self.queued_gpus[t] for t in set(held) | set(self.queued_gpus)}
+                self.recorder.contended(dt, held, fair_gpus(self.cfg.gpus, demand, self._policy))
             if self.cfg.policy == "fair":
                 self.usage = accrue(self.usage, dict(held), dt, self.cfg.half_life_s)
         self.now = max(self.now, now)
@@ -290,6 +294,7 @@ class Simulation:
                 self.waiting[job.id] = job
             else:
                 self.queue.add(self._pending(job, job.trace.gpus))
+                self.queued_gpus[job.tenant] += job.trace.gpus
             return True
         if version != job.version or job.id not in self.running:
             return False
@@ -326,6 +331,9 @@ class Simulation:
         policies = {} if self.cfg.policy == "fifo" else self.cfg.tenants
         return FairShare(policies, held, self.usage, Use(gpus=self.cfg.gpus), self.cfg.half_life_s)
 
+    def _policy(self, tenant: str) -> Tenant:
+        return self.cfg.tenants.get(tenant) or Tenant(name=tenant)
+
     def _guarantees(self) -> bool:
         return self.cfg.policy == "fair" and any(t.guaranteed_gpus for t in self.cfg.tenants.values())
 
@@ -336,6 +344,8 @@ class Simulation:
         for job_id, members in grouped.items():
             job = self.jobs[job_id]
             self.waiting.pop(job_id, None)
+            if not job.elastic:
+                self.queued_gpus[job.tenant] -= job.trace.gpus
             gpus = sum(len(p.gpus) for p in members)
             job.gpus = gpus
             job.batch = self._targets.get(job_id, (gpus, job.batch))[1] if job.elastic else job.trace.batch
@@ -456,6 +466,7 @@ class Simulation:
                 job.preemptions += 1
                 job.restarting = True
                 self.queue.add(self._pending(job, job.trace.gpus))
+                self.queued_gpus[job.tenant] += job.trace.gpus
             held[p.job.id] = set(p.gpus)
         if held:
             plan = self.queue.schedule(Capacity(self.views()), self.now, fair=self._fair(), held=held)

@@ -69,8 +69,14 @@ class SimResult:
     completed_by: dict[str, int]
     #: GPU-seconds used / GPU-seconds available, from the first arrival to the clock's end
     utilisation: float
-    #: each tenant's part of the GPU-time used
+    #: each tenant's part of the GPU-time used (over a whole run, what its jobs asked for)
     tenant_share: dict[str, float]
+    #: while jobs waited for GPUs (``contended_s`` seconds): each tenant's part of the GPU-time
+    #: used, and its part had every moment been shared by weighted fair share (``fair_gpus``: its
+    #: guarantee, then the rest by weight, none beyond what it held and waited for)
+    contended_share: dict[str, float]
+    fair_share: dict[str, float]
+    contended_s: float
     tenant_gpu_hours: dict[str, float]
     resizes: int
     preemptions: int
@@ -127,6 +133,11 @@ class Recorder:
         self.held: list[dict[str, float]] = []
         self.queued: list[float] = []
         self.first = 0.0
+        #: while jobs waited for GPUs: how long, the GPU-seconds each tenant held, and those weighted
+        #: fair share would have given it (given what it held and waited for)
+        self.contended_s = 0.0
+        self.held_gpu_s: dict[str, float] = {}
+        self.fair_gpu_s: dict[str, float] = {}
 
     def start(self, horizon: float) -> None:
         """``horizon``: the last arrival; bins are sized for about POINTS of them up to there."""
@@ -148,6 +159,15 @@ class Recorder:
                     bucket[tenant] = bucket.get(tenant, 0.0) + gpus * dt
             self.queued[i] += queued * dt
             t = edge
+
+    def contended(self, dt: float, held: Mapping[str, int], fair: Mapping[str, float]) -> None:
+        """For ``dt`` seconds jobs waited for GPUs: what each tenant held, and what weighted fair
+        share would have given it."""
+        self.contended_s += dt
+        for tenant, used in held.items():
+            self.held_gpu_s[tenant] = self.held_gpu_s.get(tenant, 0.0) + used * dt
+        for tenant, share in fair.items():
+            self.fair_gpu_s[tenant] = self.fair_gpu_s.get(tenant, 0.0) + share * dt
 
     def started(self, job: SimJob) -> None:
         pass
@@ -179,6 +199,8 @@ class Recorder:
             queueing=Stats.of(waits),
             makespan=makespan, completed_by=completed_by, utilisation=used / (cfg.gpus * span),
             tenant_share={t: v / used for t, v in sorted(totals.items())} if used else {},
+            contended_share=_shares(self.held_gpu_s), fair_share=_shares(self.fair_gpu_s),
+            contended_s=self.contended_s,
             tenant_gpu_hours={t: round(v / 3600, 3) for t, v in sorted(totals.items())},
             resizes=sum(j.resizes for j in jobs), preemptions=sum(j.preemptions for j in jobs), end=end,
             series=self.series(end, sorted(totals)), fallbacks=fallbacks, jct_values=jct, jct_ends=ends,
@@ -198,3 +220,8 @@ class Recorder:
                 for t in tenants
             },
         }
+
+
+def _shares(gpu_s: Mapping[str, float]) -> dict[str, float]:
+    total = sum(gpu_s.values())
+    return {t: v / total for t, v in sorted(gpu_s.items())} if total else {}
