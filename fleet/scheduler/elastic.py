@@ -7,17 +7,22 @@ the profiles format (``fleet/traces/profiles``, Pollux's traces: step times per 
 per-GPU batch). Within the batch range a model's final accuracy is about the same, so a sample
 processed at any batch size in the range counts the same toward completion.
 
-:func:`allocate` is the optimizer: a dynamic program over jobs x GPUs (a multiple-choice knapsack)
-that maximises the fleet's useful throughput, each job's samples/s in units of its own throughput
-at its smallest feasible size (its *speedup*), so an ncf sample and an imagenet sample are not
-compared; a job whose batch is fixed (``fixed_batch``, the paper's baseline) can only change its
-GPU count within what its batch allows per GPU. Because every job's first GPUs are worth more than
-another job's next ones (scaling is sublinear), the optimum starts as many jobs as fit before it
-grows any; among equals, earlier jobs in the input go first. Hysteresis: a running job keeps its
-size unless the new size's samples over ``horizon_s``, less the ``resize_cost_s`` spent
-checkpointing and restarting, beat what it does now; no job is resized within ``min_interval_s``
-of its last start or resize (unless the GPUs it holds are no longer there); a running job is
-stopped only when the running jobs' minimums no longer fit.
+:func:`allocate` is the optimizer, in two steps. Admission: in queue order, running jobs keep
+running and each waiting job starts if its smallest size fits in what is left (smaller jobs behind
+a big one may start: backfill). Sizes: a dynamic program over the admitted jobs x GPUs (a
+multiple-choice knapsack, exact) maximises the fleet's useful throughput: each job's samples/s in
+units of its own samples/s at its smallest size (its *speedup*, so an ncf sample and an imagenet
+sample are not compared), or with ``objective=COMPLETION`` its samples/s as a share of the samples
+it has left (shortest-remaining-first in spirit: lower average completion time; it needs each
+job's ``remaining``). Beyond one node a size is whole nodes (a gang of equal members that packs).
+A job whose batch is fixed (``fixed_batch``, the paper's baseline) changes only its GPU count,
+within what its batch allows per GPU (with gradient accumulation if ``accumulate``).
+
+Hysteresis: a running job changes size only when its samples at the new size over ``horizon_s``,
+less those lost to the resize (``resize_cost_s`` at the larger of the two speeds), beat what it
+does now; no job is resized within ``min_interval_s`` of its last start or resize (a new job waits
+for that rather than shrink it early), unless the GPUs given are fewer than the locked jobs hold; a
+running job is stopped only when the running jobs' smallest sizes no longer fit.
 """
 
 from __future__ import annotations
@@ -323,9 +328,9 @@ def options(
     gpus_per_node: int = MEASURED_GPUS_PER_NODE, objective: str = SPEEDUP,
 ) -> list[Option]:  # fmt: skip
     """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
-    units of its samples/s at its smallest size (its speedup; with ``objective="completion"``,
-    divided by the seconds it would still need at its smallest size: the share of what it has
-    left that it does per second), times its weight; for a running job that would change, less
+    units of its samples/s at its smallest size (its speedup; with ``objective="completion"``, in
+    units of the samples it has left, its ``remaining`` or else a whole run of its profile), times
+    its weight; for a running job that would change, less
     the samples the resize costs (``resize_cost_s`` at the larger of its old and new speeds)
     spread over the horizon (or what it has left, if shorter). A running job inside its minimum
     interval keeps its size."""

@@ -36,7 +36,7 @@ def plot(result: SimResult, path: str | Path) -> Path:
     """One run: GPU utilisation and jobs waiting, each tenant's share of the fleet, and the
     distribution of completion times."""
     plt = _pyplot()
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 9.5))
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 9.5))
     x, unit = _hours(result.series)
     label = "days" if unit == 86400 else "hours"
     top.step(x, [100 * u for u in result.series.get("utilisation", [])], where="post", color="tab:blue")
@@ -58,7 +58,7 @@ def plot(result: SimResult, path: str | Path) -> Path:
         shown = [*shown, "others"]
     if layers:
         middle.stackplot(x, layers, labels=shown, step="post")
-        middle.legend(loc="upper left", fontsize=7, ncol=3)
+        middle.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     middle.set_ylabel("share of the fleet's GPUs (%)")
     middle.set_ylim(0, 105)
     middle.set_xlabel(label)
@@ -93,7 +93,7 @@ def compare(results: Mapping[str, Sequence[SimResult]], path: str | Path, title:
         [i + width * (len(policies) - 1) / 2 for i in range(runs)], labels, rotation=45, fontsize=7
     )
     left.set_ylabel("average JCT (hours)")
-    left.set_yscale("log")
+    left.grid(axis="y", alpha=0.3)
     left.legend(fontsize=7)
     for policy in policies:
         r = results[policy][-1]
