@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleet.cli import access, commands, elastic, services, tenants
+    from fleet.cli import access, commands, elastic, services, sim, tenants
 
     parser = _Parser(
         prog="fleet",
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     access.register(sub, commands.output_option)
     tenants.register(sub, commands.output_option)
     services.register(sub)
+    sim.register(sub, commands.output_option)
     return parser
 
 
