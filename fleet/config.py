@@ -63,7 +63,7 @@ class ControllerSettings(_Section):
     #: how often the elastic step runs when nothing changed (a change runs it at the next pass)
     elastic_interval_s: float = Field(default=10.0, gt=0)
     #: no elastic job is resized again sooner than this after it started or was resized
-    elastic_min_interval_s: float = Field(default=300.0, ge=0)
+    elastic_min_interval_s: float = Field(default=120.0, ge=0)
     #: what one resize costs a job (SIGTERM, checkpoint, requeue, restart, restore): a resize is made
     #: only when the throughput it gains outweighs it
     resize_cost_s: float = Field(default=30.0, ge=0)
