@@ -116,6 +116,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_elastic(spec)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
         return self._jobs.get(job_id)
@@ -180,6 +181,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_elastic(spec)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
         except ValueError as exc:
@@ -465,6 +467,20 @@ def _standings(ranks: list[tuple[str, tuple[int, int], str]]) -> dict[str, Queue
         out[job_id] = QueuePosition(tenant=tenant, in_tenant=seen[tenant], tenant_queued=queued_in[tenant],
                                     overall=overall, queued=len(ordered))  # fmt: skip
     return out
+
+
+def check_elastic(spec: JobSpec) -> None:
+    """An elastic job its profile gives no size to run at would wait forever: refused at submit."""
+    if not isinstance(spec.gpus, Range) or spec.batch_size is None or spec.profile is None:
+        return
+    from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
+
+    batch = spec.batch_size
+    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+    job = Elastic("", spec.tenant, spec.gpus.min, spec.gpus.max, low, high, spec.profile, Size(0, 0), False,
+                  fixed_batch=not isinstance(batch, Range))  # fmt: skip
+    if why := unrunnable(job):
+        raise SpecError(f"invalid job spec:\n  spec: {why}")
 
 
 def resize_target(job: Job, gpus: int, batch: int | None) -> Size:

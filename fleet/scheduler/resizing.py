@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import MEASURED_GPUS_PER_NODE, ElasticJob, allocate, named_profile
+from fleet.scheduler.elastic import MEASURED_GPUS_PER_NODE, ElasticJob, allocate, named_profile, sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 
@@ -118,6 +118,19 @@ def decide(
         if new != j.size:
             out.append(Resize(j.id, j.size, new, j.running))
     return out
+
+
+def unrunnable(job: Elastic) -> str:
+    """Why the profile gives ``job`` no size to run at within its ranges ('' when it has one): such a
+    job would never be sized, so a submit refuses it."""
+    profile = named_profile(job.profile)
+    if sizes(_job(job)):
+        return ""
+    batch = str(job.min_batch) if job.fixed_batch else f"{job.min_batch}-{job.max_batch}"
+    return (f"profile {job.profile} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
+            f"global batch of {batch} (it was measured at batch sizes "
+            f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "
+            "or choose another profile")  # fmt: skip
 
 
 def starting_sizes(jobs: Iterable[Elastic]) -> list[Resize]:

@@ -41,5 +41,7 @@ def scaled_batch(batch: int, gpus: int, to_gpus: int, low: int, high: int) -> in
 
 def change(old: Size, new: Size) -> str:
     """What a resize does, for history: ``1 -> 2 GPUs, batch 128 -> 256``."""
+    if not new.gpus:
+        return f"{old.gpus} -> 0 GPUs (it waits in the queue until the allocator gives it some)"
     batch = f"batch {old.batch} -> {new.batch}" if old.batch != new.batch else f"batch {new.batch}"
     return f"{old.gpus} -> {new.gpus} GPUs, {batch}"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from fleet.backend import check_elastic
 from fleet.cli.commands import spec_from_args
 from fleet.cli.main import build_parser
 from fleet.config import ControllerSettings
@@ -64,6 +65,26 @@ def test_a_bad_elastic_spec_names_the_field_and_the_fix(fields: dict[str, object
     with pytest.raises(SpecError) as err:
         JobSpec.parse({**ELASTIC, **fields})
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"batch_size": {"min": 16, "max": 64}},
+            "with a global batch of 16-64 (it was measured at batch sizes 128",
+        ),
+        ({"batch_size": 64}, "with a global batch of 64 (it was measured"),
+        ({"gpus": {"min": 100, "max": 200}}, "at 100-200 GPUs"),
+    ],
+)
+def test_an_elastic_job_its_profile_gives_no_size_to_run_at_is_refused_at_submit(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SpecError, match="widen the ranges or choose another profile") as err:
+        check_elastic(JobSpec.parse({**ELASTIC, **fields}))
+    assert message in str(err.value)
+    check_elastic(JobSpec.parse(ELASTIC))  # the example's ranges run
 
 
 def test_the_spec_names_the_profiles_the_policy_ships() -> None:
