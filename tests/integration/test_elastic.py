@@ -149,6 +149,8 @@ def test_a_user_resizes_their_elastic_job_by_hand_within_its_range(
         bob.resize(job.id, 2)
     with pytest.raises(SpecError, match=r"gpus: 5 is outside job .* range 1-4"):
         alice.resize(job.id, 5)
+    with pytest.raises(SpecError, match=r"profile cifar10 has no measured throughput .* batch of 16-64"):
+        alice.submit(elastic(tmp_path, batch_size={"min": 16, "max": 64}))
     plain = alice.submit(fixed(1))
     with pytest.raises(SpecError, match="is not elastic"):
         alice.resize(plain.id, 2)
