@@ -108,7 +108,7 @@ def worker(args: argparse.Namespace, rank: int, world: int) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % max(fw.num_gpus(), 1)))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stop_requested() installs the real one
     try:
-        with fw.dist.process_group(backend="gloo"):
+        with fw.dist.process_group():  # gloo; NCCL when this member has GPUs and CUDA works
             train(args)
     except fw.StaleAttempt as stale:
         print(f"rank {rank}: {stale}", flush=True)
@@ -149,17 +149,19 @@ def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
 def train(args: argparse.Namespace) -> None:
     world, batch = tdist.get_world_size(), fw.batch_size(args.batch) or args.batch
     lr = fw.scale_lr(args.lr, args.base_batch, batch)
+    cuda = tdist.get_backend() == "nccl"
+    device = torch.device("cuda", fw.dist.local_rank()) if cuda else torch.device("cpu")
     teacher = torch.randn(16, 1, generator=torch.Generator().manual_seed(args.seed)) / 4
-    model = make_model(args.seed)
+    model = make_model(args.seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     start = resume(model, optimizer, batch, lr)
     if fw.dist.is_rank0() and not start:
         print(f"starting at {world} workers, batch {batch}, lr {lr:.4g}", flush=True)
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     stop = fw.stop_requested()
     samples, done = 0, start
     for step in range(start, args.steps):
-        x, y = batch_of(args, step, batch, teacher)
+        x, y = (t.to(device) for t in batch_of(args, step, batch, teacher))
         optimizer.zero_grad()
         # the sum over this share, as a part of the global batch's mean: DDP averages over workers
         loss = torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") * world / batch
