@@ -45,12 +45,15 @@ from fleet.models import (
     NodeState,
     QueuedJob,
     QueuePosition,
+    Range,
     check_job_id,
 )
 from fleet.mounts import check_mounts
+from fleet.scheduler.sizing import Size, change, scaled_batch
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.arrays import ArrayStore
 from fleet.state.ranked import RankIndex
+from fleet.state.tenants import TenantStore
 
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
@@ -123,6 +126,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_elastic(spec)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
         return self._jobs.get(job_id)
@@ -187,6 +191,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_elastic(spec)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
         except ValueError as exc:
@@ -274,6 +279,35 @@ class Backend:
             for node in job.nodes_held:  # every member of a multi-node job
                 self._stop(job_id, node, job.attempt)
         return job
+
+    def resize(self, job_id: str, gpus: int, batch: int | None = None, who: str = "") -> Job:
+        """Give an elastic job ``gpus`` GPUs (within its range) and global batch ``batch`` (default: the
+        current one scaled with the GPUs, within its range). A queued job starts at that size; a running
+        one checkpoints on SIGTERM (its tenant's ``preempt_grace_s``) and is requeued at it without
+        spending a retry. With the controller's elastic step on, the allocator may size it again
+        ``controller.elastic_min_interval_s`` later."""
+        job = self.get(job_id)
+        new = resize_target(job, gpus, batch)
+        if job.state.final:
+            raise SpecError(f"job {job_id} is {job.state.value}: only a queued or running job can be resized")
+        if job.resize_gpus is not None or job.preempt or job.cancel_requested:
+            raise SpecError(f"job {job_id} is already leaving its node ({job.preempt or 'cancelled'}); "
+                            "resize it once it is queued again")  # fmt: skip
+        old = Size(job.gpu_count, job.global_batch or 0)
+        if new == old:
+            return job
+        reason = f"resized {change(old, new)}" + (f" by {who}" if who else "")
+        grace = TenantStore(self.redis, self._jobs.keys).policy(job.spec.tenant).preempt_grace_s
+        if not self._jobs.resize(job, new.gpus, new.batch, reason, grace, time.time()):
+            raise SpecError(f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); "
+                            "try again")  # fmt: skip
+        if job.state.on_node:
+            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
+            for node in job.nodes_held:
+                self.bus.send(node_queue(node), stop)
+        else:
+            self._notify_submitted(job_id)  # the controller reads it again: placed at its new size
+        return self._jobs.get(job_id)
 
     def cancel_array(self, array_id: str) -> CancelReport:
         """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
@@ -444,6 +478,38 @@ def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter
         if len(kept) >= limit or len(entries) < n:
             return kept[:limit]
         n *= 4
+
+
+def check_elastic(spec: JobSpec) -> None:
+    """An elastic job its profile gives no size to run at would wait forever: refused at submit."""
+    if not isinstance(spec.gpus, Range) or spec.batch_size is None or spec.profile is None:
+        return
+    from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
+
+    batch = spec.batch_size
+    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+    job = Elastic("", spec.tenant, spec.gpus.min, spec.gpus.max, low, high, spec.profile, Size(0, 0), False,
+                  fixed_batch=not isinstance(batch, Range))  # fmt: skip
+    if why := unrunnable(job):
+        raise SpecError(f"invalid job spec:\n  spec: {why}")
+
+
+def resize_target(job: Job, gpus: int, batch: int | None) -> Size:
+    """The size a resize asks for, checked against the job's ranges (a :class:`SpecError` names the
+    field and what is allowed)."""
+    spec = job.spec
+    if not isinstance(spec.gpus, Range):
+        raise SpecError(f"job {job.id} is not elastic: only a job submitted with a range of GPUs "
+                        "(gpus: {min, max}, fleet submit --gpus 1-4) can be resized")  # fmt: skip
+    if not spec.gpus.min <= gpus <= spec.gpus.max:
+        raise SpecError(f"gpus: {gpus} is outside job {job.id}'s range {spec.gpus}")
+    low, high = (spec.batch_size.min, spec.batch_size.max) if isinstance(spec.batch_size, Range) else (
+        (spec.batch_size, spec.batch_size) if spec.batch_size else (1, 1 << 24))  # fmt: skip
+    if batch is None:
+        return Size(gpus, scaled_batch(job.global_batch or 0, job.gpu_count, gpus, low, high))
+    if not low <= batch <= high:
+        raise SpecError(f"batch size: {batch} is outside job {job.id}'s range {low}-{high}")
+    return Size(gpus, batch)
 
 
 def _who() -> str:

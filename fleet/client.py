@@ -328,6 +328,12 @@ class Client:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
         return _job(self._call("POST", f"/v1/jobs/{_segment(checks.ident(job_id))}/cancel"))
 
+    def resize(self, job_id: str, gpus: int, batch_size: int | None = None) -> Job:
+        """Resize an elastic job within its range (``batch_size`` default: scaled with the GPUs). A running
+        job checkpoints on SIGTERM and starts again at the new size, spending no retry."""
+        body = {"gpus": gpus, "batch_size": batch_size}
+        return _job(self._call("POST", f"/v1/jobs/{_segment(job_id)}/resize", body))
+
     def cancel_array(self, array_id: str) -> CancelReport:
         """Cancel every task of a job array: queued ones at once, in one atomic step per 10,000."""
         path = f"/v1/arrays/{_segment(checks.ident(array_id, 'array id'))}/cancel"

@@ -57,6 +57,16 @@ class ControllerSettings(_Section):
     #: stop jobs of tenants above their fair share for a tenant below its guarantee (and, within a
     #: tenant, lower-priority jobs for higher-priority ones)
     preemption: bool = True
+    #: size elastic jobs (gpus: {min, max}) with the elastic allocator, and resize them while they run;
+    #: off: each starts at its smallest size and keeps it (``fleet resize`` still changes it)
+    elastic: bool = True
+    #: how often the elastic step runs when nothing changed (a change runs it at the next pass)
+    elastic_interval_s: float = Field(default=10.0, gt=0)
+    #: no elastic job is resized again sooner than this after it started or was resized
+    elastic_min_interval_s: float = Field(default=120.0, ge=0)
+    #: what one resize costs a job (SIGTERM, checkpoint, requeue, restart, restore): a resize is made
+    #: only when the throughput it gains outweighs it
+    resize_cost_s: float = Field(default=30.0, ge=0)
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")
     retention_batch: int = Field(default=500, ge=1, le=10_000, description="jobs deleted per Redis call")
     #: webhooks: how often ended jobs and node changes become deliveries, and how they are sent

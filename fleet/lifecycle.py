@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from fleet.models import Exit, Job, JobState
 
 JOB, INFRA, FATAL, CANCEL = "job", "infra", "fatal", "cancel"
+#: the kind of an infrastructure exit that ends an attempt for a resize: requeued at the new size,
+#: spending neither the retry budget nor the infrastructure requeue cap (fleet chose to stop it)
+RESIZE = "resize"
 #: exit codes shells and init (tini, the process runtime's shim) give a program that never ran
 CANNOT_RUN = {
     127: "the program was not found (a typo, or not in the image's PATH or the shipped directory)",
@@ -90,6 +93,9 @@ def _job_fault(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
 
 
 def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
+    if exit.kind == RESIZE:
+        return Decision(JobState.QUEUED, 0.0, f"{exit.reason}; requeued at its new size (retry budget not "
+                        "spent)", {"resizes": 1})  # fmt: skip
     requeues = job.infra_requeues + 1
     if requeues > policy.max_infra_requeues:
         cap = policy.max_infra_requeues

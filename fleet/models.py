@@ -12,7 +12,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -193,6 +195,52 @@ def _webhook(value: Any) -> Any:
     return {"url": value} if isinstance(value, str) else value
 
 
+class Range(BaseModel):
+    """An elastic job's range: ``{min, max}`` (or ``"min-max"``), both included."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.min}-{self.max}"
+
+
+_RANGE_TEXT = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+#: the tags that tell a count from a range: left out of the field names errors print
+_TAGS = ("count", "range")
+
+
+def _range_text(value: object) -> object:
+    """``"1-4"`` (a YAML spec, a CLI flag) as ``{min: 1, max: 4}``; anything else as it is."""
+    match = _RANGE_TEXT.match(value) if isinstance(value, str) else None
+    return {"min": int(match[1]), "max": int(match[2])} if match else value
+
+
+def _count_or_range(value: object) -> str:
+    return "range" if isinstance(value, dict | Range) else "count"
+
+
+#: a number, or ``{min, max}`` (``"min-max"``): an elastic job's GPUs or batch size
+GpuCount = Annotated[
+    Annotated[Annotated[int, Field(ge=0, le=1024)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
+BatchSize = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=1 << 24)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
+#: the scaling profiles fleet ships (measured throughput of real models; see fleet sim)
+PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+
+
 #: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
 FROM_FLEET = "from_fleet"
 
@@ -215,7 +263,9 @@ class JobSpec(_UserModel):
     user: str | None = Field(
         default=None, pattern=_USER, description="uid[:gid] the job runs as (default: the node's job_user)"
     )
-    gpus: int = Field(default=0, ge=0, le=1024, description="GPUs of the whole job (all its nodes)")
+    #: GPUs of the whole job (all its nodes); ``{min, max}`` makes it elastic: fleet chooses its size in
+    #: that range, and changes it while it runs (checkpoint, then a new attempt at the new size)
+    gpus: GpuCount = Field(default=0, description="GPUs of the whole job, or {min, max} (elastic)")
     #: a multi-node job: how many nodes (one member each) and GPUs per node, when the user pins them;
     #: unset, a job larger than any node is split by the scheduler (fleet.scheduler.capacity.split)
     nodes: int | None = Field(default=None, ge=1, le=64)
@@ -248,6 +298,24 @@ class JobSpec(_UserModel):
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
     #: POSTed to when the job ends (SUCCEEDED, FAILED, CANCELLED): a URL, or {url, format}
     notify: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
+    #: the global batch size (``FLEET_BATCH_SIZE``); for an elastic job ``{min, max}`` lets fleet choose
+    #: it with the GPUs, one value keeps it at every size
+    batch_size: BatchSize | None = Field(default=None, description="global batch size, or {min, max}")
+    #: how an elastic job's throughput grows with GPUs and batch size: a profile fleet ships (PROFILES)
+    profile: str | None = Field(default=None, max_length=64)
+
+    @property
+    def elastic(self) -> bool:
+        """Sized by fleet within a range of GPUs (see ``gpus``)."""
+        return isinstance(self.gpus, Range)
+
+    @property
+    def min_gpus(self) -> int:
+        return self.gpus.min if isinstance(self.gpus, Range) else self.gpus
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus.max if isinstance(self.gpus, Range) else self.gpus
 
     @field_validator("command")
     @classmethod
@@ -321,6 +389,29 @@ class JobSpec(_UserModel):
         return self
 
     @model_validator(mode="after")
+    def _elastic(self) -> JobSpec:
+        """An elastic job: a range of GPUs, a batch size and a profile, and nothing that pins its shape."""
+        if not self.elastic:
+            if isinstance(self.batch_size, Range):
+                raise ValueError("batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
+                                 "{min, max}); a job of fixed size takes one batch size")  # fmt: skip
+            if self.profile is not None:
+                raise ValueError("profile: only an elastic job (gpus: {min, max}) uses a scaling profile")
+            return self
+        for pinned in ("nodes", "gpus_per_node"):
+            if getattr(self, pinned) is not None:
+                raise ValueError(f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a "
+                                 "size larger than a node runs on several, one member each)")  # fmt: skip
+        if self.batch_size is None:
+            raise ValueError("batch_size: an elastic job needs its global batch size: {min, max} (fleet "
+                             "chooses it with the GPUs) or one value (kept at every size)")  # fmt: skip
+        if self.profile is None or self.profile not in PROFILES:
+            got = "" if self.profile is None else f" (got {_clip(repr(self.profile))})"
+            raise ValueError(f"profile: an elastic job needs a scaling profile, one of {', '.join(PROFILES)}"
+                             f"{got}: fleet sizes it by how that model's throughput grows")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _total_size(self) -> JobSpec:
         used = sum(len(a.encode()) for a in self.command)
         used += sum(len(k.encode()) + len(v.encode()) for k, v in self.env.items())
@@ -346,7 +437,8 @@ def describe_errors(
 ) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(part) for part in err["loc"]) or "spec"
+        loc = [p for i, p in enumerate(err["loc"]) if not (i == 1 and p in _TAGS)]
+        field = ".".join(str(part) for part in loc) or "spec"
         message = err["msg"]
         if err["type"] == "extra_forbidden":
             fields = (model or JobSpec).model_fields
@@ -456,6 +548,28 @@ class Job(BaseModel):
     array_id: str | None = None
     array_index: int | None = None
     array_max_running: int | None = None
+    #: an elastic job's size: the GPUs and global batch of its current attempt (queued: of its next),
+    #: 0 until fleet sizes it; when it was last sized; how many times a resize restarted it
+    num_gpus: int = 0
+    batch_size: int = 0
+    sized_at: float = 0.0
+    resizes: int = 0
+    #: where a resize under way takes it (its attempt is checkpointing to leave; 0 GPUs: back to the
+    #: queue until GPUs are free for it), None when none is
+    resize_gpus: int | None = None
+    resize_batch: int = 0
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs of the current attempt (queued: of the next): the spec's, or an elastic job's size."""
+        return self.num_gpus if isinstance(self.spec.gpus, Range) else self.spec.gpus
+
+    @property
+    def global_batch(self) -> int | None:
+        """``FLEET_BATCH_SIZE``: an elastic job's current batch, else the spec's one value (or None)."""
+        if self.spec.elastic and self.batch_size:
+            return self.batch_size
+        return self.spec.batch_size if isinstance(self.spec.batch_size, int) else None
 
     @property
     def nodes_held(self) -> list[str]:

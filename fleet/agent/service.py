@@ -30,7 +30,7 @@ from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, NodeChanged, Stop, node_queue
 from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
-from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, TAIL_LINES, RetryPolicy, explain
+from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, TAIL_LINES, RetryPolicy, explain
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState
 from fleet.mounts import check_mounts
@@ -70,7 +70,7 @@ class Agent:
         self.agent_id = _agent_id(self.cfg.state_dir)
         self._lock = threading.Lock()
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
-        self._stopping: set[tuple[str, int]] = set()  # attempts stopped by reconcile, in a thread
+        self._stopping: set[tuple[str, int]] = set()  # attempts being stopped (a Stop, or reconcile)
         self._timed_out: set[tuple[str, int]] = set()  # attempts stopped at their time limit
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
@@ -260,6 +260,7 @@ class Agent:
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
             array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
             master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
+            batch_size=job.global_batch,
         )  # fmt: skip
 
     def _workdir(self, job: Job) -> Path | None:
@@ -281,7 +282,14 @@ class Agent:
 
     def on_stop(self, msg: Stop) -> None:
         event(log, "attempt_stop", job=msg.job_id, attempt=msg.attempt, reason=msg.reason)
-        self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)
+        # a stop under way: reconcile must not stop it again with stop_grace_s, which would cut short
+        # the grace this one gave (a preemption's or a resize's, to checkpoint in)
+        key = (msg.job_id, msg.attempt)
+        self._stopping.add(key)
+        try:
+            self.runtime.stop(msg.job_id, msg.attempt, msg.grace_s)  # returns once it no longer runs
+        finally:
+            self._stopping.discard(key)
 
     def on_exit(self, job_id: str, attempt: int) -> None:
         """Runtime callback (its own thread); on a Redis error the next reconcile finishes the attempt."""
@@ -325,7 +333,7 @@ class Agent:
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         exit = self._ended_by_time_limit(job, self._explained(job, exit))
         if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
-            kind = "preempted" if job.preempted_for else "drain"
+            kind = RESIZE if job.resize_gpus is not None else "preempted" if job.preempted_for else "drain"
             why = f"{job.preempt}: {exit.reason}"
             exit = Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind=kind, reason=why)
         self.jobs.record_exit(job, exit, self.clock())

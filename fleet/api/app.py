@@ -106,6 +106,11 @@ class SubmitArray(BaseModel):
     id: str | None = None
 
 
+class Resize(BaseModel):
+    gpus: int = Field(ge=0, le=1024)
+    batch_size: int | None = Field(default=None, ge=1, le=1 << 24)
+
+
 class CancelLabels(BaseModel):
     labels: dict[str, str]
 
@@ -261,6 +266,18 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: C901 - one route per nes
         job = backend.cancel(job_id)
         event(log, "cancel", job=job_id, user=who.user)
         return job
+
+    @app.post("/v1/jobs/{job_id}/resize")
+    def resize(job_id: str, body: Resize, who: User) -> Job:
+        """Resize an elastic job within its range: its owner, or an operator (any tenant's job). A running
+        job checkpoints on SIGTERM and starts again at the new size, spending no retry."""
+        job = job_of(who, job_id)
+        if who.role == Role.USER and job.owner != who.user:
+            raise Forbidden(f"job {job_id} was submitted by {job.owner or 'another user'!r}; {whom(who)} may "
+                            "resize only its own jobs (an operator may resize any)")  # fmt: skip
+        resized = backend.resize(job_id, body.gpus, body.batch_size, who=who.user)
+        event(log, "resize", job=job_id, user=who.user, gpus=body.gpus, batch_size=body.batch_size)
+        return resized
 
     @app.post("/v1/cancel")
     def cancel_labels(body: CancelLabels, who: User) -> CancelReport:

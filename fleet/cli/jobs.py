@@ -20,6 +20,8 @@ from fleet.cli.common import (
     pass_globals,
     watch_option,
 )  # fmt: skip
+from fleet.cli.elastic import fields as elastic_fields
+from fleet.cli.elastic import gpus_cell
 from fleet.cli.output import (
     Bar,
     Field,
@@ -98,7 +100,7 @@ def job_row(j: Job, now: float) -> tuple[object, ...]:
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
     progress = label(j.progress)
-    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, j.spec.gpus, node, j.attempt,
+    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, gpus_cell(j), node, j.attempt,
             clock(start, now), elapsed, j.exit_code, progress, short(j.reason, 50))  # fmt: skip
 
 
@@ -148,6 +150,8 @@ def _job_view(job: Job) -> View:
                  Field("Command", " ".join(spec.command)),
                  Field("Resources", f"gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
                        f"shm={size(spec.shm_size)} priority={spec.priority}")])  # fmt: skip
+    for line in elastic_fields(job):
+        view.add(line)
     if job.progress is not None:
         view.add(_progress(job))
     if job.array_id is not None:

@@ -31,7 +31,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "Jobs": {
         "submit": "fleet.cli.submit:submit", "jobs": "fleet.cli.jobs:jobs", "show": "fleet.cli.jobs:show",
         "logs": "fleet.cli.jobs:logs", "wait": "fleet.cli.jobs:wait", "cancel": "fleet.cli.jobs:cancel",
-        "top": "fleet.cli.top:top",
+        "top": "fleet.cli.top:top", "resize": "fleet.cli.elastic:resize",
     },
     "Nodes": {
         "nodes": "fleet.cli.nodes:nodes", "cordon": "fleet.cli.nodes:cordon",
@@ -47,6 +47,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "agent": "fleet.cli.services:agent", "api": "fleet.cli.services:api",
         "install": "fleet.cli.services:install", "uninstall": "fleet.cli.services:uninstall",
     },
+    "Simulation": {"sim": "fleet.cli.sim:sim"},
     "Shell": {"completion": "fleet.cli.completion:completion"},
 }  # fmt: skip
 _WHERE = {name: where for section in COMMANDS.values() for name, where in section.items()}

@@ -12,9 +12,10 @@ import click
 
 from fleet.cli import arrays
 from fleet.cli.common import CONTEXT, Globals, pairs, pass_globals
+from fleet.cli.elastic import count_or_range
 from fleet.cli.output import emit_json
 from fleet.errors import SpecError
-from fleet.models import Job, JobSpec, JobState
+from fleet.models import PROFILES, Job, JobSpec, JobState
 
 if TYPE_CHECKING:
     from fleet.client import Client
@@ -42,7 +43,20 @@ class CommandAfterDashes(click.Command):
 @click.option("-f", "--file", metavar="FILE", help="job spec YAML/JSON (flags override its fields)")
 @click.option("--name", help="the job's name (default: the command's)")
 @click.option("--image", help="container image (default: the fleet's default_image)")
-@click.option("--gpus", type=int, help="GPUs of the whole job; more than a node has: several nodes")
+@click.option(
+    "--gpus",
+    metavar="N|MIN-MAX",
+    type=count_or_range,
+    help="GPUs of the whole job; more than a node has: several nodes; a range MIN-MAX (e.g. 1-4) makes it "
+    "elastic: fleet sizes it (README)",
+)
+@click.option(
+    "--batch-size",
+    metavar="N|MIN-MAX",
+    type=count_or_range,
+    help="global batch size (FLEET_BATCH_SIZE); a range lets an elastic job's batch follow its GPUs",
+)
+@click.option("--profile", help=f"an elastic job's scaling profile: {', '.join(PROFILES)}")
 @click.option("--nodes", type=int, help="a multi-node job: this many nodes, one member each")
 @click.option("--gpus-per-node", type=int, help="a multi-node job: GPUs of each member")
 @click.option("--cpus", type=float, help="CPUs, e.g. 4 or 0.5")
@@ -133,7 +147,7 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
 SPEC_FLAGS = (
     "name", "image", "gpus", "cpus", "memory", "nodes", "gpus_per_node", "shm_size", "gpu_model",
     "min_gpu_memory", "priority", "max_attempts", "tenant", "preemptible", "timeout", "signal_before",
-    "requeue_on_timeout", "workdir", "notify",
+    "requeue_on_timeout", "workdir", "notify", "batch_size", "profile",
 )  # fmt: skip
 
 
@@ -204,10 +218,10 @@ def submit_array(globals_: Globals, spec: JobSpec, options: dict[str, Any]) -> i
 def _warn_unplaceable(client: Client, spec: JobSpec) -> None:
     """Say so when no live node could hold one member: a job larger than every node runs on several
     (one member each, see the README), but not with members larger than any node."""
-    if not spec.gpus:
+    if not spec.min_gpus:
         return
     largest = client.most_gpus()
-    per_node = spec.gpus_per_node or (spec.gpus // spec.nodes if spec.nodes else 1)
+    per_node = spec.gpus_per_node or (spec.min_gpus // spec.nodes if spec.nodes else 1)
     if per_node > largest or not largest:
         print(
             f"fleet: warning: no live node has {per_node} GPUs (largest: {largest}); "

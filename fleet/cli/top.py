@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
+from fleet.cli.elastic import gpus_cell
 from fleet.cli.jobs import short
 from fleet.cli.nodes import free_gpus, gpu_status
 from fleet.cli.output import Table, View, present, size, took
@@ -83,7 +84,7 @@ def gpu_rows(nodes: list[Node]) -> list[tuple[object, ...]]:
 def running_row(job: Job, now: float) -> tuple[object, ...]:
     node = f"{job.node}+{len(job.members) - 1}" if len(job.members) > 1 else job.node
     elapsed = took(now - job.started_at) if job.started_at else "-"
-    return (job.id, job.owner or "-", job.spec.tenant, job.spec.gpus, node, elapsed,
+    return (job.id, job.owner or "-", job.spec.tenant, gpus_cell(job), node, elapsed,
             label(job.progress), short(job.reason, 40))  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from fleet.bus import (
 )
 from fleet.config import Settings
 from fleet.controller import retention, snapshot
+from fleet.controller.elasticity import Elasticity
 from fleet.controller.leader import LeaderLease
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.controller.tenancy import Tenancy
@@ -42,7 +43,8 @@ from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
-from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption
+from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption, sizing
+from fleet.scheduler.resizing import Resize
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.ranked import RankIndex
@@ -106,6 +108,9 @@ class Controller:
         #: the jobs the last pass could not place (what a preemption could be for)
         self._blocked: list[str] = []
         self._tenants_changed = False
+        self.elasticity = Elasticity(self.cfg)
+        self._elastic_changed = False
+        self._next_elastic = 0.0
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = WebhookStore(jobs.redis, jobs.keys)
         self.webhooks = WebhookSender(jobs, nodes, self.tenants, store, self.cfg, clock, self.leading)
@@ -234,7 +239,9 @@ class Controller:
         the jobs and nodes the messages named, fully resynced from Redis every ``resync_interval_s``.
         A pass with nothing new and no backoff ending does nothing."""
         now = self.clock()
-        if not self._refresh(now) and now < self.queue.next_due():
+        changed = self._refresh(now)
+        changed |= self._elastic_step(now, changed)
+        if not changed and now < self.queue.next_due():
             return Plan()
         views = list(self._views.values())
         held = self.tenancy.held(self.queue, now)
@@ -281,6 +288,7 @@ class Controller:
                     self._touched_jobs.add(job_id)  # refused: see where the job stands now
             if attempt:
                 self.tenancy.placed(plan.jobs[job_id], members, attempt)
+                self.elasticity.placed(job_id, attempt)
             for p in members if attempt else ():
                 self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
         if plan.waiting:
@@ -327,6 +335,7 @@ class Controller:
         batch = self.jobs.read_many(ids)
         readable = self._readable(batch, now)
         self.tenancy.observe(readable)
+        self._elastic_changed |= self.elasticity.observe(readable)
         queued = [j for j in readable if j.state == JobState.QUEUED]
         gone = [job_id for job_id in ids - {j.id for j in queued} if self.queue.discard(job_id) is not None]
         added = self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
@@ -362,6 +371,45 @@ class Controller:
         nodes.update({n.name: n for n in batch.nodes})
         self._views_changed |= views != self._views
         self._views, self._nodes = views, nodes
+
+    # -- elasticity --------------------------------------------------------------------
+
+    def _elastic_step(self, now: float, changed: bool) -> bool:
+        """Size the elastic jobs (``fleet.scheduler.resizing``): give queued ones the size they start
+        at, stop running ones to restart at a new one. Runs when anything changed, else every
+        ``elastic_interval_s``; True when a queued job's size changed (the pass should place it)."""
+        changed |= self._elastic_changed
+        if not self.elasticity.jobs or (not changed and time.monotonic() < self._next_elastic):
+            return False
+        self._elastic_changed, self._next_elastic = False, time.monotonic() + self.cfg.elastic_interval_s
+        views = list(self._views.values())
+        plan = self.elasticity.plan(self.queue, views, self.tenancy.running, self.tenancy.policies, now)
+        sized = False
+        for change in plan:
+            sized |= self._resize(change, now) and not change.running
+        return sized
+
+    def _resize(self, change: Resize, now: float) -> bool:
+        """A queued job gets its size; a running one SIGTERM with its tenant's grace to checkpoint, and
+        its agent requeues it at the new size. False when the job moved on meanwhile."""
+        job, new = self.elasticity.jobs[change.job_id], change.new
+        what = f"resized {sizing.change(change.old, new)}" if change.old.gpus else f"sized {new}"
+        reason = f"{what} by the elastic step"
+        grace = self.tenancy.policy(job.spec.tenant).preempt_grace_s
+        if not self.jobs.resize(job, new.gpus, new.batch, reason, grace, now, self._token()):
+            with self._lock:
+                self._touched_jobs.add(job.id)  # read it again
+            return False
+        job = self.elasticity.resized(job, change, now)
+        event(log, "job_resized", job=job.id, attempt=job.attempt, old=str(change.old), new=str(new),
+              running=change.running)  # fmt: skip
+        if change.running:
+            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
+            for node in job.nodes_held:
+                self.bus.send(node_queue(node), stop)
+        else:
+            self.queue.add(snapshot.pending(job))  # its wait reason is written again if it waits
+        return True
 
     # -- tenancy -----------------------------------------------------------------------
 
@@ -460,6 +508,7 @@ class Controller:
             jobs = self._readable(self.jobs.read_on_nodes(), now)
             self._install(nodes, now)  # the scheduler's safety net too: every view read again
             self.tenancy.resync(jobs, now)
+            self.elasticity.resync(jobs, self.queue.jobs)
         else:
             nodes, jobs = self._watched(now)
         # a node whose record cannot be read but whose agent holds its lease keeps its jobs

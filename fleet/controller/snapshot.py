@@ -9,16 +9,20 @@ from fleet.scheduler import GpuSlot, NodeView, PendingJob
 
 #: CPUs granted to a CPU-only job that names none (as Slurm grants one per task); GPU jobs get none
 DEFAULT_CPUS = 1.0
+#: why an elastic job that fleet has not sized yet waits (the elastic step sizes it, then it is placed)
+UNSIZED = "waiting for the elastic step to choose its size"
 
 
 def pending(job: Job) -> PendingJob:
     spec = job.spec
-    cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.gpus == 0 else 0.0)
+    cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.max_gpus == 0 else 0.0)
+    gpus = job.gpu_count
     return PendingJob(
-        id=job.id, priority=spec.priority, seq=job.seq, gpus=spec.gpus, gpu_model=spec.gpu_model,
+        id=job.id, priority=spec.priority, seq=job.seq, gpus=gpus, gpu_model=spec.gpu_model,
         min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before, cpus=cpus, memory=spec.memory or 0,
         array=job.array_id if job.array_max_running else None,
         nodes=spec.nodes or 0, gpus_per_node=spec.gpus_per_node or 0, tenant=spec.tenant,
+        elastic=spec.elastic, hold=UNSIZED if spec.elastic and not gpus else "",
     )  # fmt: skip
 
 

@@ -170,7 +170,7 @@ def running_job(job: Job) -> RunningJob:
     asks = snapshot.pending(job)
     started = job.started_at if job.state == JobState.RUNNING else None
     return RunningJob(
-        job.id, job.attempt, job.spec.tenant, job.spec.priority, job.spec.gpus, members, asks.cpus,
+        job.id, job.attempt, job.spec.tenant, job.spec.priority, job.gpu_count, members, asks.cpus,
         asks.memory, started_at=started, preemptible=job.spec.preemptible,
         stopping=bool(job.preempt or job.cancel_requested), preempted_for=job.preempted_for,
     )  # fmt: skip

@@ -48,6 +48,10 @@ class Capacity:
         #: and each node's healthy matching GPUs, free or not (fixed for the pass)
         self._free_counts: dict[ConstraintClass, dict[str, int]] = {}
         self._totals: dict[ConstraintClass, dict[str, int]] = {}
+        self._largest: dict[ConstraintClass, int] = {}
+        #: per ask (GPUs, model, GPU memory, CPUs, memory): the nodes that could ever hold it, and
+        #: why the others cannot (fixed for the pass)
+        self._static: dict[tuple[object, ...], tuple[list[str], frozenset[str], frozenset[str]]] = {}
         self._names = sorted(self.nodes)
 
     # -- gangs ------------------------------------------------------------------------
@@ -62,18 +66,16 @@ class Capacity:
             return job.nodes, job.gpus // job.nodes
         if job.gpus_per_node:
             return job.gpus // job.gpus_per_node, job.gpus_per_node
-        largest = self.largest(job)
-        if job.gpus <= largest:
-            return 1, job.gpus
-        for members in range(2, job.gpus + 1):
-            if job.gpus % members == 0 and job.gpus // members <= largest:
-                return members, job.gpus // members
-        return 1, job.gpus
+        return even_split(job.gpus, self.largest(job))
 
     def largest(self, job: PendingJob) -> int:
         """The most matching healthy GPUs one node has, free or not (down or cordoned nodes too:
         they are the fleet's shape, and come back)."""
-        return max(self._total(job).values(), default=0)
+        key = (job.gpu_model, job.min_gpu_memory)
+        found = self._largest.get(key)
+        if found is None:
+            found = self._largest[key] = max(self._total(job).values(), default=0)
+        return found
 
     def _total(self, job: PendingJob) -> dict[str, int]:
         key = (job.gpu_model, job.min_gpu_memory)
@@ -185,6 +187,8 @@ class Capacity:
         return "the others: " + ", ".join(sorted({why for _, why in reasons}))
 
     def _explain(self, job: PendingJob) -> tuple[str, list[str]]:
+        if len(self._names) > 3:
+            return self._categories(job)
         reasons: list[tuple[str, str, str]] = []  # (node, detail, category)
         later = []
         total = self._total(job)
@@ -205,6 +209,41 @@ class Capacity:
                 reasons.append((name, detail, _busy_category(detail)))
         return _summary(job, reasons), later
 
+    def _categories(self, job: PendingJob) -> tuple[str, list[str]]:
+        """``_explain`` for more than three nodes, where the summary names only what the nodes lack:
+        which nodes could ever hold ``job`` is fixed for the pass (kept per ask), and what the
+        others lack now is found in the buckets of free GPUs, not by visiting every node."""
+        ask = (job.gpus, job.gpu_model, job.min_gpu_memory, job.cpus, job.memory)
+        static = self._static.get(ask)
+        if static is None:
+            total, later, fixed = self._total(job), [], set()
+            for name in self._names:
+                node = self.nodes[name]
+                why = node_reason(node) or capacity_reason(job, node, total[name])
+                if why is None:
+                    later.append(name)
+                else:
+                    fixed.add(why)
+            static = self._static[ask] = (later, frozenset(later), frozenset(fixed))
+        later, could, categories = static[0], static[1], set(static[2])
+        busy = could
+        if job.gpus and not self.reserved.isdisjoint(could):
+            categories.add("reserved for a higher-ranked job")
+            busy = could - self.reserved
+        buckets = self._index(job)
+        for count, names in buckets.items():
+            if count < job.gpus:
+                if "busy (not enough free GPUs)" not in categories and not busy.isdisjoint(names):
+                    categories.add("busy (not enough free GPUs)")
+                continue
+            for name in names:  # enough GPUs free: CPUs or memory are short
+                if name in busy:
+                    node = self.nodes[name]
+                    short = "CPUs" if node.cpus and job.cpus > self.cpus[name] + 1e-9 else "memory"
+                    categories.add(f"busy (not enough free {short})")
+        need = f"needs {job.gpus} GPU{'s' if job.gpus != 1 else ''}{constraint_text(job)}"
+        return f"{need}; on the {len(self._names)} nodes: " + ", ".join(sorted(categories)), later
+
     def reserve_for(self, job: PendingJob, later: list[str]) -> None:
         """Keep the nodes closest to fitting ``job`` (one per member) from lower-ranked GPU jobs;
         none for a gang the fleet could not hold even empty (it would keep nodes for nothing)."""
@@ -212,7 +251,13 @@ class Capacity:
         if not job.gpus or len(later) < members:
             return
         member = self.member(job, per_node)
-        closest = sorted(later, key=lambda n: (self._free_matching(member, n), n), reverse=True)
+        buckets = self._index(member)
+        could = set(later)
+        closest: list[str] = []  # the most free matching GPUs first, ties by name, last first
+        for count in sorted(buckets, reverse=True):
+            closest.extend(name for name in reversed(buckets[count]) if name in could)
+            if len(closest) >= members:
+                break
         self.reserved.update(closest[:members])
 
     def withhold(self, gpus: set[str]) -> None:
@@ -226,9 +271,17 @@ class Capacity:
                 self.free[name] = kept
                 self._reindex(name, before)
 
-    def _free_matching(self, job: PendingJob, name: str) -> int:
-        self._index(job)
-        return self._free_counts[(job.gpu_model, job.min_gpu_memory)].get(name, 0)
+
+def even_split(gpus: int, largest: int) -> tuple[int, int]:
+    """(members, GPUs per member) of a job of ``gpus`` GPUs on nodes of at most ``largest`` matching
+    GPUs, when the user pinned neither: one node if it fits, else the fewest equal shares that fit one
+    node each; (1, gpus) when none does (it waits for a bigger node)."""
+    if gpus <= largest:
+        return 1, gpus
+    for members in range(2, gpus + 1):
+        if gpus % members == 0 and gpus // members <= largest:
+            return members, gpus // members
+    return 1, gpus
 
 
 def _busy_category(detail: str) -> str:

@@ -168,7 +168,7 @@ class PendingQueue:
         self, job: PendingJob, capacity: Capacity, fair: FairShare, left: dict[str, int], plan: Plan
     ) -> bool:
         """Place the best job of its shape, or give the whole shape the reason it waits; True if placed."""
-        held_back = fair.limit(job)
+        held_back = job.hold or fair.limit(job)
         if not held_back and job.array is not None and left.get(job.array, 1) <= 0:
             held_back = f"array {job.array} has its max_running tasks on nodes"
         if held_back:
@@ -201,7 +201,7 @@ class PendingQueue:
         waiting: set[str] = set()
         for job_id, gpus in held.items():
             job = self.jobs.get(job_id)
-            if job is None or job_id not in self._in_shape:
+            if job is None or job_id not in self._in_shape or job.hold:
                 continue
             room = left.get(job.array, 1) if job.array is not None else 1
             placements = None if fair.limit(job) or room <= 0 else capacity.place(job)

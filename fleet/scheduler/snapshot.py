@@ -7,8 +7,9 @@ from typing import Final
 
 #: what a job asks, the unit the queue is grouped by: (GPUs, GPU model substring, minimum GPU
 #: memory, CPUs, memory bytes, the array whose max_running limits it or None, nodes pinned, GPUs per
-#: node pinned, its tenant: each tenant's jobs queue apart, so a pass can take turns between them)
-Shape = tuple[int, str | None, int | None, float, int, str | None, int, int, str]
+#: node pinned, its tenant: each tenant's jobs queue apart, so a pass can take turns between them; why
+#: it is held back, '' for none: held jobs wait apart from the others)
+Shape = tuple[int, str | None, int | None, float, int, str | None, int, int, str, str]
 #: where in a Shape its array and its tenant are
 ARRAY: Final = 5
 TENANT: Final = 8
@@ -66,11 +67,15 @@ class PendingJob:
     nodes: int = 0
     gpus_per_node: int = 0
     tenant: str = "default"
+    #: an elastic job (sized by the elastic step, which knows its range); ``gpus`` is its current size
+    elastic: bool = False
+    #: why it may not be placed now ('' when it may): an elastic job not sized yet waits for the elastic step
+    hold: str = ""
 
     @property
     def shape(self) -> Shape:
         return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array,
-                self.nodes, self.gpus_per_node, self.tenant)  # fmt: skip
+                self.nodes, self.gpus_per_node, self.tenant, self.hold)  # fmt: skip
 
     @property
     def rank(self) -> tuple[int, int]:

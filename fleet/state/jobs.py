@@ -12,7 +12,7 @@ import redis
 from fleet.arrays import ARRAY_BATCH
 from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
-from fleet.lifecycle import JOB, Decision, RetryPolicy, decide
+from fleet.lifecycle import JOB, RESIZE, Decision, RetryPolicy, decide
 from fleet.models import (
     ON_NODE_STATES,
     Event,
@@ -346,8 +346,11 @@ class JobStore:
         decision = decide(job, exit, policy)
         changes = {
             "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "", "preempted_for": "",
-            "finished_at": now if decision.state.final else None, **(fields or {}),
+            "finished_at": now if decision.state.final else None, "resize_gpus": None, "resize_batch": 0,
+            **(fields or {}),
         }  # fmt: skip
+        if exit.kind == RESIZE and decision.state == JobState.QUEUED and job.resize_gpus is not None:
+            changes.update(num_gpus=job.resize_gpus, batch_size=job.resize_batch, sized_at=now)
         applied = self.transition(
             job.id, attempt=job.attempt, allowed=allowed, to=decision.state, reason=decision.reason,
             now=now, fields=changes, incr=decision.incr, release=True, leader=leader,
@@ -357,6 +360,22 @@ class JobStore:
         if decision.state == JobState.QUEUED:
             self.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
         return decision
+
+    def resize(
+        self, job: Job, gpus: int, batch: int, reason: str, grace_s: float, now: float, leader: str = ""
+    ) -> bool:
+        """Give elastic ``job`` a new size. Queued: it is placed at that size. On a node: its attempt is
+        to leave (the caller sends the SIGTERM, ``grace_s`` to checkpoint), and its end requeues it at
+        that size without spending a retry (see ``end_attempt``). False when it moved on meanwhile."""
+        if job.state == JobState.QUEUED:
+            fields: dict[str, Any] = {"num_gpus": gpus, "batch_size": batch, "sized_at": now}
+            return self.transition(job.id, attempt=job.attempt, to=None, allowed=[JobState.QUEUED], now=now,
+                                   reason=reason, fields=fields, leader=leader)  # fmt: skip
+        fields = {"preempt": reason, "resize_gpus": gpus, "resize_batch": batch}
+        return self.transition(
+            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES, now=now, fields=fields,
+            reason=f"{reason}: stopping with {grace_s:g}s to checkpoint", leader=leader,
+        )  # fmt: skip
 
     def request_cancel(self, job_id: str, now: float) -> bool:
         """Cancel a queued job at once, or flag one on a node for its agent; False if already final.

@@ -151,6 +151,12 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         member_phases=[
             raw.get(f"m{rank}", "") for rank in range(len(f.get("members", _members, None) or []))
         ],
+        num_gpus=f.get("num_gpus", int, 0),
+        batch_size=f.get("batch_size", int, 0),
+        sized_at=f.get("sized_at", float, 0.0),
+        resizes=f.get("resizes", int, 0),
+        resize_gpus=f.get("resize_gpus", int, None),
+        resize_batch=f.get("resize_batch", int, 0),
         **(f.get("exit", _last_exit, None) or {}),
         **_spec(f, arrays),
     )

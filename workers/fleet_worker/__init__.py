@@ -14,15 +14,18 @@ Pure Python; torch is optional (used for tensors when present). Inside a fleet j
             fw.exit_after_checkpoint()
 
 Multi-node (torchrun) jobs use ``fw.dist`` for ranks, the process group and rank-0 checkpoints.
+Elastic jobs read their size at every start (``fw.num_gpus()``, ``fw.batch_size()``), rescale their
+learning rate (``fw.scale_lr``) and report throughput (``fw.report(samples=...)``): see ``fw.elastic``.
 """
 
-from fleet_worker import dist
+from fleet_worker import dist, elastic
 from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
-from fleet_worker.env import attempt, job_id, node_rank, num_gpus, num_nodes
-from fleet_worker.signals import exit_after_checkpoint, progress, stop_requested
+from fleet_worker.elastic import scale_lr
+from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, num_nodes
+from fleet_worker.signals import exit_after_checkpoint, progress, report, stop_requested
 
 __all__ = [
-    "StaleAttempt", "attempt", "checkpoint_dir", "dist", "exit_after_checkpoint", "job_id",
-    "latest_name", "load_latest", "node_rank", "num_gpus", "num_nodes", "progress", "save",
-    "stop_requested",
+    "StaleAttempt", "attempt", "batch_size", "checkpoint_dir", "dist", "elastic", "exit_after_checkpoint",
+    "job_id", "latest_name", "load_latest", "node_rank", "num_gpus", "num_nodes", "progress", "report",
+    "save", "scale_lr", "stop_requested",
 ]  # fmt: skip

@@ -16,8 +16,16 @@ TERMINATED = 143
 
 def stop_requested() -> threading.Event:
     """Install a SIGTERM handler that sets the returned event; the loop checkpoints and exits."""
-    signal.signal(signal.SIGTERM, lambda *_: _stop.set())
+    signal.signal(signal.SIGTERM, _on_sigterm)
     return _stop
+
+
+def _on_sigterm(*_: object) -> None:
+    """Set the flag from another thread: ``Event.set`` takes a lock, and a second SIGTERM arriving
+    while the first one's handler holds it (a process group's signal, then a launcher forwarding its
+    own) would wait for it forever in the same thread."""
+    if not _stop.is_set():
+        threading.Thread(target=_stop.set, name="fleet-sigterm", daemon=True).start()
 
 
 def exit_after_checkpoint() -> None:
@@ -34,3 +42,31 @@ def progress(step: int, total: int | None = None, **metrics: float) -> None:
     if total is not None:
         report["total"] = int(total)
     print("fleet-progress " + json.dumps({**report, **metrics}), flush=True)
+
+
+class _Throughput:
+    """Samples since the last report, and when it was: what ``report`` turns into samples/s."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.steps = 0
+
+
+_reported = _Throughput()
+
+
+def report(samples: int, step: int | None = None, **metrics: Any) -> float:
+    """A progress line (as ``progress``) with the samples/s since the last report: ``samples`` is how
+    many the job processed since then (all its GPUs together). ``step`` defaults to the count of
+    reports so far. Returns the samples/s. Elastic jobs report what they run at too (``num_gpus``,
+    ``batch_size``), so the measured scaling can be read back per size."""
+    from fleet_worker.env import batch_size, num_gpus, num_nodes
+
+    now = time.monotonic()
+    elapsed, _reported.since = now - _reported.since, now
+    _reported.steps += 1
+    rate = samples / elapsed if elapsed > 0 else 0.0
+    sized = {"num_gpus": num_gpus() * num_nodes(), "batch_size": batch_size()}
+    progress(_reported.steps if step is None else step, samples_per_s=round(rate, 3),
+             **{k: v for k, v in sized.items() if v is not None}, **metrics)  # fmt: skip
+    return rate

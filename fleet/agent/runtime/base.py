@@ -48,13 +48,16 @@ class LaunchSpec:
     master_port: int = 0
     #: the job's shipped directory, unpacked on this node (read-only): its working directory
     workdir: Path | None = None
+    #: the job's global batch size (``FLEET_BATCH_SIZE``): an elastic job's at its current size
+    batch_size: int | None = None
 
     @property
     def name(self) -> str:
         return f"fleet-{self.job_id}-{self.attempt}"
 
     def fleet_env(self, checkpoint_dir: str | None) -> dict[str, str]:
-        """The job's env plus what fleet promises every attempt: ids, GPUs, checkpoint paths."""
+        """The job's env plus what fleet promises every attempt: ids, GPUs (``FLEET_NUM_GPUS``: this
+        member's), the global batch size when the job has one, checkpoint paths."""
         visible = ",".join(self.gpus)
         env = dict(self.env)
         env.update(
@@ -62,14 +65,17 @@ class LaunchSpec:
             FLEET_ATTEMPT=str(self.attempt),
             NVIDIA_VISIBLE_DEVICES=visible or "void",
             CUDA_VISIBLE_DEVICES=visible,
+            FLEET_NUM_GPUS=str(len(self.gpus)),
         )
+        if self.batch_size is not None:
+            env["FLEET_BATCH_SIZE"] = str(self.batch_size)
         if self.array_index is not None:
             env["FLEET_ARRAY_INDEX"] = str(self.array_index)
         if self.members > 1:  # what torchrun and torch.distributed read, and fleet's own names
             env.update(
                 FLEET_NUM_NODES=str(self.members), FLEET_NODE_RANK=str(self.rank),
-                FLEET_NUM_GPUS=str(len(self.gpus)), MASTER_ADDR=self.master_addr,
-                MASTER_PORT=str(self.master_port), WORLD_SIZE=str(self.members), NODE_RANK=str(self.rank),
+                MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port), WORLD_SIZE=str(self.members),
+                NODE_RANK=str(self.rank),
             )  # fmt: skip
         if checkpoint_dir:
             env["FLEET_CHECKPOINT_DIR"] = checkpoint_dir

@@ -1,0 +1,109 @@
+"""``fleet sim``: the command's options only; the simulator is ``fleet.sim`` (callable from Python)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import click
+
+from fleet.cli.common import CONTEXT
+from fleet.errors import SpecError
+
+#: the policies fleet.sim.engine runs (kept here too, so that --help does not import the simulator)
+POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
+
+
+@click.command(
+    context_settings=CONTEXT,
+    short_help="simulate a trace under a scheduling policy on a virtual clock (no services needed)",
+)
+@click.argument("trace")
+@click.option(
+    "--policy", type=click.Choice(POLICIES), default="fifo", show_default=True, help="scheduling policy"
+)
+@click.option("--gpus", type=int, default=64, show_default=True, help="GPUs in the fleet")
+@click.option("--nodes", type=int, help="nodes they are spread over (default: 4 GPUs each)")
+@click.option("--load", type=float, default=1.0, show_default=True,
+              help="arrivals compressed this much (1.5: 50% more per hour)")  # fmt: skip
+@click.option(
+    "--until", metavar="DURATION", help="stop the clock there, e.g. 8h (default: when every job ended)"
+)
+@click.option("--limit", type=int, help="only the trace's first N jobs")
+@click.option("--resize-cost", default="30s", show_default=True, help="checkpoint + restart time of a resize")
+@click.option("--min-interval", default="2m", show_default=True, help="least time between resizes of a job")
+@click.option("--objective", type=click.Choice(["completion", "speedup"]), default="completion",
+              show_default=True, help="elastic: what the optimizer maximises")  # fmt: skip
+@click.option(
+    "--accumulate", is_flag=True, help="elastic-fixed-batch: batches reached by gradient accumulation"
+)
+@click.option("--weight", multiple=True, metavar="TENANT=W", help="a tenant's fair-share weight (repeat)")
+@click.option("--guarantee", multiple=True, metavar="TENANT=GPUS",
+              help="a tenant's guaranteed GPUs (fair: it preempts others to get them; repeat)")  # fmt: skip
+@click.option("--plot", metavar="PNG", help="also draw utilisation, shares and completion times")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def sim(trace: str, **args: Any) -> int:
+    """Run a trace through the controller's own scheduling code (the queue, gangs, fair share,
+    preemption, the elastic policy) with simulated time: a workload (jobs training profiled models)
+    or a Philly trace (jobs running a duration, one tenant per virtual cluster). TRACE: a CSV file, or
+    a bundled one: workload-1 .. workload-4, philly. Prints completion times, queueing, utilisation,
+    tenants' shares, resizes and preemptions."""
+    return _run(trace, args)
+
+
+def _pairs(values: tuple[str, ...], flag: str, kind: type) -> dict[str, Any]:
+    out = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        try:
+            out[name] = kind(number)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise SpecError(f"{flag} {value!r}: use TENANT=NUMBER")
+    return out
+
+
+def _run(trace: str, options: dict[str, Any]) -> int:
+    from fleet.models import Tenant, parse_duration
+    from fleet.sim import run
+
+    args = SimpleNamespace(trace=trace, **options)
+
+    def seconds(text: str | None, flag: str) -> float | None:
+        try:
+            return parse_duration(text) if text else None
+        except ValueError as exc:
+            raise SpecError(f"{flag}: {exc}") from None
+
+    tenants: dict[str, Tenant] = {}
+    weights = _pairs(args.weight, "--weight", float)
+    for name, gpus in _pairs(args.guarantee, "--guarantee", int).items():
+        tenants[name] = Tenant(name=name, guaranteed_gpus=gpus)
+    try:
+        result = run(
+            args.trace, args.policy, gpus=args.gpus, nodes=args.nodes, load=args.load,
+            until=seconds(args.until, "--until"), weights=weights, tenants=tenants, limit=args.limit,
+            resize_cost_s=seconds(args.resize_cost, "--resize-cost"),
+            min_interval_s=seconds(args.min_interval, "--min-interval"), objective=args.objective,
+            accumulate=args.accumulate,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if args.plot:
+        from fleet.sim.plot import plot
+
+        plot(result, args.plot)
+    if args.output == "json":
+        json.dump(result.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    rows = result.summary()
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")
+    if args.plot:
+        print(f"{'plot'.ljust(width)}  {args.plot}")
+    return 0

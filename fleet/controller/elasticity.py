@@ -1,0 +1,104 @@
+"""The leader's view of elastic jobs: which exist, their ranges and sizes, and the step's inputs.
+
+Learnt as tenancy learns what runs: from the jobs the controller reads anyway (those messages name,
+those newly queued), mended by every full reconcile. The decisions are the scheduler's
+(``fleet.scheduler.resizing``); the controller carries them out (``Controller._elastic_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from fleet.config import ControllerSettings
+from fleet.models import Job, JobState, Range, Tenant
+from fleet.scheduler import NodeView, PendingQueue, RunningJob
+from fleet.scheduler.resizing import Elastic, Resize, decide, elastic_gpus, largest_node, starting_sizes
+from fleet.scheduler.sizing import Size
+
+
+class Elasticity:
+    def __init__(self, cfg: ControllerSettings) -> None:
+        self.cfg = cfg
+        #: every elastic job queued or on a node, as last read (or as the step left it)
+        self.jobs: dict[str, Job] = {}
+
+    def observe(self, jobs: Iterable[Job]) -> bool:
+        """Jobs just read; True when an elastic one came, went or changed."""
+        changed = False
+        for job in jobs:
+            if not job.spec.elastic:
+                continue
+            if job.state.final:
+                changed |= self.jobs.pop(job.id, None) is not None
+            elif self.jobs.get(job.id) != job:
+                self.jobs[job.id], changed = job, True
+        return changed
+
+    def resync(self, on_nodes: Iterable[Job], queued: Iterable[str]) -> None:
+        """Every job on a node, as just read, and the ids queued: the truth replaces what was learnt."""
+        waiting = set(queued)
+        self.jobs = {i: j for i, j in self.jobs.items() if i in waiting and j.state == JobState.QUEUED}
+        self.observe(on_nodes)
+
+    def plan(
+        self, queue: PendingQueue, views: list[NodeView], running: Mapping[str, RunningJob],
+        policies: Mapping[str, Tenant], now: float,
+    ) -> list[Resize]:  # fmt: skip
+        """This pass's resizes, queued jobs sized too (see ``fleet.scheduler.resizing``)."""
+        for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
+            del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
+        jobs = sorted((elastic(j) for j in self.jobs.values()),
+                      key=lambda e: (not e.running, _rank(self.jobs[e.id])))  # fmt: skip
+        if not self.cfg.elastic:
+            return starting_sizes(jobs)
+        gpus = elastic_gpus(views, self.jobs, queue.jobs.values())
+        return decide(jobs, gpus, now, resize_cost_s=self.cfg.resize_cost_s,
+                      min_interval_s=self.cfg.elastic_min_interval_s, gpus_per_node=largest_node(views),
+                      tenant_gpus=_tenant_room(policies, running, self.jobs))  # fmt: skip
+
+    def placed(self, job_id: str, attempt: int) -> None:
+        """A queued elastic job was just placed: it holds its GPUs now (until read again)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self.jobs[job_id] = job.model_copy(update={"state": JobState.SCHEDULED, "attempt": attempt})
+
+    def resized(self, job: Job, change: Resize, now: float) -> Job:
+        """``job`` as the store now holds it after ``change`` was written (until it is read again)."""
+        if change.running:
+            updated = job.model_copy(update={"resize_gpus": change.new.gpus, "resize_batch": change.new.batch,
+                                             "preempt": "resize"})  # fmt: skip
+        else:
+            updated = job.model_copy(update={"num_gpus": change.new.gpus, "batch_size": change.new.batch,
+                                             "sized_at": now})  # fmt: skip
+        self.jobs[job.id] = updated
+        return updated
+
+
+def elastic(job: Job) -> Elastic:
+    spec = job.spec
+    assert isinstance(spec.gpus, Range) and spec.batch_size is not None and spec.profile is not None
+    batch = spec.batch_size
+    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+    running = job.state.on_node
+    return Elastic(
+        id=job.id, tenant=spec.tenant, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max, min_batch=low,
+        max_batch=high, profile=spec.profile, size=Size(job.num_gpus, job.batch_size), running=running,
+        stopping=running and bool(job.resize_gpus is not None or job.preempt or job.cancel_requested),
+        changed_at=max(job.sized_at, job.started_at or 0.0), fixed_batch=not isinstance(batch, Range),
+        resize_to=job.resize_gpus if running else None,
+    )  # fmt: skip
+
+
+def _rank(job: Job) -> tuple[int, int]:
+    return (-job.spec.priority, job.seq)
+
+
+def _tenant_room(
+    policies: Mapping[str, Tenant], running: Mapping[str, RunningJob], elastic_jobs: Mapping[str, Job]
+) -> dict[str, int]:
+    """What each tenant with a ``max_gpus`` may give its elastic jobs: the max less its other jobs'."""
+    room = {t: p.max_gpus for t, p in policies.items() if p.max_gpus is not None}
+    for r in running.values():
+        if r.tenant in room and r.id not in elastic_jobs:
+            room[r.tenant] -= r.gpus
+    return {t: max(left, 0) for t, left in room.items()}

@@ -1,0 +1,519 @@
+"""Elastic jobs: the GPU count *and* the global batch size of each, chosen together from each
+model's measured scaling (Saxena et al., "Effective Elastic Scaling of Deep Learning Workloads",
+MASCOTS 2020). Pure: no Redis, no bus, no clock; the simulator and the controller both call it.
+
+A :class:`Profile` is how fast one model trains on N GPUs at global batch B, from measurements in
+the profiles format (``fleet/traces/profiles``, Pollux's traces: step times per placement and
+per-GPU batch). Within the batch range a model's final accuracy is about the same, so a sample
+processed at any batch size in the range counts the same toward completion.
+
+:func:`allocate` is the optimizer, in two steps. Admission: in queue order, running jobs keep
+running and each waiting job starts if its smallest size fits in what is left (smaller jobs behind
+a big one may start: backfill). Sizes: a dynamic program over the admitted jobs x GPUs (a
+multiple-choice knapsack, exact) maximises the fleet's useful throughput: each job's samples/s in
+units of its own samples/s at its smallest size (its *speedup*, so an ncf sample and an imagenet
+sample are not compared), or with ``objective=COMPLETION`` its samples/s as a share of the samples
+it has left (shortest-remaining-first in spirit: lower average completion time; it needs each
+job's ``remaining``). Beyond one node a size is whole nodes (a gang of equal members that packs).
+A job whose batch is fixed (``fixed_batch``, the paper's baseline) changes only its GPU count,
+within what its batch allows per GPU (with gradient accumulation if ``accumulate``).
+
+Hysteresis: a running job changes size only when its samples at the new size over ``horizon_s``,
+less those lost to the resize (``resize_cost_s`` at the larger of the two speeds), beat what it
+does now; no job is resized within ``min_interval_s`` of its last start or resize (a new job waits
+for that rather than shrink it early), unless the GPUs given are fewer than the locked jobs hold; a
+running job is stopped only when the running jobs' smallest sizes no longer fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache, lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fleet.scheduler.capacity import even_split
+
+#: allocate's objectives: the sum of jobs' speedups (the fleet's useful throughput), or of the
+#: share of its remaining work each job does per second (favours jobs near their end: lower
+#: average completion time, as shortest-remaining-first does)
+SPEEDUP, COMPLETION = "speedup", "completion"
+#: the bundled profiles (``fleet/traces/profiles``)
+PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: training length of each bundled model in epochs, as the Pollux simulator uses them
+EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
+#: the largest per-GPU batch that fits a GPU, where it is below the largest measured (Pollux's limit)
+MAX_LOCAL = {"yolov3": 8}
+#: the most GPUs per node the profiles were measured with (a member bigger than this counts as
+#: several measured nodes: a conservative estimate for 8-GPU nodes)
+MEASURED_GPUS_PER_NODE = 4
+#: seconds a resize costs: SIGTERM, checkpoint, relaunch, framework start-up, restore. fleet's own
+#: part (requeue, place, launch) is under a second; the rest is the job's, an estimate for the
+#: profiled models' checkpoints (100 MB to a few GB) and communicator start-up. Configurable.
+RESIZE_COST_S = 30.0
+#: no job is resized again sooner than this after its last start or resize: 4 resize costs, so a
+#: job spends at most a fifth of its time resizing
+MIN_INTERVAL_S = 120.0
+
+#: (per-GPU batch sizes ascending, seconds per step at each, seconds of it spent synchronising)
+Curve = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+#: a placement's curves to blend (weight, curve): one when measured, two between measured GPU counts
+Blend = tuple[tuple[float, Curve], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """Throughput of one model. ``min_batch``/``max_batch``: the global batch range in which its
+    accuracy holds; ``epochs`` x ``epoch_samples``: the samples one training run processes;
+    ``max_local``: the largest per-GPU batch that fits a GPU's memory (None: the largest measured)."""
+
+    name: str
+    min_batch: int
+    max_batch: int
+    epochs: int = 1
+    epoch_samples: int = 0
+    max_local: int | None = None
+    #: measured placements (GPUs on each 4-GPU node, ascending) -> step times by per-GPU batch
+    placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: larger placements: (nodes, GPUs) -> step times by per-GPU batch
+    scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: throughputs, best batches and size curves worked out so far (a profile is equal only to itself)
+    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def samples(self) -> int:
+        """Samples one training run processes (epochs x samples per epoch)."""
+        return self.epochs * self.epoch_samples
+
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs measured: beyond, the throughput is 0 (no guessing)."""
+        return max([sum(p) for p in self.placements] + [r for _, r in self.scalability], default=0)
+
+    def placement(self, gpus: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> tuple[int, ...]:
+        """The GPUs on each measured node when fleet places ``gpus`` GPUs on nodes of
+        ``gpus_per_node``: equal members (``capacity.even_split``), each member bigger than a
+        measured node counted as several."""
+        members, per = even_split(gpus, gpus_per_node)
+        parts, each = even_split(per, MEASURED_GPUS_PER_NODE)
+        return (each,) * (members * parts)
+
+    def throughput(
+        self, gpus: int, batch: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False
+    ) -> float:
+        """Samples/s at global batch ``batch`` on ``gpus`` GPUs; 0.0 where infeasible (batch outside
+        the model's range, per-GPU batch outside what was measured or fits, more GPUs than
+        measured). With ``accumulate``, a per-GPU batch above the largest that fits is reached by
+        gradient accumulation (s steps of compute per synchronisation, as Pollux models it). Step
+        times are interpolated linearly between measured per-GPU batches, and between measured GPU
+        counts for placements not measured as such."""
+        if gpus < 1 or not self.min_batch <= batch <= self.max_batch:
+            return 0.0
+        key = ("t", gpus, batch, gpus_per_node, accumulate)
+        found = self._cache.get(key)
+        if found is None:
+            step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus, accumulate)
+            found = self._cache[key] = batch / step if step else 0.0
+        return float(found)
+
+    def best(
+        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
+    ) -> tuple[float, int]:  # fmt: skip
+        """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
+        (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
+        the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
+        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
+        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        key = ("b", gpus, lo, hi, gpus_per_node, accumulate)
+        found = self._cache.get(key)
+        if found is not None:
+            return tuple(found)
+        best = (0.0, 0)
+        if gpus >= 1 and lo <= hi:
+            candidates = {lo, hi, hi // gpus * gpus, -(-lo // gpus) * gpus}
+            for _, curve in self._blend(self.placement(gpus, gpus_per_node)):
+                candidates.update(int(local) * gpus for local in curve[0])
+            for batch in sorted(candidates):
+                if lo <= batch <= hi:
+                    t = self.throughput(gpus, batch, gpus_per_node, accumulate)
+                    if t > best[0] * (1 + 1e-9):
+                        best = (t, batch)
+        self._cache[key] = best
+        return best
+
+    def _blend(self, placement: tuple[int, ...]) -> Blend:
+        """The measured curves a placement's step times come from: its own when measured, else the
+        fewest measured nodes at least its nodes (the most when none), between the measured GPU
+        counts around its own; () beyond the most GPUs measured."""
+        curve = self.placements.get(placement)
+        if curve is not None:
+            return ((1.0, curve),)
+        groups = sorted({n for n, _ in self.scalability})
+        if not groups:
+            return ()
+        nodes, replicas = len(placement), sum(placement)
+        group = next((n for n in groups if n >= nodes), groups[-1])
+        counts = sorted(r for n, r in self.scalability if n == group)
+        if replicas > counts[-1] and group == groups[-1]:
+            return ()
+        replicas = min(max(replicas, counts[0]), counts[-1])
+        i = bisect.bisect_left(counts, replicas)
+        if counts[i] == replicas:
+            return ((1.0, self.scalability[(group, replicas)]),)
+        below, above = counts[i - 1], counts[i]
+        w = (replicas - below) / (above - below)
+        return ((1 - w, self.scalability[(group, below)]), (w, self.scalability[(group, above)]))
+
+    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
+        """Seconds per optimizer step at per-GPU batch ``local``, None where not measured."""
+        blend = self._blend(placement)
+        if not blend:
+            return None
+        largest = min(curve[0][-1] for _, curve in blend)
+        if self.max_local is not None:
+            largest = min(largest, self.max_local)
+        steps = max(1, math.ceil(local / largest - 1e-9)) if accumulate else 1
+        local /= steps
+        if local > largest * (1 + 1e-9):
+            return None
+        step = sync = 0.0
+        for weight, curve in blend:
+            at = _interp(curve, local)
+            if at is None:
+                return None
+            step, sync = step + weight * at[0], sync + weight * at[1]
+        return step + (steps - 1) * (step - sync)
+
+
+def _interp(curve: Curve, x: float) -> tuple[float, float] | None:
+    """(step time, sync time) at per-GPU batch ``x``, linear between measured points."""
+    xs, steps, syncs = curve
+    if not xs or x < xs[0] * (1 - 1e-9) or x > xs[-1] * (1 + 1e-9):
+        return None
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and math.isclose(xs[i], x, rel_tol=1e-9):
+        return steps[i], syncs[i]
+    i = min(max(i, 1), len(xs) - 1)
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return steps[i - 1] + (steps[i] - steps[i - 1]) * w, syncs[i - 1] + (syncs[i] - syncs[i - 1]) * w
+
+
+Points = dict[object, dict[float, list[tuple[float, float]]]]
+
+
+def _curves(rows: Points) -> dict[object, Curve]:
+    out: dict[object, Curve] = {}
+    for key, points in rows.items():
+        xs = tuple(sorted(points))
+        steps = tuple(sum(p[0] for p in points[x]) / len(points[x]) for x in xs)
+        syncs = tuple(sum(p[1] for p in points[x]) / len(points[x]) for x in xs)
+        out[key] = (xs, steps, syncs)
+    return out
+
+
+def _read(path: Path, key: Callable[[dict[str, str]], object], into: Points) -> None:
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            point = (float(row["step_time"]), float(row["sync_time"]))
+            into.setdefault(key(row), {}).setdefault(float(row["local_bsz"]), []).append(point)
+
+
+def load_profile(
+    directory: Path | str, name: str | None = None, epochs: int | None = None, max_local: int | None = None
+) -> Profile:
+    """A model's profile from a directory in the profiles format: ``placements.csv``,
+    ``scalability.csv`` (optional) and ``validation-<B>.csv`` (the batch range: smallest and largest
+    B; an epoch: the first row's ``progress`` x the smallest B samples; the epochs: its rows, unless
+    ``epochs`` says, or the model is one of the bundled ones)."""
+    directory = Path(directory)
+    name = name or directory.name
+    placed: Points = {}
+    _read(
+        directory / "placements.csv",
+        lambda row: tuple(sorted(int(d) for d in row["placement"].strip())),
+        placed,
+    )
+    scaled: Points = {}
+    if (directory / "scalability.csv").exists():
+        _read(
+            directory / "scalability.csv",
+            lambda row: (int(row["num_nodes"]), int(row["num_replicas"])),
+            scaled,
+        )
+    batches = sorted(
+        int(m.group(1)) for p in directory.glob("validation-*.csv")
+        if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
+    )  # fmt: skip
+    if not batches:
+        raise ValueError(f"{directory}: no validation-<batch>.csv (the batch range comes from them)")
+    with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
+    return Profile(
+        name=name, min_batch=batches[0], max_batch=batches[-1],
+        epochs=epochs or EPOCHS.get(name, len(rows)), epoch_samples=epoch,
+        max_local=max_local if max_local is not None else MAX_LOCAL.get(name),
+        placements=_curves(placed), scalability=_curves(scaled),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@cache
+def named_profile(name: str) -> Profile:
+    """A bundled profile: one of :data:`PROFILES`."""
+    if name not in PROFILES:
+        raise ValueError(f"no profile named {name!r}: bundled are {', '.join(PROFILES)}")
+    with resources.as_file(resources.files("fleet") / "traces" / "profiles" / name) as path:
+        return load_profile(path, name)
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """An elastic job as the optimizer sees it: its ranges, its profile, where it stands."""
+
+    id: str
+    tenant: str
+    min_gpus: int
+    max_gpus: int
+    min_batch: int
+    max_batch: int
+    profile: Profile
+    #: current allocation (0 = not running) and global batch size
+    gpus: int = 0
+    batch: int = 0
+    #: the paper's baseline: only the GPU count may change (at ``batch``, else ``min_batch``)
+    fixed_batch: bool = False
+    #: when it last started or was resized (for the minimum interval between resizes)
+    changed_at: float = 0.0
+    #: whether it reaches a per-GPU batch larger than fits by gradient accumulation
+    accumulate: bool = False
+    #: its worth relative to other jobs' (a job's value is weight x speedup)
+    weight: float = 1.0
+    #: samples it still has to process (inf: unknown): a job about to end is not resized
+    remaining: float = math.inf
+
+    def batch_range(self) -> tuple[int, int]:
+        if self.fixed_batch:
+            fixed = self.batch or self.min_batch
+            return fixed, fixed
+        return self.min_batch, self.max_batch
+
+
+#: (gpus, batch, value) of one choice for a job
+Option = tuple[int, int, float]
+
+
+def sizes(job: ElasticJob, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> list[tuple[int, int, float]]:
+    """(GPUs, best global batch, samples/s) of each size worth running ``job`` at, smallest first:
+    within its ranges, feasible for its profile, each faster than every smaller one."""
+    lo, hi = job.batch_range()
+    return _curve(job.profile, max(job.min_gpus, 1), job.max_gpus, lo, hi, gpus_per_node, job.accumulate)
+
+
+def _locked(job: ElasticJob, now: float, min_interval_s: float) -> bool:
+    return job.gpus > 0 and now - job.changed_at < min_interval_s
+
+
+def options(
+    job: ElasticJob, now: float, most: int, *, resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S, horizon_s: float | None = None,
+    gpus_per_node: int = MEASURED_GPUS_PER_NODE, objective: str = SPEEDUP,
+) -> list[Option]:  # fmt: skip
+    """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
+    units of its samples/s at its smallest size (its speedup; with ``objective="completion"``, in
+    units of the samples it has left, its ``remaining`` or else a whole run of its profile), times
+    its weight; for a running job that would change, less
+    the samples the resize costs (``resize_cost_s`` at the larger of its old and new speeds)
+    spread over the horizon (or what it has left, if shorter). A running job inside its minimum
+    interval keeps its size."""
+    curve = sizes(job, gpus_per_node)
+    ref = curve[0][2] if curve else 1.0
+    if objective == COMPLETION:
+        left = job.remaining if math.isfinite(job.remaining) else job.profile.samples
+        ref = max(left, 1.0)  # value: weight x samples/s / samples left
+    elif objective != SPEEDUP:
+        raise ValueError(f"objective {objective!r}: {SPEEDUP!r} or {COMPLETION!r}")
+    if job.gpus <= 0:
+        return [(g, b, job.weight * t / ref) for g, b, t in curve if g <= most]
+    current = job.profile.throughput(job.gpus, job.batch, gpus_per_node, job.accumulate)
+    keep = (job.gpus, job.batch, job.weight * current / ref)
+    if _locked(job, now, min_interval_s) and job.gpus <= most:
+        return [keep]
+    horizon = horizon_s if horizon_s is not None else max(min_interval_s, 20 * resize_cost_s)
+    out = [keep] if job.gpus <= most else []
+    for g, b, t in curve:
+        if g > most or (g, b) == (job.gpus, job.batch):
+            continue
+        # over the horizon (or what is left of the job, if shorter) it runs at the new size less
+        # the resize, during which it holds GPUs and makes no progress: charged at the larger size
+        span = min(horizon, job.remaining / t)
+        value = (t * span - max(t, current) * resize_cost_s) / span if span > 0 else -math.inf
+        out.append((g, b, job.weight * value / ref))
+    return out
+
+
+def allocate(
+    jobs: Sequence[ElasticJob], gpus: int, now: float, *, resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S, gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    horizon_s: float | None = None, tenant_gpus: Mapping[str, int] | None = None, objective: str = SPEEDUP,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """The target (GPUs, global batch) of every job in ``jobs`` ((0, 0): wait), using at most
+    ``gpus`` GPUs (those not held by non-elastic jobs), and at most ``tenant_gpus[t]`` for the
+    elastic jobs of tenant ``t`` (what its quota leaves after its other jobs).
+
+    1. Admission, in the order of ``jobs`` (pass them in queue order): running jobs keep running
+       (at their current size while inside their minimum interval, else at least their smallest);
+       each waiting job starts if its smallest size fits in what is left, else it waits and later,
+       smaller jobs may still start (backfill). Running jobs are stopped only if even their
+       minimums no longer fit, the last in the order first.
+    2. Sizes: a dynamic program over the admitted jobs x GPUs (a multiple-choice knapsack, exact)
+       maximises the sum of their values (see :func:`options`: speedups, or with
+       ``objective="completion"`` the share of its remaining work each does per second), less resize costs.
+    ``horizon_s``: how long a new size is expected to last when its gain is weighed against the
+    resize cost (default: the larger of ``min_interval_s`` and 20 resize costs)."""
+    gpus = max(int(gpus), 0)
+    caps = {t: max(int(c), 0) for t, c in (tenant_gpus or {}).items()}
+    chosen: dict[str, tuple[int, int]] = {job.id: (0, 0) for job in jobs}
+    admitted = _admit(jobs, gpus, caps, now, min_interval_s, gpus_per_node)
+    groups: dict[str, list[ElasticJob]] = {}
+    for job in admitted:
+        groups.setdefault(job.tenant if job.tenant in caps else "", []).append(job)
+    tables = []
+    for tenant, members in groups.items():
+        cap = min(gpus, caps[tenant]) if tenant else gpus
+        opts = [
+            options(job, now, cap, resize_cost_s=resize_cost_s, min_interval_s=min_interval_s,
+                    horizon_s=horizon_s, gpus_per_node=gpus_per_node, objective=objective)
+            for job in members
+        ]  # fmt: skip
+        best, picks = _knapsack(opts, cap)
+        tables.append((members, opts, best, picks))
+    total = np.zeros(gpus + 1)
+    splits = []
+    for _, _, best, _ in tables:  # the tenants' tables combined: how many GPUs each tenant's jobs get
+        total, pick = _combine(total, best)
+        splits.append(pick)
+    left = gpus
+    for (members, opts, _, picks), pick in zip(reversed(tables), reversed(splits), strict=True):
+        take = int(pick[left])
+        left -= take
+        for job, (g, b, _) in zip(members, _walk(opts, picks, take), strict=True):
+            chosen[job.id] = (g, b)
+    return chosen
+
+
+def _admit(
+    jobs: Sequence[ElasticJob], gpus: int, caps: Mapping[str, int], now: float, min_interval_s: float,
+    gpus_per_node: int,
+) -> list[ElasticJob]:  # fmt: skip
+    """The jobs that run after this decision (see :func:`allocate`), in the order given."""
+    smallest = {job.id: (sizes(job, gpus_per_node) or [(0, 0, 0.0)])[0][0] for job in jobs}
+    running = [job for job in jobs if job.gpus > 0]
+    # a running job keeps at least its smallest size, or its size while locked; the minimum
+    # interval gives way when even that does not fit
+    floors = {job.id: min(smallest[job.id] or job.gpus, job.gpus) for job in running}
+    locked = {job.id: job.gpus for job in running if _locked(job, now, min_interval_s)}
+    strict = _Budget(gpus, caps).fits(running, {**floors, **locked})
+    if strict:
+        floors.update(locked)
+    budget = _Budget(gpus, caps)
+    kept = {job.id for job in running if budget.take(job, floors[job.id])}  # the earliest stay
+    out = []
+    for job in jobs:
+        if job.id in kept or (job.gpus <= 0 and smallest[job.id] and budget.take(job, smallest[job.id])):
+            out.append(job)
+    if not strict:  # locked jobs that must shrink are resized as if unlocked
+        out = [replace(job, changed_at=-math.inf) if job.id in locked else job for job in out]
+    return out
+
+
+class _Budget:
+    """GPUs left, in all and per capped tenant."""
+
+    def __init__(self, gpus: int, caps: Mapping[str, int]) -> None:
+        self.left, self.tenants = gpus, dict(caps)
+
+    def take(self, job: ElasticJob, need: int) -> bool:
+        if need > self.left or need > self.tenants.get(job.tenant, need):
+            return False
+        self.left -= need
+        if job.tenant in self.tenants:
+            self.tenants[job.tenant] -= need
+        return True
+
+    def fits(self, jobs: Sequence[ElasticJob], need: Mapping[str, int]) -> bool:
+        return all([self.take(job, need[job.id]) for job in jobs])
+
+
+def _curve(
+    profile: Profile, least: int, most: int, lo: int, hi: int, per_node: int, accumulate: bool
+) -> list[tuple[int, int, float]]:
+    """(GPUs, best batch, throughput) from ``least`` to ``most`` GPUs, each faster than the last;
+    beyond one node only whole nodes (a gang of equal members that packs: 12 GPUs on 4-GPU nodes,
+    not 7 members of one GPU each)."""
+    key = ("c", least, most, lo, hi, per_node, accumulate)
+    found = profile._cache.get(key)
+    if found is not None:
+        return list(found)
+    out: list[tuple[int, int, float]] = []
+    for g in range(least, min(most, profile.max_gpus) + 1):
+        if g > per_node and g % per_node:
+            continue
+        t, b = profile.best(g, lo, hi, per_node, accumulate)
+        if t > 0 and (not out or t > out[-1][2] * (1 + 1e-9)):
+            out.append((g, b, t))
+    profile._cache[key] = out
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _offsets(gs: tuple[int, ...], cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """For options of ``gs`` GPUs: index of dp[c - g] for every c (clipped) and where c < g."""
+    c = np.arange(cap + 1)[None, :] - np.asarray(gs)[:, None]
+    return np.maximum(c, 0), c < 0
+
+
+def _knapsack(opts: list[list[Option]], cap: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """best[c]: the most value with at most c GPUs; picks[j][c]: job j's option there."""
+    dp = np.zeros(cap + 1)
+    picks = []
+    for job_opts in opts:
+        where = [i for i, o in enumerate(job_opts) if o[0] <= cap]
+        gs = tuple(job_opts[i][0] for i in where)
+        values = np.asarray([job_opts[i][2] for i in where])
+        index, short = _offsets(gs, cap)
+        table = dp[index] + values[:, None]
+        table[short] = -np.inf
+        k = table.argmax(axis=0)
+        dp = table[k, np.arange(cap + 1)]
+        picks.append(np.asarray(where)[k])  # positions in the job's list (those over cap left out)
+    return dp, picks
+
+
+def _walk(opts: list[list[Option]], picks: list[np.ndarray], cap: int) -> list[Option]:
+    out: list[Option] = []
+    c = cap
+    for job_opts, pick in zip(reversed(opts), reversed(picks), strict=True):
+        g, b, v = job_opts[int(pick[c])]
+        out.append((g, b, v))
+        c -= g
+    return out[::-1]
+
+
+def _combine(total: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Max-plus convolution of the GPUs so far with one tenant's table; per c, the tenant's part."""
+    size, cap = len(total), len(best) - 1
+    take = np.arange(cap + 1)[:, None]
+    index = np.arange(size)[None, :] - take
+    table = total[np.maximum(index, 0)] + best[:, None]
+    table[index < 0] = -np.inf
+    pick = table.argmax(axis=0)
+    return table[pick, np.arange(size)], pick

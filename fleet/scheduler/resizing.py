@@ -1,0 +1,162 @@
+"""The elastic step of a pass: which elastic jobs start or change size, and at what. Pure.
+
+Elastic jobs share what the others leave: the healthy GPUs of schedulable nodes, less those held by
+jobs that are not elastic and those the queued ones that are not elastic would take (so a fixed-size
+job that arrives makes the elastic ones shrink, instead of waiting behind them). Each tenant's
+elastic jobs get at most what its ``max_gpus`` leaves after its other jobs. The optimizer
+(``elastic.allocate``) chooses every job's GPUs and global batch; this turns its answer into
+:class:`Resize` decisions the controller carries out: a queued job is given the size it starts at,
+a running one is stopped to restart at its new one. A job already on its way off its node (a
+resize, a drain, a preemption, a cancel under way) is left alone and its GPUs counted as held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from fleet.scheduler.capacity import Capacity
+from fleet.scheduler.elastic import MEASURED_GPUS_PER_NODE, ElasticJob, allocate, named_profile, sizes
+from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
+from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """One elastic job as the step sees it."""
+
+    id: str
+    tenant: str
+    min_gpus: int
+    max_gpus: int
+    min_batch: int
+    max_batch: int
+    profile: str
+    #: its size now: running, its attempt's; queued, the size it was given (0 GPUs: none yet)
+    size: Size
+    running: bool
+    #: on its way off its node (resize, drain, preemption, cancel): not to be resized again now
+    stopping: bool = False
+    #: when it last started or changed size (the minimum interval between resizes counts from it)
+    changed_at: float = 0.0
+    #: one batch size at every size (the spec gave one value, not a range)
+    fixed_batch: bool = False
+    #: stopping for a resize: the GPUs it comes back with (held for it meanwhile)
+    resize_to: int | None = None
+
+    @property
+    def held(self) -> int:
+        """GPUs a stopping job keeps from the others: those it comes back with."""
+        return self.size.gpus if self.resize_to is None else self.resize_to
+
+
+@dataclass(frozen=True)
+class Resize:
+    job_id: str
+    old: Size
+    new: Size
+    #: a running job (stopped to restart at ``new``); else a queued one (placed at ``new``)
+    running: bool
+
+
+def elastic_gpus(
+    views: Iterable[NodeView], elastic: Iterable[str], pending: Iterable[PendingJob], limit: int = 256
+) -> int:
+    """GPUs for elastic jobs: healthy ones on schedulable nodes, free or held by an elastic job, less
+    those the queued jobs that are not elastic would take if the elastic ones gave all theirs up
+    (placed as the pass would, best ranked first, the first ``limit`` of them): a fixed-size job that
+    could not start even then takes nothing from them."""
+    ids, views = set(elastic), list(views)
+    freed = [_free_elastic(v, ids) for v in views]
+    usable = sum(1 for v in freed if v.schedulable for g in v.gpus if g.free)
+    # on a cordoned node, what its elastic jobs hold stays theirs (a cordon leaves running jobs be)
+    usable += sum(1 for v in views if not v.schedulable for g in v.gpus if _holder(g) in ids)
+    capacity = Capacity(freed)
+    waiting = sorted((j for j in pending if not j.elastic and not j.hold and j.gpus), key=lambda j: j.rank)
+    asked = sum(j.gpus for j in waiting[:limit] if capacity.place(j) is not None)
+    return max(usable - asked, 0)
+
+
+def _free_elastic(view: NodeView, elastic: set[str]) -> NodeView:
+    """``view`` with the GPUs elastic jobs hold counted free."""
+    gpus = tuple(
+        replace(g, free=True, why="", holder="") if _holder(g) in elastic else g
+        for g in view.gpus
+    )  # fmt: skip
+    return replace(view, gpus=gpus)
+
+
+def _holder(gpu: GpuSlot) -> str:
+    return gpu.holder.rsplit(":", 1)[0]
+
+
+def largest_node(views: Iterable[NodeView]) -> int:
+    """GPUs of the biggest node (how the allocator expects a job to be split into members)."""
+    return max((sum(g.healthy for g in v.gpus) for v in views), default=0) or MEASURED_GPUS_PER_NODE
+
+
+def decide(
+    jobs: Sequence[Elastic], gpus: int, now: float, *, resize_cost_s: float, min_interval_s: float,
+    gpus_per_node: int, tenant_gpus: Mapping[str, int] | None = None,
+) -> list[Resize]:  # fmt: skip
+    """The resizes that put every elastic job (in queue order: running first, then by rank) at the
+    size the allocator chooses for it, with ``gpus`` GPUs among them."""
+    moving = [j for j in jobs if not j.stopping]
+    held = sum(j.held for j in jobs if j.stopping)
+    caps = dict(tenant_gpus or {})
+    for j in jobs:
+        if j.stopping and j.tenant in caps:
+            caps[j.tenant] -= j.held
+    targets = allocate(
+        [_job(j) for j in moving], max(gpus - held, 0), now, resize_cost_s=resize_cost_s,
+        min_interval_s=min_interval_s, gpus_per_node=gpus_per_node, tenant_gpus=caps,
+    )  # fmt: skip
+    out = []
+    for j in moving:
+        g, b = targets.get(j.id, (0, 0))
+        new = Size(g, _batch(j, g, b)) if g else Size(0, 0)
+        if new != j.size:
+            out.append(Resize(j.id, j.size, new, j.running))
+    return out
+
+
+def unrunnable(job: Elastic) -> str:
+    """Why the profile gives ``job`` no size to run at within its ranges ('' when it has one): such a
+    job would never be sized, so a submit refuses it."""
+    profile = named_profile(job.profile)
+    if sizes(_job(job)):
+        return ""
+    batch = str(job.min_batch) if job.fixed_batch else f"{job.min_batch}-{job.max_batch}"
+    return (f"profile {job.profile} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
+            f"global batch of {batch} (it was measured at batch sizes "
+            f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "
+            "or choose another profile")  # fmt: skip
+
+
+def starting_sizes(jobs: Iterable[Elastic]) -> list[Resize]:
+    """With the elastic step off: each queued job not sized yet starts at its smallest size (a manual
+    ``fleet resize`` still changes it)."""
+    return [
+        Resize(j.id, j.size, Size(j.min_gpus, _batch(j, j.min_gpus, 0)), False)
+        for j in jobs if not j.running and not j.size.gpus
+    ]  # fmt: skip
+
+
+def _batch(job: Elastic, gpus: int, batch: int) -> int:
+    """The allocator's batch, split evenly over the GPUs within the job's range (a fixed one kept)."""
+    if job.fixed_batch:
+        return job.min_batch
+    if not batch:
+        return scaled_batch(job.size.batch, job.size.gpus, gpus, job.min_batch, job.max_batch)
+    return fit_batch(batch, gpus, job.min_batch, job.max_batch)
+
+
+def _job(j: Elastic) -> ElasticJob:
+    """What the allocator sees: a queued job has no GPUs (its size is only a plan until it starts)."""
+    running = j.size if j.running else Size(0, 0)
+    job = ElasticJob(
+        j.id, j.tenant, j.min_gpus, j.max_gpus, j.min_batch, j.max_batch, named_profile(j.profile),
+        gpus=running.gpus, batch=running.batch or j.min_batch, fixed_batch=j.fixed_batch,
+        changed_at=j.changed_at,
+    )  # fmt: skip
+    return replace(job, batch=running.batch) if running.gpus else job
