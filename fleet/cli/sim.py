@@ -9,10 +9,12 @@ from typing import Any
 
 from fleet.errors import SpecError
 
+#: fleet.sim.POLICIES, spelt out: building the parser must not import the simulator (numpy), or
+#: every command would pay for it
+POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
+
 
 def register(sub: Any, output: Any) -> None:
-    from fleet.sim.engine import POLICIES
-
     p = sub.add_parser(
         "sim", help="simulate a trace under a scheduling policy on a virtual clock (no services needed)",
         description="Run a trace through the controller's own scheduling code (the queue, gangs, fair "
