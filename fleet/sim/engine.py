@@ -13,7 +13,9 @@ admits enter the queue at the size it chose.
 Time moves from event to event (arrivals, completions, a resized job's minimum interval ending), and
 a pass runs after each instant's events. A job's progress is piecewise linear: samples/s from its
 profile at its size and batch (a workload job) or 1 s/s (a Philly job, which runs its duration). A
-resize or a restart after preemption stops progress for ``resize_cost_s`` (checkpoint + restart).
+resize or a restart after preemption stops progress for ``resize_cost_s`` (checkpoint + restart);
+a preempted job gives its GPUs back at once (its checkpoint time is that restart cost) and keeps
+its progress. Tenants' ``min_run_s`` holds as in the controller.
 """
 
 from __future__ import annotations
@@ -308,7 +310,6 @@ class Simulation:
         del self.running[job.id]
         job.ended, job.done, job.rate, job.gpus = self.now, job.work, 0.0, 0
         self.unfinished -= 1
-        self.recorder.ended(job)
 
     # -- a pass -------------------------------------------------------------------------
 
@@ -353,7 +354,6 @@ class Simulation:
             self.running[job_id] = job
             if job.started is None:
                 job.started = self.now
-                self.recorder.started(job)
             job.running_since = job.changed_at = self.now
             job.advance(self.now)
             job.paused_until = self.now + (self.cfg.resize_cost_s if job.restarting else 0.0)

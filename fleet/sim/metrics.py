@@ -169,12 +169,6 @@ class Recorder:
         for tenant, share in fair.items():
             self.fair_gpu_s[tenant] = self.fair_gpu_s.get(tenant, 0.0) + share * dt
 
-    def started(self, job: SimJob) -> None:
-        pass
-
-    def ended(self, job: SimJob) -> None:
-        pass
-
     def result(self, cfg: SimConfig, jobs: list[SimJob], end: float, fallbacks: int) -> SimResult:
         done = [j for j in jobs if j.ended is not None]
         jct = [j.ended - j.trace.arrival for j in done if j.ended is not None]

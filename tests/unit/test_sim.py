@@ -133,6 +133,15 @@ def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
         run("workload-1", gpus=10, nodes=4, limit=2)
 
 
+def test_the_command_line_builds_without_importing_the_simulator() -> None:
+    from fleet.cli import sim
+    from fleet.sim import POLICIES
+
+    assert sim.POLICIES == POLICIES
+    code = "import sys; from fleet.cli.main import build_parser as b; b(); assert 'numpy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None:
     trace = philly(tmp_path, [(0, 100, 4, "x"), (10, 50, 2, "y")])
     out = subprocess.run(
