@@ -126,6 +126,9 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> Job:
         return await self._run(self.sync.cancel, job_id)
 
+    async def resize(self, job_id: str, gpus: int, batch_size: int | None = None) -> Job:
+        return await self._run(self.sync.resize, job_id, gpus, batch_size)
+
     async def cancel_array(self, array_id: str) -> CancelReport:
         return await self._run(self.sync.cancel_array, array_id)
 

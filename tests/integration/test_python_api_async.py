@@ -125,3 +125,22 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
         await client.close()  # a second close is harmless
 
     asyncio.run(main())
+
+
+def test_an_elastic_job_is_resized_awaited(api: Api) -> None:
+    # Given a queued elastic job (no node: it stays queued)
+    ranges = {"gpus": "1-4", "batch_size": "128-1024", "profile": "cifar10"}
+    spec = JobSpec.parse({"name": "el", "command": ["python3", "t.py"], **ranges})
+
+    async def main() -> None:
+        async with AsyncClient(api.url, api.token) as client:
+            job = await client.submit(spec)
+            # When it is resized to 2 GPUs and batch 256
+            resized = await client.resize(job.id, 2, batch_size=256)
+            # Then it waits at that size, and the history says who resized it from what
+            assert (resized.state, resized.num_gpus, resized.batch_size) == (JobState.QUEUED, 2, 256)
+            assert any(e.reason.startswith("resized") for e in await client.history(job.id))
+            with pytest.raises(SpecError, match=r"outside job .* range 1-4"):
+                await client.resize(job.id, 8)
+
+    asyncio.run(main())
