@@ -27,25 +27,20 @@ from collections import Counter
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import psutil
 import redis
 from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
-from fleet.agent.gpus import SimulatedGpus
+from bench.inprocess import in_process_fleet
 from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
-from fleet.agent.service import Agent
-from fleet.agent.supervision import SupervisorClient
 from fleet.backend import Backend
-from fleet.bus import Bus
 from fleet.client import JobHandle
 from fleet.config import load_settings
-from fleet.controller.service import Controller
-from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import JobSpec, JobState
-from fleet.state import JobStore, NodeStore, connect
 from tests.conftest import FleetProcs
 
 #: what tests/conftest.py's FleetProcs speeds up; the idle services run with the defaults instead
@@ -78,40 +73,18 @@ def latency(url: str, jobs: int, root: Path, poll_ms: int | None) -> dict[str, f
         agent={"node_name": "bench", "state_dir": root / "agent-latency", "metrics_port": 0},
         controller={"metrics_port": 0},
     )
-    connect(settings).flushall()
-    keys = Keys(settings.key_prefix)
-    supervisor = SupervisorClient(settings.agent.state_dir, settings.agent.fence_margin_s)
-    runtime = TimedRuntime("bench", settings.agent.state_dir / "attempts", supervisor)
-    agent = Agent(
-        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings),
-        SimulatedGpus("bench", 4, "sim", 1 << 30), runtime, supervisor,
-    )  # fmt: skip
-    controller = Controller(
-        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
-    )
-    threads = [threading.Thread(target=s.run, daemon=True) for s in (controller, agent)]
-    for t in threads:
-        t.start()
-    client = Backend(settings=settings)
-    while not any(n.alive for n in client.nodes()):
-        time.sleep(0.05)
-    time.sleep(1)
-    latencies = []
-    spec = JobSpec(name="bench", command=["true"], gpus=1)
-    for i in range(jobs + 10):
-        handle = JobHandle(client, client.submit(spec).id)  # type: ignore[arg-type]
-        submitted = time.time()
-        with runtime.event:
-            runtime.event.wait_for(lambda h=handle: h.id in runtime.called, timeout=30)
-        if i >= 10:  # warm-up
-            latencies.append((runtime.called[handle.id] - submitted) * 1000)
-        assert handle.wait(timeout=30).state == JobState.SUCCEEDED
-    agent.stop_event.set()
-    controller.stop_event.set()
-    controller._wake.set()
-    for t in threads:
-        t.join(timeout=10)
-    supervisor.shutdown()
+    with in_process_fleet(settings, TimedRuntime) as (client, runtime):
+        timed = cast(TimedRuntime, runtime)
+        latencies = []
+        spec = JobSpec(name="bench", command=["true"], gpus=1)
+        for i in range(jobs + 10):
+            handle = JobHandle(client, client.submit(spec).id)  # type: ignore[arg-type]
+            submitted = time.time()
+            with timed.event:
+                timed.event.wait_for(lambda h=handle: h.id in timed.called, timeout=30)
+            if i >= 10:  # warm-up
+                latencies.append((timed.called[handle.id] - submitted) * 1000)
+            assert handle.wait(timeout=30).state == JobState.SUCCEEDED
     latencies.sort()
     return {
         "p50": statistics.median(latencies),

@@ -27,18 +27,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from fleet.agent.gpus import SimulatedGpus
-from fleet.agent.runtime.process import ProcessRuntime
-from fleet.agent.service import Agent
-from fleet.agent.supervision import SupervisorClient
+from bench.inprocess import in_process_fleet
 from fleet.backend import Backend
-from fleet.bus import Bus
 from fleet.config import Settings, load_settings
-from fleet.controller.service import Controller
-from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import JobSpec, JobState
-from fleet.state import JobStore, NodeStore, connect
 
 
 @contextmanager
@@ -73,34 +66,8 @@ def fleet(url: str, root: Path) -> Iterator[Backend]:
         agent={"node_name": "bench", "state_dir": root / "agent", "metrics_port": 0, "cpus": 64},
         controller={"metrics_port": 0},
     )  # fmt: skip
-    connect(settings).flushall()
-    keys = Keys(settings.key_prefix)
-    supervisor = SupervisorClient(settings.agent.state_dir, settings.agent.fence_margin_s)
-    runtime = ProcessRuntime("bench", settings.agent.state_dir / "attempts", supervisor)
-    agent = Agent(
-        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings),
-        SimulatedGpus("bench", 4, "sim", 1 << 30), runtime, supervisor,
-    )  # fmt: skip
-    controller = Controller(
-        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
-    )
-    threads = [threading.Thread(target=s.run, daemon=True) for s in (controller, agent)]
-    for t in threads:
-        t.start()
-    client = Backend(settings=settings)
-    while not any(n.alive for n in client.nodes()):
-        time.sleep(0.05)
-    time.sleep(1)
-    try:
+    with in_process_fleet(settings) as (client, _):
         yield client
-    finally:
-        agent.stop_event.set()
-        controller.stop_event.set()
-        controller._wake.set()
-        for t in threads:
-            t.join(timeout=10)
-        supervisor.shutdown()
-        client.close()
 
 
 def latency(client: Backend, jobs: int) -> dict[str, float]:
