@@ -11,23 +11,12 @@
 -- Returns how many jobs it ranked or dropped.
 --! include ranked
 local prefix = ARGV[1]
-local function set_field(id)
-  local key = prefix .. ':job:' .. id
-  local array = redis.call('HGET', key, 'array')
-  if array then key = prefix .. ':array:' .. array end
-  local f = redis.call('HMGET', key, 'queue', 'spec')
-  if f[1] or not f[2] then return end
-  local ok, spec = pcall(cjson.decode, f[2])
-  if not ok or type(spec) ~= 'table' then return end  -- unreadable: the controller quarantines it
-  local priority = math.floor(tonumber(spec.priority) or 0)
-  redis.call('HSET', key, 'queue', string.format('%d', priority) .. ' ' .. tostring(spec.tenant or 'default'))
-end
 local fixed = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
   local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
   if score then
-    if score < RANK_UNIT then set_field(id) end
+    if score < RANK_UNIT then queue_field(prefix, id) end
     local _, _, tenant = rank_of(prefix, id)
     if score < RANK_UNIT or (tenant and not redis.call('ZSCORE', prefix .. ':queue:' .. tenant, id)) then
       ranked_add(prefix, id)

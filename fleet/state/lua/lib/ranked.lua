@@ -25,6 +25,22 @@ local function rank_of(prefix, id)
   return string.format('%d', (1000 - tonumber(priority)) * RANK_UNIT + seq), seq, tenant
 end
 
+-- The record that holds a job's 'queue' field (a task's: its array's), that field, and for a record
+-- stored before the index, the field made from its spec and written; nil from a record that does
+-- not exist or cannot be read (the controller quarantines it). Never creates a record.
+local function queue_field(prefix, id)
+  local key = prefix .. ':job:' .. id
+  local array = redis.call('HGET', key, 'array')
+  if array then key = prefix .. ':array:' .. array end
+  local f = redis.call('HMGET', key, 'queue', 'spec')
+  if f[1] or not f[2] then return f[1] end
+  local ok, spec = pcall(cjson.decode, f[2])
+  if not ok or type(spec) ~= 'table' then return nil end
+  local queue = string.format('%d', math.floor(tonumber(spec.priority) or 0)) .. ' ' .. tostring(spec.tenant or 'default')
+  redis.call('HSET', key, 'queue', queue)
+  return queue
+end
+
 local function ranked_add(prefix, id)
   local score, _, tenant = rank_of(prefix, id)
   if not score then
