@@ -186,10 +186,12 @@ def _standing(client: Client, job: Job, view: View) -> None:
     """Where a queued job stands, and its tenant against its share: what a user can act on."""
     where = client.position(job.id)
     if where is not None:
+        from fleet.api.views import ordinal  # the status page's words for it (models only, no server)
+
         view.add(
             Field(
                 "Queue",
-                f"{_ordinal(where.in_tenant)} of {where.tenant_queued} in tenant "
+                f"{ordinal(where.in_tenant)} of {where.tenant_queued} in tenant "
                 f"{where.tenant}'s queue (by priority, then submission); {where.overall - 1} of "
                 f"{where.queued} queued jobs outrank it overall (tenants take turns by fair share)",
             )
@@ -201,11 +203,6 @@ def _standing(client: Client, job: Job, view: View) -> None:
         view.add(Field("Tenant", f"{policy.name} uses {tenant.gpus_used} GPUs; fair share now "
                        f"{tenant.fair_share_gpus:.1f}, guaranteed {guarantee(policy)}, {limit}, weight "
                        f"{policy.weight:g}"))  # fmt: skip
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def _countdown(job: Job) -> str:
