@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fleet.cli.common import CONTEXT
+from fleet.cli.common import CONTEXT, pairs
 from fleet.errors import SpecError
 
 #: the policies fleet.sim.engine runs (kept here too, so that --help does not import the simulator)
@@ -53,16 +53,14 @@ def sim(trace: str, **args: Any) -> int:
     return _run(trace, args)
 
 
-def _pairs(values: tuple[str, ...], flag: str, kind: type) -> dict[str, Any]:
+def _numbers(values: tuple[str, ...], flag: str, kind: type) -> dict[str, Any]:
+    """``TENANT=NUMBER`` values of a repeatable flag (``pairs``, then each value a number)."""
     out = {}
-    for value in values:
-        name, sep, number = value.partition("=")
+    for name, number in pairs(values, flag).items():
         try:
             out[name] = kind(number)
         except ValueError:
-            sep = ""
-        if not sep or not name:
-            raise SpecError(f"{flag} {value!r}: use TENANT=NUMBER")
+            raise SpecError(f"{flag} {name}={number!r}: use TENANT=NUMBER") from None
     return out
 
 
@@ -79,8 +77,8 @@ def _run(trace: str, options: dict[str, Any]) -> int:
             raise SpecError(f"{flag}: {exc}") from None
 
     tenants: dict[str, Tenant] = {}
-    weights = _pairs(args.weight, "--weight", float)
-    for name, gpus in _pairs(args.guarantee, "--guarantee", int).items():
+    weights = _numbers(args.weight, "--weight", float)
+    for name, gpus in _numbers(args.guarantee, "--guarantee", int).items():
         tenants[name] = Tenant(name=name, guaranteed_gpus=gpus)
     try:
         result = run(
