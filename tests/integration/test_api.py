@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from fleet.local import free_port
 from fleet.models import QueuePosition
 from fleet.state import NodeStore
 from fleet.state.nodes import NodeInfo
-from tests.conftest import Api, FleetProcs, need
+from tests.conftest import Api, FleetProcs, self_signed_cert
 
 pytestmark = pytest.mark.integration
 
@@ -186,12 +185,8 @@ def test_the_api_describes_itself(api: Api) -> None:
 
 
 def test_https_with_a_certificate_the_client_verifies(api: Api, tmp_path: Path) -> None:
-    need(shutil.which("openssl") is not None, "openssl not installed")
     # Given the API serving HTTPS with a certificate for 127.0.0.1 signed by nobody the system trusts
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
-                    str(cert)], check=True, capture_output=True, timeout=60)  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     port = free_port()
     argv = [
         sys.executable,

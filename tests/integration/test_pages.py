@@ -22,7 +22,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.local import free_port
-from tests.conftest import Api, FleetProcs, need
+from tests.conftest import Api, FleetProcs, need, self_signed_cert
 
 try:
     from selenium import webdriver
@@ -147,11 +147,7 @@ def test_the_login_cookie_is_secure_over_https_and_no_other_site_can_log_in(api:
     assert refused.status == 403 and "set-cookie" not in refused.headers
     assert "login from another site refused" in refused.body.decode()
     # Given the API serving HTTPS, When one logs in there, Then the cookie is sent over HTTPS only
-    need(shutil.which("openssl") is not None, "openssl not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
-                    str(cert)], check=True, capture_output=True, timeout=60)  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     port = free_port()
     argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--tls-cert", str(cert),
             "--tls-key", str(key)]  # fmt: skip
