@@ -23,7 +23,8 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from fleet.scheduler.elastic import COMPLETION, ElasticJob, allocate, named_profile
+from fleet.scheduler.elastic import COMPLETION, ElasticJob, allocate
+from fleet.scheduler.profiles import named_profile
 from fleet.sim import SimResult, read_trace, run
 
 FIGURES = Path(__file__).parent / "figures"

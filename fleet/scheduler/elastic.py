@@ -2,10 +2,9 @@
 model's measured scaling (Saxena et al., "Effective Elastic Scaling of Deep Learning Workloads",
 MASCOTS 2020). Pure: no Redis, no bus, no clock; the simulator and the controller both call it.
 
-A :class:`Profile` is how fast one model trains on N GPUs at global batch B, from measurements in
-the profiles format (``fleet/traces/profiles``, Pollux's traces: step times per placement and
-per-GPU batch). Within the batch range a model's final accuracy is about the same, so a sample
-processed at any batch size in the range counts the same toward completion.
+A :class:`~fleet.scheduler.profiles.Profile` is how fast one model trains on N GPUs at global batch
+B (measured, or learned from the job's reports). Within the batch range a model's final accuracy is
+about the same, so a sample processed at any batch size in the range counts the same toward completion.
 
 :func:`allocate` is the optimizer, in two steps. Admission: in queue order, running jobs keep
 running and each waiting job starts if its smallest size fits in what is left (smaller jobs behind
@@ -27,34 +26,19 @@ running job is stopped only when the running jobs' smallest sizes no longer fit.
 
 from __future__ import annotations
 
-import bisect
-import csv
 import math
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cache, lru_cache
-from importlib import resources
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
-from fleet.scheduler.capacity import even_split
+from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 
 #: allocate's objectives: the sum of jobs' speedups (the fleet's useful throughput), or of the
 #: share of its remaining work each job does per second (favours jobs near their end: lower
 #: average completion time, as shortest-remaining-first does)
 SPEEDUP, COMPLETION = "speedup", "completion"
-#: the bundled profiles (``fleet/traces/profiles``)
-PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
-#: training length of each bundled model in epochs, as the Pollux simulator uses them
-EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
-#: the largest per-GPU batch that fits a GPU, where it is below the largest measured (Pollux's limit)
-MAX_LOCAL = {"yolov3": 8}
-#: the most GPUs per node the profiles were measured with (a member bigger than this counts as
-#: several measured nodes: a conservative estimate for 8-GPU nodes)
-MEASURED_GPUS_PER_NODE = 4
 #: seconds a resize costs: SIGTERM, checkpoint, relaunch, framework start-up, restore. fleet's own
 #: part (requeue, place, launch) is under a second; the rest is the job's, an estimate for the
 #: profiled models' checkpoints (100 MB to a few GB) and communicator start-up. Configurable.
@@ -62,217 +46,6 @@ RESIZE_COST_S = 30.0
 #: no job is resized again sooner than this after its last start or resize: 4 resize costs, so a
 #: job spends at most a fifth of its time resizing
 MIN_INTERVAL_S = 120.0
-
-#: (per-GPU batch sizes ascending, seconds per step at each, seconds of it spent synchronising)
-Curve = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
-#: a placement's curves to blend (weight, curve): one when measured, two between measured GPU counts
-Blend = tuple[tuple[float, Curve], ...]
-
-
-@dataclass(frozen=True, eq=False)
-class Profile:
-    """Throughput of one model. ``min_batch``/``max_batch``: the global batch range in which its
-    accuracy holds; ``epochs`` x ``epoch_samples``: the samples one training run processes;
-    ``max_local``: the largest per-GPU batch that fits a GPU's memory (None: the largest measured)."""
-
-    name: str
-    min_batch: int
-    max_batch: int
-    epochs: int = 1
-    epoch_samples: int = 0
-    max_local: int | None = None
-    #: measured placements (GPUs on each 4-GPU node, ascending) -> step times by per-GPU batch
-    placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
-    #: larger placements: (nodes, GPUs) -> step times by per-GPU batch
-    scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
-    #: throughputs, best batches and size curves worked out so far (a profile is equal only to itself)
-    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, repr=False)
-
-    @property
-    def samples(self) -> int:
-        """Samples one training run processes (epochs x samples per epoch)."""
-        return self.epochs * self.epoch_samples
-
-    @property
-    def max_gpus(self) -> int:
-        """The most GPUs measured: beyond, the throughput is 0 (no guessing)."""
-        return max([sum(p) for p in self.placements] + [r for _, r in self.scalability], default=0)
-
-    def placement(self, gpus: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> tuple[int, ...]:
-        """The GPUs on each measured node when fleet places ``gpus`` GPUs on nodes of
-        ``gpus_per_node``: equal members (``capacity.even_split``), each member bigger than a
-        measured node counted as several."""
-        members, per = even_split(gpus, gpus_per_node)
-        parts, each = even_split(per, MEASURED_GPUS_PER_NODE)
-        return (each,) * (members * parts)
-
-    def throughput(
-        self, gpus: int, batch: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False
-    ) -> float:
-        """Samples/s at global batch ``batch`` on ``gpus`` GPUs; 0.0 where infeasible (batch outside
-        the model's range, per-GPU batch outside what was measured or fits, more GPUs than
-        measured). With ``accumulate``, a per-GPU batch above the largest that fits is reached by
-        gradient accumulation (s steps of compute per synchronisation, as Pollux models it). Step
-        times are interpolated linearly between measured per-GPU batches, and between measured GPU
-        counts for placements not measured as such."""
-        if gpus < 1 or not self.min_batch <= batch <= self.max_batch:
-            return 0.0
-        key = ("t", gpus, batch, gpus_per_node, accumulate)
-        found = self._cache.get(key)
-        if found is None:
-            step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus, accumulate)
-            found = self._cache[key] = batch / step if step else 0.0
-        return float(found)
-
-    def best(
-        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
-        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
-    ) -> tuple[float, int]:  # fmt: skip
-        """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
-        (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
-        the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
-        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
-        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
-        key = ("b", gpus, lo, hi, gpus_per_node, accumulate)
-        found = self._cache.get(key)
-        if found is not None:
-            return tuple(found)
-        best = (0.0, 0)
-        if gpus >= 1 and lo <= hi:
-            candidates = {lo, hi, hi // gpus * gpus, -(-lo // gpus) * gpus}
-            for _, curve in self._blend(self.placement(gpus, gpus_per_node)):
-                candidates.update(int(local) * gpus for local in curve[0])
-            for batch in sorted(candidates):
-                if lo <= batch <= hi:
-                    t = self.throughput(gpus, batch, gpus_per_node, accumulate)
-                    if t > best[0] * (1 + 1e-9):
-                        best = (t, batch)
-        self._cache[key] = best
-        return best
-
-    def _blend(self, placement: tuple[int, ...]) -> Blend:
-        """The measured curves a placement's step times come from: its own when measured, else the
-        fewest measured nodes at least its nodes (the most when none), between the measured GPU
-        counts around its own; () beyond the most GPUs measured."""
-        curve = self.placements.get(placement)
-        if curve is not None:
-            return ((1.0, curve),)
-        groups = sorted({n for n, _ in self.scalability})
-        if not groups:
-            return ()
-        nodes, replicas = len(placement), sum(placement)
-        group = next((n for n in groups if n >= nodes), groups[-1])
-        counts = sorted(r for n, r in self.scalability if n == group)
-        if replicas > counts[-1] and group == groups[-1]:
-            return ()
-        replicas = min(max(replicas, counts[0]), counts[-1])
-        i = bisect.bisect_left(counts, replicas)
-        if counts[i] == replicas:
-            return ((1.0, self.scalability[(group, replicas)]),)
-        below, above = counts[i - 1], counts[i]
-        w = (replicas - below) / (above - below)
-        return ((1 - w, self.scalability[(group, below)]), (w, self.scalability[(group, above)]))
-
-    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
-        """Seconds per optimizer step at per-GPU batch ``local``, None where not measured."""
-        blend = self._blend(placement)
-        if not blend:
-            return None
-        largest = min(curve[0][-1] for _, curve in blend)
-        if self.max_local is not None:
-            largest = min(largest, self.max_local)
-        steps = max(1, math.ceil(local / largest - 1e-9)) if accumulate else 1
-        local /= steps
-        if local > largest * (1 + 1e-9):
-            return None
-        step = sync = 0.0
-        for weight, curve in blend:
-            at = _interp(curve, local)
-            if at is None:
-                return None
-            step, sync = step + weight * at[0], sync + weight * at[1]
-        return step + (steps - 1) * (step - sync)
-
-
-def _interp(curve: Curve, x: float) -> tuple[float, float] | None:
-    """(step time, sync time) at per-GPU batch ``x``, linear between measured points."""
-    xs, steps, syncs = curve
-    if not xs or x < xs[0] * (1 - 1e-9) or x > xs[-1] * (1 + 1e-9):
-        return None
-    i = bisect.bisect_left(xs, x)
-    if i < len(xs) and math.isclose(xs[i], x, rel_tol=1e-9):
-        return steps[i], syncs[i]
-    i = min(max(i, 1), len(xs) - 1)
-    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return steps[i - 1] + (steps[i] - steps[i - 1]) * w, syncs[i - 1] + (syncs[i] - syncs[i - 1]) * w
-
-
-Points = dict[object, dict[float, list[tuple[float, float]]]]
-
-
-def _curves(rows: Points) -> dict[object, Curve]:
-    out: dict[object, Curve] = {}
-    for key, points in rows.items():
-        xs = tuple(sorted(points))
-        steps = tuple(sum(p[0] for p in points[x]) / len(points[x]) for x in xs)
-        syncs = tuple(sum(p[1] for p in points[x]) / len(points[x]) for x in xs)
-        out[key] = (xs, steps, syncs)
-    return out
-
-
-def _read(path: Path, key: Callable[[dict[str, str]], object], into: Points) -> None:
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            point = (float(row["step_time"]), float(row["sync_time"]))
-            into.setdefault(key(row), {}).setdefault(float(row["local_bsz"]), []).append(point)
-
-
-def load_profile(
-    directory: Path | str, name: str | None = None, epochs: int | None = None, max_local: int | None = None
-) -> Profile:
-    """A model's profile from a directory in the profiles format: ``placements.csv``,
-    ``scalability.csv`` (optional) and ``validation-<B>.csv`` (the batch range: smallest and largest
-    B; an epoch: the first row's ``progress`` x the smallest B samples; the epochs: its rows, unless
-    ``epochs`` says, or the model is one of the bundled ones)."""
-    directory = Path(directory)
-    name = name or directory.name
-    placed: Points = {}
-    _read(
-        directory / "placements.csv",
-        lambda row: tuple(sorted(int(d) for d in row["placement"].strip())),
-        placed,
-    )
-    scaled: Points = {}
-    if (directory / "scalability.csv").exists():
-        _read(
-            directory / "scalability.csv",
-            lambda row: (int(row["num_nodes"]), int(row["num_replicas"])),
-            scaled,
-        )
-    batches = sorted(
-        int(m.group(1)) for p in directory.glob("validation-*.csv")
-        if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
-    )  # fmt: skip
-    if not batches:
-        raise ValueError(f"{directory}: no validation-<batch>.csv (the batch range comes from them)")
-    with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
-    return Profile(
-        name=name, min_batch=batches[0], max_batch=batches[-1],
-        epochs=epochs or EPOCHS.get(name, len(rows)), epoch_samples=epoch,
-        max_local=max_local if max_local is not None else MAX_LOCAL.get(name),
-        placements=_curves(placed), scalability=_curves(scaled),  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
-@cache
-def named_profile(name: str) -> Profile:
-    """A bundled profile: one of :data:`PROFILES`."""
-    if name not in PROFILES:
-        raise ValueError(f"no profile named {name!r}: bundled are {', '.join(PROFILES)}")
-    with resources.as_file(resources.files("fleet") / "traces" / "profiles" / name) as path:
-        return load_profile(path, name)
 
 
 @dataclass(frozen=True)

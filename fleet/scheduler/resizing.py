@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import MEASURED_GPUS_PER_NODE, ElasticJob, allocate, named_profile, sizes
+from fleet.scheduler.elastic import ElasticJob, allocate, sizes
+from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, named_profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 

@@ -28,18 +28,10 @@ from dataclasses import dataclass, field
 
 from fleet.models import Tenant
 from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import (
-    COMPLETION,
-    MIN_INTERVAL_S,
-    RESIZE_COST_S,
-    ElasticJob,
-    Profile,
-    allocate,
-    named_profile,
-    sizes,
-)
+from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S, ElasticJob, allocate, sizes
 from fleet.scheduler.fairshare import WEEK, FairShare, Use, fair_gpus
 from fleet.scheduler.preempt import RunningJob, preemptions
+from fleet.scheduler.profiles import Profile, named_profile
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue

@@ -11,18 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.scheduler.elastic import (
-    COMPLETION,
-    PROFILES,
-    ElasticJob,
-    Profile,
-    _admit,
-    allocate,
-    load_profile,
-    named_profile,
-    options,
-    sizes,
-)
+from fleet.scheduler.elastic import COMPLETION, ElasticJob, _admit, allocate, options, sizes
+from fleet.scheduler.profiles import PROFILES, Profile, load_profile, named_profile
 
 
 def curve(points: dict[int, float], sync: float = 0.0) -> tuple[tuple[float, ...], ...]:

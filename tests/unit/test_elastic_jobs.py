@@ -14,7 +14,7 @@ from fleet.errors import SpecError
 from fleet.lifecycle import INFRA, RESIZE, RetryPolicy, decide
 from fleet.models import PROFILES, Exit, Job, JobSpec, JobState, Range
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue
-from fleet.scheduler import elastic as policy
+from fleet.scheduler import profiles as policy
 from fleet.scheduler.resizing import Elastic, Resize, elastic_gpus
 from fleet.scheduler.resizing import decide as decide_sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.scheduler.elastic import named_profile
+from fleet.scheduler.profiles import named_profile
 from fleet.sim import SimConfig, Simulation, read_trace, run
 from fleet.sim.traces import TraceJob
 

@@ -1,0 +1,415 @@
+"""Scaling profiles: how fast one model trains on N GPUs at global batch B. Pure.
+
+Three kinds, one interface (:class:`Profile`: ``throughput``, ``best``, ``max_gpus``):
+- measured, in the profiles format (``fleet/traces/profiles``, Pollux's traces: step times per
+  placement and per-GPU batch): the bundled ones by name (:func:`named_profile`), or a user's own
+  directory read by :func:`read_profile` and sent as data (:func:`profile_data`, :func:`from_data`);
+- learned online (:class:`LearnedProfile`) from the samples/s a job reported at each size it ran at.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import itertools
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fleet.scheduler.capacity import even_split
+
+#: the bundled profiles (``fleet/traces/profiles``)
+PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: training length of each bundled model in epochs, as the Pollux simulator uses them
+EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
+#: the largest per-GPU batch that fits a GPU, where it is below the largest measured (Pollux's limit)
+MAX_LOCAL = {"yolov3": 8}
+#: the most GPUs per node the profiles were measured with (a member bigger than this counts as
+#: several measured nodes: a conservative estimate for 8-GPU nodes)
+MEASURED_GPUS_PER_NODE = 4
+
+#: (per-GPU batch sizes ascending, seconds per step at each, seconds of it spent synchronising)
+Curve = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+#: a placement's curves to blend (weight, curve): one when measured, two between measured GPU counts
+Blend = tuple[tuple[float, Curve], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """Throughput of one model. ``min_batch``/``max_batch``: the global batch range in which its
+    accuracy holds; ``epochs`` x ``epoch_samples``: the samples one training run processes;
+    ``max_local``: the largest per-GPU batch that fits a GPU's memory (None: the largest measured)."""
+
+    name: str
+    min_batch: int
+    max_batch: int
+    epochs: int = 1
+    epoch_samples: int = 0
+    max_local: int | None = None
+    #: measured placements (GPUs on each 4-GPU node, ascending) -> step times by per-GPU batch
+    placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: larger placements: (nodes, GPUs) -> step times by per-GPU batch
+    scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: throughputs, best batches and size curves worked out so far (a profile is equal only to itself)
+    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def samples(self) -> int:
+        """Samples one training run processes (epochs x samples per epoch)."""
+        return self.epochs * self.epoch_samples
+
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs measured: beyond, the throughput is 0 (no guessing)."""
+        return max([sum(p) for p in self.placements] + [r for _, r in self.scalability], default=0)
+
+    def placement(self, gpus: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> tuple[int, ...]:
+        """The GPUs on each measured node when fleet places ``gpus`` GPUs on nodes of
+        ``gpus_per_node``: equal members (``capacity.even_split``), each member bigger than a
+        measured node counted as several."""
+        members, per = even_split(gpus, gpus_per_node)
+        parts, each = even_split(per, MEASURED_GPUS_PER_NODE)
+        return (each,) * (members * parts)
+
+    def throughput(
+        self, gpus: int, batch: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False
+    ) -> float:
+        """Samples/s at global batch ``batch`` on ``gpus`` GPUs; 0.0 where infeasible (batch outside
+        the model's range, per-GPU batch outside what was measured or fits, more GPUs than
+        measured). With ``accumulate``, a per-GPU batch above the largest that fits is reached by
+        gradient accumulation (s steps of compute per synchronisation, as Pollux models it). Step
+        times are interpolated linearly between measured per-GPU batches, and between measured GPU
+        counts for placements not measured as such."""
+        if gpus < 1 or not self.min_batch <= batch <= self.max_batch:
+            return 0.0
+        key = ("t", gpus, batch, gpus_per_node, accumulate)
+        found = self._cache.get(key)
+        if found is None:
+            step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus, accumulate)
+            found = self._cache[key] = batch / step if step else 0.0
+        return float(found)
+
+    def best(
+        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
+    ) -> tuple[float, int]:  # fmt: skip
+        """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
+        (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
+        the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
+        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
+        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        key = ("b", gpus, lo, hi, gpus_per_node, accumulate)
+        found = self._cache.get(key)
+        if found is not None:
+            return tuple(found)
+        best = (0.0, 0)
+        if gpus >= 1 and lo <= hi:
+            candidates = {lo, hi, hi // gpus * gpus, -(-lo // gpus) * gpus}
+            for _, curve in self._blend(self.placement(gpus, gpus_per_node)):
+                candidates.update(int(local) * gpus for local in curve[0])
+            for batch in sorted(candidates):
+                if lo <= batch <= hi:
+                    t = self.throughput(gpus, batch, gpus_per_node, accumulate)
+                    if t > best[0] * (1 + 1e-9):
+                        best = (t, batch)
+        self._cache[key] = best
+        return best
+
+    def _blend(self, placement: tuple[int, ...]) -> Blend:
+        """The measured curves a placement's step times come from: its own when measured, else the
+        fewest measured nodes at least its nodes (the most when none), between the measured GPU
+        counts around its own; () beyond the most GPUs measured."""
+        curve = self.placements.get(placement)
+        if curve is not None:
+            return ((1.0, curve),)
+        groups = sorted({n for n, _ in self.scalability})
+        if not groups:
+            return ()
+        nodes, replicas = len(placement), sum(placement)
+        group = next((n for n in groups if n >= nodes), groups[-1])
+        counts = sorted(r for n, r in self.scalability if n == group)
+        if replicas > counts[-1] and group == groups[-1]:
+            return ()
+        replicas = min(max(replicas, counts[0]), counts[-1])
+        i = bisect.bisect_left(counts, replicas)
+        if counts[i] == replicas:
+            return ((1.0, self.scalability[(group, replicas)]),)
+        below, above = counts[i - 1], counts[i]
+        w = (replicas - below) / (above - below)
+        return ((1 - w, self.scalability[(group, below)]), (w, self.scalability[(group, above)]))
+
+    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
+        """Seconds per optimizer step at per-GPU batch ``local``, None where not measured."""
+        blend = self._blend(placement)
+        if not blend:
+            return None
+        largest = min(curve[0][-1] for _, curve in blend)
+        if self.max_local is not None:
+            largest = min(largest, self.max_local)
+        steps = max(1, math.ceil(local / largest - 1e-9)) if accumulate else 1
+        local /= steps
+        if local > largest * (1 + 1e-9):
+            return None
+        step = sync = 0.0
+        for weight, curve in blend:
+            at = _interp(curve, local)
+            if at is None:
+                return None
+            step, sync = step + weight * at[0], sync + weight * at[1]
+        return step + (steps - 1) * (step - sync)
+
+
+def _interp(curve: Curve, x: float) -> tuple[float, float] | None:
+    """(step time, sync time) at per-GPU batch ``x``, linear between measured points."""
+    xs, steps, syncs = curve
+    if not xs or x < xs[0] * (1 - 1e-9) or x > xs[-1] * (1 + 1e-9):
+        return None
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and math.isclose(xs[i], x, rel_tol=1e-9):
+        return steps[i], syncs[i]
+    i = min(max(i, 1), len(xs) - 1)
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return steps[i - 1] + (steps[i] - steps[i - 1]) * w, syncs[i - 1] + (syncs[i] - syncs[i - 1]) * w
+
+
+Points = dict[object, dict[float, list[tuple[float, float]]]]
+
+
+def _curves(rows: Points) -> dict[object, Curve]:
+    out: dict[object, Curve] = {}
+    for key, points in rows.items():
+        xs = tuple(sorted(points))
+        steps = tuple(sum(p[0] for p in points[x]) / len(points[x]) for x in xs)
+        syncs = tuple(sum(p[1] for p in points[x]) / len(points[x]) for x in xs)
+        out[key] = (xs, steps, syncs)
+    return out
+
+
+def _read(path: Path, key: Callable[[dict[str, str]], object], into: Points) -> None:
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            point = (float(row["step_time"]), float(row["sync_time"]))
+            into.setdefault(key(row), {}).setdefault(float(row["local_bsz"]), []).append(point)
+
+
+def load_profile(
+    directory: Path | str, name: str | None = None, epochs: int | None = None, max_local: int | None = None
+) -> Profile:
+    """A model's profile from a directory in the profiles format: ``placements.csv``,
+    ``scalability.csv`` (optional) and ``validation-<B>.csv`` (the batch range: smallest and largest
+    B; an epoch: the first row's ``progress`` x the smallest B samples; the epochs: its rows, unless
+    ``epochs`` says, or the model is one of the bundled ones)."""
+    directory = Path(directory)
+    name = name or directory.name
+    placed: Points = {}
+    _read(
+        directory / "placements.csv",
+        lambda row: tuple(sorted(int(d) for d in row["placement"].strip())),
+        placed,
+    )
+    scaled: Points = {}
+    if (directory / "scalability.csv").exists():
+        _read(
+            directory / "scalability.csv",
+            lambda row: (int(row["num_nodes"]), int(row["num_replicas"])),
+            scaled,
+        )
+    batches = sorted(
+        int(m.group(1)) for p in directory.glob("validation-*.csv")
+        if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
+    )  # fmt: skip
+    if not batches:
+        raise ValueError(f"{directory}: no validation-<batch>.csv (the batch range comes from them)")
+    with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
+    return Profile(
+        name=name, min_batch=batches[0], max_batch=batches[-1],
+        epochs=epochs or EPOCHS.get(name, len(rows)), epoch_samples=epoch,
+        max_local=max_local if max_local is not None else MAX_LOCAL.get(name),
+        placements=_curves(placed), scalability=_curves(scaled),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@cache
+def named_profile(name: str) -> Profile:
+    """A bundled profile: one of :data:`PROFILES`."""
+    if name not in PROFILES:
+        raise ValueError(f"no profile named {name!r}: bundled are {', '.join(PROFILES)}")
+    with resources.as_file(resources.files("fleet") / "traces" / "profiles" / name) as path:
+        return load_profile(path, name)
+
+
+#: limits on a profile sent as data: far above the bundled ones (at most 120 curves, 1,300 points)
+MAX_CURVES, MAX_POINTS = 1024, 50_000
+
+
+def profile_data(profile: Profile) -> dict[str, Any]:
+    """``profile`` as JSON-able data (what a client sends; :func:`from_data` reads it back): each
+    curve as ``[[per-GPU batch, step time, sync time], ...]``, placements keyed as in
+    ``placements.csv`` (``"22"``), larger ones as ``"<nodes>x<GPUs>"``."""
+
+    def points(curve: Curve) -> list[list[float]]:
+        return [list(p) for p in zip(*curve, strict=True)]
+
+    return {
+        "name": profile.name, "min_batch": profile.min_batch, "max_batch": profile.max_batch,
+        "epochs": profile.epochs, "epoch_samples": profile.epoch_samples, "max_local": profile.max_local,
+        "placements": {"".join(map(str, k)): points(c) for k, c in profile.placements.items()},
+        "scalability": {f"{n}x{r}": points(c) for (n, r), c in profile.scalability.items()},
+    }  # fmt: skip
+
+
+def from_data(data: Any) -> Profile:
+    """The profile in ``data`` (as :func:`profile_data` writes it), checked: ValueError naming the
+    field that is wrong otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError("profile: expected an object with min_batch, max_batch and placements")
+    unknown = set(data) - {"name", "min_batch", "max_batch", "epochs", "epoch_samples", "max_local",
+                           "placements", "scalability"}  # fmt: skip
+    if unknown:
+        raise ValueError(f"profile: unknown field {sorted(unknown)[0]!r}")
+    name = data.get("name", "profile")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise ValueError("profile.name: 1-64 letters, digits, '_', '.', '-'")
+    low, high = _count(data, "min_batch"), _count(data, "max_batch")
+    if high < low:
+        raise ValueError(f"profile.max_batch: {high} is below min_batch {low}")
+    max_local = None if data.get("max_local") is None else _count(data, "max_local")
+    placed = _curve_map(
+        data.get("placements"), "placements", r"[1-9]{1,64}", lambda k: tuple(sorted(map(int, k)))
+    )
+    scaled = _curve_map(
+        data.get("scalability", {}), "scalability", r"[1-9]\d{0,3}x[1-9]\d{0,4}",
+        lambda k: tuple(int(x) for x in k.split("x")),
+    )  # fmt: skip
+    if not placed:
+        raise ValueError('profile.placements: at least one measured placement (e.g. "1": one GPU)')
+    if sum(len(c[0]) for c in [*placed.values(), *scaled.values()]) > MAX_POINTS:
+        raise ValueError(f"profile: more than {MAX_POINTS} measured points")
+    return Profile(
+        name=name, min_batch=low, max_batch=high, epochs=_count(data, "epochs", 1),
+        epoch_samples=_count(data, "epoch_samples", 0, least=0), max_local=max_local,
+        placements=placed, scalability=scaled,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _count(data: dict[str, Any], key: str, default: int | None = None, least: int = 1) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 1 << 40:
+        raise ValueError(f"profile.{key}: a whole number of at least {least} (got {str(value)[:40]!r})")
+    return value
+
+
+def _curve_map(
+    value: Any, field_name: str, key_pattern: str, parse: Callable[[str], tuple[int, ...]]
+) -> dict[tuple[int, ...], Curve]:
+    if not isinstance(value, dict) or len(value) > MAX_CURVES:
+        raise ValueError(f"profile.{field_name}: an object of at most {MAX_CURVES} curves")
+    out = {}
+    for key, points in value.items():
+        where = f"profile.{field_name}[{str(key)[:20]!r}]"
+        if not isinstance(key, str) or not re.fullmatch(key_pattern, key):
+            raise ValueError(
+                f'{where}: not a placement ("22": 2 + 2 GPUs on two nodes; "6x24": 6 nodes, 24 GPUs)'
+            )
+        if not isinstance(points, list) or not points:
+            raise ValueError(f"{where}: a list of [per-GPU batch, step time, sync time]")
+        rows = sorted(_point(p, where) for p in points)
+        if any(a[0] == b[0] for a, b in itertools.pairwise(rows)):
+            raise ValueError(f"{where}: one point per per-GPU batch")
+        out[parse(key)] = tuple(tuple(c) for c in zip(*rows, strict=True))
+    return out  # type: ignore[return-value]
+
+
+def _point(point: Any, where: str) -> tuple[float, float, float]:
+    ok = isinstance(point, list) and len(point) == 3 and all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in point
+    )  # fmt: skip
+    if not ok or not (point[0] > 0 and point[1] > 0 and 0 <= point[2] <= point[1]):
+        raise ValueError(f"{where}: [per-GPU batch > 0, step time > 0, 0 <= sync time <= step time], "
+                         f"got {str(point)[:60]}")  # fmt: skip
+    return float(point[0]), float(point[1]), float(point[2])
+
+
+#: a learned profile tries at most this many times the most GPUs a job has run at (Pollux's rule:
+#: exploration in steps, each measured before the next)
+EXPLORE = 2
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedProfile(Profile):
+    """A job's scaling learned from its own reports: ``observed`` (GPUs, global batch) -> samples/s.
+
+    Step time at per-GPU batch ``b`` on ``g`` GPUs = ``k * b + sync(g)``: ``k`` (compute per sample)
+    from the one-GPU reports, else optimistically from the fastest per sample (as if it had not
+    synchronised); ``sync`` from 0 at one GPU, linear between the GPU counts it ran at (their
+    reports' time above compute), extended past the largest by the last slope. Optimistic where
+    nothing was seen, so the job is tried bigger; never beyond ``EXPLORE`` x the most GPUs it ran
+    at (``least``, its smallest size, before any report), and never a larger per-GPU batch than it
+    ran at (fleet cannot know what fits a GPU's memory; before any report, ``min_batch / least``).
+    With no reports it runs at its smallest size only."""
+
+    least: int = 1
+    observed: Mapping[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def max_gpus(self) -> int:
+        return max(self.least, EXPLORE * max((g for g, _ in self.observed), default=0))
+
+    @property
+    def largest_local(self) -> float:
+        return max([self.min_batch / self.least] + [b / g for g, b in self.observed])
+
+    def best(
+        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
+    ) -> tuple[float, int]:  # fmt: skip
+        """The largest batch in range that fits (in this model a larger batch is never slower)."""
+        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
+        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        batch = min(hi, math.floor(self.largest_local * gpus + 1e-9))
+        if gpus < 1 or batch < lo:
+            return 0.0, 0
+        return self.throughput(gpus, batch, gpus_per_node), batch
+
+    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
+        if local > self.largest_local * (1 + 1e-9):
+            return None
+        return self._model[0] * local + self._sync(sum(placement))
+
+    @property
+    def _model(self) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """(``k``, the sync time at each GPU count it ran at, with (1, 0.0))."""
+        found: tuple[float, tuple[tuple[int, float], ...]] | None = self._cache.get(("model",))
+        if found is None:
+            found = self._cache[("model",)] = _fit(self.observed)
+        return found
+
+    def _sync(self, gpus: int) -> float:
+        points = self._model[1]  # starts (1, 0.0)
+        i = bisect.bisect_left(points, (gpus, -math.inf))
+        if i < len(points) and points[i][0] == gpus:
+            return points[i][1]
+        if len(points) == 1:
+            return 0.0  # never ran on more than one GPU: optimistic
+        (g0, s0), (g1, s1) = points[i - 1 : i + 1] if i < len(points) else points[-2:]
+        return max(s0 + (s1 - s0) * (gpus - g0) / (g1 - g0), 0.0)
+
+
+def _fit(observed: Mapping[tuple[int, int], float]) -> tuple[float, tuple[tuple[int, float], ...]]:
+    seen = [(g, b / g, b / rate) for (g, b), rate in observed.items() if rate > 0]  # (GPUs, local, step)
+    if not seen:
+        return 1.0, ((1, 0.0),)
+    single = [step / local for g, local, step in seen if g == 1]
+    k = sum(single) / len(single) if single else min(step / local for _, local, step in seen)
+    syncs: dict[int, list[float]] = {}
+    for g, local, step in seen:
+        if g > 1:
+            syncs.setdefault(g, []).append(max(step - k * local, 0.0))
+    return k, ((1, 0.0), *sorted((g, sum(s) / len(s)) for g, s in syncs.items()))

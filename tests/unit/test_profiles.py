@@ -1,0 +1,78 @@
+"""Scaling profiles sent as data (a user's own, in the profiles format) and learned from a job's
+reports: what the elastic optimizer makes of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from fleet.scheduler.elastic import ElasticJob, allocate, sizes
+from fleet.scheduler.profiles import PROFILES, LearnedProfile, from_data, named_profile, profile_data
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_profile_sent_as_data_scales_as_the_original(name: str) -> None:
+    original = named_profile(name)
+    copy = from_data(json.loads(json.dumps(profile_data(original))))
+    assert (copy.min_batch, copy.max_batch, copy.samples, copy.max_gpus) == (
+        original.min_batch, original.max_batch, original.samples, original.max_gpus,
+    )  # fmt: skip
+    for gpus in (1, 2, 3, 4, 8, 16, original.max_gpus):
+        assert copy.best(gpus) == original.best(gpus)
+
+
+def small() -> dict[str, Any]:
+    return {"min_batch": 32, "max_batch": 256, "placements": {"1": [[32, 0.1, 0], [64, 0.18, 0]],
+            "2": [[32, 0.12, 0.02], [64, 0.2, 0.02]]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"min_batch": 0}, "profile.min_batch"),
+        ({"max_batch": 16}, "profile.max_batch"),
+        ({"placements": {}}, "profile.placements"),
+        ({"placements": {"../x": [[32, 0.1, 0]]}}, "profile.placements['../x']"),
+        ({"placements": {"1": [[32, -0.1, 0]]}}, "profile.placements['1']"),
+        ({"placements": {"1": [[32, 0.1, 0.5]]}}, "profile.placements['1']"),
+        ({"placements": {"1": [[32, 0.1, 0], [32, 0.2, 0]]}}, "one point per per-GPU batch"),
+        ({"scalability": {"6": [[32, 0.1, 0]]}}, "profile.scalability['6']"),
+        ({"epochs": "many"}, "profile.epochs"),
+        ({"colour": "red"}, "unknown field 'colour'"),
+    ],
+)
+def test_a_bad_profile_is_refused_naming_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace(".", r"\.")):
+        from_data({**small(), **change})
+
+
+def learned(observed: dict[tuple[int, int], float], least: int = 1) -> ElasticJob:
+    profile = LearnedProfile(name="learned", min_batch=64, max_batch=4096, least=least, observed=observed)
+    return ElasticJob("j", "t", least, 16, 64, 4096, profile)
+
+
+def test_a_job_with_no_reports_runs_at_its_smallest_size_only() -> None:
+    assert [(g, b) for g, b, _ in sizes(learned({}))] == [(1, 64)]
+    assert [(g, b) for g, b, _ in sizes(learned({}, least=2))] == [(2, 64)]
+
+
+def test_a_learned_job_is_tried_at_twice_the_gpus_it_ran_at_and_batch_per_gpu_it_ran_at() -> None:
+    job = learned({(1, 64): 100.0})
+    assert allocate([job], 16, now=0.0) == {"j": (2, 128)}
+    grown = learned({(1, 64): 100.0, (2, 128): 195.0})
+    assert allocate([grown], 16, now=0.0) == {"j": (4, 256)}
+
+
+def test_a_job_slower_on_more_gpus_is_not_given_more() -> None:
+    slower = learned({(1, 64): 100.0, (2, 128): 90.0})
+    assert allocate([slower], 16, now=0.0)["j"] == (1, 64)
+
+
+def test_learned_jobs_share_gpus_by_how_well_each_scales() -> None:
+    good = learned({(1, 64): 100.0, (2, 128): 198.0, (4, 256): 390.0})
+    poor = learned({(1, 64): 100.0, (2, 128): 120.0, (4, 256): 125.0})
+    got = allocate([poor, replace(good, id="good")], 6, now=0.0)
+    assert (got["good"][0], got["j"][0]) == (4, 2)
