@@ -91,6 +91,9 @@ class AsyncClient:
     async def upload_workdir(self, path: str) -> str:
         return await self._run(self.sync.upload_workdir, path)
 
+    async def upload_profile(self, path: str) -> str:
+        return await self._run(self.sync.upload_profile, path)
+
     async def get(self, job_id: str) -> Job:
         return await self._run(self.sync.get, job_id)
 

@@ -52,6 +52,7 @@ from fleet.mounts import check_mounts
 from fleet.scheduler.sizing import Size, change, scaled_batch
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.arrays import ArrayStore
+from fleet.state.profiles import ProfileStore
 from fleet.state.ranked import RankIndex
 from fleet.state.tenants import TenantStore
 
@@ -98,6 +99,7 @@ class Backend:
         self._nodes = NodeStore(client, keys)
         self._arrays = ArrayStore(self._jobs)
         self._ranked = RankIndex(client, keys)
+        self._profiles = ProfileStore(client, keys, self.settings.workdir_retention_s)
         self._bus: Bus | None = None
 
     @property
@@ -126,7 +128,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        check_elastic(spec)
+        check_elastic(spec, self._profiles)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
         return self._jobs.get(job_id)
@@ -191,7 +193,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
-        check_elastic(spec)
+        check_elastic(spec, self._profiles)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
         except ValueError as exc:
@@ -480,16 +482,17 @@ def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter
         n *= 4
 
 
-def check_elastic(spec: JobSpec) -> None:
-    """An elastic job its profile gives no size to run at would wait forever: refused at submit."""
+def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:
+    """An elastic job its profile gives no size to run at would wait forever: refused at submit, as is
+    one whose uploaded profile is not stored or not a profile."""
     if not isinstance(spec.gpus, Range) or spec.batch_size is None or spec.profile is None:
         return
     from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
 
     batch = spec.batch_size
     low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
-    job = Elastic("", spec.tenant, spec.gpus.min, spec.gpus.max, low, high, spec.profile, Size(0, 0), False,
-                  fixed_batch=not isinstance(batch, Range))  # fmt: skip
+    job = Elastic("", spec.tenant, spec.gpus.min, spec.gpus.max, low, high, profiles.profile_of(spec),
+                  Size(0, 0), False, fixed_batch=not isinstance(batch, Range))  # fmt: skip
     if why := unrunnable(job):
         raise SpecError(f"invalid job spec:\n  spec: {why}")
 

@@ -264,7 +264,35 @@ class Client:
         workdir = data.get("workdir")
         if workdir and not str(workdir).startswith("sha256:"):
             data = {**data, "workdir": self.upload_workdir(str(workdir))}
+        profile = data.get("profile")
+        if profile and "/" in str(profile) and not str(profile).startswith("sha256:"):
+            data = {**data, "profile": self.upload_profile(str(profile))}
         return data
+
+    def upload_profile(self, path: str) -> str:
+        """Read a scaling profile from a directory in the profiles format (``placements.csv``, optional
+        ``scalability.csv``, ``validation-<batch>.csv`` for the batch range: see ``fleet/traces``),
+        upload it unless the fleet holds it already, and return its ``sha256:<hex>`` for a spec's
+        ``profile``."""
+        from fleet.scheduler.profiles import load_profile, profile_data
+        from fleet.workdir import digest_of
+
+        try:
+            data = profile_data(load_profile(path))
+        except FileNotFoundError as exc:
+            raise SpecError(
+                f"profile {path}: no {Path(exc.filename or '').name or 'such directory'} there (a "
+                "directory in the profiles format: placements.csv, validation-<batch>.csv)"
+            ) from None
+        except (OSError, KeyError, ValueError) as exc:
+            raise SpecError(f"profile {path}: not in the profiles format: {str(exc)[:200]}") from None
+        packed = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        digest = digest_of(packed)
+        response = self._send("HEAD", f"/v1/blobs/{digest}")
+        response.read()
+        if response.status == 404:
+            self._call("PUT", f"/v1/blobs/{digest}", packed)
+        return digest
 
     def upload_workdir(self, path: str) -> str:
         """Pack the directory (without what its .gitignore / .fleetignore name), upload it unless the

@@ -51,8 +51,9 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | and ``@at``; rewritten whole each time                  |
 | ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
-| ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), expiring        |
-|                                   |        | ``workdir_retention_s`` after its last upload or submit |
+| ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), or a scaling    |
+|                                   |        | profile (JSON), expiring ``workdir_retention_s`` after  |
+|                                   |        | its last upload, submit, or use by the leader           |
 | ``<p>:outbox``                    | stream | jobs as they end (kind, id, state), capped at ~50,000:  |
 |                                   |        | the feed of the leader's webhook sender                 |
 | ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |

@@ -239,6 +239,13 @@ BatchSize = Annotated[
 ]  # fmt: skip
 #: the scaling profiles fleet ships (measured throughput of real models; see fleet sim)
 PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: an elastic job's profile learned from its own reports (``fleet_worker.report``)
+LEARN = "learn"
+_PROFILE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_PROFILE_KINDS = (
+    f"one fleet ships ({', '.join(PROFILES)}), '{LEARN}' (from the job's fw.report calls), or a directory "
+    "in the profiles format ('./dir': the CLI and Client upload it)"
+)
 
 
 #: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
@@ -247,6 +254,11 @@ FROM_FLEET = "from_fleet"
 
 #: the least memory a job may ask for (Docker refuses less); a bare "16" is 16 bytes, a typo
 MEMORY_MIN = 6 << 20
+
+
+def uploaded_profile(profile: str) -> bool:
+    """``profile`` names an uploaded one (``sha256:<hex>`` of its data)."""
+    return _PROFILE_DIGEST.fullmatch(profile) is not None
 
 
 class JobSpec(_UserModel):
@@ -301,8 +313,10 @@ class JobSpec(_UserModel):
     #: the global batch size (``FLEET_BATCH_SIZE``); for an elastic job ``{min, max}`` lets fleet choose
     #: it with the GPUs, one value keeps it at every size
     batch_size: BatchSize | None = Field(default=None, description="global batch size, or {min, max}")
-    #: how an elastic job's throughput grows with GPUs and batch size: a profile fleet ships (PROFILES)
-    profile: str | None = Field(default=None, max_length=64)
+    #: how an elastic job's throughput grows with GPUs and batch size: a profile fleet ships (PROFILES),
+    #: ``learn`` (from the job's own reports), or one uploaded in the profiles format: a local directory
+    #: for the Client and CLI (``--profile ./dir``), which upload it and send ``sha256:<hex>``
+    profile: str | None = Field(default=None, max_length=4096)
 
     @property
     def elastic(self) -> bool:
@@ -405,10 +419,10 @@ class JobSpec(_UserModel):
         if self.batch_size is None:
             raise ValueError("batch_size: an elastic job needs its global batch size: {min, max} (fleet "
                              "chooses it with the GPUs) or one value (kept at every size)")  # fmt: skip
-        if self.profile is None or self.profile not in PROFILES:
+        if self.profile is None or not (self.profile in (*PROFILES, LEARN) or uploaded_profile(self.profile)
+                                        or "/" in self.profile):  # fmt: skip
             got = "" if self.profile is None else f" (got {_clip(repr(self.profile))})"
-            raise ValueError(f"profile: an elastic job needs a scaling profile, one of {', '.join(PROFILES)}"
-                             f"{got}: fleet sizes it by how that model's throughput grows")  # fmt: skip
+            raise ValueError(f"profile: an elastic job needs a scaling profile{got}: {_PROFILE_KINDS}")
         return self
 
     @model_validator(mode="after")
@@ -558,6 +572,9 @@ class Job(BaseModel):
     #: queue until GPUs are free for it), None when none is
     resize_gpus: int | None = None
     resize_batch: int = 0
+    #: an elastic job's measured samples/s at each size it ran at, ``"<GPUs>x<global batch>"``: what
+    #: its attempts reported (``fleet_worker.report``), newer reports weighing more
+    speeds: dict[str, float] = Field(default_factory=dict)
 
     @property
     def gpu_count(self) -> int:

@@ -63,6 +63,12 @@ def fields(job: Job) -> list[Field]:
     going = ""
     if job.resize_gpus is not None:
         going = f"; resizing to {job.resize_gpus} GPUs, batch {job.resize_batch}"
-    ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {spec.profile}"
+    profile = spec.profile or ""
+    ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {profile[:19]}"  # sha256:<12 hex>
     times = f"resized {job.resizes} time{'' if job.resizes == 1 else 's'}"
-    return [Field("Elastic", f"{now}{going} ({ranges}); {times}")]
+    shown = [Field("Elastic", f"{now}{going} ({ranges}); {times}")]
+    if job.speeds:  # what its reports said at each size, the learned profile's data
+        by_size = sorted((tuple(map(int, k.split("x"))), v) for k, v in job.speeds.items())
+        said = ", ".join(f"{g} GPU{'' if g == 1 else 's'} x {b}: {v:,.4g}/s" for (g, b), v in by_size)
+        shown.append(Field("Samples/s", said))
+    return shown

@@ -56,7 +56,12 @@ class CommandAfterDashes(click.Command):
     type=count_or_range,
     help="global batch size (FLEET_BATCH_SIZE); a range lets an elastic job's batch follow its GPUs",
 )
-@click.option("--profile", help=f"an elastic job's scaling profile: {', '.join(PROFILES)}")
+@click.option(
+    "--profile",
+    metavar="NAME|learn|DIR",
+    help=f"an elastic job's scaling profile: {', '.join(PROFILES)}; 'learn' (from its fw.report calls); or "
+    "a directory in the profiles format, uploaded (write it with a '/': ./my-model)",
+)
 @click.option("--nodes", type=int, help="a multi-node job: this many nodes, one member each")
 @click.option("--gpus-per-node", type=int, help="a multi-node job: GPUs of each member")
 @click.option("--cpus", type=float, help="CPUs, e.g. 4 or 0.5")

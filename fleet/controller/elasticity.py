@@ -7,18 +7,27 @@ those newly queued), mended by every full reconcile. The decisions are the sched
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from fleet.config import ControllerSettings
-from fleet.models import Job, JobState, Range, Tenant
+from fleet.errors import SpecError
+from fleet.log import event
+from fleet.models import Job, JobState, Range, Tenant, uploaded_profile
 from fleet.scheduler import NodeView, PendingQueue, RunningJob
+from fleet.scheduler.profiles import Profile
 from fleet.scheduler.resizing import Elastic, Resize, decide, elastic_gpus, largest_node, starting_sizes
 from fleet.scheduler.sizing import Size
+from fleet.state.profiles import ProfileStore, learned
+
+log = logging.getLogger("fleet.controller")
 
 
 class Elasticity:
-    def __init__(self, cfg: ControllerSettings) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ControllerSettings, profiles: ProfileStore) -> None:
+        self.cfg, self.profiles = cfg, profiles
+        #: uploaded profiles found missing or unreadable (logged once each)
+        self._lost: set[str] = set()
         #: every elastic job queued or on a node, as last read (or as the step left it)
         self.jobs: dict[str, Job] = {}
 
@@ -39,6 +48,7 @@ class Elasticity:
         waiting = set(queued)
         self.jobs = {i: j for i, j in self.jobs.items() if i in waiting and j.state == JobState.QUEUED}
         self.observe(on_nodes)
+        self.profiles.keep(p for j in self.jobs.values() if uploaded_profile(p := j.spec.profile or ""))
 
     def plan(
         self, queue: PendingQueue, views: list[NodeView], running: Mapping[str, RunningJob],
@@ -47,7 +57,7 @@ class Elasticity:
         """This pass's resizes, queued jobs sized too (see ``fleet.scheduler.resizing``)."""
         for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
             del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
-        jobs = sorted((elastic(j) for j in self.jobs.values()),
+        jobs = sorted((elastic(j, self._profile(j)) for j in self.jobs.values()),
                       key=lambda e: (not e.running, _rank(self.jobs[e.id])))  # fmt: skip
         if not self.cfg.elastic:
             return starting_sizes(jobs)
@@ -73,8 +83,26 @@ class Elasticity:
         self.jobs[job.id] = updated
         return updated
 
+    def _profile(self, job: Job) -> Profile:
+        """The job's profile; one uploaded that is gone (no leader kept it for ``workdir_retention_s``)
+        or unreadable: learned from its reports instead, so that it still runs."""
+        try:
+            return self.profiles.profile_of(job.spec, job.speeds)
+        except SpecError as exc:
+            if job.spec.profile not in self._lost:
+                self._lost.add(job.spec.profile or "")
+                event(
+                    log,
+                    "profile_lost",
+                    logging.WARNING,
+                    job=job.id,
+                    error=exc,
+                    effect="learned from its reports",
+                )
+            return learned(job.spec, job.speeds)
 
-def elastic(job: Job) -> Elastic:
+
+def elastic(job: Job, profile: Profile) -> Elastic:
     spec = job.spec
     assert isinstance(spec.gpus, Range) and spec.batch_size is not None and spec.profile is not None
     batch = spec.batch_size
@@ -82,7 +110,7 @@ def elastic(job: Job) -> Elastic:
     running = job.state.on_node
     return Elastic(
         id=job.id, tenant=spec.tenant, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max, min_batch=low,
-        max_batch=high, profile=spec.profile, size=Size(job.num_gpus, job.batch_size), running=running,
+        max_batch=high, profile=profile, size=Size(job.num_gpus, job.batch_size), running=running,
         stopping=running and bool(job.resize_gpus is not None or job.preempt or job.cancel_requested),
         changed_at=max(job.sized_at, job.started_at or 0.0), fixed_batch=not isinstance(batch, Range),
         resize_to=job.resize_gpus if running else None,

@@ -47,6 +47,7 @@ from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, P
 from fleet.scheduler.resizing import Resize
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
+from fleet.state.profiles import ProfileStore
 from fleet.state.ranked import RankIndex
 from fleet.state.records import JobBatch, NodeBatch
 from fleet.state.retention import RetentionStore
@@ -108,7 +109,9 @@ class Controller:
         #: the jobs the last pass could not place (what a preemption could be for)
         self._blocked: list[str] = []
         self._tenants_changed = False
-        self.elasticity = Elasticity(self.cfg)
+        self.elasticity = Elasticity(
+            self.cfg, ProfileStore(jobs.redis, jobs.keys, settings.workdir_retention_s)
+        )
         self._elastic_changed = False
         self._next_elastic = 0.0
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)

@@ -106,7 +106,7 @@ def options(
     its weight; for a running job that would change, less
     the samples the resize costs (``resize_cost_s`` at the larger of its old and new speeds)
     spread over the horizon (or what it has left, if shorter). A running job inside its minimum
-    interval keeps its size."""
+    interval keeps its size; outside, it keeps it only if no smaller size is as fast."""
     curve = sizes(job, gpus_per_node)
     ref = curve[0][2] if curve else 1.0
     if objective == COMPLETION:
@@ -121,7 +121,9 @@ def options(
     if _locked(job, now, min_interval_s) and job.gpus <= most:
         return [keep]
     horizon = horizon_s if horizon_s is not None else max(min_interval_s, 20 * resize_cost_s)
-    out = [keep] if job.gpus <= most else []
+    # a size no faster than a smaller one (learned since it started there) holds GPUs for nothing
+    worth = any(g == job.gpus for g, _, _ in curve)
+    out = [keep] if job.gpus <= most and worth else []
     for g, b, t in curve:
         if g > most or (g, b) == (job.gpus, job.batch):
             continue

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import ElasticJob, allocate, sizes
-from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, named_profile
+from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 
@@ -32,7 +32,8 @@ class Elastic:
     max_gpus: int
     min_batch: int
     max_batch: int
-    profile: str
+    #: bundled, uploaded, or learned from its reports (``fleet.state.profiles.ProfileStore.profile_of``)
+    profile: Profile
     #: its size now: running, its attempt's; queued, the size it was given (0 GPUs: none yet)
     size: Size
     running: bool
@@ -124,11 +125,11 @@ def decide(
 def unrunnable(job: Elastic) -> str:
     """Why the profile gives ``job`` no size to run at within its ranges ('' when it has one): such a
     job would never be sized, so a submit refuses it."""
-    profile = named_profile(job.profile)
+    profile = job.profile
     if sizes(_job(job)):
         return ""
     batch = str(job.min_batch) if job.fixed_batch else f"{job.min_batch}-{job.max_batch}"
-    return (f"profile {job.profile} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
+    return (f"profile {profile.name} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
             f"global batch of {batch} (it was measured at batch sizes "
             f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "
             "or choose another profile")  # fmt: skip
@@ -156,7 +157,7 @@ def _job(j: Elastic) -> ElasticJob:
     """What the allocator sees: a queued job has no GPUs (its size is only a plan until it starts)."""
     running = j.size if j.running else Size(0, 0)
     job = ElasticJob(
-        j.id, j.tenant, j.min_gpus, j.max_gpus, j.min_batch, j.max_batch, named_profile(j.profile),
+        j.id, j.tenant, j.min_gpus, j.max_gpus, j.min_batch, j.max_batch, j.profile,
         gpus=running.gpus, batch=running.batch or j.min_batch, fixed_batch=j.fixed_batch,
         changed_at=j.changed_at,
     )  # fmt: skip

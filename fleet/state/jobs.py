@@ -470,7 +470,8 @@ class JobStore:
                 pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
         for (job_id, attempt), report in (progress or {}).items():
             stored = json.dumps({"attempt": attempt, **report.model_dump(mode="json")})
-            self._scripts["progress"](keys=[self.keys.job(job_id)], args=[attempt, stored], client=pipe)
+            rate = report.metrics.get("samples_per_s", "")
+            self._scripts["progress"](keys=[self.keys.job(job_id)], args=[attempt, stored, rate], client=pipe)
         pipe.execute()
 
     @translated

@@ -9,6 +9,7 @@ quarantine it with the reason.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -157,6 +158,7 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         resizes=f.get("resizes", int, 0),
         resize_gpus=f.get("resize_gpus", int, None),
         resize_batch=f.get("resize_batch", int, 0),
+        speeds=_speeds(raw.get("speeds")),
         **(f.get("exit", _last_exit, None) or {}),
         **_spec(f, arrays),
     )
@@ -206,6 +208,17 @@ def _progress(text: str | None, attempt: int) -> Progress | None:
         return Progress.model_validate(data) if data.pop("attempt", None) == attempt else None
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def _speeds(text: str | None) -> dict[str, float]:
+    """What progress.lua kept of an elastic job's reports; unreadable: none (a hint, as progress)."""
+    try:
+        data = json.loads(text) if text else {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: float(v) for k, v in data.items() if re.fullmatch(r"\d{1,6}x\d{1,9}", str(k))}
+    except (ValueError, TypeError):
+        return {}
 
 
 def _last_exit(text: str) -> dict[str, Any]:

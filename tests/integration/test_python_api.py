@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -163,6 +164,12 @@ def test_every_job_method_of_the_client(ready: Client, tmp_path: Path) -> None:
     assert list(by_digest.logs(follow=True)) == ["shipped"]
     shipped = ready.submit(sh("wd", "cat hello.txt", workdir=str(tmp_path / "proj")))
     assert shipped.result(timeout=60).state == JobState.SUCCEEDED and shipped.logs() == "shipped"
+    # a scaling profile of one's own (the profiles format): uploaded once, named by digest
+    mine = shutil.copytree(Path(fleet.__file__).parent / "traces" / "profiles" / "bert", tmp_path / "bert")
+    profile = ready.upload_profile(str(mine))
+    assert profile.startswith("sha256:") and ready.upload_profile(str(mine)) == profile
+    elastic = ready.submit(sh("el", "true", gpus={"min": 1, "max": 2}, batch_size=12, profile=profile))
+    assert elastic.status().spec.profile == profile and elastic.result(timeout=60).state == JobState.SUCCEEDED
     assert ready.quarantined_jobs() == {}
 
 

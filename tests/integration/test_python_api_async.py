@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import fleet
 from fleet import aio
 from fleet.aio import AsyncClient
 from fleet.errors import JobFailed, JobTimeout, SpecError
@@ -100,6 +101,8 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             (tmp_path / "p").mkdir()
             (tmp_path / "p" / "f.txt").write_text("x")
             assert (await client.upload_workdir(str(tmp_path / "p"))).startswith("sha256:")
+            bundled = Path(fleet.__file__).parent / "traces" / "profiles" / "ncf"
+            assert (await client.upload_profile(str(bundled))).startswith("sha256:")
             assert await client.quarantined_jobs() == {} and await client.quarantined_nodes() == {}
             # nodes
             assert [n.name for n in await client.nodes()] == ["t-aio"] and (await client.node("t-aio")).alive

@@ -11,6 +11,7 @@ from fleet.backend import check_elastic
 from fleet.config import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.errors import SpecError
+from fleet.keys import Keys
 from fleet.lifecycle import INFRA, RESIZE, RetryPolicy, decide
 from fleet.models import PROFILES, Exit, Job, JobSpec, JobState, Range
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue
@@ -18,9 +19,12 @@ from fleet.scheduler import profiles as policy
 from fleet.scheduler.resizing import Elastic, Resize, elastic_gpus
 from fleet.scheduler.resizing import decide as decide_sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
+from fleet.state.profiles import ProfileStore
 
 ELASTIC = {"name": "e", "command": ["python", "train.py"], "gpus": {"min": 1, "max": 4},
            "batch_size": {"min": 128, "max": 1024}, "profile": "cifar10"}  # fmt: skip
+#: bundled profiles only: never reads the store
+BUNDLED = ProfileStore(None, Keys(), 1.0)
 
 
 # -- the spec ----------------------------------------------------------------------------------
@@ -49,7 +53,14 @@ def test_a_plain_spec_is_stored_as_before_and_an_old_record_reads_back() -> None
         ({"gpus": 2}, "batch_size: a range of batch sizes needs a range of GPUs too"),
         ({"gpus": 2, "batch_size": 64}, "profile: only an elastic job (gpus: {min, max}) uses a scaling"),
         ({"batch_size": None}, "batch_size: an elastic job needs its global batch size"),
-        ({"profile": None}, "profile: an elastic job needs a scaling profile, one of bert, cifar10"),
+        (
+            {"profile": None},
+            "profile: an elastic job needs a scaling profile: one fleet ships (bert, cifar10",
+        ),
+        (
+            {"profile": "resnet"},
+            "(got 'resnet'): one fleet ships (bert, cifar10, deepspeech2, imagenet, ncf, yolov3), 'learn'",
+        ),
         ({"profile": "resnet"}, "(got 'resnet')"),
         ({"nodes": 2}, "nodes: an elastic job's size is fleet's to choose; drop nodes"),
         ({"gpus": {"min": 4, "max": 2}}, "gpus: min (4) is above max (2)"),
@@ -80,9 +91,9 @@ def test_an_elastic_job_its_profile_gives_no_size_to_run_at_is_refused_at_submit
     fields: dict[str, object], message: str
 ) -> None:
     with pytest.raises(SpecError, match="widen the ranges or choose another profile") as err:
-        check_elastic(JobSpec.parse({**ELASTIC, **fields}))
+        check_elastic(JobSpec.parse({**ELASTIC, **fields}), BUNDLED)
     assert message in str(err.value)
-    check_elastic(JobSpec.parse(ELASTIC))  # the example's ranges run
+    check_elastic(JobSpec.parse(ELASTIC), BUNDLED)  # the example's ranges run
 
 
 def test_the_spec_names_the_profiles_the_policy_ships() -> None:
@@ -164,7 +175,8 @@ def test_elastic_jobs_get_what_fixed_size_jobs_neither_hold_nor_could_start_on()
 
 def job(job_id: str, gpus: int = 0, running: bool = False, **fields: object) -> Elastic:
     size = Size(gpus, 725 if gpus == 1 else 726 if gpus else 0)
-    return Elastic(job_id, "t", 1, 4, 128, 1024, "cifar10", size, running, **fields)  # type: ignore[arg-type]
+    cifar10 = policy.named_profile("cifar10")
+    return Elastic(job_id, "t", 1, 4, 128, 1024, cifar10, size, running, **fields)  # type: ignore[arg-type]
 
 
 def sizes(jobs: list[Elastic], gpus: int, now: float = 100.0) -> list[tuple[str, int, int]]:
@@ -186,7 +198,7 @@ def test_the_step_waits_out_the_minimum_interval_and_leaves_a_stopping_job_be() 
 
 
 def test_with_the_step_off_a_queued_job_starts_at_its_smallest_and_keeps_it() -> None:
-    steps = Elasticity(ControllerSettings(elastic=False))
+    steps = Elasticity(ControllerSettings(elastic=False), BUNDLED)
     queued = Job(id="q", spec=JobSpec.parse(ELASTIC), state=JobState.QUEUED)
     update = {"id": "r", "state": JobState.RUNNING, "num_gpus": 1, "batch_size": 128}
     running = queued.model_copy(update=update)

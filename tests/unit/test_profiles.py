@@ -76,3 +76,11 @@ def test_learned_jobs_share_gpus_by_how_well_each_scales() -> None:
     poor = learned({(1, 64): 100.0, (2, 128): 120.0, (4, 256): 125.0})
     got = allocate([poor, replace(good, id="good")], 6, now=0.0)
     assert (got["good"][0], got["j"][0]) == (4, 2)
+
+
+def test_a_running_job_no_faster_than_at_a_smaller_size_gives_the_gpus_back() -> None:
+    # it was tried at 2 GPUs and was no faster there: with 16 GPUs free and nobody wanting them
+    # it still goes back to 1 (once its minimum interval is over)
+    flat = replace(learned({(1, 64): 100.0, (2, 128): 100.0}), gpus=2, batch=128, changed_at=0.0)
+    assert allocate([flat], 16, now=1000.0, min_interval_s=120) == {"j": (1, 64)}
+    assert allocate([flat], 16, now=60.0, min_interval_s=120) == {"j": (2, 128)}  # not yet

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import fleet_worker as fw
+from fleet_worker import signals
 
 
 def test_the_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,12 +43,18 @@ def test_report_prints_a_progress_line_with_samples_per_second(
 ) -> None:
     monkeypatch.setenv("FLEET_NUM_GPUS", "2")
     monkeypatch.setenv("FLEET_BATCH_SIZE", "512")
-    rate = fw.report(samples=5120, step=40, loss=0.5)
+    monkeypatch.setattr(signals, "_reported", signals._Throughput())
+    # the first report of a process: start-up came before it, not training, so no rate
+    assert fw.report(samples=5120, step=40, loss=0.5) == 0.0
+    first = json.loads(capsys.readouterr().out.strip().split(" ", 1)[1])
+    assert "samples_per_s" not in first and (first["step"], first["num_gpus"]) == (40, 2)
+    time.sleep(0.05)
+    rate = fw.report(samples=5120, step=80, loss=0.5)
     line = capsys.readouterr().out.strip()
     assert line.startswith("fleet-progress ")
     fields = json.loads(line.split(" ", 1)[1])
-    assert (fields["step"], fields["loss"], fields["num_gpus"], fields["batch_size"]) == (40, 0.5, 2, 512)
-    assert fields["samples_per_s"] == pytest.approx(rate, rel=1e-3) and rate > 0
+    assert (fields["step"], fields["loss"], fields["num_gpus"], fields["batch_size"]) == (80, 0.5, 2, 512)
+    assert fields["samples_per_s"] == pytest.approx(rate, rel=1e-3) and 0 < rate <= 5120 / 0.05
 
 
 def test_a_second_sigterm_while_the_first_sets_the_stop_flag_does_not_hang_the_job() -> None:

@@ -45,10 +45,10 @@ def progress(step: int, total: int | None = None, **metrics: float) -> None:
 
 
 class _Throughput:
-    """Samples since the last report, and when it was: what ``report`` turns into samples/s."""
+    """When the last report was (None: none yet) and how many there were."""
 
     def __init__(self) -> None:
-        self.since = time.monotonic()
+        self.since: float | None = None
         self.steps = 0
 
 
@@ -58,15 +58,18 @@ _reported = _Throughput()
 def report(samples: int, step: int | None = None, **metrics: Any) -> float:
     """A progress line (as ``progress``) with the samples/s since the last report: ``samples`` is how
     many the job processed since then (all its GPUs together). ``step`` defaults to the count of
-    reports so far. Returns the samples/s. Elastic jobs report what they run at too (``num_gpus``,
-    ``batch_size``), so the measured scaling can be read back per size."""
+    reports so far. Returns the samples/s; the first report of a process has none (0.0: what came
+    before it was start-up, not training). Elastic jobs report what they run at too (``num_gpus``,
+    ``batch_size``), and fleet learns their scaling from it (``profile: learn``)."""
     from fleet_worker.env import batch_size, num_gpus, num_nodes
 
     now = time.monotonic()
-    elapsed, _reported.since = now - _reported.since, now
+    elapsed, _reported.since = (None if _reported.since is None else now - _reported.since), now
     _reported.steps += 1
-    rate = samples / elapsed if elapsed > 0 else 0.0
+    rate = samples / elapsed if elapsed else 0.0
     sized = {"num_gpus": num_gpus() * num_nodes(), "batch_size": batch_size()}
-    progress(_reported.steps if step is None else step, samples_per_s=round(rate, 3),
+    if elapsed:
+        sized["samples_per_s"] = round(rate, 3)
+    progress(_reported.steps if step is None else step,
              **{k: v for k, v in sized.items() if v is not None}, **metrics)  # fmt: skip
     return rate

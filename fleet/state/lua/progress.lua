@@ -1,10 +1,30 @@
 -- progress: keep a job's last progress report, fenced by its attempt: a report from an attempt that
--- is no longer the job's latest (a stale one, still shipping) changes nothing.
+-- is no longer the job's latest (a stale one, still shipping) changes nothing. An elastic job's
+-- samples/s is folded into what is known of its size now (field 'speeds', "<GPUs>x<batch>": an
+-- average in which each report weighs 30 %), the size fleet launched the attempt at, not one the job
+-- claims; at most 32 sizes are kept.
 -- KEYS[1] job hash
 -- ARGV[1] the attempt the report comes from  ARGV[2] the report (JSON: Progress and its attempt)
+-- ARGV[3] the samples/s it reported ('' if none)
 -- Returns 1 when kept, 0 when the attempt is not the latest (or there is no such job).
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'progress', ARGV[2])
+local rate = tonumber(ARGV[3])
+local size = redis.call('HMGET', KEYS[1], 'num_gpus', 'batch_size')
+if rate and rate > 0 and rate < 1e15 and tonumber(size[1] or '0') > 0 then
+  local stored = redis.call('HGET', KEYS[1], 'speeds')
+  local speeds = stored and cjson.decode(stored) or {}
+  local key = size[1] .. 'x' .. (size[2] or '0')
+  local old = speeds[key]
+  if old then
+    speeds[key] = 0.7 * old + 0.3 * rate
+  else
+    local n = 0
+    for _ in pairs(speeds) do n = n + 1 end
+    if n < 32 then speeds[key] = rate end
+  end
+  redis.call('HSET', KEYS[1], 'speeds', cjson.encode(speeds))
+end
 return 1

@@ -1,0 +1,85 @@
+"""Scaling profiles users upload (``fleet submit --profile ./dir``): a blob holding the profile's
+JSON (``fleet.scheduler.profiles.profile_data``), named by its SHA-256 like a shipped directory and
+kept as long (``workdir_retention_s`` after its last upload, submit, or use by the leader, which
+keeps those of the jobs it sizes). Parsed once per digest: the bytes never change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleet.errors import SpecError
+from fleet.keys import Keys
+from fleet.models import LEARN, PROFILES, JobSpec, Range, uploaded_profile
+from fleet.scheduler.profiles import LearnedProfile, Profile, from_data, named_profile
+from fleet.state.blobs import BlobStore
+from fleet.state.connection import translated
+from fleet.workdir import check_digest
+
+#: parsed profiles kept in memory (each a few hundred KB at most)
+CACHED = 64
+
+
+class ProfileStore:
+    def __init__(self, redis: Any, keys: Keys, ttl_s: float) -> None:
+        self.blobs = BlobStore(redis, keys, ttl_s)
+        self._parsed: OrderedDict[str, Profile] = OrderedDict()
+
+    def profile_of(self, spec: JobSpec, speeds: Mapping[str, float] | None = None) -> Profile:
+        """An elastic job's profile: bundled, uploaded, or learned from ``speeds`` (``Job.speeds``).
+        :class:`SpecError` when an uploaded one is not stored or not a profile."""
+        name = spec.profile or ""
+        if name in PROFILES:
+            return named_profile(name)
+        if name == LEARN:
+            return learned(spec, speeds or {})
+        if uploaded_profile(name):
+            return self.load(name)
+        raise SpecError(f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
+                        "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)")  # fmt: skip
+
+    def load(self, digest: str) -> Profile:
+        """The profile uploaded as ``digest`` (kept another ``ttl_s``); :class:`SpecError` when it is
+        not stored, or not a profile."""
+        found = self._parsed.get(digest)
+        if found is not None and self.blobs.touch(digest):
+            self._parsed.move_to_end(digest)
+            return found
+        data = self.blobs.get(digest)
+        if data is None:
+            why = "give the directory (--profile ./DIR, or profile='./DIR' to Client.submit): they upload it"
+            raise SpecError(f"profile {digest}: not uploaded (or expired); {why}")
+        try:
+            profile = from_data(json.loads(data))
+        except ValueError as exc:  # a JSONDecodeError is one
+            raise SpecError(f"profile {digest}: not a scaling profile: {exc}") from None
+        self.blobs.touch(digest)
+        self._parsed[digest] = profile
+        while len(self._parsed) > CACHED:
+            self._parsed.popitem(last=False)
+        return profile
+
+    @translated
+    def keep(self, digests: Iterable[str]) -> None:
+        """Keep these another ``ttl_s`` (those of the jobs the leader sizes), in one round trip."""
+        pipe = self.blobs.redis.pipeline(transaction=False)
+        for digest in set(digests):
+            pipe.pexpire(self.blobs.keys.blob(check_digest(digest)), self.blobs.ttl_ms)
+        pipe.execute()
+
+
+def learned(spec: JobSpec, speeds: Mapping[str, float]) -> LearnedProfile:
+    """The profile of a job with ``profile: learn``, from what it reported at each size."""
+    assert isinstance(spec.gpus, Range) and spec.batch_size is not None
+    batch = spec.batch_size
+    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+    observed = {}
+    for key, rate in speeds.items():
+        gpus, _, size = key.partition("x")
+        if gpus.isdigit() and size.isdigit() and int(gpus) > 0:
+            observed[int(gpus), int(size)] = rate
+    return LearnedProfile(name=LEARN, min_batch=low, max_batch=high, least=max(spec.gpus.min, 1),
+                          observed=observed)  # fmt: skip
