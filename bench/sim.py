@@ -3,6 +3,7 @@
     python -m bench.sim                    # everything (about 10 minutes on 2 cores)
     python -m bench.sim allocator          # the optimizer's cost per decision
     python -m bench.sim paper              # workloads 1-4 x load 1, 1.5, 2 x the policies (+ figure)
+    python -m bench.sim sustained          # workloads 1-4 at 1.5x, 2x kept for 8 h: fixed-batch vs elastic
     python -m bench.sim philly             # the whole Philly file on 512 GPUs, fifo and fair
     python -m bench.sim fairness           # weighted tenants over the Philly file: shares vs weights
 
@@ -138,6 +139,39 @@ def paper(figures: Path = FIGURES) -> None:
     print(f"\nfigures: {figures / 'sim-workloads-2x.png'}, {figures / 'sim-elastic-w4-2x.png'}")
 
 
+def sustained(figures: Path = FIGURES) -> None:
+    """The load kept for the workloads' whole 8 hours (``--sustain``: 1.5x / 2x their jobs arriving over
+    the same 8 h), where "jobs completed within 8 h" can tell policies apart: compressed, every job has
+    arrived by 4-5.3 h and the baseline ends 131-152 of 160 by 8 h."""
+    print()
+    print("| trace | load (sustained) | jobs | done by 8 h: fixed-batch / elastic | ratio | "
+          "JCT avg (s): fixed-batch / elastic | ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    at2: dict[str, list[SimResult]] = {"elastic-fixed-batch": [], "elastic": []}
+    for w in range(1, 5):
+        for load in (1.5, 2.0):
+            fixed, elastic = (run(f"workload-{w}", p, gpus=64, load=load, sustain=True) for p in at2)
+            if load == 2.0:
+                at2["elastic-fixed-batch"].append(fixed)
+                at2["elastic"].append(elastic)
+            f8, e8 = fixed.completed_by.get("8h", 0), elastic.completed_by.get("8h", 0)
+            fj, ej = fixed.jct.mean or 0.0, elastic.jct.mean or 1.0
+            done, jct = (
+                f"{f8} / {e8} | **{e8 / max(f8, 1):.2f}x**",
+                f"{fj:,.0f} / {ej:,.0f} | **{fj / ej:.2f}x**",
+            )
+            print(f"| workload-{w} | {load:g} | {fixed.jobs} | {done} | {jct} |")
+    try:
+        from fleet.sim.plot import compare
+    except ImportError:
+        return
+    figures.mkdir(parents=True, exist_ok=True)
+    compare(
+        at2, figures / "sim-workloads-2x-sustained.png", "workloads 1-4 at 2x load sustained for 8 h, 64 GPUs"
+    )
+    print(f"\nfigure: {figures / 'sim-workloads-2x-sustained.png'}")
+
+
 def philly() -> None:
     print(
         "| policy | GPUs | jobs | simulated in (s, wall) | CPU (s) | JCT avg / median (h) | "
@@ -206,14 +240,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("parts", nargs="*", choices=["allocator", "paper", "philly", "fairness"])
+    parser.add_argument("parts", nargs="*", choices=["allocator", "paper", "sustained", "philly", "fairness"])
     parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args()
-    parts = args.parts or ["allocator", "paper", "philly", "fairness"]
+    parts = args.parts or ["allocator", "paper", "sustained", "philly", "fairness"]
     for part in parts:
         print(f"\n## {part}\n")
-        if part == "paper":
-            paper(args.figures)
+        if part in ("paper", "sustained"):
+            (paper if part == "paper" else sustained)(args.figures)
         else:
             {"allocator": allocator, "philly": philly, "fairness": fairness}[part]()
 

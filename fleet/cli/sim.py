@@ -29,6 +29,9 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 @click.option("--load", type=float, default=1.0, show_default=True,
               help="arrivals compressed this much (1.5: 50% more per hour)")  # fmt: skip
 @click.option(
+    "--sustain", is_flag=True, help="keep --load's rate for the trace's whole span (it repeats after itself)"
+)
+@click.option(
     "--until", metavar="DURATION", help="stop the clock there, e.g. 8h (default: when every job ended)"
 )
 @click.option("--limit", type=int, help="only the trace's first N jobs")
@@ -86,7 +89,7 @@ def _run(trace: str, options: dict[str, Any]) -> int:
             until=seconds(args.until, "--until"), weights=weights, tenants=tenants, limit=args.limit,
             resize_cost_s=seconds(args.resize_cost, "--resize-cost"),
             min_interval_s=seconds(args.min_interval, "--min-interval"), objective=args.objective,
-            accumulate=args.accumulate,
+            accumulate=args.accumulate, sustain=args.sustain,
         )  # fmt: skip
     except ValueError as exc:
         raise SpecError(str(exc)) from None

@@ -90,6 +90,8 @@ class SimResult:
     wall_s: float = 0.0
     trace: str = ""
     load: float = 1.0
+    #: the load kept for the trace's whole span (the trace repeated), not only compressed
+    sustained: bool = False
     #: each completed job's completion time and when it completed (for plots; not in ``to_dict``)
     jct_values: list[float] = field(default_factory=list, repr=False)
     jct_ends: list[float] = field(default_factory=list, repr=False)
@@ -109,7 +111,8 @@ class SimResult:
         shares = sorted(self.tenant_share.items(), key=lambda kv: -kv[1])
         top = ", ".join(f"{t} {s:.1%}" for t, s in shares[:6]) + (" ..." if len(shares) > 6 else "")
         return [
-            ("policy", f"{self.policy} on {self.gpus} GPUs ({self.nodes} nodes), load x{self.load:g}"),
+            ("policy", f"{self.policy} on {self.gpus} GPUs ({self.nodes} nodes), load x{self.load:g}"
+                       f"{' sustained' if self.sustained else ''}"),
             ("jobs", f"{self.jobs}: {self.completed} completed, {self.never_started} never started"),
             ("JCT avg / median / p99",
              " / ".join(dur(x) for x in (self.jct.mean, self.jct.median, self.jct.p99))),

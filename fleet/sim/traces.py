@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import csv
 import datetime
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -45,9 +46,13 @@ def resolve(trace: str | Path) -> Path:
     raise SpecError(f"no trace {trace}: a CSV file, or one of {', '.join(BUNDLED)}")
 
 
-def read_trace(trace: str | Path, load: float = 1.0, limit: int | None = None) -> list[TraceJob]:
+def read_trace(
+    trace: str | Path, load: float = 1.0, limit: int | None = None, sustain: bool = False
+) -> list[TraceJob]:
     """The jobs of a trace file in either format, arrivals divided by ``load`` (2.0: twice as
-    many jobs per hour), the first ``limit`` only if given."""
+    many jobs per hour), the first ``limit`` only if given. With ``sustain``, that rate lasts as long
+    as the trace did: it is repeated after itself (ids ``<id>#<copy>``), arrivals past the trace's
+    span dropped (2.0 over an 8-hour trace: twice its jobs, arriving over the same 8 hours)."""
     if load <= 0:
         raise SpecError(f"--load must be above 0, not {load:g}")
     path = resolve(trace)
@@ -64,7 +69,14 @@ def read_trace(trace: str | Path, load: float = 1.0, limit: int | None = None) -
             f"{path}: not a trace fleet reads: a workload has columns {', '.join(sorted(WORKLOAD_FIELDS))}; "
             f"a Philly trace {', '.join(sorted(PHILLY_FIELDS))}"
         )
+    span = max((j.arrival for j in jobs), default=0.0)
     jobs = [j if load == 1.0 else _scaled(j, load) for j in jobs]
+    if sustain and load > 1.0:
+        copies = [(k, k * span / load) for k in range(math.ceil(load))]
+        jobs = [
+            replace(j, id=f"{j.id}#{k}" if k else j.id, arrival=j.arrival + shift)
+            for k, shift in copies for j in jobs if j.arrival + shift <= span
+        ]  # fmt: skip
     return sorted(jobs, key=lambda j: j.arrival)
 
 

@@ -73,6 +73,20 @@ def test_the_same_trace_gives_the_same_answer() -> None:
     assert a == b and a["resizes"] > 0
 
 
+def test_a_sustained_load_repeats_the_trace_at_its_rate_within_its_span(tmp_path: Path) -> None:
+    # arrivals at 0, 60, 120 s: at 2x they come at 0, 30, 60 s, and then again at 60, 90, 120 s
+    trace = philly(tmp_path, [(0, 10, 1, "x"), (60, 10, 1, "x"), (120, 10, 1, "x")])
+    jobs = read_trace(trace, 2.0, sustain=True)
+    assert [(j.id, j.arrival) for j in jobs] == [
+        ("p0", 0.0), ("p1", 30.0), ("p2", 60.0), ("p0#1", 60.0), ("p1#1", 90.0), ("p2#1", 120.0),
+    ]  # fmt: skip
+    assert [j.arrival for j in read_trace(trace, 2.0)] == [0.0, 30.0, 60.0]  # compressed only
+    # 1.5x: copies every 80 s, the second one cut at the trace's 120 s
+    assert [j.arrival for j in read_trace(trace, 1.5, sustain=True)] == [0.0, 40.0, 80.0, 80.0, 120.0]
+    result = run(trace, "fifo", gpus=1, load=2.0, sustain=True)
+    assert (result.jobs, result.completed, result.sustained) == (6, 6, True)
+
+
 def test_until_stops_the_clock_and_counts_what_never_started(tmp_path: Path) -> None:
     trace = philly(tmp_path, [(0, 100, 4, "x"), (10, 50, 4, "x"), (20, 50, 4, "x")])
     r = run(trace, "fifo", gpus=4, until=120)
