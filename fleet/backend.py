@@ -489,11 +489,8 @@ def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:
         return
     from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
 
-    batch = spec.batch_size
-    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
-    job = Elastic("", spec.tenant, spec.gpus.min, spec.gpus.max, low, high, profiles.profile_of(spec),
-                  Size(0, 0), False, fixed_batch=not isinstance(batch, Range))  # fmt: skip
-    if why := unrunnable(job):
+    job = Job(id="", spec=spec, state=JobState.QUEUED)
+    if why := unrunnable(Elastic.of(job, profiles.profile_of(spec))):
         raise SpecError(f"invalid job spec:\n  spec: {why}")
 
 

@@ -331,6 +331,14 @@ class JobSpec(_UserModel):
     def max_gpus(self) -> int:
         return self.gpus.max if isinstance(self.gpus, Range) else self.gpus
 
+    @property
+    def batch_range(self) -> tuple[int, int] | None:
+        """The global batch sizes allowed (one value: low == high), or None without a batch size."""
+        batch = self.batch_size
+        return (
+            None if batch is None else (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+        )
+
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str]) -> list[str]:

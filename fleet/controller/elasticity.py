@@ -13,11 +13,10 @@ from collections.abc import Iterable, Mapping
 from fleet.config import ControllerSettings
 from fleet.errors import SpecError
 from fleet.log import event
-from fleet.models import Job, JobState, Range, Tenant, uploaded_profile
+from fleet.models import Job, JobState, Tenant, uploaded_profile
 from fleet.scheduler import NodeView, PendingQueue, RunningJob
 from fleet.scheduler.profiles import Profile
 from fleet.scheduler.resizing import Elastic, Resize, decide, elastic_gpus, largest_node, starting_sizes
-from fleet.scheduler.sizing import Size
 from fleet.state.profiles import ProfileStore, learned
 
 log = logging.getLogger("fleet.controller")
@@ -57,7 +56,7 @@ class Elasticity:
         """This pass's resizes, queued jobs sized too (see ``fleet.scheduler.resizing``)."""
         for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
             del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
-        jobs = sorted((elastic(j, self._profile(j)) for j in self.jobs.values()),
+        jobs = sorted((Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
                       key=lambda e: (not e.running, _rank(self.jobs[e.id])))  # fmt: skip
         if not self.cfg.elastic:
             return starting_sizes(jobs)
@@ -100,21 +99,6 @@ class Elasticity:
                     effect="learned from its reports",
                 )
             return learned(job.spec, job.speeds)
-
-
-def elastic(job: Job, profile: Profile) -> Elastic:
-    spec = job.spec
-    assert isinstance(spec.gpus, Range) and spec.batch_size is not None and spec.profile is not None
-    batch = spec.batch_size
-    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
-    running = job.state.on_node
-    return Elastic(
-        id=job.id, tenant=spec.tenant, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max, min_batch=low,
-        max_batch=high, profile=profile, size=Size(job.num_gpus, job.batch_size), running=running,
-        stopping=running and bool(job.resize_gpus is not None or job.preempt or job.cancel_requested),
-        changed_at=max(job.sized_at, job.started_at or 0.0), fixed_batch=not isinstance(batch, Range),
-        resize_to=job.resize_gpus if running else None,
-    )  # fmt: skip
 
 
 def _rank(job: Job) -> tuple[int, int]:

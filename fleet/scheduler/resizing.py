@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from fleet.models import Job, Range
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import ElasticJob, allocate, sizes
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
@@ -45,6 +46,20 @@ class Elastic:
     fixed_batch: bool = False
     #: stopping for a resize: the GPUs it comes back with (held for it meanwhile)
     resize_to: int | None = None
+
+    @classmethod
+    def of(cls, job: Job, profile: Profile) -> Elastic:
+        """An elastic job as stored (queued, sized or not, or on its nodes)."""
+        spec, running, going = job.spec, job.state.on_node, job.resize_gpus
+        assert isinstance(spec.gpus, Range) and spec.batch_range is not None
+        low, high = spec.batch_range
+        return cls(
+            id=job.id, tenant=spec.tenant, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max, min_batch=low,
+            max_batch=high, profile=profile, size=Size(job.num_gpus, job.batch_size), running=running,
+            stopping=running and bool(going is not None or job.preempt or job.cancel_requested),
+            changed_at=max(job.sized_at, job.started_at or 0.0), resize_to=going if running else None,
+            fixed_batch=not isinstance(spec.batch_size, Range),
+        )  # fmt: skip
 
     @property
     def held(self) -> int:

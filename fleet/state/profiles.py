@@ -73,9 +73,8 @@ class ProfileStore:
 
 def learned(spec: JobSpec, speeds: Mapping[str, float]) -> LearnedProfile:
     """The profile of a job with ``profile: learn``, from what it reported at each size."""
-    assert isinstance(spec.gpus, Range) and spec.batch_size is not None
-    batch = spec.batch_size
-    low, high = (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+    assert isinstance(spec.gpus, Range) and spec.batch_range is not None
+    low, high = spec.batch_range
     observed = {}
     for key, rate in speeds.items():
         gpus, _, size = key.partition("x")
