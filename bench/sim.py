@@ -4,6 +4,7 @@
     python -m bench.sim allocator          # the optimizer's cost per decision
     python -m bench.sim paper              # workloads 1-4 x load 1, 1.5, 2 x the policies (+ figure)
     python -m bench.sim sustained          # workloads 1-4 at 1.5x, 2x kept for 8 h: fixed-batch vs elastic
+    python -m bench.sim learned            # elastic with learned profiles vs measured ones, 2x load
     python -m bench.sim philly             # the whole Philly file on 512 GPUs, fifo and fair
     python -m bench.sim fairness           # weighted tenants over the Philly file: shares vs weights
 
@@ -172,6 +173,22 @@ def sustained(figures: Path = FIGURES) -> None:
     print(f"\nfigure: {figures / 'sim-workloads-2x-sustained.png'}")
 
 
+def learned() -> None:
+    """Elastic jobs sized by what they ran at (``profile: learn``, ``fleet sim --learn``) against the
+    same jobs sized by their measured profile, and the fixed-batch baseline (measured profile)."""
+    print("| trace | load | JCT avg (s): elastic, measured / learned / fixed-batch | learned vs measured | "
+          "fixed-batch vs learned | done by 4 h: measured / learned / fixed-batch | resizes: measured / "
+          "learned |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for w in range(1, 5):
+        known, learnt = (run(f"workload-{w}", "elastic", load=2.0, learn=flag) for flag in (False, True))
+        fixed = run(f"workload-{w}", "elastic-fixed-batch", load=2.0)
+        k, lj, f = (r.jct.mean or 1.0 for r in (known, learnt, fixed))
+        done = " / ".join(str(r.completed_by.get("4h", 0)) for r in (known, learnt, fixed))
+        print(f"| workload-{w} | 2 | {k:,.0f} / {lj:,.0f} / {f:,.0f} | {lj / k:.2f}x | **{f / lj:.2f}x** | "
+              f"{done} | {known.resizes} / {learnt.resizes} |")  # fmt: skip
+
+
 def philly() -> None:
     print(
         "| policy | GPUs | jobs | simulated in (s, wall) | CPU (s) | JCT avg / median (h) | "
@@ -240,16 +257,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("parts", nargs="*", choices=["allocator", "paper", "sustained", "philly", "fairness"])
+    parser.add_argument(
+        "parts", nargs="*", choices=["allocator", "paper", "sustained", "learned", "philly", "fairness"]
+    )
     parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args()
-    parts = args.parts or ["allocator", "paper", "sustained", "philly", "fairness"]
+    parts = args.parts or ["allocator", "paper", "sustained", "learned", "philly", "fairness"]
     for part in parts:
         print(f"\n## {part}\n")
         if part in ("paper", "sustained"):
             (paper if part == "paper" else sustained)(args.figures)
         else:
-            {"allocator": allocator, "philly": philly, "fairness": fairness}[part]()
+            {"allocator": allocator, "learned": learned, "philly": philly, "fairness": fairness}[part]()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 @click.option(
     "--accumulate", is_flag=True, help="elastic-fixed-batch: batches reached by gradient accumulation"
 )
+@click.option(
+    "--learn", is_flag=True, help="elastic: size jobs by what they ran at (profile: learn), not their profile"
+)
 @click.option("--weight", multiple=True, metavar="TENANT=W", help="a tenant's fair-share weight (repeat)")
 @click.option("--guarantee", multiple=True, metavar="TENANT=GPUS",
               help="a tenant's guaranteed GPUs (fair: it preempts others to get them; repeat)")  # fmt: skip
@@ -89,7 +92,7 @@ def _run(trace: str, options: dict[str, Any]) -> int:
             until=seconds(args.until, "--until"), weights=weights, tenants=tenants, limit=args.limit,
             resize_cost_s=seconds(args.resize_cost, "--resize-cost"),
             min_interval_s=seconds(args.min_interval, "--min-interval"), objective=args.objective,
-            accumulate=args.accumulate, sustain=args.sustain,
+            accumulate=args.accumulate, sustain=args.sustain, learn=args.learn,
         )  # fmt: skip
     except ValueError as exc:
         raise SpecError(str(exc)) from None

@@ -31,7 +31,7 @@ from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S, ElasticJob, allocate, sizes
 from fleet.scheduler.fairshare import WEEK, FairShare, Use, fair_gpus
 from fleet.scheduler.preempt import RunningJob, preemptions
-from fleet.scheduler.profiles import Profile, named_profile
+from fleet.scheduler.profiles import LearnedProfile, Profile, named_profile
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue
@@ -69,6 +69,9 @@ class SimConfig:
     objective: str = COMPLETION
     #: the horizon a resize's cost is spread over (None: the policy's default)
     horizon_s: float | None = None
+    #: elastic jobs sized by what they ran at, as ``profile: learn`` live (``LearnedProfile``), not by
+    #: the measured profile their throughput comes from: what knowing a job's scaling is worth
+    learn: bool = False
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -112,6 +115,9 @@ class SimJob:
     #: it ran before: its next start restores a checkpoint (costs resize_cost_s)
     restarting: bool = False
     version: int = 0
+    #: samples/s at each (GPUs, batch) it ran at (a job reports them live; here, known at once: a
+    #: report comes well within the minimum interval before its next resize)
+    observed: dict[tuple[int, int], float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -189,9 +195,13 @@ class Simulation:
         )
         most = min(self.cfg.max_gpus or job.profile.max_gpus, self.cfg.gpus)
         batch = job.batch or (job.trace.batch if fixed else 0)
+        profile = job.profile
+        if self.cfg.learn:
+            profile = LearnedProfile(name="learn", min_batch=lo, max_batch=hi, least=self.cfg.min_gpus,
+                                     observed=job.observed)  # fmt: skip
         return ElasticJob(
             id=job.id, tenant=job.tenant, min_gpus=self.cfg.min_gpus, max_gpus=most, min_batch=lo,
-            max_batch=hi, profile=job.profile, gpus=job.gpus, batch=batch, fixed_batch=fixed,
+            max_batch=hi, profile=profile, gpus=job.gpus, batch=batch, fixed_batch=fixed,
             changed_at=job.changed_at, accumulate=fixed and self.cfg.accumulate,
             remaining=max(job.work - job.done, 0.0),
         )  # fmt: skip
@@ -353,6 +363,8 @@ class Simulation:
 
     def _rerate(self, job: SimJob) -> None:
         job.rate = self._rate(job)
+        if job.elastic and job.rate > 0:
+            job.observed[job.gpus, job.batch] = job.rate
         job.version += 1
         at = job.finish_at(self.now)
         if math.isfinite(at):

@@ -136,6 +136,18 @@ def test_a_lone_elastic_job_starts_at_its_fastest_size() -> None:
     assert r.jct.mean == pytest.approx(cifar.samples / best) and r.resizes == 0
 
 
+def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> None:
+    job = TraceJob("c", "t", 0.0, gpus=4, batch=512, model="cifar10")
+    sim = Simulation([job], SimConfig("elastic", gpus=64, learn=True, resize_cost_s=30, min_interval_s=120))
+    r = sim.run()
+    # nothing known at first: 1 GPU at the smallest batch; each size it ran at lets it try twice the
+    # GPUs (at the same batch per GPU), one resize per minimum interval while that pays
+    seen = sorted(sim.jobs["c"].observed)
+    assert seen[:4] == [(1, 128), (2, 256), (4, 512), (8, 1024)] and r.resizes >= 3
+    assert r.completed == 1 and r.jct.mean is not None
+    assert r.jct.mean > Simulation([job], SimConfig("elastic", gpus=64)).run().jct.mean  # type: ignore[operator]
+
+
 def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
