@@ -8,7 +8,7 @@ import click
 
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
 from fleet.cli.output import Field, emit_json
-from fleet.models import Job, Range
+from fleet.models import LEARN, Job, Range
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
@@ -59,7 +59,11 @@ def fields(job: Job) -> list[Field]:
     spec = job.spec
     if not isinstance(spec.gpus, Range):
         return [] if job.global_batch is None else [Field("Batch size", str(job.global_batch))]
-    now = f"{job.num_gpus} GPUs, batch {job.batch_size}" if job.num_gpus else "not sized yet"
+    now = (
+        f"{job.num_gpus} GPU{'' if job.num_gpus == 1 else 's'}, batch {job.batch_size}"
+        if job.num_gpus
+        else "not sized yet"
+    )
     going = ""
     if job.resize_gpus is not None:
         going = f"; resizing to {job.resize_gpus} GPUs, batch {job.resize_batch}"
@@ -71,4 +75,7 @@ def fields(job: Job) -> list[Field]:
         by_size = sorted((tuple(map(int, k.split("x"))), v) for k, v in job.speeds.items())
         said = ", ".join(f"{g} GPU{'' if g == 1 else 's'} x {b}: {v:,.4g}/s" for (g, b), v in by_size)
         shown.append(Field("Samples/s", said))
+    elif profile == LEARN and job.state.on_node:
+        shown.append(Field("Samples/s", "none reported yet: it stays at its size until it calls "
+                                        "fw.report(samples=...)"))  # fmt: skip
     return shown

@@ -106,3 +106,22 @@ def test_an_unknown_shell_is_a_usage_error() -> None:
         done.stderr
         == "fleet: SHELL: 'tcsh' is not one of 'bash', 'zsh', 'fish' (see `fleet completion --help`)\n"
     )
+
+
+def test_fleet_show_says_what_a_learning_job_reported_or_that_it_reported_nothing() -> None:
+    from fleet.cli.elastic import fields
+
+    spec = JobSpec.parse(
+        {"name": "e", "command": ["x"], "gpus": "1-4", "batch_size": "64-512", "profile": "learn"}
+    )
+    quiet = Job(id="e-1", spec=spec, state=JobState.RUNNING, num_gpus=1, batch_size=64)
+    assert [(f.label, f.value) for f in fields(quiet)] == [
+        ("Elastic", "1 GPU, batch 64 (gpus 1-4, batch size 64-512, profile learn); resized 0 times"),
+        ("Samples/s", "none reported yet: it stays at its size until it calls fw.report(samples=...)"),
+    ]  # fmt: skip
+    talking = quiet.model_copy(update={"num_gpus": 2, "batch_size": 128, "resizes": 1,
+                                       "speeds": {"2x128": 190.55, "1x64": 100.0}})  # fmt: skip
+    assert [(f.label, f.value) for f in fields(talking)][1] == (
+        "Samples/s",
+        "1 GPU x 64: 100/s, 2 GPUs x 128: 190.6/s",
+    )
