@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import fleet
 from fleet import Client, JobSpec, JobState
 from fleet.client import JobHandle
 from fleet.errors import SpecError
-from tests.conftest import FleetProcs
+from tests.conftest import Api, FleetProcs
 from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,7 @@ def sizes_run(job: JobHandle) -> list[tuple[int, int]]:
 
 
 def test_a_learned_profile_grows_a_job_that_scales_and_shrinks_one_that_does_not(
-    procs: FleetProcs, client: Client, tmp_path: Path
+    procs: FleetProcs, client: Client, api: Api, tmp_path: Path
 ) -> None:
     # Given two 4-GPU nodes and a controller that resizes at most every 2 s, reading jobs every second
     procs.env.update(FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2", FLEET_CONTROLLER__RESIZE_COST_S="0.5")
@@ -138,6 +139,12 @@ def test_a_learned_profile_grows_a_job_that_scales_and_shrinks_one_that_does_not
     shown = subprocess.run([sys.executable, "-m", "fleet", "show", scales.id], env=procs.cli_env(),
                            capture_output=True, text=True, timeout=60).stdout  # fmt: skip
     assert re.search(r"Samples/s: +1 GPU x 64: [0-9.]+/s, 2 GPUs x 128: [0-9.]+/s", shown), shown
+    page = urllib.request.Request(
+        f"{api.url}/ui/jobs/{scales.id}", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    assert re.search(
+        r'id="job-speeds">1x64: [0-9.]+/s · 2x128: [0-9.]+/s', urllib.request.urlopen(page).read().decode()
+    )
     for name in ("scales", "flat"):
         (tmp_path / f"{name}.done").touch()
     for job in (scales, flat):
