@@ -142,9 +142,8 @@ def test_a_learned_profile_grows_a_job_that_scales_and_shrinks_one_that_does_not
     page = urllib.request.Request(
         f"{api.url}/ui/jobs/{scales.id}", headers={"Authorization": f"Bearer {api.token}"}
     )
-    assert re.search(
-        r'id="job-speeds">1x64: [0-9.]+/s · 2x128: [0-9.]+/s', urllib.request.urlopen(page).read().decode()
-    )
+    with urllib.request.urlopen(page, timeout=30) as response:
+        assert re.search(r'id="job-speeds">1x64: [0-9.]+/s · 2x128: [0-9.]+/s', response.read().decode())
     for name in ("scales", "flat"):
         (tmp_path / f"{name}.done").touch()
     for job in (scales, flat):
