@@ -490,7 +490,7 @@ def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:
     from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
 
     job = Job(id="", spec=spec, state=JobState.QUEUED)
-    if why := unrunnable(Elastic.of(job, profiles.profile_of(spec))):
+    if why := unrunnable(Elastic.of(job, profiles.profile_of(spec, touch=True))):
         raise SpecError(f"invalid job spec:\n  spec: {why}")
 
 

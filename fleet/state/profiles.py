@@ -28,24 +28,28 @@ class ProfileStore:
         self.blobs = BlobStore(redis, keys, ttl_s)
         self._parsed: OrderedDict[str, Profile] = OrderedDict()
 
-    def profile_of(self, spec: JobSpec, speeds: Mapping[str, float] | None = None) -> Profile:
+    def profile_of(
+        self, spec: JobSpec, speeds: Mapping[str, float] | None = None, touch: bool = False
+    ) -> Profile:
         """An elastic job's profile: bundled, uploaded, or learned from ``speeds`` (``Job.speeds``).
-        :class:`SpecError` when an uploaded one is not stored or not a profile."""
+        :class:`SpecError` when an uploaded one is not stored or not a profile. ``touch``: check that
+        an uploaded one is still stored and keep it another ``ttl_s`` (a submit; the leader, which
+        sizes jobs often, keeps those in use once per resync instead)."""
         name = spec.profile or ""
         if name in PROFILES:
             return named_profile(name)
         if name == LEARN:
             return learned(spec, speeds or {})
         if uploaded_profile(name):
-            return self.load(name)
+            return self.load(name, touch)
         raise SpecError(f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
                         "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)")  # fmt: skip
 
-    def load(self, digest: str) -> Profile:
-        """The profile uploaded as ``digest`` (kept another ``ttl_s``); :class:`SpecError` when it is
-        not stored, or not a profile."""
+    def load(self, digest: str, touch: bool = False) -> Profile:
+        """The profile uploaded as ``digest``, parsed once; :class:`SpecError` when it is not stored, or
+        not a profile. Read from Redis the first time (and kept another ``ttl_s``), or with ``touch``."""
         found = self._parsed.get(digest)
-        if found is not None and self.blobs.touch(digest):
+        if found is not None and (not touch or self.blobs.touch(digest)):
             self._parsed.move_to_end(digest)
             return found
         data = self.blobs.get(digest)

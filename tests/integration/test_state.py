@@ -10,7 +10,7 @@ import redis
 
 from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy, decide
-from fleet.models import ON_NODE_STATES, Exit, Gpu, JobSpec, JobState, NodeState
+from fleet.models import ON_NODE_STATES, Exit, Gpu, JobSpec, JobState, NodeState, Progress
 from fleet.state import JobStore, NodeStore
 from fleet.state.nodes import NodeInfo
 
@@ -149,3 +149,46 @@ def test_a_nodes_labels_are_published_and_a_change_of_them_is_a_change(
     assert nodes.read(["n1"]).nodes[0].labels == {"rack": "r1"}
     beat({"rack": "r2"})  # moved to another rack: placement must see it
     assert nodes.changed_since(seen)[0] == ["n1"]
+
+
+def test_an_elastic_jobs_reports_are_kept_per_size_it_was_launched_at(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    _, jobs, client = stores
+    # Given an elastic job fleet sized at 2 GPUs and batch 128, running its first attempt
+    spec = JobSpec.parse(
+        {"name": "e", "command": ["x"], "gpus": "1-4", "batch_size": "64-512", "profile": "learn"}
+    )
+    jobs.create("e", spec, 100.0)
+    assert jobs.resize(jobs.get("e"), 2, 128, "sized 2 GPUs", 30.0, 100.5, LEADER)
+    NodeStore(client, jobs.keys).heartbeat("n1", "agent-1", 30, 100.0, NodeInfo(
+        gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"))  # fmt: skip
+    assert jobs.place("e", "n1", [], LEADER, 101.0, "placed on n1") == 1
+
+    def report(attempt: int, rate: float | None) -> None:
+        metrics = {} if rate is None else {"samples_per_s": rate, "num_gpus": 99.0}  # what the job claims
+        jobs.append_logs_many(
+            {("e", attempt, 0): [("1", "x")]}, 100, {("e", attempt): Progress(step=1, metrics=metrics)}
+        )
+
+    # When it reports 100 then 200 samples/s: kept under the size fleet launched it at, not the one
+    # it claims, each newer report weighing 30 %
+    report(1, 100.0)
+    assert jobs.get("e").speeds == {"2x128": 100.0}
+    report(1, 200.0)
+    assert jobs.get("e").speeds == {"2x128": pytest.approx(130.0)}
+    # A report without a rate, one of a stale attempt, and an unreadable record change nothing / mend it
+    report(1, None)
+    report(7, 1000.0)
+    assert jobs.get("e").speeds == {"2x128": pytest.approx(130.0)}
+    client.hset(jobs.keys.job("e"), "speeds", "{not json")
+    assert jobs.get("e").speeds == {}  # a hint: unreadable reads as nothing, the job is not quarantined
+    report(1, 50.0)
+    assert jobs.get("e").speeds == {"2x128": 50.0}
+    # And a job of fixed size keeps no speeds
+    jobs.create("f", JobSpec(name="f", command=["x"], gpus=1), 100.0)
+    assert jobs.place("f", "n1", [], LEADER, 101.0, "placed on n1") == 1
+    jobs.append_logs_many(
+        {("f", 1, 0): [("1", "x")]}, 100, {("f", 1): Progress(step=1, metrics={"samples_per_s": 9.0})}
+    )
+    assert jobs.get("f").speeds == {} and jobs.get("f").progress is not None

@@ -15,7 +15,8 @@ local rate = tonumber(ARGV[3])
 local size = redis.call('HMGET', KEYS[1], 'num_gpus', 'batch_size')
 if rate and rate > 0 and rate < 1e15 and tonumber(size[1] or '0') > 0 then
   local stored = redis.call('HGET', KEYS[1], 'speeds')
-  local speeds = stored and cjson.decode(stored) or {}
+  local ok, speeds = pcall(cjson.decode, stored or '{}')
+  if not ok or type(speeds) ~= 'table' then speeds = {} end  -- unreadable: start again
   local key = size[1] .. 'x' .. (size[2] or '0')
   local old = speeds[key]
   if old then
