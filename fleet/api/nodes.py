@@ -1,0 +1,73 @@
+"""``/v1/nodes``, ``/v1/drain``, ``/v1/quarantine``, ``/v1/fleet``: the machines, as anyone may see
+them and as an operator changes them (cordon, uncordon, drain)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body
+from pydantic import BaseModel, Field
+
+from fleet import __version__
+from fleet.api.deps import Operator, User
+from fleet.backend import Backend
+from fleet.models import Node, Role
+
+
+class Cordon(BaseModel):
+    reason: str = Field(default="", max_length=1024)
+
+
+class Drain(BaseModel):
+    names: list[str] = Field(min_length=1, max_length=10_000)
+    deadline_s: float = Field(default=3600.0, ge=0)
+    grace_s: float = Field(default=60.0, ge=0)
+    force: bool = False
+    reason: str = Field(default="", max_length=1024)
+
+
+class Quarantine(BaseModel):
+    jobs: dict[str, str]
+    nodes: dict[str, str]
+
+
+class FleetInfo(BaseModel):
+    version: str
+    most_gpus: int
+
+
+def routes(backend: Backend) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/nodes")
+    def nodes(_: User) -> list[Node]:
+        return backend.nodes()
+
+    @router.get("/v1/nodes/{name}")
+    def node(name: str, _: User) -> Node:
+        return backend.node(name)
+
+    @router.post("/v1/nodes/{name}/cordon")
+    def cordon(name: str, who: Operator, body: Annotated[Cordon | None, Body()] = None) -> Node:
+        return backend.cordon(name, body.reason if body else "", who=who.user)
+
+    @router.post("/v1/nodes/{name}/uncordon")
+    def uncordon(name: str, who: Operator) -> Node:
+        return backend.uncordon(name, who=who.user)
+
+    @router.post("/v1/drain")
+    def drain(body: Drain, who: Operator) -> list[Node]:
+        return backend.drain(body.names, deadline_s=body.deadline_s, grace_s=body.grace_s, force=body.force,
+                             reason=body.reason, who=who.user)  # fmt: skip
+
+    @router.get("/v1/quarantine")
+    def quarantine(who: User) -> Quarantine:
+        """Records fleet cannot read. A user sees only the nodes': an unreadable job names no tenant."""
+        jobs = backend.quarantined_jobs() if who.role.allows(Role.OPERATOR) else {}
+        return Quarantine(jobs=jobs, nodes=backend.quarantined_nodes())
+
+    @router.get("/v1/fleet")
+    def fleet_info(_: User) -> FleetInfo:
+        return FleetInfo(version=__version__, most_gpus=backend.most_gpus())
+
+    return router
