@@ -1,0 +1,342 @@
+"""What a user asks to run: a job spec and its parts (mounts, webhooks, ranges)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from fleet.errors import SpecError
+from fleet.models.base import (
+    _ENV_KEY,
+    _IMAGE,
+    _LABEL_KEY,
+    _NAME,
+    _USER,
+    SPEC_BYTES_MAX,
+    Duration,
+    Size,
+    Text,
+    _clip,
+    _UserModel,
+    describe_errors,
+)
+
+
+class Mount(_UserModel):
+    """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    source: Text = Field(max_length=4096, description="absolute host path")
+    target: Text = Field(max_length=4096, description="absolute path in the container")
+    read_only: bool = True
+
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "/../" in f"{value}/":
+            raise ValueError("must be an absolute path without '..'")
+        return value
+
+
+#: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)
+WEBHOOK_URL_MAX = 2048
+
+
+class Webhook(_UserModel):
+    """Where fleet POSTs what happened (a job's end, a node's state): JSON signed with the tenant's
+    secret (``X-Fleet-Signature-256``), or ``format="slack"``: the ``{"text": ...}`` a Slack incoming
+    webhook takes. A bare URL string is read as ``Webhook(url=...)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    url: str = Field(max_length=WEBHOOK_URL_MAX, description="http:// or https:// URL")
+    format: Literal["json", "slack"] = "json"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value[:100]!r} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError(f"{value[:100]!r}: expected an http:// or https:// URL with a host")
+        return value
+
+
+def _webhook(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value
+
+
+class Range(BaseModel):
+    """An elastic job's range: ``{min, max}`` (or ``"min-max"``), both included."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.min}-{self.max}"
+
+
+_RANGE_TEXT = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _range_text(value: object) -> object:
+    """``"1-4"`` (a YAML spec, a CLI flag) as ``{min: 1, max: 4}``; anything else as it is."""
+    match = _RANGE_TEXT.match(value) if isinstance(value, str) else None
+    return {"min": int(match[1]), "max": int(match[2])} if match else value
+
+
+def _count_or_range(value: object) -> str:
+    return "range" if isinstance(value, dict | Range) else "count"
+
+
+#: a number, or ``{min, max}`` (``"min-max"``): an elastic job's GPUs or batch size
+GpuCount = Annotated[
+    Annotated[Annotated[int, Field(ge=0, le=1024)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
+BatchSize = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=1 << 24)], Tag("count")] | Annotated[Range, Tag("range")],
+    Discriminator(_count_or_range), BeforeValidator(_range_text),
+]  # fmt: skip
+#: the scaling profiles fleet ships (measured throughput of real models; see fleet sim)
+PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: an elastic job's profile learned from its own reports (``fleet_worker.report``)
+LEARN = "learn"
+_PROFILE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_PROFILE_KINDS = (
+    f"one fleet ships ({', '.join(PROFILES)}), '{LEARN}' (from the job's fw.report calls), or a directory "
+    "in the profiles format ('./dir': the CLI and Client upload it)"
+)
+
+
+#: validation context of records fleet wrote itself (``Job.model_validate(data, context={FROM_FLEET: True})``)
+FROM_FLEET = "from_fleet"
+
+
+#: the least memory a job may ask for (Docker refuses less); a bare "16" is 16 bytes, a typo
+MEMORY_MIN = 6 << 20
+
+
+def uploaded_profile(profile: str) -> bool:
+    """``profile`` names an uploaded one (``sha256:<hex>`` of its data)."""
+    return _PROFILE_DIGEST.fullmatch(profile) is not None
+
+
+class JobSpec(_UserModel):
+    """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    name: str = Field(pattern=_NAME, description="1-63 letters, digits, '_', '.', '-'")
+    command: list[Text] = Field(min_length=1, max_length=4096)
+    image: str | None = Field(
+        default=None, pattern=_IMAGE, description="an image reference, e.g. repo/name:tag"
+    )
+    env: dict[Annotated[str, Field(max_length=256)], Text] = Field(default_factory=dict, max_length=1024)
+    user: str | None = Field(
+        default=None, pattern=_USER, description="uid[:gid] the job runs as (default: the node's job_user)"
+    )
+    #: GPUs of the whole job (all its nodes); ``{min, max}`` makes it elastic: fleet chooses its size in
+    #: that range, and changes it while it runs (checkpoint, then a new attempt at the new size)
+    gpus: GpuCount = Field(default=0, description="GPUs of the whole job, or {min, max} (elastic)")
+    #: a multi-node job: how many nodes (one member each) and GPUs per node, when the user pins them;
+    #: unset, a job larger than any node is split by the scheduler (fleet.scheduler.capacity.split)
+    nodes: int | None = Field(default=None, ge=1, le=64)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    memory: Size = None
+    shm_size: Size = None
+    gpu_model: Text | None = Field(
+        default=None, min_length=1, max_length=128, description="substring of the GPU model name"
+    )
+    min_gpu_memory: Size = None
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    labels: dict[Annotated[str, Field(pattern=_LABEL_KEY)], Annotated[Text, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=64
+    )
+    tenant: str = Field(default="default", pattern=_NAME)
+    #: False: a job of a tenant within its guarantee is never stopped to make room for another
+    #: (a tenant above its guarantee cannot shield its jobs with it)
+    preemptible: bool = True
+    #: wall-clock limit of each attempt: past it the attempt is stopped and the job ends FAILED
+    #: ("time limit"), or goes back to the queue with ``requeue_on_timeout`` (a checkpointing run)
+    timeout: Duration = None
+    #: SIGTERM this long before the limit, SIGKILL at it (time to checkpoint, as Slurm's --signal)
+    signal_before: Duration = None
+    requeue_on_timeout: bool = False
+    #: a directory shipped with the job, its working directory: a local path for the Client and
+    #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
+    workdir: str | None = Field(default=None, max_length=4096)
+    mounts: list[Mount] = Field(default_factory=list, max_length=32)
+    #: POSTed to when the job ends (SUCCEEDED, FAILED, CANCELLED): a URL, or {url, format}
+    notify: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
+    #: the global batch size (``FLEET_BATCH_SIZE``); for an elastic job ``{min, max}`` lets fleet choose
+    #: it with the GPUs, one value keeps it at every size
+    batch_size: BatchSize | None = Field(default=None, description="global batch size, or {min, max}")
+    #: how an elastic job's throughput grows with GPUs and batch size: a profile fleet ships (PROFILES),
+    #: ``learn`` (from the job's own reports), or one uploaded in the profiles format: a local directory
+    #: for the Client and CLI (``--profile ./dir``), which upload it and send ``sha256:<hex>``
+    profile: str | None = Field(default=None, max_length=4096)
+
+    @property
+    def elastic(self) -> bool:
+        """Sized by fleet within a range of GPUs (see ``gpus``)."""
+        return isinstance(self.gpus, Range)
+
+    @property
+    def min_gpus(self) -> int:
+        return self.gpus.min if isinstance(self.gpus, Range) else self.gpus
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus.max if isinstance(self.gpus, Range) else self.gpus
+
+    @property
+    def batch_range(self) -> tuple[int, int] | None:
+        """The global batch sizes allowed (one value: low == high), or None without a batch size."""
+        batch = self.batch_size
+        return (
+            None if batch is None else (batch.min, batch.max) if isinstance(batch, Range) else (batch, batch)
+        )
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the program (first element) must not be empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"{key!r} is not a valid variable name (letters, digits, '_')")
+            if key.startswith("FLEET_"):
+                raise ValueError(f"{key!r}: FLEET_* variables are set by fleet itself")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if info.context and info.context.get(FROM_FLEET):
+            return value  # a job fleet already stored, read back (an array task carries fleet.* labels)
+        for key in value:
+            if key.startswith("fleet."):
+                raise ValueError(f"{key!r}: fleet.* labels are set by fleet itself (array tasks carry them)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        """``nodes`` x ``gpus_per_node`` is the job's ``gpus``: given both, ``gpus`` may be left out;
+        given one, it must divide ``gpus``."""
+        if not isinstance(data, dict):
+            return data
+        nodes, per_node, gpus = data.get("nodes"), data.get("gpus_per_node"), data.get("gpus")
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (nodes, per_node) if v is not None
+        ):
+            return data  # the field validators name what is wrong
+        if isinstance(gpus, bool) or (gpus is not None and not isinstance(gpus, int)):
+            return data
+        if nodes and per_node:
+            if gpus not in (None, 0, nodes * per_node):
+                raise ValueError(
+                    f"gpus: {gpus} is not nodes x gpus_per_node = {nodes * per_node}; give two of the three"
+                )
+            return {**data, "gpus": nodes * per_node}
+        if per_node and not gpus:
+            raise ValueError("gpus_per_node: give gpus (the job's total) or nodes as well")
+        for name, share in (("nodes", nodes), ("gpus_per_node", per_node)):
+            if share and gpus and gpus % share:
+                raise ValueError(
+                    f"{name}: {gpus} GPUs do not split evenly into {share}; make gpus a multiple of it"
+                )
+        return data
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: int | None) -> int | None:
+        if value is not None and value < MEMORY_MIN:
+            raise ValueError(f"{value} bytes is less than a job can run in (6 MiB): give a unit, e.g. 16g")
+        return value
+
+    @model_validator(mode="after")
+    def _time_limit(self) -> JobSpec:
+        if self.signal_before is not None and (self.timeout is None or self.signal_before >= self.timeout):
+            raise ValueError(
+                "signal_before: it must be shorter than timeout (SIGTERM comes that long before it)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _elastic(self) -> JobSpec:
+        """An elastic job: a range of GPUs, a batch size and a profile, and nothing that pins its shape."""
+        if not self.elastic:
+            if isinstance(self.batch_size, Range):
+                raise ValueError("batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
+                                 "{min, max}); a job of fixed size takes one batch size")  # fmt: skip
+            if self.profile is not None:
+                raise ValueError("profile: only an elastic job (gpus: {min, max}) uses a scaling profile")
+            return self
+        for pinned in ("nodes", "gpus_per_node"):
+            if getattr(self, pinned) is not None:
+                raise ValueError(f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a "
+                                 "size larger than a node runs on several, one member each)")  # fmt: skip
+        if self.batch_size is None:
+            raise ValueError("batch_size: an elastic job needs its global batch size: {min, max} (fleet "
+                             "chooses it with the GPUs) or one value (kept at every size)")  # fmt: skip
+        if self.profile is None or not (self.profile in (*PROFILES, LEARN) or uploaded_profile(self.profile)
+                                        or "/" in self.profile):  # fmt: skip
+            got = "" if self.profile is None else f" (got {_clip(repr(self.profile))})"
+            raise ValueError(f"profile: an elastic job needs a scaling profile{got}: {_PROFILE_KINDS}")
+        return self
+
+    @model_validator(mode="after")
+    def _total_size(self) -> JobSpec:
+        used = sum(len(a.encode()) for a in self.command)
+        used += sum(len(k.encode()) + len(v.encode()) for k, v in self.env.items())
+        used += sum(len(k.encode()) + len(v.encode()) for k, v in self.labels.items())
+        if used > SPEC_BYTES_MAX:
+            raise ValueError(
+                f"command, env and labels hold {used} bytes together, more than {SPEC_BYTES_MAX}; "
+                "ship large inputs as files (a mount or the image), not in the spec"
+            )
+        return self
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> JobSpec:
+        """Validate ``data``; raise :class:`SpecError` naming each bad field and what is allowed."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError(describe_errors(exc, cls)) from None
