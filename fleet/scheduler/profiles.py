@@ -245,8 +245,9 @@ def named_profile(name: str) -> Profile:
         return load_profile(path, name)
 
 
-#: limits on a profile sent as data: far above the bundled ones (at most 120 curves, 1,300 points)
-MAX_CURVES, MAX_POINTS = 1024, 50_000
+#: limits on a profile sent as data, a few times the bundled ones' (105 curves, at most 21 points in
+#: one and 1,537 in all): the leader works out sizes from every point, in its passes
+MAX_CURVES, MAX_CURVE_POINTS, MAX_POINTS = 512, 128, 10_000
 
 
 def profile_data(profile: Profile) -> dict[str, Any]:
@@ -318,8 +319,8 @@ def _curve_map(
             raise ValueError(
                 f'{where}: not a placement ("22": 2 + 2 GPUs on two nodes; "6x24": 6 nodes, 24 GPUs)'
             )
-        if not isinstance(points, list) or not points:
-            raise ValueError(f"{where}: a list of [per-GPU batch, step time, sync time]")
+        if not isinstance(points, list) or not points or len(points) > MAX_CURVE_POINTS:
+            raise ValueError(f"{where}: a list of 1-{MAX_CURVE_POINTS} [per-GPU batch, step time, sync time]")
         rows = sorted(_point(p, where) for p in points)
         if any(a[0] == b[0] for a, b in itertools.pairwise(rows)):
             raise ValueError(f"{where}: one point per per-GPU batch")

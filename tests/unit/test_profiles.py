@@ -42,6 +42,8 @@ def small() -> dict[str, Any]:
         ({"scalability": {"6": [[32, 0.1, 0]]}}, "profile.scalability['6']"),
         ({"epochs": "many"}, "profile.epochs"),
         ({"colour": "red"}, "unknown field 'colour'"),
+        ({"placements": {"1": [[b, 0.1, 0] for b in range(1, 200)]}}, "a list of 1-128"),
+        ({"placements": {str(n): [[32, 0.1, 0]] for n in range(1, 600)}}, "at most 512 curves"),
     ],
 )
 def test_a_bad_profile_is_refused_naming_the_field(change: dict[str, Any], field: str) -> None:
