@@ -43,7 +43,9 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
     "--accumulate", is_flag=True, help="elastic-fixed-batch: batches reached by gradient accumulation"
 )
 @click.option(
-    "--learn", is_flag=True, help="elastic: size jobs by what they ran at (profile: learn), not their profile"
+    "--learn",
+    is_flag=True,
+    help="elastic: size jobs as profile: learn does (what they ran at; each declares max_batch_per_gpu)",
 )
 @click.option("--weight", multiple=True, metavar="TENANT=W", help="a tenant's fair-share weight (repeat)")
 @click.option("--guarantee", multiple=True, metavar="TENANT=GPUS",

@@ -57,6 +57,12 @@ class CommandAfterDashes(click.Command):
     help="global batch size (FLEET_BATCH_SIZE); a range lets an elastic job's batch follow its GPUs",
 )
 @click.option(
+    "--max-batch-per-gpu",
+    type=int,
+    metavar="N",
+    help="an elastic job's largest per-GPU batch that fits a GPU (with --profile learn: lets fleet try it)",
+)
+@click.option(
     "--profile",
     metavar="NAME|learn|DIR",
     help=f"an elastic job's scaling profile: {', '.join(PROFILES)}; 'learn' (from its fw.report calls); or "
@@ -152,7 +158,7 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
 SPEC_FLAGS = (
     "name", "image", "gpus", "cpus", "memory", "nodes", "gpus_per_node", "shm_size", "gpu_model",
     "min_gpu_memory", "priority", "max_attempts", "tenant", "preemptible", "timeout", "signal_before",
-    "requeue_on_timeout", "workdir", "notify", "batch_size", "profile",
+    "requeue_on_timeout", "workdir", "notify", "batch_size", "profile", "max_batch_per_gpu",
 )  # fmt: skip
 
 

@@ -205,6 +205,10 @@ class JobSpec(_UserModel):
     #: ``learn`` (from the job's own reports), or one uploaded in the profiles format: a local directory
     #: for the Client and CLI (``--profile ./dir``), which upload it and send ``sha256:<hex>``
     profile: str | None = Field(default=None, max_length=4096)
+    #: an elastic job's largest per-GPU batch that fits a GPU's memory: fleet never gives a GPU more
+    #: (default: a bundled or uploaded profile's measured largest; with ``learn``, the largest it ran at,
+    #: so that its batch grows only with its GPUs: declaring it lets fleet try larger per-GPU batches)
+    max_batch_per_gpu: int | None = Field(default=None, ge=1, le=1 << 24)
 
     @property
     def elastic(self) -> bool:
@@ -305,8 +309,9 @@ class JobSpec(_UserModel):
             if isinstance(self.batch_size, Range):
                 raise ValueError("batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
                                  "{min, max}); a job of fixed size takes one batch size")  # fmt: skip
-            if self.profile is not None:
-                raise ValueError("profile: only an elastic job (gpus: {min, max}) uses a scaling profile")
+            for elastic_only in ("profile", "max_batch_per_gpu"):
+                if getattr(self, elastic_only) is not None:
+                    raise ValueError(f"{elastic_only}: only an elastic job (gpus: {{min, max}}) has one")
             return self
         for pinned in ("nodes", "gpus_per_node"):
             if getattr(self, pinned) is not None:

@@ -352,9 +352,9 @@ class LearnedProfile(Profile):
     synchronised); ``sync`` from 0 at one GPU, linear between the GPU counts it ran at (their
     reports' time above compute), extended past the largest by the last slope. Optimistic where
     nothing was seen, so the job is tried bigger; never beyond ``EXPLORE`` x the most GPUs it ran
-    at (``least``, its smallest size, before any report), and never a larger per-GPU batch than it
-    ran at (fleet cannot know what fits a GPU's memory; before any report, ``min_batch / least``).
-    With no reports it runs at its smallest size only."""
+    at (``least``, its smallest size, before any report), and never a larger per-GPU batch than
+    ``max_local`` (what the job declared fits a GPU's memory) or, undeclared, than it ran at (before
+    any report, ``min_batch / least``). With no reports it runs at its smallest size only."""
 
     least: int = 1
     observed: Mapping[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
@@ -365,6 +365,10 @@ class LearnedProfile(Profile):
 
     @property
     def largest_local(self) -> float:
+        """The largest per-GPU batch a GPU may get: ``max_local`` when the job declared it, else the
+        largest it ran at."""
+        if self.max_local is not None:
+            return float(self.max_local)
         return max([self.min_batch / self.least] + [b / g for g, b in self.observed])
 
     def best(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from fleet.models import Job, Range
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import ElasticJob, allocate, sizes
-from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
+from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, LearnedProfile, Profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 
@@ -144,6 +144,14 @@ def unrunnable(job: Elastic) -> str:
     if sizes(_job(job)):
         return ""
     batch = str(job.min_batch) if job.fixed_batch else f"{job.min_batch}-{job.max_batch}"
+    most = profile.max_local
+    if most is not None and job.max_gpus * most < job.min_batch:
+        fix = "raise max_batch_per_gpu or the GPUs, or lower the batch size"
+        return f"max_batch_per_gpu {most}: {job.min_batch} on {job.max_gpus} GPUs is more per GPU; {fix}"
+    if isinstance(profile, LearnedProfile):  # it starts at its smallest size, nothing known yet
+        fix = "raise max_batch_per_gpu or the least GPUs, or lower the batch size"
+        per_gpu = profile.largest_local
+        return f"a global batch of {batch} on {job.min_gpus} GPUs is more than {per_gpu:g} per GPU; {fix}"
     return (f"profile {profile.name} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
             f"global batch of {batch} (it was measured at batch sizes "
             f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "

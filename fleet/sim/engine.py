@@ -72,6 +72,9 @@ class SimConfig:
     #: elastic jobs sized by what they ran at, as ``profile: learn`` live (``LearnedProfile``), not by
     #: the measured profile their throughput comes from: what knowing a job's scaling is worth
     learn: bool = False
+    #: learning jobs declare the largest per-GPU batch that fits (``max_batch_per_gpu``: their
+    #: profile's largest on one GPU); else they never exceed the largest they ran at
+    learn_max_local: bool = True
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -197,8 +200,9 @@ class Simulation:
         batch = job.batch or (job.trace.batch if fixed else 0)
         profile = job.profile
         if self.cfg.learn:
+            declared = _largest_local(job.profile) if self.cfg.learn_max_local else None
             profile = LearnedProfile(name="learn", min_batch=lo, max_batch=hi, least=self.cfg.min_gpus,
-                                     observed=job.observed)  # fmt: skip
+                                     max_local=declared, observed=job.observed)  # fmt: skip
         return ElasticJob(
             id=job.id, tenant=job.tenant, min_gpus=self.cfg.min_gpus, max_gpus=most, min_batch=lo,
             max_batch=hi, profile=profile, gpus=job.gpus, batch=batch, fixed_batch=fixed,
@@ -479,3 +483,10 @@ class Simulation:
 
 def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
     return Simulation(jobs, config).run()
+
+
+def _largest_local(profile: Profile) -> int:
+    """The largest per-GPU batch a model fits on one GPU: what a user would declare."""
+    one = profile.placements.get((1,))
+    measured = int(one[0][-1]) if one else profile.min_batch
+    return min(measured, profile.max_local) if profile.max_local is not None else measured

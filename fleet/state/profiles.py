@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from fleet.errors import SpecError
@@ -27,6 +28,8 @@ class ProfileStore:
     def __init__(self, redis: Any, keys: Keys, ttl_s: float) -> None:
         self.blobs = BlobStore(redis, keys, ttl_s)
         self._parsed: OrderedDict[str, Profile] = OrderedDict()
+        #: (id of a profile, a job's max_batch_per_gpu) -> (that profile, its capped copy)
+        self._capped_copies: dict[tuple[int, int], tuple[Profile, Profile]] = {}
 
     def profile_of(
         self, spec: JobSpec, speeds: Mapping[str, float] | None = None, touch: bool = False
@@ -36,12 +39,12 @@ class ProfileStore:
         an uploaded one is still stored and keep it another ``ttl_s`` (a submit; the leader, which
         sizes jobs often, keeps those in use once per resync instead)."""
         name = spec.profile or ""
-        if name in PROFILES:
-            return named_profile(name)
         if name == LEARN:
             return learned(spec, speeds or {})
+        if name in PROFILES:
+            return self._capped(named_profile(name), spec.max_batch_per_gpu)
         if uploaded_profile(name):
-            return self.load(name, touch)
+            return self._capped(self.load(name, touch), spec.max_batch_per_gpu)
         raise SpecError(f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
                         "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)")  # fmt: skip
 
@@ -66,6 +69,19 @@ class ProfileStore:
             self._parsed.popitem(last=False)
         return profile
 
+    def _capped(self, profile: Profile, most: int | None) -> Profile:
+        """``profile`` giving a GPU at most ``most`` samples per step (one copy per cap, so what it has
+        worked out is kept)."""
+        if most is None or (profile.max_local is not None and profile.max_local <= most):
+            return profile
+        key = (id(profile), most)
+        found = self._capped_copies.get(key)
+        if found is None or found[0] is not profile:
+            if len(self._capped_copies) >= CACHED:
+                self._capped_copies.clear()
+            found = self._capped_copies[key] = (profile, replace(profile, max_local=most))
+        return found[1]
+
     @translated
     def keep(self, digests: Iterable[str]) -> None:
         """Keep these another ``ttl_s`` (those of the jobs the leader sizes), in one round trip."""
@@ -85,4 +101,4 @@ def learned(spec: JobSpec, speeds: Mapping[str, float]) -> LearnedProfile:
         if gpus.isdigit() and size.isdigit() and int(gpus) > 0:
             observed[int(gpus), int(size)] = rate
     return LearnedProfile(name=LEARN, min_batch=low, max_batch=high, least=max(spec.gpus.min, 1),
-                          observed=observed)  # fmt: skip
+                          max_local=spec.max_batch_per_gpu, observed=observed)  # fmt: skip

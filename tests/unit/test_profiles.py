@@ -86,3 +86,35 @@ def test_a_running_job_no_faster_than_at_a_smaller_size_gives_the_gpus_back() ->
     flat = replace(learned({(1, 64): 100.0, (2, 128): 100.0}), gpus=2, batch=128, changed_at=0.0)
     assert allocate([flat], 16, now=1000.0, min_interval_s=120) == {"j": (1, 64)}
     assert allocate([flat], 16, now=60.0, min_interval_s=120) == {"j": (2, 128)}  # not yet
+
+
+def test_a_declared_largest_batch_per_gpu_lets_a_learning_job_try_larger_ones() -> None:
+    profile = LearnedProfile(name="learned", min_batch=64, max_batch=4096, least=1, max_local=256,
+                             observed={(1, 64): 100.0})  # fmt: skip
+    job = ElasticJob("j", "t", 1, 16, 64, 4096, profile)
+    # in this model a larger batch is never slower: it takes the largest a GPU may hold
+    assert [(g, b) for g, b, _ in sizes(job)] == [(1, 256), (2, 512)]
+
+
+def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
+    from fleet.backend import check_elastic
+    from fleet.errors import SpecError
+    from fleet.keys import Keys
+    from fleet.models import JobSpec
+    from fleet.state.profiles import ProfileStore
+
+    store = ProfileStore(None, Keys(), 1.0)  # bundled and learned profiles never read Redis
+    base = {"name": "e", "command": ["x"], "gpus": "1-8", "batch_size": "128-4096", "profile": "cifar10"}
+    capped = store.profile_of(JobSpec.parse({**base, "max_batch_per_gpu": 200}))
+    assert capped.max_local == 200 and named_profile("cifar10").max_local is None  # the bundled one untouched
+    for gpus in (1, 2, 4, 8):
+        _, batch = capped.best(gpus)
+        assert 0 < batch <= 200 * gpus
+    assert store.profile_of(JobSpec.parse({**base, "max_batch_per_gpu": 200})) is capped  # worked out once
+    with pytest.raises(SpecError, match="max_batch_per_gpu 10: 128 on 8 GPUs is more per GPU"):
+        check_elastic(JobSpec.parse({**base, "max_batch_per_gpu": 10}), store)
+    learn = {**base, "profile": "learn", "gpus": "2-8", "max_batch_per_gpu": 32}
+    with pytest.raises(SpecError, match="a global batch of 128-4096 on 2 GPUs is more than 32 per GPU"):
+        check_elastic(JobSpec.parse(learn), store)
+    with pytest.raises(SpecError, match=r"max_batch_per_gpu: only an elastic job \(gpus: \{min, max\}\)"):
+        JobSpec.parse({"name": "f", "command": ["x"], "gpus": 1, "max_batch_per_gpu": 64})

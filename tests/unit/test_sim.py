@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,10 @@ def test_a_lone_elastic_job_starts_at_its_fastest_size() -> None:
 
 def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> None:
     job = TraceJob("c", "t", 0.0, gpus=4, batch=512, model="cifar10")
-    sim = Simulation([job], SimConfig("elastic", gpus=64, learn=True, resize_cost_s=30, min_interval_s=120))
+    config = SimConfig(
+        "elastic", gpus=64, learn=True, learn_max_local=False, resize_cost_s=30, min_interval_s=120
+    )
+    sim = Simulation([job], config)
     r = sim.run()
     # nothing known at first: 1 GPU at the smallest batch; each size it ran at lets it try twice the
     # GPUs (at the same batch per GPU), one resize per minimum interval while that pays
@@ -146,6 +150,11 @@ def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> Non
     assert seen[:4] == [(1, 128), (2, 256), (4, 512), (8, 1024)] and r.resizes >= 3
     assert r.completed == 1 and r.jct.mean is not None
     assert r.jct.mean > Simulation([job], SimConfig("elastic", gpus=64)).run().jct.mean  # type: ignore[operator]
+    # declaring the largest per-GPU batch that fits one GPU (cifar10's: 1024) lets it start there
+    declared = Simulation([job], replace(config, learn_max_local=True))
+    faster = declared.run()
+    assert sorted(declared.jobs["c"].observed)[0] == (1, 1024)
+    assert faster.jct.mean is not None and faster.jct.mean < r.jct.mean
 
 
 def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
