@@ -309,9 +309,11 @@ class JobSpec(_UserModel):
             if isinstance(self.batch_size, Range):
                 raise ValueError("batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
                                  "{min, max}); a job of fixed size takes one batch size")  # fmt: skip
-            for elastic_only in ("profile", "max_batch_per_gpu"):
-                if getattr(self, elastic_only) is not None:
-                    raise ValueError(f"{elastic_only}: only an elastic job (gpus: {{min, max}}) has one")
+            if self.profile is not None:
+                raise ValueError("profile: only an elastic job (gpus: {min, max}) uses a scaling profile")
+            if self.max_batch_per_gpu is not None:
+                raise ValueError("max_batch_per_gpu: only an elastic job (gpus: {min, max}) has fleet choose "
+                                 "its batch per GPU; a job of fixed size sets its own")  # fmt: skip
             return self
         for pinned in ("nodes", "gpus_per_node"):
             if getattr(self, pinned) is not None:
