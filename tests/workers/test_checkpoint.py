@@ -65,6 +65,16 @@ def test_marker_that_is_a_symlink_is_not_followed(
     assert checkpoints.latest(ckpt_env) is None
 
 
+def test_a_huge_marker_is_read_only_up_to_its_cap(ckpt_env: Path) -> None:
+    # Given a job that made its marker a 1 TiB (sparse) file after a valid first line
+    (ckpt_env / "step-0000000001.ckpt").write_bytes(b"x")
+    with open(ckpt_env / "latest", "wb") as f:
+        f.write(b"step-0000000001.ckpt\n1\n")
+        f.truncate(1 << 40)
+    # Then the agent reads only the first few KiB: it gets the name without loading the file
+    assert checkpoints.latest(ckpt_env) == "step-0000000001.ckpt"
+
+
 def test_marker_that_is_a_fifo_does_not_hang_the_reader(ckpt_env: Path) -> None:
     import os
 
