@@ -6,6 +6,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,6 +31,7 @@ from fleet.models.base import (
     Size,
     Text,
     _clip,
+    _no_nul,
     _UserModel,
     describe_errors,
 )
@@ -149,6 +151,10 @@ def uploaded_profile(profile: str) -> bool:
     return _PROFILE_DIGEST.fullmatch(profile) is not None
 
 
+#: a label's value (a label is for selecting jobs, not for data)
+LabelValue = Annotated[str, Field(max_length=256), AfterValidator(_no_nul)]
+
+
 class JobSpec(_UserModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
@@ -179,7 +185,7 @@ class JobSpec(_UserModel):
     min_gpu_memory: Size = None
     priority: int = Field(default=0, ge=-1000, le=1000)
     max_attempts: int = Field(default=3, ge=1, le=100)
-    labels: dict[Annotated[str, Field(pattern=_LABEL_KEY)], Annotated[Text, Field(max_length=256)]] = Field(
+    labels: dict[Annotated[str, Field(pattern=_LABEL_KEY)], LabelValue] = Field(
         default_factory=dict, max_length=64
     )
     tenant: str = Field(default="default", pattern=_NAME)

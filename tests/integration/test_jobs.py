@@ -123,6 +123,7 @@ def test_docker_container_gets_limits_labels_and_no_privileges(
     assert container.labels == {"fleet.job": job.id, "fleet.attempt": "1", "fleet.node": "t-node1"}
     assert host["Privileged"] is False and host["Init"] is True
     assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd") and host["PidsLimit"] == 4096  # the default
     assert (host["Memory"], host["NanoCpus"], host["ShmSize"]) == (64 << 20, 500_000_000, 16 << 20)
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == status.gpus[0]
     assert env["FLEET_JOB_ID"] == job.id and env["FLEET_ATTEMPT"] == "1"
