@@ -28,7 +28,6 @@ try:
     from selenium import webdriver
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
     from selenium.webdriver.support.wait import WebDriverWait
 except ImportError:  # the browser fixture says what is missing
     webdriver = None  # type: ignore[assignment]
@@ -76,7 +75,15 @@ def click(browser: Any, css: str) -> None:
     """Click what submits a form, and wait for the page it leads to."""
     button = browser.find_element(By.CSS_SELECTOR, css)
     button.click()
-    WebDriverWait(browser, 15).until(staleness_of(button))
+
+    def left(_: Any) -> bool:
+        try:
+            button.is_enabled()
+            return False
+        except WebDriverException:  # stale, or (newer Chrome) "does not belong to the document"
+            return True
+
+    WebDriverWait(browser, 15).until(left)
 
 
 def until(check: Callable[[], T | None], timeout: float = 30, why: str = "") -> T:

@@ -12,8 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TypeVar
 
 import pytest
+import redis
 
 from fleet import Client, JobSpec, JobState, SpecError
+from fleet.keys import Keys
+from fleet.state.webhooks import INIT, WebhookStore
 from fleet.webhooks import verify
 from tests.conftest import FleetProcs
 
@@ -120,6 +123,9 @@ def test_a_tenant_webhook_in_slack_format_hears_jobs_and_nodes(
     client.set_tenant(
         "default", webhook={"url": f"{receiver.url}/slack", "format": "slack"}, webhook_nodes=True
     )
+    # (node changes are news from the sender's first look at the nodes on: wait for it)
+    hooks = WebhookStore(redis.Redis.from_url(fleet.redis_url, decode_responses=True), Keys())
+    until(lambda: INIT in hooks.announced(), "the sender's first look at the nodes")
     # When a job fails and an operator cordons the node
     job = client.submit(JobSpec(name="bad", command=["sh", "-c", "exit 3"], max_attempts=1))
     job.wait(timeout=60)
@@ -132,7 +138,11 @@ def test_a_tenant_webhook_in_slack_format_hears_jobs_and_nodes(
         texts = [str(b["text"]) for b in receiver.bodies()]
         return texts if any(t.startswith(failed) for t in texts) and cordoned in texts else None
 
-    until(heard, "the job's end and the cordon")
+    try:
+        until(heard, "the job's end and the cordon")
+    except AssertionError:
+        raise AssertionError(f"{receiver.bodies()}\n{fleet.logs()}") from None
+    hooks.redis.close()
     # And another tenant's user sees that a webhook exists, not its URL (a Slack URL is a secret)
     assert fleet.api is not None
     other = Client(client.url, fleet.api.token_for("bob", "other"))
