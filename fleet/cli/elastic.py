@@ -71,9 +71,10 @@ def fields(job: Job) -> list[Field]:
     ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {profile[:19]}"  # sha256:<12 hex>
     times = f"resized {job.resizes} time{'' if job.resizes == 1 else 's'}"
     shown = [Field("Elastic", f"{now}{going} ({ranges}); {times}")]
-    if job.speeds:  # what its reports said at each size, the learned profile's data
-        by_size = sorted((tuple(map(int, k.split("x"))), v) for k, v in job.speeds.items())
-        said = ", ".join(f"{g} GPU{'' if g == 1 else 's'} x {b}: {v:,.4g}/s" for (g, b), v in by_size)
+    if measured := job.measured:  # what its reports said at each size, the learned profile's data
+        said = ", ".join(
+            f"{g} GPU{'' if g == 1 else 's'} x {b}: {v:,.4g}/s" for (g, b), v in measured.items()
+        )
         shown.append(Field("Samples/s", said))
     elif profile == LEARN and job.state.on_node:
         shown.append(Field("Samples/s", "none reported yet: it stays at its size until it calls "

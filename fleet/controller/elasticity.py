@@ -86,7 +86,7 @@ class Elasticity:
         """The job's profile; one uploaded that is gone (no leader kept it for ``workdir_retention_s``)
         or unreadable: learned from its reports instead, so that it still runs."""
         try:
-            return self.profiles.profile_of(job.spec, job.speeds)
+            return self.profiles.profile_of(job.spec, job.measured)
         except SpecError as exc:
             if job.spec.profile not in self._lost:
                 self._lost.add(job.spec.profile or "")
@@ -98,7 +98,7 @@ class Elasticity:
                     error=exc,
                     effect="learned from its reports",
                 )
-            return learned(job.spec, job.speeds)
+            return learned(job.spec, job.measured)
 
 
 def _rank(job: Job) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from fleet.models.base import (
 from fleet.models.job import (
     FINAL_STATES,
     ON_NODE_STATES,
+    SPEED_KEY,
     CancelReport,
     Event,
     Exit,
@@ -66,6 +67,7 @@ __all__ = [
     "ON_NODE_STATES",
     "PROFILES",
     "SPEC_BYTES_MAX",
+    "SPEED_KEY",
     "TENANT_NAME",
     "WEBHOOK_URL_MAX",
     "BatchSize",

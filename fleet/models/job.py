@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Literal
 
@@ -47,6 +48,10 @@ class JobState(StrEnum):
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 #: states in which a job is bound to a node and holds GPU claims
 ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
+
+
+#: a key of ``Job.speeds``: "<GPUs>x<global batch>"
+SPEED_KEY = re.compile(r"(\d{1,6})x(\d{1,9})")
 
 
 class Exit(BaseModel):
@@ -153,6 +158,12 @@ class Job(BaseModel):
     #: an elastic job's measured samples/s at each size it ran at, ``"<GPUs>x<global batch>"``: what
     #: its attempts reported (``fleet_worker.report``), newer reports weighing more
     speeds: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def measured(self) -> dict[tuple[int, int], float]:
+        """``speeds`` by (GPUs, global batch), sizes ascending."""
+        found = ((SPEED_KEY.fullmatch(k), v) for k, v in self.speeds.items())
+        return dict(sorted(((int(m[1]), int(m[2])), v) for m, v in found if m))
 
     @property
     def gpu_count(self) -> int:

@@ -32,15 +32,15 @@ class ProfileStore:
         self._capped_copies: dict[tuple[int, int], tuple[Profile, Profile]] = {}
 
     def profile_of(
-        self, spec: JobSpec, speeds: Mapping[str, float] | None = None, touch: bool = False
+        self, spec: JobSpec, measured: Mapping[tuple[int, int], float] | None = None, touch: bool = False
     ) -> Profile:
-        """An elastic job's profile: bundled, uploaded, or learned from ``speeds`` (``Job.speeds``).
+        """An elastic job's profile: bundled, uploaded, or learned from ``measured`` (``Job.measured``).
         :class:`SpecError` when an uploaded one is not stored or not a profile. ``touch``: check that
         an uploaded one is still stored and keep it another ``ttl_s`` (a submit; the leader, which
         sizes jobs often, keeps those in use once per resync instead)."""
         name = spec.profile or ""
         if name == LEARN:
-            return learned(spec, speeds or {})
+            return learned(spec, measured or {})
         if name in PROFILES:
             return self._capped(named_profile(name), spec.max_batch_per_gpu)
         if uploaded_profile(name):
@@ -91,14 +91,9 @@ class ProfileStore:
         pipe.execute()
 
 
-def learned(spec: JobSpec, speeds: Mapping[str, float]) -> LearnedProfile:
+def learned(spec: JobSpec, measured: Mapping[tuple[int, int], float]) -> LearnedProfile:
     """The profile of a job with ``profile: learn``, from what it reported at each size."""
     assert isinstance(spec.gpus, Range) and spec.batch_range is not None
     low, high = spec.batch_range
-    observed = {}
-    for key, rate in speeds.items():
-        gpus, _, size = key.partition("x")
-        if gpus.isdigit() and size.isdigit() and int(gpus) > 0:
-            observed[int(gpus), int(size)] = rate
     return LearnedProfile(name=LEARN, min_batch=low, max_batch=high, least=max(spec.gpus.min, 1),
-                          max_local=spec.max_batch_per_gpu, observed=observed)  # fmt: skip
+                          max_local=spec.max_batch_per_gpu, observed=measured)  # fmt: skip

@@ -9,7 +9,6 @@ quarantine it with the reason.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,7 +17,19 @@ from pydantic import ValidationError
 
 from fleet.arrays import ARRAY_LABEL, INDEX_LABEL
 from fleet.errors import CorruptRecord, JobExpired
-from fleet.models import Exit, Gpu, Job, JobArray, JobSpec, JobState, Member, Node, NodeState, Progress
+from fleet.models import (
+    SPEED_KEY,
+    Exit,
+    Gpu,
+    Job,
+    JobArray,
+    JobSpec,
+    JobState,
+    Member,
+    Node,
+    NodeState,
+    Progress,
+)
 
 T = TypeVar("T")
 
@@ -216,7 +227,7 @@ def _speeds(text: str | None) -> dict[str, float]:
         data = json.loads(text) if text else {}
         if not isinstance(data, dict):
             return {}
-        return {k: float(v) for k, v in data.items() if re.fullmatch(r"\d{1,6}x\d{1,9}", str(k))}
+        return {k: float(v) for k, v in data.items() if SPEED_KEY.fullmatch(str(k))}
     except (ValueError, TypeError):
         return {}
 
