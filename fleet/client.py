@@ -275,7 +275,6 @@ class Client:
         upload it unless the fleet holds it already, and return its ``sha256:<hex>`` for a spec's
         ``profile``."""
         from fleet.scheduler.profiles import load_profile, profile_data
-        from fleet.workdir import digest_of
 
         try:
             data = profile_data(load_profile(path))
@@ -286,25 +285,24 @@ class Client:
             ) from None
         except (OSError, KeyError, ValueError) as exc:
             raise SpecError(f"profile {path}: not in the profiles format: {str(exc)[:200]}") from None
-        packed = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-        digest = digest_of(packed)
-        response = self._send("HEAD", f"/v1/blobs/{digest}")
-        response.read()
-        if response.status == 404:
-            self._call("PUT", f"/v1/blobs/{digest}", packed)
-        return digest
+        return self._upload_blob(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
 
     def upload_workdir(self, path: str) -> str:
         """Pack the directory (without what its .gitignore / .fleetignore name), upload it unless the
         fleet holds it already, and return its ``sha256:<hex>`` for a spec's ``workdir``."""
-        from fleet.workdir import digest_of, pack  # tarfile and gzip: only a submit that ships one
+        from fleet.workdir import pack  # tarfile and gzip: only a submit that ships one
 
-        packed = pack(path)
-        digest = digest_of(packed)
+        return self._upload_blob(pack(path))
+
+    def _upload_blob(self, data: bytes) -> str:
+        """Upload ``data`` named by its SHA-256 unless the fleet holds it already; its ``sha256:<hex>``."""
+        from fleet.workdir import digest_of
+
+        digest = digest_of(data)
         response = self._send("HEAD", f"/v1/blobs/{digest}")
         response.read()
         if response.status == 404:
-            self._call("PUT", f"/v1/blobs/{digest}", packed, timeout=max(self._timeout, 600.0))
+            self._call("PUT", f"/v1/blobs/{digest}", data, timeout=max(self._timeout, 600.0))
         return digest
 
     def get(self, job_id: str) -> Job:

@@ -101,8 +101,7 @@ class Profile:
         """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
         (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
         the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
-        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
-        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        lo, hi = self._bounds(min_batch, max_batch)
         key = ("b", gpus, lo, hi, gpus_per_node, accumulate)
         found = self._cache.get(key)
         if found is not None:
@@ -119,6 +118,11 @@ class Profile:
                         best = (t, batch)
         self._cache[key] = best
         return best
+
+    def _bounds(self, min_batch: int | None, max_batch: int | None) -> tuple[int, int]:
+        """The global batch range asked for, within the model's."""
+        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
+        return lo, min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
 
     def _blend(self, placement: tuple[int, ...]) -> Blend:
         """The measured curves a placement's step times come from: its own when measured, else the
@@ -376,8 +380,7 @@ class LearnedProfile(Profile):
         gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
     ) -> tuple[float, int]:  # fmt: skip
         """The largest batch in range that fits (in this model a larger batch is never slower)."""
-        lo = max(self.min_batch, min_batch if min_batch is not None else self.min_batch)
-        hi = min(self.max_batch, max_batch if max_batch is not None else self.max_batch)
+        lo, hi = self._bounds(min_batch, max_batch)
         batch = min(hi, math.floor(self.largest_local * gpus + 1e-9))
         if gpus < 1 or batch < lo:
             return 0.0, 0

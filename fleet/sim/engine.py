@@ -367,7 +367,7 @@ class Simulation:
 
     def _rerate(self, job: SimJob) -> None:
         job.rate = self._rate(job)
-        if job.elastic and job.rate > 0:
+        if self.cfg.learn and job.elastic and job.rate > 0:
             job.observed[job.gpus, job.batch] = job.rate
         job.version += 1
         at = job.finish_at(self.now)

@@ -28,8 +28,8 @@ class ProfileStore:
     def __init__(self, redis: Any, keys: Keys, ttl_s: float) -> None:
         self.blobs = BlobStore(redis, keys, ttl_s)
         self._parsed: OrderedDict[str, Profile] = OrderedDict()
-        #: (id of a profile, a job's max_batch_per_gpu) -> (that profile, its capped copy)
-        self._capped_copies: dict[tuple[int, int], tuple[Profile, Profile]] = {}
+        #: (profile name or digest, a job's max_batch_per_gpu) -> that profile so capped
+        self._capped_copies: dict[tuple[str, int], Profile] = {}
 
     def profile_of(
         self, spec: JobSpec, measured: Mapping[tuple[int, int], float] | None = None, touch: bool = False
@@ -42,9 +42,9 @@ class ProfileStore:
         if name == LEARN:
             return learned(spec, measured or {})
         if name in PROFILES:
-            return self._capped(named_profile(name), spec.max_batch_per_gpu)
+            return self._capped(name, named_profile(name), spec.max_batch_per_gpu)
         if uploaded_profile(name):
-            return self._capped(self.load(name, touch), spec.max_batch_per_gpu)
+            return self._capped(name, self.load(name, touch), spec.max_batch_per_gpu)
         raise SpecError(f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
                         "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)")  # fmt: skip
 
@@ -69,18 +69,17 @@ class ProfileStore:
             self._parsed.popitem(last=False)
         return profile
 
-    def _capped(self, profile: Profile, most: int | None) -> Profile:
-        """``profile`` giving a GPU at most ``most`` samples per step (one copy per cap, so what it has
-        worked out is kept)."""
+    def _capped(self, name: str, profile: Profile, most: int | None) -> Profile:
+        """``profile`` (bundled ``name`` or uploaded digest: the same content whenever it is parsed)
+        giving a GPU at most ``most`` samples per step; one copy per cap, so what it worked out is kept."""
         if most is None or (profile.max_local is not None and profile.max_local <= most):
             return profile
-        key = (id(profile), most)
-        found = self._capped_copies.get(key)
-        if found is None or found[0] is not profile:
+        found = self._capped_copies.get((name, most))
+        if found is None:
             if len(self._capped_copies) >= CACHED:
                 self._capped_copies.clear()
-            found = self._capped_copies[key] = (profile, replace(profile, max_local=most))
-        return found[1]
+            found = self._capped_copies[name, most] = replace(profile, max_local=most)
+        return found
 
     @translated
     def keep(self, digests: Iterable[str]) -> None:
