@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         Webhook,
     )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _HOMES = {
     "fleet.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),

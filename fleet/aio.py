@@ -27,6 +27,7 @@ from fleet.handles import ALL_COMPLETED, FIRST_COMPLETED
 from fleet.models import (
     CancelReport,
     Event,
+    FleetVersions,
     Identity,
     Job,
     JobArray,
@@ -174,6 +175,9 @@ class AsyncClient:
 
     async def quarantined_nodes(self) -> dict[str, str]:
         return await self._run(self.sync.quarantined_nodes)
+
+    async def versions(self) -> FleetVersions:
+        return await self._run(self.sync.versions)
 
     async def cordon(self, name: str, reason: str = "") -> Node:
         return await self._run(self.sync.cordon, name, reason)

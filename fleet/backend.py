@@ -36,6 +36,7 @@ from fleet.log import event
 from fleet.models import (
     CancelReport,
     Event,
+    FleetVersions,
     Job,
     JobArray,
     JobSpec,
@@ -55,6 +56,7 @@ from fleet.state.arrays import ArrayStore
 from fleet.state.profiles import ProfileStore
 from fleet.state.ranked import RankIndex
 from fleet.state.tenants import TenantStore
+from fleet.versions import API, CONTROLLER, VERSION, mixed
 
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
@@ -400,6 +402,13 @@ class Backend:
     def most_gpus(self) -> int:
         """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
         return self._nodes.most_gpus()
+
+    def versions(self, api: str = VERSION) -> FleetVersions:
+        """Which release the leading controller and each live node's agent run, with ``api`` (the
+        API server asking), and whether they differ."""
+        controller, nodes = self._nodes.versions()
+        services = {API: api, **({} if controller is None else {CONTROLLER: controller}), **nodes}
+        return FleetVersions(api=api, controller=controller, nodes=nodes, mixed=mixed(services))
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""

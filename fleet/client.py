@@ -39,8 +39,6 @@ from fleet.errors import (
     StoreUnavailable,
     Unauthorized,
 )
-
-# their home was here: `from fleet.client import wait` works on
 from fleet.handles import ALL_COMPLETED as ALL_COMPLETED
 from fleet.handles import FIRST_COMPLETED as FIRST_COMPLETED
 from fleet.handles import ArrayHandle as ArrayHandle
@@ -51,6 +49,7 @@ from fleet.models import (
     FROM_FLEET,
     CancelReport,
     Event,
+    FleetVersions,
     Identity,
     Job,
     JobArray,
@@ -67,6 +66,9 @@ from fleet.models import (
     WebhookOutcome,
     check_job_id,
 )
+
+# their home was here: `from fleet.client import wait` works on
+from fleet.versions import HEADER
 
 #: errors the API names in its answers, raised again here as themselves (exit codes included)
 _ERRORS: dict[str, type[FleetError]] = {
@@ -147,6 +149,9 @@ class Client:
         self._local = threading.local()
         #: every thread's connection, so that an AsyncClient's close reaches its pool's threads
         self._conns: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        #: the release the API named in its last answer (its ``Fleet-Version`` header, errors too);
+        #: "" before any answer, or from an API that names none (0.1.0 or older)
+        self.server_version = ""
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -219,6 +224,7 @@ class Client:
             except OSError as exc:
                 drop()
                 raise ApiUnavailable(f"fleet API at {self.url} unreachable: {exc}") from None
+        self.server_version = response.getheader(HEADER) or ""
         if response.status >= 400 and not (method == "HEAD" and response.status == 404):
             error = _error(response, self.url)
             if own:
@@ -414,6 +420,12 @@ class Client:
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
         return dict(self._call("GET", "/v1/quarantine")["nodes"])
+
+    def versions(self) -> FleetVersions:
+        """Which release the API, the leading controller and each live node's agent run ("" for one
+        that recorded none: 0.1.0 or older), and ``mixed`` when they differ. An API of 0.1.0 has no
+        such route: :class:`NotFound` (and ``server_version`` is "")."""
+        return FleetVersions.model_validate(self._call("GET", "/v1/version"))
 
     def node(self, name: str) -> Node:
         return Node.model_validate(self._call("GET", f"/v1/nodes/{_segment(checks.ident(name, 'node'))}"))
@@ -620,6 +632,8 @@ def _error(response: http.client.HTTPResponse, url: str) -> FleetError:
         text = raw[:200].decode(errors="replace").strip()
         if response.status in (502, 503, 504):
             return ApiUnavailable(f"fleet API at {url}: HTTP {response.status} {text}")
+        if response.status == 404:  # no such route: a wrong URL, or an API older than the route
+            return NotFound(f"fleet API at {url}: HTTP 404 {text}")
         return FleetError(f"fleet API at {url}: HTTP {response.status} {text}")
     if name == "JobExpired" and isinstance(body.get("expired"), dict):
         return JobExpired(**body["expired"])

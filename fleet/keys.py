@@ -41,6 +41,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:node:<name>:alloc``         | hash   | job id -> "<cpus> <memory>" granted on the node          |
 | ``<p>:leader``                    | string | "<controller id>:<token>", with the leader lease TTL    |
 | ``<p>:leader:token``              | string | fencing token counter, bumped on every new leadership   |
+| ``<p>:leader:version``            | string | the leading controller's release, with the lease's TTL  |
+|                                   |        | (absent while a leader of 0.1.0, which set none, leads) |
 | ``<p>:metrics:requeues``          | hash   | requeue kind -> count (Prometheus ``fleet_requeues``)   |
 | ``<p>:metrics:preemptions``       | hash   | tenant -> jobs of it preempted (``fleet_preemptions``)  |
 | ``<p>:tenants``                   | hash   | tenant name -> its policy (Tenant JSON); no record:     |
@@ -208,6 +210,10 @@ class Keys:
     @property
     def leader_token(self) -> str:
         return f"{self.prefix}:leader:token"
+
+    @property
+    def leader_version(self) -> str:
+        return f"{self.prefix}:leader:version"
 
     @property
     def requeues(self) -> str:

@@ -40,6 +40,7 @@ from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.retention import RetentionStore
+from fleet.versions import VERSION
 from fleet.workdir import check_digest, unpack
 
 log = logging.getLogger("fleet.agent")
@@ -88,7 +89,7 @@ class Agent:
         """The heartbeat loop runs here and waits on nothing but Redis and the local supervisor;
         launches (image pulls), exits and reconcile run on other threads."""
         event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
-              redis=self.settings.redis_display)  # fmt: skip
+              redis=self.settings.redis_display, version=VERSION)  # fmt: skip
         self.supervisor.ensure()
         self.heartbeat()
         metrics.serve(metrics.agent_registry(self, self.clock), self.cfg.metrics_port, log)

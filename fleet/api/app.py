@@ -18,6 +18,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import __version__
 from fleet.api import blobs as blob_routes
@@ -43,6 +44,7 @@ from fleet.state.connection import connect_binary
 from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
 from fleet.state.webhooks import WebhookStore
+from fleet.versions import HEADER
 
 STATUS: dict[type[FleetError], int] = {
     Unauthorized: 401,
@@ -102,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         return error_response(SpecError(f"bad request: {fields}"))
 
+    app.add_middleware(VersionHeader)
     for router in (
         jobs.routes(backend, blobs),
         blob_routes.routes(blobs, settings),
@@ -113,6 +116,28 @@ def create_app(settings: Settings) -> FastAPI:
     ):
         app.include_router(router)
     return app
+
+
+class VersionHeader:
+    """Every answer names the API's release (``Fleet-Version``), errors too: a client without a
+    token still learns which release it talks to (``fleet version``). Plain ASGI, so streamed answers
+    (followed logs) stream as before."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (HEADER.lower().encode(), __version__.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_version(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
 
 
 def error_response(exc: FleetError) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""``/v1/nodes``, ``/v1/drain``, ``/v1/quarantine``, ``/v1/fleet``: the machines, as anyone may see
-them and as an operator changes them (cordon, uncordon, drain)."""
+"""``/v1/nodes``, ``/v1/drain``, ``/v1/quarantine``, ``/v1/fleet``, ``/v1/version``: the machines, as
+anyone may see them and as an operator changes them (cordon, uncordon, drain), and which release each
+service runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, Field
 from fleet import __version__
 from fleet.api.deps import Operator, User
 from fleet.backend import Backend
-from fleet.models import Node, Role
+from fleet.models import FleetVersions, Node, Role
 
 
 class Cordon(BaseModel):
@@ -69,5 +70,11 @@ def routes(backend: Backend) -> APIRouter:
     @router.get("/v1/fleet")
     def fleet_info(_: User) -> FleetInfo:
         return FleetInfo(version=__version__, most_gpus=backend.most_gpus())
+
+    @router.get("/v1/version")
+    def versions(_: User) -> FleetVersions:
+        """This API server's release, the leading controller's and each live node's agent's, and
+        ``mixed`` when they differ (a fleet part way through an upgrade)."""
+        return backend.versions(__version__)
 
     return router

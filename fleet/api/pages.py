@@ -27,6 +27,7 @@ from fleet.cli.output import ago, size, stamp
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
 from fleet.state.tenants import TenantStore
+from fleet.versions import OLDEST, VERSION
 
 PREFIX = "/ui"
 #: seconds between a page's refreshes
@@ -156,7 +157,8 @@ def page_routes(backend: Backend, tenants: TenantStore) -> APIRouter:  # noqa: C
         queued = sum(t.jobs_pending for t in tenants.status() if scope in (None, t.tenant.name))
         running = sum(visible(j.id) for j in on_nodes)
         return page(request, "overview.html", who, cards=views.node_cards(nodes, visible), queued=queued,
-                    running=running, quarantined=backend.quarantined_nodes())  # fmt: skip
+                    running=running, quarantined=backend.quarantined_nodes(),
+                    mixed=backend.versions(VERSION).mixed, oldest=OLDEST)  # fmt: skip
 
     @router.get("/queue")
     def queue(request: Request, who: Reader) -> HTMLResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,10 +18,14 @@ from fleet.cli.common import (
 )  # fmt: skip
 from fleet.cli.jobs import note_quarantined, short
 from fleet.cli.output import Field, Table, View, ago, emit_json, present, size, stamp
-from fleet.errors import SpecError
+from fleet.errors import NotFound, SpecError
 from fleet.models import Gpu, Node, NodeState
+from fleet.versions import shown
 
-NODE_HEADERS = ["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKEND", "REASON"]
+if TYPE_CHECKING:
+    from fleet.client import Client
+
+NODE_HEADERS = ["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKEND", "VERSION", "REASON"]
 
 
 @click.command(
@@ -31,8 +36,9 @@ NODE_HEADERS = ["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKE
 @output_option
 @pass_globals
 def nodes(globals_: Globals, node: tuple[str, ...], watch: float | None, output: str) -> int:
-    """Nodes with their state, heartbeat and GPUs (free, claimed by which job attempt, or why not
-    placeable); `fleet nodes NODE` (or `fleet nodes show NODE`) shows one in full."""
+    """Nodes with their state, heartbeat, GPUs (free, claimed by which job attempt, or why not
+    placeable) and agent's release; `fleet nodes NODE` (or `fleet nodes show NODE`) shows one in full.
+    A fleet whose services run different releases says so: `mixed versions: ...` (README, "Upgrading")."""
     client = globals_.client()
     names = node[1:] if node[:1] == ("show",) else node
     if node[:1] == ("show",) and not names:
@@ -47,14 +53,26 @@ def nodes(globals_: Globals, node: tuple[str, ...], watch: float | None, output:
         if output == "json":
             return found
         rows = [(n.name, n.state.value, ago(n.heartbeat_at), f"{free_gpus(n)}/{len(n.gpus)}", n.runtime,
-                 n.gpu_backend, short(n.reason, 50)) for n in found]  # fmt: skip
-        view = View([Table(NODE_HEADERS, rows, wide=6)])
+                 n.gpu_backend, shown(n.version), short(n.reason, 50)) for n in found]  # fmt: skip
+        view = View([Table(NODE_HEADERS, rows, wide=7, optional=(6,))])
+        note = mixed_versions(client)
+        if note:
+            view.add(note)
         for n in found:
             gpu_table(n, view)
         note_quarantined("node", client.quarantined_nodes(), "fleet nodes show NODE")
         return view
 
     return present(frame, watch, output)
+
+
+def mixed_versions(client: Client) -> str:
+    """``mixed versions: ...`` when the API, the leading controller and the live nodes do not all run
+    one release, else "" (also from an API of 0.1.0, which cannot tell)."""
+    try:
+        return client.versions().mixed
+    except NotFound:
+        return ""
 
 
 def placeable(node: Node) -> bool:
@@ -96,6 +114,7 @@ def node_frame(node: Node, output: str) -> View | Node:
     view.add(Field("Jobs", ", ".join(node.jobs) or "-")).add(Field("Heartbeat", ago(node.heartbeat_at)))
     view.add(Field("Capacity", f"{node.cpus} CPUs, {size(node.memory)} memory; runtime {node.runtime}, "
                    f"GPUs {node.gpu_backend}"))  # fmt: skip
+    view.add(Field("Version", shown(node.version)))
     gpu_table(node, view)
     return view
 

@@ -6,6 +6,7 @@ import redis
 
 from fleet.keys import Keys
 from fleet.state.connection import load_scripts, translated
+from fleet.versions import VERSION
 
 
 class LeaderLease:
@@ -18,6 +19,6 @@ class LeaderLease:
     @translated
     def renew(self) -> bool:
         """Acquire or renew; True while this controller is the leader."""
-        self.value = str(self._script(keys=[self.keys.leader, self.keys.leader_token],
-                                      args=[self.controller_id, self.ttl_ms, self.value]))  # fmt: skip
+        keys = [self.keys.leader, self.keys.leader_token, self.keys.leader_version]
+        self.value = str(self._script(keys=keys, args=[self.controller_id, self.ttl_ms, self.value, VERSION]))
         return bool(self.value)

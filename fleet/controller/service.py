@@ -53,6 +53,7 @@ from fleet.state.records import JobBatch, NodeBatch
 from fleet.state.retention import RetentionStore
 from fleet.state.tenants import TenantStore
 from fleet.state.webhooks import WebhookStore
+from fleet.versions import VERSION
 
 log = logging.getLogger("fleet.controller")
 #: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
@@ -119,7 +120,7 @@ class Controller:
         self.webhooks = WebhookSender(jobs, nodes, self.tenants, store, self.cfg, clock, self.leading)
 
     def run(self) -> None:
-        event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
+        event(log, "controller_start", id=self.id, redis=self.settings.redis_display, version=VERSION)
         metrics.serve(self.registry, self.cfg.metrics_port, log)
         for schema in (JobSubmitted, QueueLeft, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)

@@ -31,6 +31,7 @@ from fleet.models.job import (
     QueuePosition,
 )
 from fleet.models.node import (
+    FleetVersions,
     Gpu,
     Node,
     NodeState,
@@ -75,6 +76,7 @@ __all__ = [
     "Duration",
     "Event",
     "Exit",
+    "FleetVersions",
     "Gpu",
     "GpuCount",
     "Identity",

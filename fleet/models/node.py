@@ -73,3 +73,20 @@ class Node(BaseModel):
     drain_grace_s: float = 0.0
     #: ids of the jobs placed on the node and not yet released
     jobs: list[str] = Field(default_factory=list)
+    #: the release of the agent that last heartbeated ("": one that recorded none, 0.1.0 or older)
+    version: str = ""
+
+
+class FleetVersions(BaseModel):
+    """Which release each running service runs (``GET /v1/version``); "" for one that recorded none
+    (0.1.0 or older). ``mixed`` says when they differ (:func:`fleet.versions.mixed`)."""
+
+    model_config = _LAZY
+
+    #: the API server that answered
+    api: str
+    #: the leading controller's; None while no controller leads
+    controller: str | None = None
+    #: each live node's agent, by node name
+    nodes: dict[str, str] = Field(default_factory=dict)
+    mixed: str = ""

@@ -15,7 +15,8 @@ from fleet.errors import CorruptRecord, FleetError, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import Gpu, Node, NodeState
 from fleet.state.connection import load_scripts, translated
-from fleet.state.records import NodeBatch, parse_node
+from fleet.state.records import NodeBatch, node_version, parse_node
+from fleet.versions import VERSION
 
 
 class LeaseConflict(FleetError):
@@ -36,6 +37,8 @@ class NodeInfo:
     address: str = ""
     #: the operator's labels for this node (rack, ...)
     labels: dict[str, str] = field(default_factory=dict)
+    #: the agent's release (see fleet.versions)
+    version: str = VERSION
 
     def fields(self) -> dict[str, str]:
         return {
@@ -47,6 +50,7 @@ class NodeInfo:
             "address": self.address,
             "labels": json.dumps(self.labels, sort_keys=True),
             "sched": self.digest(),
+            "version": self.version,
         }
 
     def digest(self) -> str:
@@ -77,10 +81,13 @@ class NodeStore:
 
     @translated
     def heartbeat(self, name: str, agent_id: str, ttl_s: float, now: float, info: NodeInfo) -> bool:
-        """Renew the node lease and publish ``info``; True when the node (re)joined."""
+        """Renew the node lease and publish ``info``; True when the node (re)joined. ``version_at``
+        is the heartbeat's time, as ``heartbeat_at``: an agent that records no version (0.1.0)
+        leaves it behind, so its node's ``version`` left by a newer agent reads as unknown."""
+        at = repr(float(now))
         code, holder = self._scripts["heartbeat"](
             keys=self.heartbeat_keys(name),
-            args=[agent_id, int(ttl_s * 1000), now, name, json.dumps(info.fields())],
+            args=[agent_id, int(ttl_s * 1000), at, name, json.dumps({**info.fields(), "version_at": at})],
         )
         if code == -1:
             raise LeaseConflict(f"node {name!r} is held by agent {holder}; give each agent its own node_name")
@@ -154,6 +161,23 @@ class NodeStore:
             with contextlib.suppress(ValueError, TypeError):
                 most = max(most, len(json.loads(gpus)) if alive and gpus else 0)
         return most
+
+    @translated
+    def versions(self) -> tuple[str | None, dict[str, str]]:
+        """The leading controller's release (None while none leads) and each live node's agent's
+        ("" for one that recorded none: 0.1.0 or older), read without parsing whole records."""
+        names, wanted = self.names(), ("version", "version_at", "heartbeat_at")
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.mget(self.keys.leader, self.keys.leader_version)
+        for name in names:
+            pipe.exists(self.keys.node_lease(name))
+            pipe.hmget(self.keys.node(name), *wanted)
+        (leader, controller), *rows = pipe.execute()
+        nodes = {}
+        for name, alive, fields in zip(names, rows[0::2], rows[1::2], strict=True):
+            if alive:
+                nodes[name] = node_version({k: v for k, v in zip(wanted, fields, strict=True) if v})
+        return (controller or "") if leader else None, nodes
 
     def all(self) -> list[Node]:
         """Every node whose record can be read (see ``read_all`` for the others)."""

@@ -278,4 +278,12 @@ def _node(name: str, f: _Fields, alive: bool, claims: dict[str, str], jobs: list
         drain_deadline=f.get("drain_deadline", float, None),
         drain_grace_s=f.get("drain_grace_s", float, 0.0),
         jobs=jobs,
+        version=node_version(raw),
     )
+
+
+def node_version(raw: dict[str, str]) -> str:
+    """The release of the agent that last heartbeated: "" when it recorded none (0.1.0 or older),
+    also when the version on record was left by another agent's heartbeat (see fleet.versions)."""
+    version = raw.get("version", "")
+    return version if version and raw.get("version_at") == raw.get("heartbeat_at") else ""

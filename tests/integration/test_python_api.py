@@ -89,6 +89,20 @@ def test_nodes_node_shows_one_node(ready: Client, procs: FleetProcs) -> None:
         assert json.loads(done.stdout)["name"] == "t-py", done.stderr
 
 
+def test_versions_name_the_release_of_each_service(ready: Client) -> None:
+    # Given a fleet whose API, controller and agent run this release
+    until(lambda: ready.versions().controller, "the controller leading")
+    versions = ready.versions()
+    # Then each is named, and the fleet is not mixed; every answer named the API's release
+    assert (versions.api, versions.controller, versions.nodes, versions.mixed) == (
+        fleet.__version__,
+        fleet.__version__,
+        {"t-py": fleet.__version__},
+        "",
+    )
+    assert ready.server_version == fleet.__version__ and ready.node("t-py").version == fleet.__version__
+
+
 def report(step: int, total: int, loss: float) -> str:
     return f"""echo 'fleet-progress {{"step": {step}, "total": {total}, "loss": {loss}}}'"""
 

@@ -106,6 +106,7 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             assert await client.quarantined_jobs() == {} and await client.quarantined_nodes() == {}
             # nodes
             assert [n.name for n in await client.nodes()] == ["t-aio"] and (await client.node("t-aio")).alive
+            assert (await client.versions()).nodes == {"t-aio": fleet.__version__}
             assert (await client.cordon("t-aio")).admin_state == NodeState.CORDONED
             assert (await client.uncordon("t-aio")).admin_state == NodeState.READY
             await client.drain("t-aio", deadline_s=0, force=True)
