@@ -39,6 +39,8 @@ from fleet.errors import (
     StoreUnavailable,
     Unauthorized,
 )
+
+# their home was here: `from fleet.client import wait` works on
 from fleet.handles import ALL_COMPLETED as ALL_COMPLETED
 from fleet.handles import FIRST_COMPLETED as FIRST_COMPLETED
 from fleet.handles import ArrayHandle as ArrayHandle
@@ -66,8 +68,6 @@ from fleet.models import (
     WebhookOutcome,
     check_job_id,
 )
-
-# their home was here: `from fleet.client import wait` works on
 from fleet.versions import HEADER
 
 #: errors the API names in its answers, raised again here as themselves (exit codes included)

@@ -35,7 +35,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:job:<id>:expired``          | string | tombstone of a deleted job (JSON: state, ended, deleted)|
 | ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |
 | ``<p>:nodes``                     | set    | every node name registered and not removed              |
-| ``<p>:node:<name>``               | hash   | node record (state, inventory JSON, heartbeat)          |
+| ``<p>:node:<name>``               | hash   | node record (state, inventory JSON, heartbeat, the      |
+|                                   |        | agent's release and the heartbeat that wrote it)        |
 | ``<p>:node:<name>:lease``         | string | agent id, with the node lease TTL; gone = node DOWN     |
 | ``<p>:node:<name>:jobs``          | set    | ids of jobs placed on the node and not yet released     |
 | ``<p>:node:<name>:alloc``         | hash   | job id -> "<cpus> <memory>" granted on the node          |
