@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,12 @@ def old_cli(fleet: Fleet, *args: str, **env: str) -> str:
     return done.stdout
 
 
+def status_page(url: str, token: str) -> str:
+    request = urllib.request.Request(f"{url}/ui", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as page:
+        return str(page.read().decode())
+
+
 def attempts(fleet: Fleet, node: str) -> dict[str, int]:
     """The attempts a node's supervisor started: ``<job>.<attempt>`` -> the pid of its process."""
     metas = (fleet.root / node / "attempts").glob("*/meta.json")
@@ -306,6 +313,9 @@ def test_a_rolling_upgrade_keeps_every_job_on_its_agent_and_says_the_fleet_is_mi
         rows = {line.split()[0]: line for line in shown.stdout.splitlines()[1:3]}
         assert __version__ in rows[node], shown.stdout
         assert (OLDEST in rows["t-b"]) == ("mixed versions:" in shown.stdout) == (node == "t-a"), shown.stdout
+        # And so does the status page
+        page = status_page(url, token)
+        assert ("mixed versions:" in page) == (node == "t-a") and f"fleet {__version__}" in page
 
     # When the jobs are let finish
     go.touch()
