@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -57,6 +58,11 @@ def _template(name: str) -> str:
 
 
 def fleet_executable() -> str:
+    """The ``fleet`` script of the environment running this (a venv's ``bin/fleet``), so the unit
+    runs the install it was written by, whatever PATH says."""
+    beside = Path(sys.executable).parent / "fleet"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
     return shutil.which("fleet") or f"{sys.executable} -m fleet"
 
 
@@ -107,25 +113,49 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None]:
-    """Write ``/etc/fleet/redis.conf`` and ``users.acl`` with a generated password per user, each
+def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None, Path]:
+    """Write ``/etc/fleet/redis.conf``, ``users.acl`` with a generated password per user, each
     password into ``/etc/fleet/redis-passwords/<user>.password`` (0600) for the operator to hand
-    to the services. An existing users.acl is kept (its users' passwords are in use): returns the
-    ACL file and the folder of new passwords, None when none were made."""
+    to the services, and the ``fleet-redis`` systemd unit; at ``/``, hand users.acl to the user
+    Redis runs as, then enable and start the unit. An existing users.acl is kept (its users'
+    passwords are in use). Returns the ACL file, the folder of new passwords (None when none were
+    made) and the unit."""
     etc = root / "etc" / "fleet"
     etc.mkdir(parents=True, exist_ok=True)
     conf, acl = etc / "redis.conf", etc / "users.acl"
     if not conf.exists():
         conf.write_text(_template("redis.conf"))
-    if acl.exists():
-        return acl, None
-    passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
-    folder = etc / "redis-passwords"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    for user, password in passwords.items():
-        _write_private(folder / f"{user}.password", password + "\n")
-    _write_private(acl, render_acl(_template("users.acl"), passwords))
-    return acl, folder
+    folder: Path | None = None
+    if not acl.exists():
+        passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
+        folder = etc / "redis-passwords"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for user, password in passwords.items():
+            _write_private(folder / f"{user}.password", password + "\n")
+        _write_private(acl, render_acl(_template("users.acl"), passwords))
+    user = REDIS_USER if _user_exists(REDIS_USER) else "root"
+    unit = root / "etc" / "systemd" / "system" / "fleet-redis.service"
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    server = shutil.which("redis-server") or "/usr/bin/redis-server"
+    unit.write_text(_template(unit.name).replace("@REDIS_SERVER@", server).replace("@REDIS_USER@", user))
+    if root == Path("/"):
+        shutil.chown(acl, user, user)
+        if shutil.which("systemctl"):
+            subprocess.run(["systemctl", "daemon-reload"], check=True)
+            subprocess.run(["systemctl", "enable", "--now", unit.name], check=True)
+    return acl, folder, unit
+
+
+#: the user Debian's and Ubuntu's redis-server packages make (root where there is none)
+REDIS_USER = "redis"
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
 
 
 def install(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -206,22 +207,26 @@ def install(globals_: Globals, service: str, root: str, service_redis_url: str |
 def _install_redis(root: Path) -> int:
     from fleet.install import install_redis
 
-    acl, passwords = install_redis(root)
-    conf = acl.parent / "redis.conf"
-    print(f"wrote {conf}: start Redis with it (redis-server {conf})")
+    acl, passwords, unit = install_redis(root)
+    print(f"wrote {acl.parent / 'redis.conf'} (bind the address agents reach; see its comments)")
     if passwords is None:
         print(f"kept {acl} and its users' passwords")
-        return 0
-    print(f"wrote {acl} (0600; chown it to the user Redis runs as)")
-    print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
-          "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
+    else:
+        print(f"wrote {acl} (0600, owned by the user Redis runs as)")
+        print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
+              "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
+    started = root == Path("/") and shutil.which("systemctl") is not None
+    print(
+        f"wrote {unit}; "
+        + ("started fleet-redis" if started else "not started (--root was given, or no systemd)")
+    )
     return 0
 
 
 @click.command(
     context_settings=CONTEXT, short_help="stop, disable and remove the systemd unit (config is kept)"
 )
-@click.argument("service", type=click.Choice(["agent", "api", "controller"]))
+@click.argument("service", type=click.Choice(["agent", "api", "controller", "redis"]))
 @ROOT_OPTION
 def uninstall(service: str, root: str) -> int:
     """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept)."""

@@ -108,6 +108,10 @@ def test_install_redis_writes_users_with_generated_passwords_only_as_hashes(tmp_
         assert f"user {user} on resetpass #{hashlib.sha256(password.encode()).hexdigest()} " in acl
     assert "user default off " in acl and stat.S_IMODE((etc / "users.acl").stat().st_mode) == 0o600
     assert "aclfile /etc/fleet/users.acl" in (etc / "redis.conf").read_text()
+    # And a unit runs Redis with that config, its files private (UMask), as the user install found
+    unit = (tmp_path / "etc/systemd/system/fleet-redis.service").read_text()
+    assert " /etc/fleet/redis.conf --supervised systemd " in unit and "\nUMask=0077\n" in unit
+    assert "@" not in unit.split("[Service]")[1].split("[Install]")[0]
     # And installing again keeps the users (services already use their passwords)
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     assert (etc / "users.acl").read_text() == acl
@@ -133,6 +137,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         # verify reads drop-ins from the system's folders only: check the unit with its own appended
         unit = tmp_path / f"etc/systemd/system/fleet-{service}.service"
         unit.write_text(unit.read_text() + (unit.parent / f"{unit.name}.d" / "redis.conf").read_text())
+    assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
     done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
                           env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
