@@ -39,6 +39,8 @@ class ControllerSettings(_Section):
     resync_interval_s: float = Field(default=30.0, gt=0)
     worker_threads: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    #: where /metrics listens: it has no authentication, so loopback unless an operator opens it
+    metrics_address: str = Field(default="127.0.0.1", max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
     starting_timeout_s: float = Field(
         default=1800.0, gt=0,
@@ -98,6 +100,8 @@ class AgentSettings(_Section):
     gpu_busy_memory: int = Field(default=1 << 30, description="bytes used above which a GPU counts as busy")
     gpu_release_timeout_s: float = Field(default=10.0, ge=0)
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    #: where /metrics listens: it has no authentication, so loopback unless an operator opens it
+    metrics_address: str = Field(default="127.0.0.1", max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
     runtime: Literal["auto", "docker", "process"] = "auto"
     state_dir: Path = Path("/var/lib/fleet/agent")
     docker_pull: Literal["never", "missing"] = "missing"

@@ -91,7 +91,9 @@ class Agent:
               redis=self.settings.redis_display)  # fmt: skip
         self.supervisor.ensure()
         self.heartbeat()
-        metrics.serve(metrics.agent_registry(self, self.clock), self.cfg.metrics_port, log)
+        metrics.serve(
+            metrics.agent_registry(self, self.clock), self.cfg.metrics_port, self.cfg.metrics_address, log
+        )
         queue = node_queue(self.node)
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)

@@ -120,7 +120,7 @@ class Controller:
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display)
-        metrics.serve(self.registry, self.cfg.metrics_port, log)
+        metrics.serve(self.registry, self.cfg.metrics_port, self.cfg.metrics_address, log)
         for schema in (JobSubmitted, QueueLeft, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)
