@@ -12,6 +12,7 @@ every ``fleet`` command ~30 ms (an eighth of ``fleet submit``) for these three r
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fleet.errors import ConfigError
 
@@ -164,6 +173,9 @@ class Settings(BaseModel):
     default_image: str = "localhost/fleet/python:latest"
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")
     allowed_mounts: list[Path] = Field(default_factory=list)
+    #: networks webhooks may be sent to besides public addresses (loopback, private, link-local and
+    #: the like are refused otherwise: a webhook must not reach the fleet's own or the cloud's services)
+    webhook_allowed_networks: list[str] = Field(default_factory=list)
     log_max_lines: int = Field(default=10_000, ge=100)
     #: a directory shipped with a job (``--workdir``), packed: at most this many bytes
     workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
@@ -180,6 +192,16 @@ class Settings(BaseModel):
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
+        return value
 
     @model_validator(mode="after")
     def _one_password_source(self) -> Settings:
@@ -244,7 +266,7 @@ ENV_PREFIX = "FLEET_"
 _SECTIONS: dict[str, type[BaseModel]] = {
     "controller": ControllerSettings, "agent": AgentSettings, "api": ApiSettings,
 }  # fmt: skip
-_LISTS = frozenset({"allowed_mounts"})
+_LISTS = frozenset({"allowed_mounts", "webhook_allowed_networks"})
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

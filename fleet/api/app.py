@@ -106,7 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
         jobs.routes(backend, blobs),
         blob_routes.routes(blobs, settings),
         nodes.routes(backend),
-        tenant_routes.routes(tenants),
+        tenant_routes.routes(tenants, backend),
         token_routes.routes(tokens),
         webhooks.routes(hooks),
         pages.page_routes(backend, tenants),
