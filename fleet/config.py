@@ -148,6 +148,8 @@ class ApiSettings(_Section):
     tls_key: Path | None = None
     #: calls served at once (waits and log follows each hold one while they block)
     threads: int = Field(default=200, ge=1, le=10_000)
+    #: the largest request body but a blob's (a spec, a tenant, a token request); blobs: workdir_max_bytes
+    max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=64 << 20)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ApiSettings:
