@@ -261,7 +261,7 @@ def redis_check(settings: Settings, source: str = "") -> tuple[Check, redis.Redi
                      "start Redis (7.0 or newer); check redis_url and that this node may reach its port"
                      ), None  # fmt: skip
     except redis.RedisError as exc:
-        return Check("redis", FAIL, f"{where} as {as_user}: {exc}", "see Redis' log"), None
+        return Check("redis", FAIL, f"{where} as {as_user}: {exc}", "fleet needs Redis 7.0 or newer"), None
     info = hello if isinstance(hello, dict) else dict(zip(hello[::2], hello[1::2], strict=True))
     version = str(info.get("version", "?"))
     found = f"Redis {version} at {where}, as user {as_user}"
@@ -413,7 +413,8 @@ def mount_of(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str:
 
 def shared_check(client: redis.Redis, keys: Keys, root: Path, node: str, marker: str, now: float) -> Check:
     """Publish this node's marker, then look for each other node's in this ``checkpoint_root``: every
-    node that left one must have left it here, with the same content, at the same path."""
+    node that left one must have left it here, with the same content. Each node reaches a job's
+    directory through its own ``checkpoint_root``, so the paths may differ; the storage may not."""
     name = "shared storage"
     try:
         markers = publish_marker(client, keys, node, marker, now)
@@ -424,21 +425,19 @@ def shared_check(client: redis.Redis, keys: Keys, root: Path, node: str, marker:
         return Check(name, FAIL, f"cannot publish this node's marker in Redis: {exc}", "see the redis line")
     same, problems = [], []
     for other, text in sorted(markers.items()):
-        theirs = _field(text, "root")
-        if theirs != str(root):
-            problems.append(f"node {other} has checkpoint_root {theirs}, this node {root}")
-        elif (here := _read_capped(root / MARKER_DIR / other)) is None:
-            problems.append(f"node {other}'s marker is not here")
+        theirs = f"its checkpoint_root: {_field(text, 'root')}"
+        if (here := _read_capped(root / MARKER_DIR / other)) is None:
+            problems.append(f"node {other}'s marker is not here ({theirs})")
         elif here != text:
-            problems.append(f"node {other}'s marker here is not the one it last wrote")
+            problems.append(f"node {other}'s marker here is not the one it last wrote ({theirs})")
         else:
             same.append(other)
     also = f" (same storage as {_nodes(same)})" if same else ""
     if problems:
         return Check(
             name, FAIL, f"{'; '.join(problems)}: checkpoint_root is not shared storage{also}",
-            "mount the same shared storage (e.g. NFS) at the same path on every node, then run fleet "
-            "doctor again on each (over NFS a marker written in the last minute may not show yet)",
+            "mount the same shared storage (e.g. NFS) on every node as its checkpoint_root, then run "
+            "fleet doctor again on each (over NFS a marker written in the last minute may not show yet)",
         )  # fmt: skip
     if not same:
         return Check(name, OK, "no other node has left a marker yet: run fleet doctor on each node; "
