@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -241,7 +242,8 @@ def redis_check(settings: Settings, source: str = "") -> tuple[Check, redis.Redi
     """Redis answers this node's ACL user; its version. With the client, None when it failed."""
     from fleet.state.connection import connect
 
-    where, user = settings.redis_display, settings.redis_username or "default"
+    where = settings.redis_display
+    user = settings.redis_username or urlsplit(settings.redis_url).username or "default"
     as_user = f"{user}{source}"
     password = ("the password must be the one users.acl holds for the user: give the agent its file "
                 "with fleet install agent --redis-password-file FILE (or FLEET_REDIS_USERNAME and "
@@ -290,10 +292,10 @@ def clock_check(before: float, redis_now: float, after: float, fence_margin_s: f
 
     fleet's leases are Redis TTLs and the agent fences its jobs on its monotonic clock, so skew does
     not break fencing. But the times an agent writes (heartbeats, job starts, the STARTING deadline)
-    are read against the controller's clock, and its jobs' ``started_at`` decide preemption and time
-    limits: a skew above ``agent.fence_margin_s`` (2 s), the finest timing fleet keeps, makes those
-    wrong by more than fleet's own slack, so it fails; above 0.5 s it warns. Only the part of the
-    skew the round trip cannot explain counts."""
+    are read against the controller's clock (a job's ``started_at`` says when it may be preempted):
+    a skew above ``agent.fence_margin_s`` (2 s), the finest timing fleet keeps, makes those wrong by
+    more than fleet's own slack, so it fails; above 0.5 s it warns. Only the part of the skew the
+    round trip cannot explain counts."""
     skew = (before + after) / 2 - redis_now
     slack = (after - before) / 2
     certain = max(0.0, abs(skew) - slack)
