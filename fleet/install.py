@@ -196,6 +196,26 @@ def install(
     return Installed(unit=unit, config=config, secret=secret, started=started)
 
 
+def installed_credentials(service: str, root: Path = Path("/")) -> tuple[str | None, Path | None]:
+    """The Redis user and password file ``fleet install SERVICE`` handed the service (its unit's
+    drop-in), or None for each it did not: what the service logs in with, for ``fleet doctor`` run
+    from a shell, where systemd's environment is not set."""
+    dropin = root / "etc" / "systemd" / "system" / f"fleet-{service}.service.d" / "redis.conf"
+    try:
+        lines = dropin.read_text().splitlines()
+    except OSError:
+        return None, None
+    username = password_file = None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "Environment" and value.startswith("FLEET_REDIS_USERNAME="):
+            username = value.partition("=")[2] or None
+        elif key == "LoadCredential" and value.startswith("redis-password:"):
+            path = Path(value.partition(":")[2])
+            password_file = root / path.relative_to(path.anchor) if path.is_absolute() else None
+    return username, password_file
+
+
 def uninstall(service: str, root: Path = Path("/")) -> Path:
     """Stop, disable and remove the unit; the config in /etc/fleet is kept."""
     unit_name = f"fleet-{service}.service"

@@ -58,7 +58,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings, self.cfg = settings, settings.agent
-        self.address = self.cfg.address or _address(self.cfg.node_name)
+        self.address = self.cfg.address or address_of(self.cfg.node_name)
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.retention = RetentionStore(jobs.redis, jobs.keys)
@@ -532,7 +532,7 @@ def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | Non
     return user
 
 
-def _address(name: str) -> str:
+def address_of(name: str) -> str:
     """What the node name resolves to (a multi-node job's MASTER_ADDR when this node holds rank 0)."""
     for host in (name, socket.gethostname()):
         try:
