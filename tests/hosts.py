@@ -16,6 +16,7 @@ policy are not applied: no systemd runs here.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shlex
 import shutil
@@ -23,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,8 +149,10 @@ def build_wheel(dest: Path) -> Path:
     source = dest / "source"
     skip = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
     shutil.copytree(ROOT, source, ignore=skip)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dest), str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    # with this interpreter's setuptools where it has one (no download), else pip fetches it
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(dest),
+                    str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
     shutil.rmtree(source)
     (wheel,) = dest.glob("fleet-*.whl")
     return wheel
@@ -170,7 +172,10 @@ def install_wheel(wheel: Path, venv: Path) -> Path:
                     str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    (Path(site) / "fleet-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # every site directory of the test's interpreter: a venv's, or a system Python's (Debian's
+    # /usr/local/lib/.../dist-packages where pip installs, and /usr/lib/python3/dist-packages)
+    shared = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    (Path(site) / "fleet-test-dependencies.pth").write_text("".join(f"{p}\n" for p in shared))
     return venv / "bin"
 
 
