@@ -243,8 +243,8 @@ def test_jobs_run_on_both_agent_hosts(fleet: Fleet) -> None:
     nodes = {job: fleet.show(job)["node"] for job in jobs}
     assert sorted(nodes.values()) == list(AGENTS)
     for job, node in nodes.items():
-        line = f"inet {fleet.agents[node].address}/24"
-        fleet.until(lambda job=job, line=line: line in fleet.cli("logs", job), f"{job}'s address")  # type: ignore[misc]
+        address = f"inet {fleet.agents[node].address}/24"
+        fleet.until(lambda: address in fleet.cli("logs", job), f"{job} printing {address}")  # noqa: B023
         fleet.cli("cancel", job)
 
 
