@@ -4,7 +4,7 @@ PIP := $(PYTHON) -m pip
 STAMP := .build
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test test-unit lint typecheck all images image-python images-test bench clean
+.PHONY: install demo up test test-unit e2e-hosts lint typecheck all images image-python images-test bench clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -38,6 +38,9 @@ test: install images-test  ## the whole suite (real Redis, real Docker, simulate
 
 test-unit: install
 	$(PYTHON) -m pytest tests/unit
+
+e2e-hosts: install  ## a fleet over four hosts (network namespaces, as root): the wheel, TLS, a gang, a drain, a cut link
+	$(PYTHON) -m pytest tests/integration/test_hosts.py
 
 lint: install
 	$(PYTHON) -m ruff check fleet tests workers bench

@@ -69,7 +69,7 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     config = tmp_path / "etc/fleet/fleet.toml"
     password = tmp_path / "etc/fleet/redis-agent.password"
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "KillMode=process" in unit
-    assert "ExecStart=/" in unit and " agent --config /etc/fleet/fleet.toml" in unit
+    assert "ExecStart=/" in unit and " --config /etc/fleet/fleet.toml agent\n" in unit
     assert 's3"cret' not in config.read_text() + unit + dropin
     # the service gets its password as a file only it can read, and logs in as its own Redis user
     assert password.read_text() == 's3"cret#x\n' and stat.S_IMODE(password.stat().st_mode) == 0o600
@@ -90,7 +90,7 @@ def test_install_api_runs_the_api_as_its_own_redis_user(tmp_path: Path) -> None:
     assert main(["install", "api", "--root", str(tmp_path), "--redis-password-file", str(secret)]) == 0
     unit = (tmp_path / "etc/systemd/system/fleet-api.service").read_text()
     dropin = (tmp_path / "etc/systemd/system/fleet-api.service.d/redis.conf").read_text()
-    assert " api --config /etc/fleet/fleet.toml" in unit and "DynamicUser=yes" in unit
+    assert " --config /etc/fleet/fleet.toml api\n" in unit and "DynamicUser=yes" in unit
     assert "FLEET_REDIS_USERNAME=fleet-api" in dropin
 
 
@@ -143,3 +143,17 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
                           env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "fleet-" not in done.stderr
+
+
+@pytest.mark.parametrize("service", ["agent", "api", "controller"])
+def test_each_units_command_line_is_one_the_cli_takes(tmp_path: Path, service: str) -> None:
+    # Given the unit `fleet install` writes, when systemd runs its ExecStart (here with --help
+    # added, so it parses the command line and stops): the CLI takes it (fleet's own --config
+    # comes before the command; after it the CLI refuses with exit 2)
+    assert main(["install", service, "--root", str(tmp_path)]) == 0
+    unit = (tmp_path / f"etc/systemd/system/fleet-{service}.service").read_text()
+    (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    words = exec_start.split()
+    args = words[words.index("--config") :]  # after the executable (a path, or python -m fleet)
+    assert args[-1] == service
+    assert main([*args, "--help"]) == 0
