@@ -79,6 +79,28 @@ def test_a_shipped_directory_is_the_jobs_working_directory(
     assert len(blobs) == 1 and redis.ttl(blobs[0]) > 6 * 86400
 
 
+def test_a_link_out_of_the_project_is_refused_at_submit_and_no_job_is_queued(
+    procs: FleetProcs, client: Client, project: Path
+) -> None:
+    # Given a project whose data is a link to a dataset outside it (common on a workstation)
+    (project / "datasets").symlink_to("/srv/datasets/imagenet")
+    argv = [sys.executable, "-m", "fleet", "submit", "--workdir", ".", "--", sys.executable, "train.py"]
+    # When the user submits it
+    refused = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+    # Then the submit fails as bad input, naming the link and the two ways out, and nothing is queued
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "'datasets' is a link to an absolute path ('/srv/datasets/imagenet')" in refused.stderr
+    assert "a line 'datasets' in" in refused.stderr and "mount" in refused.stderr
+    assert client.jobs() == []
+    # And once the link is left out, the same command queues the job
+    (project / ".fleetignore").write_text("data/\ndatasets\n")
+    queued = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    assert [j.id for j in client.jobs()] == [queued.stdout.split()[0]]
+
+
 def test_a_spec_naming_a_directory_never_uploaded_is_refused(client: Client) -> None:
     with pytest.raises(SpecError, match="not uploaded"):
         client.submit(JobSpec(name="x", command=["true"], workdir="sha256:" + "0" * 64))
