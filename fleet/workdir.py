@@ -181,8 +181,8 @@ def clean_temp(into: Path) -> list[str]:
     removed = []
     try:
         entries = list(into.iterdir())
-    except FileNotFoundError:
-        return []
+    except (FileNotFoundError, NotADirectoryError):  # nothing unpacked yet; or not a folder (the
+        return []  # first unpack fails on it, saying so)
     for entry in entries:
         if _TEMP.match(entry.name) and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

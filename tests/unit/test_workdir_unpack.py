@@ -140,16 +140,21 @@ def test_more_content_than_a_workdir_may_hold_is_refused(tmp_path: Path) -> None
 
 def test_a_failed_unpack_leaves_nothing_that_stops_the_next(tmp_path: Path) -> None:
     good = archive(member("train.py", data=b"print(1)\n"))
+    hexdigest = digest_of(good).split(":")[1]
     into = tmp_path / "workdirs"
-    # Given an agent killed while unpacking (its temporary directory left), a stale one is removed
-    into.mkdir()
-    stale = into / f".{digest_of(good).split(':')[1]}.1234.tmp"
+    # Given the temporary directory of an unpack cut short, under the name this process would once
+    # have chosen itself, and a failed unpack of the same digest
+    stale = into / f".{hexdigest}.{os.getpid()}.tmp"
     (stale / "half").mkdir(parents=True)
-    assert clean_temp(into) == [stale.name] and not stale.exists()
-    # and one failed unpack does not stop the next one of the same digest
-    (into / "blocker").mkdir()
+    bad = archive(member("train.py", data=b"x"), member("train.py", data=b"x"))
+    with pytest.raises(SpecError, match="given twice"):
+        unpack(bad, digest_of(bad), into)
+    # Then the next unpack succeeds all the same
     assert unpack(good, digest_of(good), into).joinpath("train.py").read_text() == "print(1)\n"
-    assert sorted(p.name for p in into.iterdir()) == sorted(["blocker", digest_of(good).split(":")[1]])
+    assert sorted(p.name for p in into.iterdir()) == sorted([stale.name, hexdigest])
+    # And the cleanup an agent runs at start removes the stale one only
+    assert clean_temp(into) == [stale.name] and [p.name for p in into.iterdir()] == [hexdigest]
+    assert clean_temp(tmp_path / "none") == []
 
 
 def test_a_project_with_links_inside_it_round_trips(tmp_path: Path) -> None:
