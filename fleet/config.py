@@ -124,6 +124,11 @@ class AgentSettings(_Section):
     allow_root_jobs: bool = False
     pids_limit: int | None = Field(default=4096, ge=16)
     checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
+    #: a node that cannot prepare this many attempts in a row (unpack a workdir, make a checkpoint
+    #: directory, start a container) cordons itself with the reason; 0: never
+    max_prepare_failures: int = Field(default=3, ge=0)
+    #: the node supervisor exits once it has held no attempt and heard from no agent this long
+    supervisor_idle_exit_s: float = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from fleet.agent.supervision import stop_supervisor
 from fleet.errors import ConfigError
 
 SERVICES = ("agent", "api", "controller")
@@ -216,8 +217,17 @@ def installed_credentials(service: str, root: Path = Path("/")) -> tuple[str | N
     return username, password_file
 
 
-def uninstall(service: str, root: Path = Path("/")) -> Path:
-    """Stop, disable and remove the unit; the config in /etc/fleet is kept."""
+@dataclass(frozen=True)
+class Uninstalled:
+    unit: Path
+    #: the agent's node supervisor that was stopped (its pid), None when none ran
+    supervisor: int | None = None
+
+
+def uninstall(service: str, root: Path = Path("/")) -> Uninstalled:
+    """Stop, disable and remove the unit; the config in /etc/fleet is kept. For the agent, then
+    stop its node supervisor (which outlives agent restarts on purpose) and the attempts it holds:
+    found through ``agent.state_dir`` of ``/etc/fleet/fleet.toml`` (under ``root``)."""
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     systemd = root == Path("/") and shutil.which("systemctl") is not None
@@ -227,4 +237,16 @@ def uninstall(service: str, root: Path = Path("/")) -> Path:
     shutil.rmtree(unit.parent / f"{unit_name}.d", ignore_errors=True)
     if systemd:
         subprocess.run(["systemctl", "daemon-reload"], check=False)
-    return unit
+    if service != "agent":
+        return Uninstalled(unit)
+    return Uninstalled(unit, stop_supervisor(agent_state_dir(root)))
+
+
+def agent_state_dir(root: Path = Path("/")) -> Path:
+    """The installed agent's ``state_dir`` (from ``/etc/fleet/fleet.toml`` under ``root``, if there is
+    one), as seen from here: under ``root``."""
+    from fleet.config import load_settings
+
+    config = root / "etc" / "fleet" / "fleet.toml"
+    state_dir = load_settings(config if config.is_file() else None).agent.state_dir
+    return root / state_dir.relative_to("/") if state_dir.is_absolute() else state_dir

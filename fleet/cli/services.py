@@ -93,7 +93,8 @@ def agent(
     settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
     jobs, nodes, bus = _stores(settings)
     cfg = settings.agent
-    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4))
+    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4),
+                                  idle_exit_s=cfg.supervisor_idle_exit_s)  # fmt: skip
     service = Agent(
         settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor), supervisor
     )
@@ -229,8 +230,12 @@ def _install_redis(root: Path) -> int:
 @click.argument("service", type=click.Choice(["agent", "api", "controller", "redis"]))
 @ROOT_OPTION
 def uninstall(service: str, root: str) -> int:
-    """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept)."""
+    """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept). agent: then
+    stop the node's supervisor and any job it still holds."""
     from fleet.install import uninstall as do_uninstall
 
-    print(f"removed {do_uninstall(service, Path(root))}")
+    done = do_uninstall(service, Path(root))
+    print(f"removed {done.unit}")
+    if done.supervisor is not None:
+        print(f"stopped the node supervisor (pid {done.supervisor}) and the jobs it held")
     return 0

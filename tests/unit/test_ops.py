@@ -7,11 +7,15 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fleet.agent import supervisor as server
+from fleet.agent.supervision import SupervisorClient
 from fleet.cli.main import main
 from fleet.config import load_settings
 from fleet.sdnotify import Notifier
@@ -82,6 +86,52 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service").exists() and config.exists()
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service.d").exists()
+
+
+def test_uninstall_agent_stops_its_node_supervisor_and_the_jobs_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an installed agent whose node supervisor (state_dir under the root) holds a running job
+    assert main(["install", "agent", "--root", str(tmp_path)]) == 0
+    state_dir = tmp_path / "var/lib/fleet/agent"
+    state_dir.mkdir(parents=True)
+    argv = [sys.executable, "-I", server.__file__, str(state_dir), "--margin", "1"]
+    started = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not (state_dir / "supervisor.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    supervisor = SupervisorClient(state_dir, margin_s=1.0)
+    supervisor.lease(time.monotonic() + 600)
+    job = supervisor.spawn("job-1.1", ["sleep", "600"], {}, str(tmp_path), None, None)
+    supervisor.close()
+    pid = int((state_dir / "supervisor.pid").read_text())
+    assert pid == started.pid and running(job)
+    capsys.readouterr()
+    try:
+        # When the operator uninstalls the agent
+        assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
+        # Then the supervisor and its job are gone, and the command says so
+        assert started.wait(timeout=10) == 0
+        deadline = time.monotonic() + 10  # SIGKILLed by it on the way out: dead, if maybe not yet reaped
+        while running(job) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not running(job)
+        assert f"stopped the node supervisor (pid {pid}) and the jobs it held" in capsys.readouterr().out
+        # And uninstalling again finds nothing to stop
+        assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
+        assert "stopped" not in capsys.readouterr().out
+    finally:  # a failure leaves no supervisor behind (its job dies with it)
+        if started.poll() is None:
+            started.kill()
+            started.wait()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def test_install_api_runs_the_api_as_its_own_redis_user(tmp_path: Path) -> None:
