@@ -1,22 +1,28 @@
 # fleet — common tasks. `make demo` runs a local fleet; `make test` runs the test suite.
-PYTHON ?= python3
+# Everything runs in the project's own virtual environment, made from the system's Python
+# (Debian's /usr/bin/python3 where there is one: the Python users have). Nothing is installed
+# into a system Python, which Debian and Ubuntu refuse anyway (PEP 668).
+SYSTEM_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 STAMP := .build
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test test-unit lint typecheck all images image-python images-test bench clean
+.PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python images-test bench clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
+	test -x $(PYTHON) || $(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PIP) install -q -e '.[dev,torch]'
 	@mkdir -p $(STAMP) && touch $@
 
-install: $(STAMP)/installed  ## system packages, dockerd, fleet and its dev tools
+install: $(STAMP)/installed  ## system packages, dockerd, and fleet with its dev tools in .venv
 
 images-test: install  ## images the tests run jobs in: tiny busybox, and localhost/fleet/torch
 	@docker image inspect localhost/fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
 	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
-	@docker image inspect localhost/fleet/torch:latest >/dev/null 2>&1 || bash images/torch/build.sh
+	@docker image inspect localhost/fleet/torch:latest >/dev/null 2>&1 || PYTHON=$(PYTHON) bash images/torch/build.sh
 
 image-python: install  ## localhost/fleet/python, the default job image (debootstrap rootfs + SDK)
 	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
@@ -24,20 +30,27 @@ image-python: install  ## localhost/fleet/python, the default job image (deboots
 	@echo "built localhost/fleet/python"
 
 images: images-test image-python  ## every image, rebuilt, without any registry
-	bash images/torch/build.sh
+	PYTHON=$(PYTHON) bash images/torch/build.sh
 
 demo: install  ## start a local fleet, run example jobs to completion, stop
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image-python; fi
-	fleet up --demo
+	$(VENV)/bin/fleet up --demo
 
 up: install  ## a local fleet in the foreground (Ctrl-C stops it)
-	fleet up
+	$(VENV)/bin/fleet up
 
-test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs)
+test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs), then the built wheel
 	$(PYTHON) -m pytest
+	$(MAKE) --no-print-directory test-installed
+
+test-installed: install  ## build the wheel and sdist, install each into a fresh venv, run the smoke tests there
+	bash tests/installed.sh $(SYSTEM_PYTHON)
 
 test-unit: install
 	$(PYTHON) -m pytest tests/unit
+
+e2e-hosts: install  ## a fleet over four hosts (network namespaces, as root): the wheel, TLS, a gang, a drain, a cut link
+	$(PYTHON) -m pytest tests/integration/test_hosts.py
 
 lint: install
 	$(PYTHON) -m ruff check fleet tests workers bench
@@ -63,5 +76,8 @@ bench: install images-test  ## dispatch, recovery, launch cost, memory under ret
 	$(PYTHON) -m bench.sim  # the simulator and the elastic policy: allocator cost, the paper's workloads, Philly
 	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
 
+dist: install  ## the sdist and the wheel (built from the sdist), in dist/
+	$(PYTHON) -m build --outdir dist .
+
 clean:
-	rm -rf $(STAMP) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(STAMP) $(VENV) dist .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -3,7 +3,7 @@
 # Used by `make install` and CI. Needs root (or sudo) for apt-get and dockerd.
 set -euo pipefail
 # chromium and chromium-driver: the status pages' browser tests (headless, driven by selenium)
-packages=(redis-server docker.io busybox-static debootstrap file iproute2 systemd chromium chromium-driver)
+packages=(python3-venv redis-server docker.io busybox-static debootstrap file iproute2 openssl systemd chromium chromium-driver)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
   echo "setup-host: '$*' needs root; run as root or install: ${packages[*]}" >&2; return 1; fi; }
 

@@ -24,7 +24,7 @@ ARRAY_BATCH = 10_000
 ARRAY_LABEL = "fleet.array"
 INDEX_LABEL = "fleet.array.index"
 
-_ITEM = re.compile(r"^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?$")
+_ITEM = re.compile(r"^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?\Z")
 
 
 def parse_indices(text: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleet import webhooks
 from fleet.arrays import check_indices, parse_indices, task_id
 from fleet.bus.messages import (
     CONTROLLER_QUEUE,
@@ -47,6 +48,7 @@ from fleet.models import (
     QueuedJob,
     QueuePosition,
     Range,
+    Webhook,
     check_job_id,
 )
 from fleet.mounts import check_mounts
@@ -117,6 +119,15 @@ class Backend:
             self._bus = Bus(self.settings)
         return self._bus
 
+    def check_webhook(self, hook: Webhook | None) -> None:
+        """:class:`SpecError` for a webhook whose host is written as an address fleet never sends to."""
+        if hook is None:
+            return
+        try:
+            webhooks.check_url(hook.url, webhooks.networks(self.settings.webhook_allowed_networks))
+        except webhooks.AddressRefused as exc:
+            raise SpecError(str(exc)) from None
+
     # -- jobs --------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None, owner: str = "") -> Job:
@@ -130,6 +141,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        self.check_webhook(spec.notify)
         check_elastic(spec, self._profiles)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
@@ -195,6 +207,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        self.check_webhook(spec.notify)
         check_elastic(spec, self._profiles)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)

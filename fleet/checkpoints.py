@@ -27,7 +27,7 @@ MARKER = "latest"
 ATTEMPT_FILE = ".fleet-attempt"
 _MARKER_MAX = 4096
 #: a checkpoint is one file name inside the job's directory
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ every ``fleet`` command ~30 ms (an eighth of ``fleet submit``) for these three r
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fleet.errors import ConfigError
 
@@ -39,6 +48,8 @@ class ControllerSettings(_Section):
     resync_interval_s: float = Field(default=30.0, gt=0)
     worker_threads: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    #: where /metrics listens: it has no authentication, so loopback unless an operator opens it
+    metrics_address: str = Field(default="127.0.0.1", max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
     starting_timeout_s: float = Field(
         default=1800.0, gt=0,
@@ -98,6 +109,8 @@ class AgentSettings(_Section):
     gpu_busy_memory: int = Field(default=1 << 30, description="bytes used above which a GPU counts as busy")
     gpu_release_timeout_s: float = Field(default=10.0, ge=0)
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    #: where /metrics listens: it has no authentication, so loopback unless an operator opens it
+    metrics_address: str = Field(default="127.0.0.1", max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
     runtime: Literal["auto", "docker", "process"] = "auto"
     state_dir: Path = Path("/var/lib/fleet/agent")
     docker_pull: Literal["never", "missing"] = "missing"
@@ -111,6 +124,11 @@ class AgentSettings(_Section):
     allow_root_jobs: bool = False
     pids_limit: int | None = Field(default=4096, ge=16)
     checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
+    #: a node that cannot prepare this many attempts in a row (unpack a workdir, make a checkpoint
+    #: directory, start a container) cordons itself with the reason; 0: never
+    max_prepare_failures: int = Field(default=3, ge=0)
+    #: the node supervisor exits once it has held no attempt and heard from no agent this long
+    supervisor_idle_exit_s: float = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:
@@ -135,6 +153,8 @@ class ApiSettings(_Section):
     tls_key: Path | None = None
     #: calls served at once (waits and log follows each hold one while they block)
     threads: int = Field(default=200, ge=1, le=10_000)
+    #: the largest request body but a blob's (a spec, a tenant, a token request); blobs: workdir_max_bytes
+    max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=64 << 20)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ApiSettings:
@@ -160,6 +180,9 @@ class Settings(BaseModel):
     default_image: str = "localhost/fleet/python:latest"
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")
     allowed_mounts: list[Path] = Field(default_factory=list)
+    #: networks webhooks may be sent to besides public addresses (loopback, private, link-local and
+    #: the like are refused otherwise: a webhook must not reach the fleet's own or the cloud's services)
+    webhook_allowed_networks: list[str] = Field(default_factory=list)
     log_max_lines: int = Field(default=10_000, ge=100)
     #: a directory shipped with a job (``--workdir``), packed: at most this many bytes
     workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
@@ -176,6 +199,16 @@ class Settings(BaseModel):
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
+        return value
 
     @model_validator(mode="after")
     def _one_password_source(self) -> Settings:
@@ -240,7 +273,7 @@ ENV_PREFIX = "FLEET_"
 _SECTIONS: dict[str, type[BaseModel]] = {
     "controller": ControllerSettings, "agent": AgentSettings, "api": ApiSettings,
 }  # fmt: skip
-_LISTS = frozenset({"allowed_mounts"})
+_LISTS = frozenset({"allowed_mounts", "webhook_allowed_networks"})
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -123,7 +123,11 @@ class MalformedMessage(FleetError):
 
 
 class GpuError(FleetError):
-    """The GPU inventory failed (NVML missing, device lost)."""
+    """The GPU inventory failed (NVML missing, device lost); ``code`` is NVML's error code, if any."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class LaunchError(FleetError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from fleet.agent.supervision import stop_supervisor
 from fleet.errors import ConfigError
 
 SERVICES = ("agent", "api", "controller")
@@ -57,6 +59,11 @@ def _template(name: str) -> str:
 
 
 def fleet_executable() -> str:
+    """The ``fleet`` script of the environment running this (a venv's ``bin/fleet``), so the unit
+    runs the install it was written by, whatever PATH says."""
+    beside = Path(sys.executable).parent / "fleet"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
     return shutil.which("fleet") or f"{sys.executable} -m fleet"
 
 
@@ -107,25 +114,49 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None]:
-    """Write ``/etc/fleet/redis.conf`` and ``users.acl`` with a generated password per user, each
+def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None, Path]:
+    """Write ``/etc/fleet/redis.conf``, ``users.acl`` with a generated password per user, each
     password into ``/etc/fleet/redis-passwords/<user>.password`` (0600) for the operator to hand
-    to the services. An existing users.acl is kept (its users' passwords are in use): returns the
-    ACL file and the folder of new passwords, None when none were made."""
+    to the services, and the ``fleet-redis`` systemd unit; at ``/``, hand users.acl to the user
+    Redis runs as, then enable and start the unit. An existing users.acl is kept (its users'
+    passwords are in use). Returns the ACL file, the folder of new passwords (None when none were
+    made) and the unit."""
     etc = root / "etc" / "fleet"
     etc.mkdir(parents=True, exist_ok=True)
     conf, acl = etc / "redis.conf", etc / "users.acl"
     if not conf.exists():
         conf.write_text(_template("redis.conf"))
-    if acl.exists():
-        return acl, None
-    passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
-    folder = etc / "redis-passwords"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    for user, password in passwords.items():
-        _write_private(folder / f"{user}.password", password + "\n")
-    _write_private(acl, render_acl(_template("users.acl"), passwords))
-    return acl, folder
+    folder: Path | None = None
+    if not acl.exists():
+        passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
+        folder = etc / "redis-passwords"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for user, password in passwords.items():
+            _write_private(folder / f"{user}.password", password + "\n")
+        _write_private(acl, render_acl(_template("users.acl"), passwords))
+    user = REDIS_USER if _user_exists(REDIS_USER) else "root"
+    unit = root / "etc" / "systemd" / "system" / "fleet-redis.service"
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    server = shutil.which("redis-server") or "/usr/bin/redis-server"
+    unit.write_text(_template(unit.name).replace("@REDIS_SERVER@", server).replace("@REDIS_USER@", user))
+    if root == Path("/"):
+        shutil.chown(acl, user, user)
+        if shutil.which("systemctl"):
+            subprocess.run(["systemctl", "daemon-reload"], check=True)
+            subprocess.run(["systemctl", "enable", "--now", unit.name], check=True)
+    return acl, folder, unit
+
+
+#: the user Debian's and Ubuntu's redis-server packages make (root where there is none)
+REDIS_USER = "redis"
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
 
 
 def install(
@@ -166,8 +197,37 @@ def install(
     return Installed(unit=unit, config=config, secret=secret, started=started)
 
 
-def uninstall(service: str, root: Path = Path("/")) -> Path:
-    """Stop, disable and remove the unit; the config in /etc/fleet is kept."""
+def installed_credentials(service: str, root: Path = Path("/")) -> tuple[str | None, Path | None]:
+    """The Redis user and password file ``fleet install SERVICE`` handed the service (its unit's
+    drop-in), or None for each it did not: what the service logs in with, for ``fleet doctor`` run
+    from a shell, where systemd's environment is not set."""
+    dropin = root / "etc" / "systemd" / "system" / f"fleet-{service}.service.d" / "redis.conf"
+    try:
+        lines = dropin.read_text().splitlines()
+    except OSError:
+        return None, None
+    username = password_file = None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "Environment" and value.startswith("FLEET_REDIS_USERNAME="):
+            username = value.partition("=")[2] or None
+        elif key == "LoadCredential" and value.startswith("redis-password:"):
+            path = Path(value.partition(":")[2])
+            password_file = root / path.relative_to(path.anchor) if path.is_absolute() else None
+    return username, password_file
+
+
+@dataclass(frozen=True)
+class Uninstalled:
+    unit: Path
+    #: the agent's node supervisor that was stopped (its pid), None when none ran
+    supervisor: int | None = None
+
+
+def uninstall(service: str, root: Path = Path("/")) -> Uninstalled:
+    """Stop, disable and remove the unit; the config in /etc/fleet is kept. For the agent, then
+    stop its node supervisor (which outlives agent restarts on purpose) and the attempts it holds:
+    found through ``agent.state_dir`` of ``/etc/fleet/fleet.toml`` (under ``root``)."""
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     systemd = root == Path("/") and shutil.which("systemctl") is not None
@@ -177,4 +237,16 @@ def uninstall(service: str, root: Path = Path("/")) -> Path:
     shutil.rmtree(unit.parent / f"{unit_name}.d", ignore_errors=True)
     if systemd:
         subprocess.run(["systemctl", "daemon-reload"], check=False)
-    return unit
+    if service != "agent":
+        return Uninstalled(unit)
+    return Uninstalled(unit, stop_supervisor(agent_state_dir(root)))
+
+
+def agent_state_dir(root: Path = Path("/")) -> Path:
+    """The installed agent's ``state_dir`` (from ``/etc/fleet/fleet.toml`` under ``root``, if there is
+    one), as seen from here: under ``root``."""
+    from fleet.config import load_settings
+
+    config = root / "etc" / "fleet" / "fleet.toml"
+    state_dir = load_settings(config if config.is_file() else None).agent.state_dir
+    return root / state_dir.relative_to("/") if state_dir.is_absolute() else state_dir

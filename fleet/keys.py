@@ -68,6 +68,11 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:webhooks:due``              | zset   | delivery id -> when its next attempt is due             |
 | ``<p>:webhooks:log``              | stream | each attempt's outcome (capped at ~1,000 entries)       |
 | ``<p>:webhooks:secrets``          | hash   | tenant -> the secret its webhooks are signed with       |
+| ``<p>:doctor:markers``            | hash   | node -> the shared-storage marker ``fleet doctor`` last |
+|                                   |        | wrote there (JSON: node, at, nonce, root); expires a    |
+|                                   |        | week after the last write, older entries are dropped    |
+| ``<p>:doctor:clock:<node>``       | string | ``fleet doctor``'s probe of Redis' clock (when ``TIME`` |
+|                                   |        | is not allowed): set for 60 s, read, deleted at once    |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -254,6 +259,10 @@ class Keys:
     def webhooks(self, part: str) -> str:
         """The webhook sender's keys: cursor, nodes, pending, due, log, secrets."""
         return f"{self.prefix}:webhooks:{part}"
+
+    def doctor(self, part: str) -> str:
+        """``fleet doctor``'s keys: ``markers``, ``clock:<node>``."""
+        return f"{self.prefix}:doctor:{part}"
 
     @property
     def tokens(self) -> str:

@@ -2,8 +2,12 @@
 
 ``decide`` returns ``(state, delay, reason)`` plus the counters to bump. Job faults (non-zero
 exit, OOM) spend the job's ``max_attempts`` budget with exponential backoff; infrastructure
-faults (node lost, GPU busy at launch, drain, fencing) requeue at once without spending it,
-bounded by a separate cap so a job that keeps losing its node cannot loop forever.
+faults (node lost, GPU busy at launch, a node that cannot prepare the attempt, fencing) do not
+spend it, bounded by a separate cap so a job that keeps losing its node cannot loop forever. The
+first infrastructure requeue is at once; later ones back off like retries, so a fault that repeats
+within milliseconds (a node that fails every launch alike) cannot spend the cap in one burst. A
+drain, a preemption or a time limit with ``requeue_on_timeout`` (chosen, not suffered) requeues
+at once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ JOB, INFRA, FATAL, CANCEL = "job", "infra", "fatal", "cancel"
 #: the kind of an infrastructure exit that ends an attempt for a resize: requeued at the new size,
 #: spending neither the retry budget nor the infrastructure requeue cap (fleet chose to stop it)
 RESIZE = "resize"
+#: kinds of infrastructure exit that were chosen, not suffered (a resize, an operator's drain, a
+#: preemption, a time limit the job asked to be requeued at): requeued at once, never backed off
+CHOSEN = frozenset({RESIZE, "drain", "preempted", "timeout"})
 #: exit codes shells and init (tini, the process runtime's shim) give a program that never ran
 CANNOT_RUN = {
     127: "the program was not found (a typo, or not in the image's PATH or the shipped directory)",
@@ -100,6 +107,12 @@ def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
     if requeues > policy.max_infra_requeues:
         cap = policy.max_infra_requeues
         return Decision(JobState.FAILED, 0.0, f"{exit.reason}; infrastructure requeue cap ({cap}) reached")
+    # the first at once (a lost node: run elsewhere now); after that, backoff as for job faults
+    delay = 0.0 if exit.kind in CHOSEN or requeues == 1 else policy.backoff(requeues - 1)
+    when = f" in {delay:g}s" if delay else ""
     return Decision(
-        JobState.QUEUED, 0.0, f"{exit.reason}; requeued (retry budget not spent)", {"infra_requeues": 1}
+        JobState.QUEUED,
+        delay,
+        f"{exit.reason}; requeued{when} (retry budget not spent)",
+        {"infra_requeues": 1},
     )

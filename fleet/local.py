@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -93,6 +94,7 @@ class LocalFleet:
         self._tmp = None if state_dir else tempfile.mkdtemp(prefix="fleet-up-")
         self.dir = Path(state_dir or self._tmp or ".").resolve()
         self.redis_url = redis_url
+        self.redis_password_file: Path | None = None
         self.api_url, self.token = "", ""
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._handlers: dict[int, _Handler] = {}
@@ -130,7 +132,7 @@ class LocalFleet:
         from fleet.state import connect
         from fleet.state.tokens import TokenStore
 
-        settings = load_settings(redis_url=self.redis_url)
+        settings = load_settings(redis_url=self.redis_url, redis_password_file=self.redis_password_file)
         client = connect(settings)
         user = os.environ.get("USER") or "admin"
         token, _ = TokenStore(client, Keys(settings.key_prefix)).create(user, "default", Role.ADMIN,
@@ -139,6 +141,13 @@ class LocalFleet:
         return token
 
     def _spawn_redis(self) -> str:
+        """A redis-server on a free loopback port, with a random password only the services read.
+
+        Jobs run on this machine too (as another user): without a password any of them could reach
+        Redis, mint itself an admin token or ``CONFIG SET`` its way to a file written as this user.
+        The password goes to redis-server on its standard input (never argv, which ``ps`` shows)
+        and to the services in a 0600 file; the AOF is written with umask 077 in a 0700 folder.
+        """
         binary = shutil.which("redis-server")
         if binary is None:
             raise ConfigError(
@@ -146,23 +155,38 @@ class LocalFleet:
             )
         port = free_port()
         data = self.dir / "redis"
-        data.mkdir(exist_ok=True)
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
-        self._spawn("redis", [*argv, "--appendonly", "yes", "--save", "", "--loglevel", "warning"], None)
+        data.mkdir(mode=0o700, exist_ok=True)
+        data.chmod(0o700)
+        password = secrets.token_urlsafe(32)
+        self.redis_password_file = self.dir / "redis.password"
+        fd = os.open(self.redis_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        config = (f"port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {data}\nappendonly yes\n"
+                  f'save ""\nloglevel warning\nrequirepass {password}\n')  # fmt: skip
+        self._spawn("redis", [binary, "-"], None, stdin=config, umask=0o077)
         url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                client.ping()
-                return url
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        client = redis.Redis.from_url(url, password=password)
+        try:
+            for _ in range(100):
+                try:
+                    client.ping()
+                    return url
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
         raise FleetError(f"redis-server did not answer on port {port}")
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             FLEET_REDIS_URL=self.redis_url or "",
+            **(
+                {"FLEET_REDIS_PASSWORD_FILE": str(self.redis_password_file)}
+                if self.redis_password_file
+                else {}
+            ),
             FLEET_CHECKPOINT_ROOT=str(self.dir / "checkpoints"),
             FLEET_AGENT__STATE_DIR=str(self.dir / "agent"),
             FLEET_AGENT__SIMULATED_GPUS=str(self.gpus),
@@ -170,12 +194,19 @@ class LocalFleet:
             FLEET_AGENT__STOP_JOBS_ON_EXIT="true",
             FLEET_RETRY_BACKOFF_S=env.get("FLEET_RETRY_BACKOFF_S", "1"),
         )
+        if self.redis_password_file is not None:  # the Redis it spawned: its password, for the services
+            env["FLEET_REDIS_PASSWORD_FILE"] = str(self.redis_password_file)
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None, *, stdin: str | None = None,
+               umask: int = -1) -> None:  # fmt: skip
         # own session: a terminal's Ctrl-C reaches only us, and we stop them in order (Redis last)
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=self._preexec)  # fmt: skip
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                start_new_session=True, preexec_fn=self._preexec, umask=umask)  # fmt: skip
+        if stdin is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
         self.children.append((name, proc))
 
     def _wait_for_node(self, timeout: float = 30) -> None:

@@ -27,15 +27,15 @@ if TYPE_CHECKING:
     from fleet.state.tenants import TenantStore
 
 
-def serve(registry: CollectorRegistry, port: int, log: logging.Logger) -> None:
-    """Serve ``/metrics`` on ``port`` (0: off); a port in use is logged, never fatal."""
+def serve(registry: CollectorRegistry, port: int, address: str, log: logging.Logger) -> None:
+    """Serve ``/metrics`` on ``address:port`` (port 0: off); a port in use is logged, never fatal."""
     if not port:
         return
     try:
-        start_http_server(port, registry=registry)
-        event(log, "metrics_serving", port=port)
+        start_http_server(port, addr=address, registry=registry)
+        event(log, "metrics_serving", address=address, port=port)
     except OSError as exc:
-        event(log, "metrics_unavailable", logging.WARNING, port=port, error=exc)
+        event(log, "metrics_unavailable", logging.WARNING, address=address, port=port, error=exc)
 
 
 class ControllerCollector(Collector):

@@ -19,12 +19,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import json
+import socket
+import ssl
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 SIGNATURE_HEADER = "X-Fleet-Signature-256"
-#: the most bytes of an answer kept to say why a delivery failed
+#: the most characters of a failure's reason kept (a status line, or why there was no answer)
 ANSWER_MAX = 300
 #: a reason longer than this is clipped in a payload (a body stays far below any server's limit)
 REASON_MAX = 1000
@@ -81,22 +87,112 @@ def body_for(payload: dict[str, Any], format: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str]:
-    """POST once: (HTTP status, what it said) or (None, why there was no answer). Never raises; no
-    redirect is followed (a webhook URL names its receiver)."""
-    parts = urlsplit(url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname or "", parts.port, timeout=timeout)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+class AddressRefused(ValueError):
+    """A webhook's host is, or resolves to, an address fleet does not send to."""
+
+
+def networks(allowed: Iterable[str]) -> list[IPNetwork]:
+    """The operator's allow-list (``webhook_allowed_networks``) as networks."""
+    return [ipaddress.ip_network(n, strict=False) for n in allowed]
+
+
+def refused_kind(address: str, allowed: Sequence[IPNetwork] = ()) -> str | None:
+    """Why fleet will not send to ``address`` (loopback, private, ...), or None: a public address, or
+    one in ``allowed``. An IPv4 address written as IPv6 (``::ffff:127.0.0.1``) is judged as IPv4."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if any(ip in network for network in allowed):
+        return None
+    for kind in ("loopback", "private", "link_local", "multicast", "reserved", "unspecified"):
+        if getattr(ip, f"is_{kind}"):
+            return kind.replace("_", "-")
+    return None if ip.is_global else "not globally routable"
+
+
+def literal_address(host: str) -> str | None:
+    """``host`` as an IP address when it is written as one, in any form libc reads (``127.1``,
+    ``0x7f000001``, ``[::1]``), else None (a name)."""
     try:
+        found = socket.getaddrinfo(host.strip("[]"), None, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError):
+        return None
+    return str(found[0][4][0])
+
+
+def check_url(url: str, allowed: Sequence[IPNetwork] = ()) -> None:
+    """At submit: refuse a URL whose host is written as an address fleet does not send to (a name is
+    resolved, and checked, when a delivery is sent)."""
+    host = urlsplit(url).hostname or ""
+    address = literal_address(host)
+    kind = None if address is None else refused_kind(address, allowed)
+    if kind is not None:
+        raise AddressRefused(
+            f"webhook {shown_url(url)}: {host} is a {kind} address; fleet sends webhooks only to public "
+            "addresses unless the operator lists the network in webhook_allowed_networks"
+        )
+
+
+def resolve(host: str, port: int, allowed: Sequence[IPNetwork] = ()) -> str:
+    """The address to connect to for ``host``: each address it resolves to must be one fleet sends to
+    (a name with one private address among public ones is refused), and the caller connects to the
+    address checked here, never resolving again (a second answer could differ)."""
+    infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    addresses = [str(info[4][0]) for info in infos]
+    for address in addresses:
+        kind = refused_kind(address, allowed)
+        if kind is not None:
+            raise AddressRefused(f"{host} resolves to {address}, a {kind} address (webhook_allowed_networks)")
+    return addresses[0]
+
+
+class _Pinned(http.client.HTTPConnection):
+    """HTTP to a checked address, with the URL's host in the Host header."""
+
+    def __init__(self, address: str, host: str, port: int | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedTls(http.client.HTTPSConnection):
+    """HTTPS to a checked address; the certificate is checked against the URL's host (SNI too)."""
+
+    def __init__(self, address: str, host: str, port: int | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def post(
+    url: str, body: bytes, headers: dict[str, str], timeout: float, allowed: Sequence[IPNetwork] = ()
+) -> tuple[int | None, str]:
+    """POST once: (HTTP status, its reason phrase) or (None, why there was no answer). Never raises;
+    no redirect is followed (a webhook URL names its receiver). Only the status line is kept: a
+    receiver's body is never shown (a URL pointed at an internal service must not read it out)."""
+    parts = urlsplit(url)
+    secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn: http.client.HTTPConnection | None = None
+    try:
+        address = resolve(parts.hostname or "", port, allowed)
+        conn = (_PinnedTls if secure else _Pinned)(address, parts.hostname or "", port, timeout)
         conn.request("POST", target, body, {"Content-Type": "application/json", **headers})
         answer = conn.getresponse()
-        said = answer.read(ANSWER_MAX).decode(errors="replace").strip()
-        return answer.status, said
+        return answer.status, answer.reason[:ANSWER_MAX]
+    except AddressRefused as exc:
+        return None, f"refused: {exc}"[:ANSWER_MAX]
     except (OSError, http.client.HTTPException) as exc:
         return None, f"{type(exc).__name__}: {exc}"[:ANSWER_MAX]
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def backoff(attempts: int, base_s: float, cap_s: float = 600.0) -> float:

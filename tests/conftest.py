@@ -32,6 +32,8 @@ from fleet.models import JobSpec, Role
 from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"
+#: the tests' webhook receivers listen on 127.0.0.1, which an operator must allow (loopback is refused)
+OPERATOR_ALLOWS = {"FLEET_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.1/32"]'}
 TEST_IMAGE = "localhost/fleet/busybox:latest"
 
 
@@ -161,6 +163,7 @@ class FleetProcs:
             FLEET_AGENT__RUNTIME=runtime,
             FLEET_CONTROLLER__METRICS_PORT="0",
             FLEET_AGENT__METRICS_PORT="0",
+            **OPERATOR_ALLOWS,
         )
         if runtime == "process" and not world_reachable(Path(sys.executable)):
             # jobs run this interpreter (torch is installed there); where it sits in a private home
@@ -227,9 +230,10 @@ class FleetProcs:
 
 
 def world_reachable(path: Path) -> bool:
-    """Whether any user may execute ``path`` (every directory above it searchable)."""
+    """Whether any user may execute ``path``: every directory above it, and above what it links to
+    (a venv's ``python`` links to the system's), searchable."""
     real = path.resolve()
-    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents])
+    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents, *path.absolute().parents])
 
 
 def kill_supervisor(state_dir: Path) -> None:
@@ -298,7 +302,7 @@ def api_server(redis_server: str) -> Iterator[str]:
     """One ``fleet api`` for the session, on its Redis: stateless, so a flush between tests is
     all a test needs (and a token made after it: ``api``)."""
     port = free_port()
-    env = {**os.environ, "FLEET_REDIS_URL": redis_server}
+    env = {**os.environ, "FLEET_REDIS_URL": redis_server, **OPERATOR_ALLOWS}
     argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

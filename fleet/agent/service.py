@@ -32,7 +32,7 @@ from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, TAIL_LINES, RetryPolicy, explain
 from fleet.log import StepHealth, event
-from fleet.models import Exit, Job, JobState
+from fleet.models import Exit, Job, JobState, NodeState
 from fleet.mounts import check_mounts
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
@@ -41,7 +41,7 @@ from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.retention import RetentionStore
 from fleet.versions import VERSION
-from fleet.workdir import check_digest, unpack
+from fleet.workdir import MAX_BYTES, check_digest, clean_temp, unpack
 
 log = logging.getLogger("fleet.agent")
 
@@ -59,7 +59,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings, self.cfg = settings, settings.agent
-        self.address = self.cfg.address or _address(self.cfg.node_name)
+        self.address = self.cfg.address or address_of(self.cfg.node_name)
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.retention = RetentionStore(jobs.redis, jobs.keys)
@@ -73,6 +73,7 @@ class Agent:
         self._busy: set[tuple[str, int]] = set()  # attempts being launched or finished right now
         self._stopping: set[tuple[str, int]] = set()  # attempts being stopped (a Stop, or reconcile)
         self._timed_out: set[tuple[str, int]] = set()  # attempts stopped at their time limit
+        self._prepare_failures = 0  # attempts in a row this node could not prepare
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)
         #: pids of fleet's own processes, refreshed by reconcile: the heartbeat never waits on Docker
         self._fleet_pids: set[int] = set()
@@ -90,9 +91,12 @@ class Agent:
         launches (image pulls), exits and reconcile run on other threads."""
         event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
               redis=self.settings.redis_display, version=VERSION)  # fmt: skip
+        self.clean_workdir_temp()
         self.supervisor.ensure()
         self.heartbeat()
-        metrics.serve(metrics.agent_registry(self, self.clock), self.cfg.metrics_port, log)
+        metrics.serve(
+            metrics.agent_registry(self, self.clock), self.cfg.metrics_port, self.cfg.metrics_address, log
+        )
         queue = node_queue(self.node)
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)
@@ -135,6 +139,18 @@ class Agent:
     def sweep_checkpoints(self) -> list[str]:
         """Remove the checkpoint directories of jobs retention deleted (see sweep.py)."""
         return sweep(self.settings.checkpoint_root, self.retention, log)
+
+    def clean_workdir_temp(self) -> None:
+        """Remove the temporary directories of unpacks a crash cut short (before any attempt unpacks)."""
+        folder = self.cfg.state_dir / "workdirs"
+        try:
+            removed = clean_temp(folder)
+        except OSError as exc:  # the first unpack that needs it says so, and counts against the node
+            event(log, "workdir_temp_not_cleaned", logging.WARNING, node=self.node, dir=folder, error=exc)
+            return
+        if removed:
+            event(log, "workdir_temp_cleaned", node=self.node, dir=folder, removed=len(removed),
+                  names=",".join(removed))  # fmt: skip
 
     def _guarded(self, step: Callable[[], object]) -> None:
         self._health.guard(step, node=self.node)
@@ -210,14 +226,10 @@ class Agent:
             check_assigned(self.inventory, self.runtime, gpus, self.node, self.cfg.gpu_busy_memory)
             self.runtime.start(self._spec(job, rank))
         except (LaunchError, SpecError, OSError) as exc:
-            if isinstance(exc, OSError):
-                exc = LaunchError(f"cannot prepare the attempt on {self.node}: {exc}", retryable=True)
-            retryable = isinstance(exc, LaunchError) and exc.retryable
-            kind = "gpu_busy" if isinstance(exc, GpuBusy) else ""
-            self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL, kind=kind))
-            if isinstance(exc, GpuBusy):
-                self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
+            self._launch_failed(job, exc)
             return
+        with self._lock:
+            self._prepare_failures = 0
         if not self._running(job, rank):
             # the controller gave up on this launch meanwhile (start deadline, cancel): its GPUs may
             # already be someone else's, so the attempt must not run on
@@ -231,6 +243,41 @@ class Agent:
         self.bus.send(
             CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
         )
+
+    def _launch_failed(self, job: Job, exc: LaunchError | SpecError | OSError) -> None:
+        """End an attempt that could not start: the job's fault (a spec this node refuses) fails it;
+        the node's (a GPU busy, a workdir it cannot write) requeues it and counts against the node."""
+        if isinstance(exc, OSError):
+            exc = LaunchError(f"cannot prepare the attempt on {self.node}: {exc}", retryable=True)
+        retryable = isinstance(exc, LaunchError) and exc.retryable
+        kind = "gpu_busy" if isinstance(exc, GpuBusy) else "prepare" if retryable else ""
+        self._finish(job, Exit(reason=str(exc), fault=INFRA if retryable else FATAL, kind=kind))
+        if isinstance(exc, GpuBusy):
+            self._guarded(self.heartbeat)  # publish the busy GPU before the job is placed again
+        elif retryable:
+            self._prepare_failed(str(exc))
+
+    def _prepare_failed(self, why: str) -> None:
+        """Count an attempt this node could not prepare (the node's fault, not the job's); after
+        ``max_prepare_failures`` in a row the node cordons itself with the reason, so no more jobs
+        are placed on it until an operator has fixed it and uncordons it. Its running jobs go on."""
+        limit = self.cfg.max_prepare_failures
+        with self._lock:
+            self._prepare_failures += 1
+            failures = self._prepare_failures
+            if not limit or failures < limit:
+                return
+            self._prepare_failures = 0
+        reason = (f"quarantined: {failures} attempts in a row could not be prepared on this node (last: "
+                  f"{why[:300]}); fix the node, then `fleet nodes uncordon {self.node}`")  # fmt: skip
+        try:
+            cordoned = self.nodes.set_state(self.node, NodeState.CORDONED, reason, self.clock(),
+                                            f"agent {self.node}", only_from=[NodeState.READY])  # fmt: skip
+        except FleetError as exc:
+            event(log, "node_quarantine_failed", logging.WARNING, node=self.node, error=exc)
+            return
+        if cordoned:
+            event(log, "node_quarantined", logging.WARNING, node=self.node, failures=failures, reason=why)
 
     def _running(self, job: Job, rank: int) -> bool:
         """The attempt runs here: the job is RUNNING (a multi-node job once every member runs);
@@ -277,7 +324,7 @@ class Agent:
         if data is None:
             raise LaunchError(f"workdir {digest} is no longer stored (kept workdir_retention_s after its "
                               "last upload or submit): submit the job again", retryable=False)  # fmt: skip
-        return unpack(data, digest, folder)
+        return unpack(data, digest, folder, max(self.settings.workdir_max_bytes, MAX_BYTES))
 
     # -- stop and exit ---------------------------------------------------------------
 
@@ -531,7 +578,7 @@ def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | Non
     return user
 
 
-def _address(name: str) -> str:
+def address_of(name: str) -> str:
     """What the node name resolves to (a multi-node job's MASTER_ADDR when this node holds rank 0)."""
     for host in (name, socket.gethostname()):
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,8 +29,15 @@ log = logging.getLogger("fleet.agent.supervision")
 
 
 class SupervisorClient:
-    def __init__(self, state_dir: Path, margin_s: float, tick_s: float = 0.05) -> None:
-        self.state_dir, self.margin_s, self.tick_s = state_dir, margin_s, tick_s
+    def __init__(
+        self, state_dir: Path, margin_s: float, tick_s: float = 0.05, idle_exit_s: float = 300.0
+    ) -> None:
+        self.state_dir, self.margin_s, self.tick_s, self.idle_exit_s = (
+            state_dir,
+            margin_s,
+            tick_s,
+            idle_exit_s,
+        )
         self.path = state_dir / server.SOCKET
         self._sock: socket.socket | None = None
         self._file: Any = None
@@ -50,7 +59,7 @@ class SupervisorClient:
             pass
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-I", server.__file__, str(self.state_dir), "--margin", str(self.margin_s),
-                "--tick", str(self.tick_s)]  # fmt: skip
+                "--tick", str(self.tick_s), "--idle-exit", str(self.idle_exit_s)]  # fmt: skip
         with open(self.state_dir / "supervisor.log", "ab") as out:
             subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -174,3 +183,44 @@ class SupervisorClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+
+def stop_supervisor(state_dir: Path, wait_s: float = 10.0) -> int | None:
+    """Stop the node supervisor of ``state_dir`` and every attempt it holds (``shutdown``, or SIGKILL
+    when it does not answer); its pid, None when none runs. Never starts one."""
+    pid = _supervisor_pid(state_dir)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(state_dir / server.SOCKET))
+            sock.sendall(b'{"op": "shutdown"}\n')
+            sock.recv(4096)
+    except OSError:
+        if pid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # its attempts die with it (parent-death signal)
+    deadline = time.monotonic() + wait_s
+    while pid is not None and _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
+def _supervisor_pid(state_dir: Path) -> int | None:
+    """The pid in ``state_dir``'s pid file, if that process is still this state dir's supervisor
+    (not a pid reused by something else since)."""
+    try:
+        pid = int((state_dir / server.PIDFILE).read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    ours = any(a.endswith(b"supervisor.py") for a in argv) and os.fsencode(str(state_dir)) in argv
+    return pid if ours and _running(pid) else None
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited supervisor whose parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

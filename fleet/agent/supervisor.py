@@ -1,8 +1,9 @@
 """The node's attempt supervisor: holds every attempt and fences them even while the agent is down.
 
-``python -I fleet/agent/supervisor.py STATE_DIR --margin S`` runs one per node, in a session of its
-own, so it outlives agent restarts (and the agent unit's ``KillMode=process``). The agent starts it
-when none answers on ``STATE_DIR/supervisor.sock`` and then, over that socket (JSON lines):
+``python -I fleet/agent/supervisor.py STATE_DIR --margin S --idle-exit S`` runs one per node, in a
+session of its own, so it outlives agent restarts (and the agent unit's ``KillMode=process``). The
+agent starts it when none answers on ``STATE_DIR/supervisor.sock`` and then, over that socket (JSON
+lines):
 
 - ``lease {until}``: the node lease is confirmed until ``until`` (CLOCK_MONOTONIC, shared by every
   process on the host). Once ``until - margin`` passes unconfirmed, every attempt is SIGKILLed and
@@ -15,6 +16,13 @@ when none answers on ``STATE_DIR/supervisor.sock`` and then, over that socket (J
 - ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
 - ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
 - ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
+
+When it ends: once it holds no attempt, no agent is connected and none has spoken to it for
+``--idle-exit`` seconds (an agent uninstalled, or gone for good), it exits; a restarted agent starts
+a new one. SIGTERM makes an idle supervisor (no attempt held) exit at once; one holding attempts
+ignores it and says so in its log, since it exists to keep them fenced across agent restarts and
+stops (``shutdown`` over the socket ends it and them: ``fleet uninstall agent`` does). SIGHUP is
+ignored.
 
 Launching costs a fork and an exec, not a Python interpreter per attempt. Standard library only,
 one thread, nothing else imported: the supervisor must be small enough to trust.
@@ -59,7 +67,13 @@ class Held:
 class Supervisor:
     state_dir: Path
     margin: float
+    #: exit once idle (nothing held, no agent connected or heard) this long
+    idle_exit_s: float = 300.0
     until: float = 0.0
+    #: when an agent last spoke or hung up (CLOCK_MONOTONIC)
+    heard_at: float = field(default_factory=time.monotonic)
+    #: a SIGTERM arrived and is not handled yet
+    terminate: bool = False
     held: dict[str, Held] = field(default_factory=dict)
     watchers: list[socket.socket] = field(default_factory=list)
     running: bool = True
@@ -73,6 +87,21 @@ class Supervisor:
         for held in list(self.held.values()):
             if held.kill_at is not None and now >= held.kill_at:
                 self._signal(held, signal.SIGKILL)
+
+    def should_exit(self, now: float, connected: bool) -> bool:
+        """Whether to exit now: asked to (SIGTERM) or idle long enough, holding no attempt."""
+        if self.terminate:
+            self.terminate = False
+            if not self.held:
+                _log("exit reason=SIGTERM")
+                return True
+            _log(f"sigterm_ignored attempts={len(self.held)} (they stay fenced; `shutdown` ends them)")
+        if connected:
+            self.heard_at = now
+        elif not self.held and now - self.heard_at >= self.idle_exit_s:
+            _log(f"exit reason=idle idle_s={now - self.heard_at:.1f} (no attempt held, no agent)")
+            return True
+        return False
 
     def fence(self, now: float) -> None:
         late = now - (self.until - self.margin)
@@ -252,8 +281,8 @@ def _log(line: str) -> None:
 # -- the loop -------------------------------------------------------------------------
 
 
-def serve(state_dir: Path, margin: float, tick_s: float) -> None:
-    sup = Supervisor(state_dir, margin)
+def serve(state_dir: Path, margin: float, tick_s: float, idle_exit_s: float = 300.0) -> None:
+    sup = Supervisor(state_dir, margin, idle_exit_s)
     path = state_dir / SOCKET
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -264,13 +293,15 @@ def serve(state_dir: Path, margin: float, tick_s: float) -> None:
     finally:
         os.umask(old)
     listener.listen(16)
+    bound = path.stat().st_ino
     (state_dir / PIDFILE).write_text(f"{os.getpid()}\n")
+    signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "terminate", True))
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     wakeup = _child_wakeup()
     sel.register(wakeup, selectors.EVENT_READ)  # reap at once, not on the next tick
     buffers: dict[socket.socket, bytes] = {}
-    _log(f"started pid={os.getpid()} margin_s={margin}")
+    _log(f"started pid={os.getpid()} margin_s={margin} idle_exit_s={idle_exit_s}")
     while sup.running:
         for ready, _ in sel.select(tick_s):
             sock = ready.fileobj
@@ -284,11 +315,24 @@ def serve(state_dir: Path, margin: float, tick_s: float) -> None:
                 buffers[conn] = b""
             else:
                 _read(sup, sel, sock, buffers)
+        now = time.monotonic()
         try:
-            sup.tick(time.monotonic())
+            sup.tick(now)
         except Exception as exc:  # the fence must outlive any one bad attempt
             _log(f"tick_failed error={type(exc).__name__}: {exc}")
-    path.unlink(missing_ok=True)
+        if sup.running and sup.should_exit(now, bool(buffers)):
+            sup.running = False
+    _remove_own(path, bound, state_dir / PIDFILE)
+
+
+def _remove_own(path: Path, inode: int, pidfile: Path) -> None:
+    """Remove the socket and pid file, unless a newer supervisor has made its own meanwhile."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_ino == inode:
+            path.unlink()
+    with contextlib.suppress(OSError, ValueError):
+        if int(pidfile.read_text()) == os.getpid():
+            pidfile.unlink()
 
 
 def _child_wakeup() -> socket.socket:
@@ -333,10 +377,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("state_dir", type=Path)
     parser.add_argument("--margin", type=float, required=True, help="seconds before the lease expires")
     parser.add_argument("--tick", type=float, default=0.05)
+    parser.add_argument("--idle-exit", type=float, default=300.0, help="exit once idle this long (seconds)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping the agent's unit must not fence early
+    # until serve() handles SIGTERM (an idle supervisor exits; one holding attempts keeps them)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    serve(args.state_dir, args.margin, args.tick)
+    serve(args.state_dir, args.margin, args.tick, args.idle_exit)
     return 0
 
 

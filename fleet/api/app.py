@@ -25,6 +25,7 @@ from fleet.api import blobs as blob_routes
 from fleet.api import jobs, nodes, pages, webhooks
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
+from fleet.api.guard import Guard
 from fleet.backend import Backend
 from fleet.config import Settings
 from fleet.errors import (
@@ -109,12 +110,14 @@ def create_app(settings: Settings) -> FastAPI:
         jobs.routes(backend, blobs),
         blob_routes.routes(blobs, settings),
         nodes.routes(backend),
-        tenant_routes.routes(tenants),
+        tenant_routes.routes(tenants, backend),
         token_routes.routes(tokens),
         webhooks.routes(hooks),
         pages.page_routes(backend, tenants),
     ):
         app.include_router(router)
+    app.add_middleware(Guard, tokens=tokens, max_body=settings.api.max_body_bytes,
+                       max_blob=settings.workdir_max_bytes)  # fmt: skip
     return app
 
 

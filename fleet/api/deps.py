@@ -19,6 +19,8 @@ from fleet.state.tokens import TokenStore
 
 #: the status pages' cookie holding the token (path /ui)
 COOKIE = "fleet_token"
+NO_TOKEN = "no token: send 'Authorization: Bearer <token>' (fleet login, or FLEET_TOKEN)"
+UNKNOWN_TOKEN = "token unknown, revoked or expired: ask an admin for a new one (fleet token create)"
 
 
 def identify(request: Request, token: str) -> Identity:
@@ -26,9 +28,7 @@ def identify(request: Request, token: str) -> Identity:
     tokens: TokenStore = request.app.state.tokens
     who = tokens.identify(token.strip())
     if who is None:
-        raise Unauthorized(
-            "token unknown, revoked or expired: ask an admin for a new one (fleet token create)"
-        )
+        raise Unauthorized(UNKNOWN_TOKEN)
     return who
 
 
@@ -40,7 +40,7 @@ def bearer(request: Request) -> str:
 def caller(request: Request) -> Identity:
     token = bearer(request)
     if not token:
-        raise Unauthorized("no token: send 'Authorization: Bearer <token>' (fleet login, or FLEET_TOKEN)")
+        raise Unauthorized(NO_TOKEN)
     return identify(request, token)
 
 

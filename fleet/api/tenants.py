@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
@@ -13,10 +13,13 @@ from fleet.log import event
 from fleet.models import Role, Tenant, TenantStatus
 from fleet.state.tenants import TenantStore
 
+if TYPE_CHECKING:
+    from fleet.backend import Backend
+
 log = logging.getLogger("fleet.api")
 
 
-def routes(tenants: TenantStore) -> APIRouter:
+def routes(tenants: TenantStore, backend: Backend) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/tenants")
@@ -28,6 +31,7 @@ def routes(tenants: TenantStore) -> APIRouter:
     @router.put("/v1/tenants/{name}")
     def tenant_set(name: str, body: dict[str, Any], who: Admin) -> Tenant:
         tenant = Tenant.parse({**body, "name": name})
+        backend.check_webhook(tenant.webhook)
         tenants.set(tenant)
         event(log, "tenant_set", tenant=name, by=who.user, **tenant.model_dump(exclude={"name"}))
         return tenant

@@ -10,7 +10,7 @@ from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
 from fleet.cli.output import Field, emit_json
 from fleet.models import LEARN, Job, Range
 
-_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*\Z")
 
 
 @click.command(

@@ -45,8 +45,8 @@ COMMANDS: dict[str, dict[str, str]] = {
     "Services": {
         "up": "fleet.cli.services:up", "controller": "fleet.cli.services:controller",
         "agent": "fleet.cli.services:agent", "api": "fleet.cli.services:api",
-        "install": "fleet.cli.services:install", "uninstall": "fleet.cli.services:uninstall",
-        "version": "fleet.cli.version:version",
+        "install": "fleet.cli.services:install", "doctor": "fleet.cli.doctor:doctor",
+        "uninstall": "fleet.cli.services:uninstall", "version": "fleet.cli.version:version",
     },
     "Simulation": {"sim": "fleet.cli.sim:sim"},
     "Shell": {"completion": "fleet.cli.completion:completion"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -92,7 +93,8 @@ def agent(
     settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
     jobs, nodes, bus = _stores(settings)
     cfg = settings.agent
-    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4))
+    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4),
+                                  idle_exit_s=cfg.supervisor_idle_exit_s)  # fmt: skip
     service = Agent(
         settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor), supervisor
     )
@@ -206,26 +208,34 @@ def install(globals_: Globals, service: str, root: str, service_redis_url: str |
 def _install_redis(root: Path) -> int:
     from fleet.install import install_redis
 
-    acl, passwords = install_redis(root)
-    conf = acl.parent / "redis.conf"
-    print(f"wrote {conf}: start Redis with it (redis-server {conf})")
+    acl, passwords, unit = install_redis(root)
+    print(f"wrote {acl.parent / 'redis.conf'} (bind the address agents reach; see its comments)")
     if passwords is None:
         print(f"kept {acl} and its users' passwords")
-        return 0
-    print(f"wrote {acl} (0600; chown it to the user Redis runs as)")
-    print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
-          "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
+    else:
+        print(f"wrote {acl} (0600, owned by the user Redis runs as)")
+        print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
+              "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
+    started = root == Path("/") and shutil.which("systemctl") is not None
+    print(
+        f"wrote {unit}; "
+        + ("started fleet-redis" if started else "not started (--root was given, or no systemd)")
+    )
     return 0
 
 
 @click.command(
     context_settings=CONTEXT, short_help="stop, disable and remove the systemd unit (config is kept)"
 )
-@click.argument("service", type=click.Choice(["agent", "api", "controller"]))
+@click.argument("service", type=click.Choice(["agent", "api", "controller", "redis"]))
 @ROOT_OPTION
 def uninstall(service: str, root: str) -> int:
-    """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept)."""
+    """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept). agent: then
+    stop the node's supervisor and any job it still holds."""
     from fleet.install import uninstall as do_uninstall
 
-    print(f"removed {do_uninstall(service, Path(root))}")
+    done = do_uninstall(service, Path(root))
+    print(f"removed {done.unit}")
+    if done.supervisor is not None:
+        print(f"stopped the node supervisor (pid {done.supervisor}) and the jobs it held")
     return 0

@@ -54,6 +54,7 @@ from fleet.state.retention import RetentionStore
 from fleet.state.tenants import TenantStore
 from fleet.state.webhooks import WebhookStore
 from fleet.versions import VERSION
+from fleet.webhooks import networks
 
 log = logging.getLogger("fleet.controller")
 #: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
@@ -117,11 +118,14 @@ class Controller:
         self._next_elastic = 0.0
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = WebhookStore(jobs.redis, jobs.keys)
-        self.webhooks = WebhookSender(jobs, nodes, self.tenants, store, self.cfg, clock, self.leading)
+        allowed = networks(settings.webhook_allowed_networks)  # besides public addresses
+        self.webhooks = WebhookSender(
+            jobs, nodes, self.tenants, store, self.cfg, clock, self.leading, allowed
+        )
 
     def run(self) -> None:
         event(log, "controller_start", id=self.id, redis=self.settings.redis_display, version=VERSION)
-        metrics.serve(self.registry, self.cfg.metrics_port, log)
+        metrics.serve(self.registry, self.cfg.metrics_port, self.cfg.metrics_address, log)
         for schema in (JobSubmitted, QueueLeft, AttemptUpdate, NodeChanged):
             self.bus.handle(CONTROLLER_QUEUE, schema, self.on_message)
         leader = threading.Thread(target=self._lead_loop, name="leader-lease", daemon=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from fleet import __version__
@@ -26,6 +26,7 @@ from fleet.state.tenants import TenantStore
 from fleet.state.webhooks import INIT, Delivery, WebhookStore
 from fleet.webhooks import (
     SIGNATURE_HEADER,
+    IPNetwork,
     backoff,
     body_for,
     job_payload,
@@ -44,9 +45,12 @@ class WebhookSender:
     def __init__(
         self, jobs: JobStore, nodes: NodeStore, tenants: TenantStore, store: WebhookStore,
         cfg: ControllerSettings, clock: Callable[[], float], leading: Callable[[], bool],
+        allowed: Sequence[IPNetwork] = (),
     ) -> None:  # fmt: skip
         self.jobs, self.nodes, self.tenants, self.store = jobs, nodes, tenants, store
         self.cfg, self.clock, self.leading = cfg, clock, leading
+        #: networks the operator allows besides public addresses (webhook_allowed_networks)
+        self._allowed = allowed
         self._pool = ThreadPoolExecutor(cfg.webhook_threads, thread_name_prefix="webhook")
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
@@ -148,7 +152,7 @@ class WebhookSender:
         secret = self.store.secret(delivery.tenant)
         headers = {"X-Fleet-Event": delivery.event, "X-Fleet-Delivery": delivery.id}
         headers |= {"User-Agent": f"fleet/{__version__}", SIGNATURE_HEADER: sign(secret, body)}
-        code, said = post(delivery.url, body, headers, self.cfg.webhook_timeout_s)
+        code, said = post(delivery.url, body, headers, self.cfg.webhook_timeout_s, self._allowed)
         attempt, now = delivery.attempts + 1, self.clock()
         outcome = WebhookOutcome(
             at=now, delivery=delivery.id, tenant=delivery.tenant, event=delivery.event,

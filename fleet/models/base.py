@@ -20,8 +20,8 @@ from fleet.errors import SpecError
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 #: a job id becomes a Redis key and a directory name: no ':', no '/', never '.' or '..'
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$"
 #: numeric uid[:gid]: names resolve differently on the host and in each image
 _USER = r"^\d{1,10}(:\d{1,10})?$"
@@ -31,7 +31,7 @@ _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
 _LAZY = ConfigDict(defer_build=True)
 #: bytes a spec's command, env or labels may hold in total (the record lives in Redis)
 SPEC_BYTES_MAX = 128 << 10
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*\Z", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -48,7 +48,7 @@ def parse_size(value: object) -> int | None:
 
 Size = Annotated[Annotated[int, Field(ge=1)] | None, BeforeValidator(parse_size)]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|days?)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|days?)?\s*\Z", re.IGNORECASE)
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -105,7 +105,7 @@ class Range(BaseModel):
         return f"{self.min}-{self.max}"
 
 
-_RANGE_TEXT = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+_RANGE_TEXT = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*\Z")
 
 
 def _range_text(value: object) -> object:

@@ -22,7 +22,7 @@ from fleet.keys import Keys
 from fleet.models import Identity, Role, TokenInfo, describe_errors
 from fleet.state.connection import translated
 
-_TOKEN = re.compile(r"^fleet_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+_TOKEN = re.compile(r"^fleet_([0-9a-f]{12})_([A-Za-z0-9_-]{43})\Z")
 
 
 def _digest(secret: str) -> str:

@@ -235,7 +235,8 @@ def test_a_partitioned_agent_fences_itself_and_no_attempts_overlap(
     procs.agent("t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
     procs.wait_nodes(client, 1)
     ticks = tmp_path / "ticks"
-    ticks.mkdir()
+    ticks.mkdir(mode=0o777)
+    ticks.chmod(0o777)  # the job runs as the unprivileged job user
     job = client.submit(JobSpec(name="tick", gpus=1, command=[sys.executable, "-c", TICKER],
                                 env={"TICKS": str(ticks), "N": "200"}))  # fmt: skip
     wait_for(lambda: (ticks / "attempt-1").exists(), what="attempt 1 ticking")

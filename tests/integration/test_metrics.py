@@ -6,6 +6,7 @@ import re
 import time
 import urllib.request
 
+import psutil
 import pytest
 
 from fleet import Client, JobSpec, JobState
@@ -62,5 +63,12 @@ def test_controller_and_agent_metrics(procs: FleetProcs, client: Client) -> None
     assert 0 <= a['fleet_agent_heartbeat_lag_seconds{node="t-m"}'] < 2
     gpu_totals = [v for k, v in a.items() if re.match(r'fleet_agent_gpu_memory_total_bytes\{.*node="t-m"', k)]
     assert gpu_totals == [80 * (1 << 30)] * 2
+    # And neither serves its unauthenticated /metrics beyond loopback unless the operator says so
+    listening = {
+        (c.laddr.ip, c.laddr.port) for p in psutil.Process().children(recursive=True)
+        for c in p.net_connections("tcp") if c.status == "LISTEN"
+    }  # fmt: skip
+    assert {("127.0.0.1", cport), ("127.0.0.1", aport)} <= listening
+    assert not [a for a in listening if a[1] in (cport, aport) and a[0] != "127.0.0.1"]
     running.cancel()
     waiting.cancel()

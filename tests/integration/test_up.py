@@ -164,3 +164,32 @@ def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
 
     # Then redis-server, controller, agent and the job all exit by themselves within seconds
     assert still_running(started, within=15) == [], up.output()
+
+
+def test_fleet_ups_redis_admits_only_its_services(up: Up) -> None:
+    # Given `fleet up` running, its jobs on the same machine as its redis-server
+    up.start()
+    client = up.wait_up()
+    try:
+        redis_proc = next(p for p in up.descendants() if role(p) == "redis")
+        port = next(c.laddr.port for c in redis_proc.net_connections("tcp") if c.status == "LISTEN")
+        (state,) = up.root.glob("fleet-up-*")
+        # When a job tries Redis without the password, and to read the services' password file
+        job = client.submit({"name": "probe", "command": [
+            "sh", "-c", f"redis-cli -p {port} ping; cat {state}/redis.password || echo unreadable",
+        ]})  # fmt: skip
+        status = job.wait(timeout=60)
+        # Then Redis refuses it and the file is not the job's to read
+        assert status.state == "SUCCEEDED", up.output()
+        assert job.logs().splitlines()[0].startswith("NOAUTH"), job.logs()
+        assert job.logs().splitlines()[-1] == "unreadable", job.logs()
+        # And Redis listens on loopback alone, its password on no command line, its AOF private
+        listening = {c.laddr.ip for c in redis_proc.net_connections("tcp") if c.status == "LISTEN"}
+        assert listening == {"127.0.0.1"}
+        password = (state / "redis.password").read_text().strip()
+        assert not [p.pid for p in up.descendants() if password in " ".join(p.cmdline())]
+        aof = [p for p in (state / "redis").rglob("*") if p.is_file()]
+        assert aof and all(p.stat().st_mode & 0o077 == 0 for p in aof), aof
+        assert (state / "redis").stat().st_mode & 0o077 == 0
+    finally:
+        client.close()

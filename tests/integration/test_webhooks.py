@@ -111,7 +111,7 @@ def test_a_jobs_end_is_posted_signed_and_retried_after_a_500(
     # And the delivery log says how each attempt went, newest first
     log = until(lambda: [o for o in client.webhook_deliveries() if o.subject == job.id][:2], "the log")
     assert [(o.status, o.attempt, o.code) for o in log] == [("delivered", 2, 200), ("retrying", 1, 500)]
-    assert log[1].error == "HTTP 500: busy" and log[0].url == f"{receiver.url}/…"
+    assert log[1].error == "HTTP 500: Internal Server Error" and log[0].url == f"{receiver.url}/…"
     time.sleep(1)  # nothing more comes: delivered means done
     assert len(receiver.got) == 2
 
@@ -158,7 +158,8 @@ def test_a_receiver_that_keeps_failing_is_given_up_and_said_so(
     job = client.submit(JobSpec(name="j", command=["true"], notify=f"{receiver.url}/down"))
     job.result(timeout=60)
     failed = until(lambda: [o for o in client.webhook_deliveries() if o.status == "failed"], "given up")
-    assert failed[0].attempt == 3 and failed[0].error == "HTTP 503: busy" and len(receiver.got) == 3
+    assert failed[0].attempt == 3 and failed[0].error == "HTTP 503: Service Unavailable"
+    assert len(receiver.got) == 3
     # and the fleet schedules on meanwhile
     assert client.submit(JobSpec(name="k", command=["true"])).result(timeout=60).state == JobState.SUCCEEDED
 
@@ -172,6 +173,38 @@ def test_bad_webhook_urls_are_refused_with_the_fix(client: Client) -> None:
         client.set_tenant("t", webhook="file:///etc/passwd")
     with pytest.raises(SpecError, match=r"notify\.format"):
         client.submit({"name": "j", "command": ["true"], "notify": {"url": "http://h/", "format": "teams"}})
+
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.2", "[::1]", "0x7f000002", "127.2", "[::ffff:127.0.0.2]", "169.254.169.254", "10.1.2.3",
+    "192.168.0.1", "[fe80::1]", "224.0.0.1", "0.0.0.0",
+])  # fmt: skip
+def test_webhooks_to_internal_addresses_are_refused_at_submit(client: Client, host: str) -> None:
+    # Given an operator who allows 127.0.0.1 alone (the tests' receivers), a user names another
+    # loopback, private, link-local, metadata or multicast address, in any spelling libc reads
+    with pytest.raises(SpecError, match=r"address; fleet sends webhooks only to public addresses"):
+        client.submit({"name": "j", "command": ["true"], "notify": f"http://{host}:8080/x"})
+    with pytest.raises(SpecError, match="webhook_allowed_networks"):
+        client.set_tenant("t", webhook=f"http://{host}/")
+    assert client.jobs() == []
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_when_sent(
+    procs: FleetProcs, client: Client, receiver: Receiver
+) -> None:
+    # Given a controller whose operator allows no internal network, and a job whose webhook names a
+    # host (nothing to check at submit) that resolves to loopback, where the receiver listens
+    procs.env["FLEET_WEBHOOK_ALLOWED_NETWORKS"] = "[]"
+    procs.controller()
+    procs.agent("w-1", gpus=1)
+    procs.wait_nodes(client, 1)
+    port = receiver.url.rsplit(":", 1)[1]
+    job = client.submit(JobSpec(name="j", command=["true"], notify=f"http://localhost:{port}/x"))
+    assert job.result(timeout=60).state == JobState.SUCCEEDED
+    # Then the sender resolves it, sends nothing, and says why
+    seen = until(lambda: [o for o in client.webhook_deliveries() if o.subject == job.id], "an outcome")
+    assert seen[0].code is None and seen[0].error.startswith("refused: localhost resolves to 127.0.0.1")
+    assert receiver.got == []
 
 
 def test_a_node_that_stops_heartbeating_is_announced_down(

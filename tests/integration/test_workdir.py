@@ -7,12 +7,14 @@ import io
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState, SpecError
+from fleet.models import NodeState
 from fleet.workdir import digest_of, pack, unpack
 from tests.conftest import FleetProcs, need_torch
 
@@ -79,6 +81,28 @@ def test_a_shipped_directory_is_the_jobs_working_directory(
     assert len(blobs) == 1 and redis.ttl(blobs[0]) > 6 * 86400
 
 
+def test_a_link_out_of_the_project_is_refused_at_submit_and_no_job_is_queued(
+    procs: FleetProcs, client: Client, project: Path
+) -> None:
+    # Given a project whose data is a link to a dataset outside it (common on a workstation)
+    (project / "datasets").symlink_to("/srv/datasets/imagenet")
+    argv = [sys.executable, "-m", "fleet", "submit", "--workdir", ".", "--", sys.executable, "train.py"]
+    # When the user submits it
+    refused = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+    # Then the submit fails as bad input, naming the link and the two ways out, and nothing is queued
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "'datasets' is a link to an absolute path ('/srv/datasets/imagenet')" in refused.stderr
+    assert "a line 'datasets' in" in refused.stderr and "mount" in refused.stderr
+    assert client.jobs() == []
+    # And once the link is left out, the same command queues the job
+    (project / ".fleetignore").write_text("data/\ndatasets\n")
+    queued = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    assert [j.id for j in client.jobs()] == [queued.stdout.split()[0]]
+
+
 def test_a_spec_naming_a_directory_never_uploaded_is_refused(client: Client) -> None:
     with pytest.raises(SpecError, match="not uploaded"):
         client.submit(JobSpec(name="x", command=["true"], workdir="sha256:" + "0" * 64))
@@ -138,3 +162,51 @@ def test_the_readme_training_example_runs_shipped_from_the_examples_directory(
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + procs.logs()
     assert " SUCCEEDED" in done.stdout.splitlines()[-1]
+
+
+def test_a_node_that_cannot_prepare_attempts_is_quarantined_and_the_job_runs_elsewhere(
+    procs: FleetProcs, client: Client, project: Path
+) -> None:
+    # Given a node whose agent cannot write its workdirs folder (a file stands where it goes), alone
+    (procs.root / "t-bad").mkdir()
+    (procs.root / "t-bad" / "workdirs").write_text("not a folder\n")
+    procs.controller()
+    procs.agent("t-bad", gpus=1)
+    procs.wait_nodes(client, 1)
+    # When a job shipping a directory is submitted
+    job = client.submit(JobSpec(name="train", command=[sys.executable, "train.py"], workdir=str(project)))
+    # Then after max_prepare_failures (3) attempts in a row the node cordons itself, saying why
+    deadline = time.monotonic() + 60
+    while client.node("t-bad").admin_state != NodeState.CORDONED and time.monotonic() < deadline:
+        time.sleep(0.1)
+    bad = client.node("t-bad")
+    assert bad.admin_state == NodeState.CORDONED, procs.logs()
+    assert bad.reason.startswith("quarantined: 3 attempts in a row could not be prepared on this node"), (
+        bad.reason
+    )
+    assert "workdirs" in bad.reason and "fleet nodes uncordon t-bad" in bad.reason
+    # And the job was requeued, not failed, each requeue after the first backed off (0.5 s, then 1 s:
+    # no new attempt started before its requeue's delay was over), its infrastructure cap not spent
+    history = client.history(job.id)
+    requeues = [
+        e for e in history if e.state == "QUEUED" and "cannot prepare the attempt on t-bad" in e.reason
+    ]
+    starts = [e for e in history if e.state == "STARTING"]
+    assert len(requeues) == 3 and len(starts) == 3, history
+    assert [r.reason.split("; ")[-1] for r in requeues] == [
+        "requeued (retry budget not spent)",
+        "requeued in 0.5s (retry budget not spent)",
+        "requeued in 1s (retry budget not spent)",
+    ]
+    assert starts[2].at - requeues[1].at >= 0.5
+    assert client.get(job.id).state == JobState.QUEUED and client.get(job.id).infra_requeues == 3
+    # When a healthy node joins, one whose agent was killed while unpacking before
+    stale = procs.root / "t-good" / "workdirs" / f".{'0' * 64}.4242.tmp"
+    (stale / "half").mkdir(parents=True)
+    procs.agent("t-good", gpus=1)
+    # Then the job runs there, and the healthy agent removed the stale temporary directory, saying so
+    assert job.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
+    assert client.get(job.id).nodes_held == ["t-good"] and client.get(job.id).attempt == 4
+    assert not stale.exists()
+    assert "workdir_temp_cleaned" in (procs.root / "t-good.log").read_text()
+    assert client.node("t-bad").admin_state == NodeState.CORDONED

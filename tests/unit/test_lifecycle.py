@@ -43,6 +43,18 @@ def test_infrastructure_faults_requeue_without_spending_retries_up_to_a_cap() ->
     assert capped.state == JobState.FAILED and "infrastructure requeue cap (2) reached" in capped.reason
 
 
+def test_repeated_infrastructure_faults_back_off_like_retries_but_fleets_own_stops_do_not() -> None:
+    policy = RetryPolicy(backoff_s=5, backoff_max_s=60, max_infra_requeues=10)
+    prepare = Exit(fault=INFRA, kind="prepare", reason="cannot prepare the attempt on n1")
+    delays = [decide(job(infra_requeues=n), prepare, policy).delay for n in range(6)]
+    assert delays == [0, 5, 10, 20, 40, 60]
+    assert decide(job(infra_requeues=3), prepare, policy).reason.endswith(
+        "; requeued in 20s (retry budget not spent)"
+    )
+    for kind in ("drain", "preempted", "resize", "timeout"):
+        assert decide(job(infra_requeues=3), Exit(fault=INFRA, kind=kind, reason="x"), policy).delay == 0
+
+
 def test_fatal_faults_and_cancels_end_the_job() -> None:
     assert decide(job(), Exit(fault=FATAL, reason="image 'x' not found"), POLICY).state == JobState.FAILED
     assert decide(job(), Exit(fault=CANCEL), POLICY).state == JobState.CANCELLED

@@ -7,11 +7,15 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fleet.agent import supervisor as server
+from fleet.agent.supervision import SupervisorClient
 from fleet.cli.main import main
 from fleet.config import load_settings
 from fleet.sdnotify import Notifier
@@ -69,7 +73,7 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     config = tmp_path / "etc/fleet/fleet.toml"
     password = tmp_path / "etc/fleet/redis-agent.password"
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "KillMode=process" in unit
-    assert "ExecStart=/" in unit and " agent --config /etc/fleet/fleet.toml" in unit
+    assert "ExecStart=/" in unit and " --config /etc/fleet/fleet.toml agent\n" in unit
     assert 's3"cret' not in config.read_text() + unit + dropin
     # the service gets its password as a file only it can read, and logs in as its own Redis user
     assert password.read_text() == 's3"cret#x\n' and stat.S_IMODE(password.stat().st_mode) == 0o600
@@ -84,13 +88,59 @@ def test_install_writes_unit_config_and_a_private_secret(tmp_path: Path) -> None
     assert not (tmp_path / "etc/systemd/system/fleet-agent.service.d").exists()
 
 
+def test_uninstall_agent_stops_its_node_supervisor_and_the_jobs_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an installed agent whose node supervisor (state_dir under the root) holds a running job
+    assert main(["install", "agent", "--root", str(tmp_path)]) == 0
+    state_dir = tmp_path / "var/lib/fleet/agent"
+    state_dir.mkdir(parents=True)
+    argv = [sys.executable, "-I", server.__file__, str(state_dir), "--margin", "1"]
+    started = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not (state_dir / "supervisor.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    supervisor = SupervisorClient(state_dir, margin_s=1.0)
+    supervisor.lease(time.monotonic() + 600)
+    job = supervisor.spawn("job-1.1", ["sleep", "600"], {}, str(tmp_path), None, None)
+    supervisor.close()
+    pid = int((state_dir / "supervisor.pid").read_text())
+    assert pid == started.pid and running(job)
+    capsys.readouterr()
+    try:
+        # When the operator uninstalls the agent
+        assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
+        # Then the supervisor and its job are gone, and the command says so
+        assert started.wait(timeout=10) == 0
+        deadline = time.monotonic() + 10  # SIGKILLed by it on the way out: dead, if maybe not yet reaped
+        while running(job) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not running(job)
+        assert f"stopped the node supervisor (pid {pid}) and the jobs it held" in capsys.readouterr().out
+        # And uninstalling again finds nothing to stop
+        assert main(["uninstall", "agent", "--root", str(tmp_path)]) == 0
+        assert "stopped" not in capsys.readouterr().out
+    finally:  # a failure leaves no supervisor behind (its job dies with it)
+        if started.poll() is None:
+            started.kill()
+            started.wait()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def test_install_api_runs_the_api_as_its_own_redis_user(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("pw\n")
     assert main(["install", "api", "--root", str(tmp_path), "--redis-password-file", str(secret)]) == 0
     unit = (tmp_path / "etc/systemd/system/fleet-api.service").read_text()
     dropin = (tmp_path / "etc/systemd/system/fleet-api.service.d/redis.conf").read_text()
-    assert " api --config /etc/fleet/fleet.toml" in unit and "DynamicUser=yes" in unit
+    assert " --config /etc/fleet/fleet.toml api\n" in unit and "DynamicUser=yes" in unit
     assert "FLEET_REDIS_USERNAME=fleet-api" in dropin
 
 
@@ -108,6 +158,10 @@ def test_install_redis_writes_users_with_generated_passwords_only_as_hashes(tmp_
         assert f"user {user} on resetpass #{hashlib.sha256(password.encode()).hexdigest()} " in acl
     assert "user default off " in acl and stat.S_IMODE((etc / "users.acl").stat().st_mode) == 0o600
     assert "aclfile /etc/fleet/users.acl" in (etc / "redis.conf").read_text()
+    # And a unit runs Redis with that config, its files private (UMask), as the user install found
+    unit = (tmp_path / "etc/systemd/system/fleet-redis.service").read_text()
+    assert " /etc/fleet/redis.conf --supervised systemd " in unit and "\nUMask=0077\n" in unit
+    assert "@" not in unit.split("[Service]")[1].split("[Install]")[0]
     # And installing again keeps the users (services already use their passwords)
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     assert (etc / "users.acl").read_text() == acl
@@ -133,8 +187,23 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         # verify reads drop-ins from the system's folders only: check the unit with its own appended
         unit = tmp_path / f"etc/systemd/system/fleet-{service}.service"
         unit.write_text(unit.read_text() + (unit.parent / f"{unit.name}.d" / "redis.conf").read_text())
+    assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
     done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
                           env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "fleet-" not in done.stderr
+
+
+@pytest.mark.parametrize("service", ["agent", "api", "controller"])
+def test_each_units_command_line_is_one_the_cli_takes(tmp_path: Path, service: str) -> None:
+    # Given the unit `fleet install` writes, when systemd runs its ExecStart (here with --help
+    # added, so it parses the command line and stops): the CLI takes it (fleet's own --config
+    # comes before the command; after it the CLI refuses with exit 2)
+    assert main(["install", service, "--root", str(tmp_path)]) == 0
+    unit = (tmp_path / f"etc/systemd/system/fleet-{service}.service").read_text()
+    (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    words = exec_start.split()
+    args = words[words.index("--config") :]  # after the executable (a path, or python -m fleet)
+    assert args[-1] == service
+    assert main([*args, "--help"]) == 0

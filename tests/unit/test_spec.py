@@ -7,6 +7,7 @@ import pytest
 from fleet.cli.main import main
 from fleet.errors import SpecError
 from fleet.models import JobSpec
+from fleet.models.base import check_job_id
 
 
 @pytest.mark.parametrize(
@@ -109,3 +110,15 @@ def test_a_multi_node_spec_that_does_not_add_up_is_refused_naming_the_fix(
 ) -> None:
     with pytest.raises(SpecError, match=message):
         JobSpec.parse({"name": "ddp", "command": ["torchrun"], **fields})
+
+
+@pytest.mark.parametrize("job_id", ["trail\n", "ok\n", "a\nb"])
+def test_a_job_id_with_a_newline_is_refused(job_id: str) -> None:
+    # an id becomes a Redis key and a checkpoint directory: `$` let "trail\n" through
+    with pytest.raises(SpecError, match="job id"):
+        check_job_id(job_id)
+
+
+def test_an_env_key_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(SpecError, match="env: 'KEY\\\\n' is not a valid variable name"):
+        JobSpec.parse({"name": "x", "command": ["true"], "env": {"KEY\n": "1"}})

@@ -21,7 +21,7 @@ RECORD = "runtime"
 def open_runtime(settings: AgentSettings, supervisor: SupervisorClient) -> Runtime:
     """The configured runtime; ``auto`` is the one recorded in the state dir, else Docker when it is
     installed, else processes. Docker installed but not answering is an error, never a fallback."""
-    name = choose(settings.runtime, _recorded(settings.state_dir), docker_installed())
+    name = choose(settings.runtime, recorded_runtime(settings.state_dir), docker_installed())
     if name == "docker":
         from fleet.agent.runtime.docker import DockerRuntime
 
@@ -60,7 +60,8 @@ def docker_installed() -> bool:
     return shutil.which("dockerd") is not None or Path("/var/run/docker.sock").exists()
 
 
-def _recorded(state_dir: Path) -> str | None:
+def recorded_runtime(state_dir: Path) -> str | None:
+    """The runtime this node's attempts ran under (state_dir/runtime), if any."""
     try:
         name = (state_dir / RECORD).read_text().strip()
     except FileNotFoundError:

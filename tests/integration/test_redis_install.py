@@ -1,0 +1,173 @@
+"""Redis as ``fleet install redis`` sets it up (ACL users with passwords, AOF with fsync on every
+write), restarted under a running fleet: nothing is lost.
+
+Redis 7.0 replays its AOF as the ``default`` user; a default user with no permissions made every
+replayed MULTI/EXEC (each Lua script's writes) fail with NOPERM, so a restart silently dropped most
+of the fleet's state (Redis issue 14541). These tests run the exact files ``fleet install redis``
+writes, changing only the two absolute paths (``dir``, ``aclfile``) to the test's folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet import Client, JobSpec, JobState
+from fleet.errors import ApiUnavailable
+from fleet.install import install_redis
+from fleet.keys import Keys
+from fleet.local import free_port
+from fleet.models import Role
+from fleet.state.tokens import TokenStore
+from tests.conftest import FleetProcs, need
+from tests.integration.test_control_plane import sleeper
+from tests.integration.test_dependability import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class InstalledRedis:
+    """redis-server run from the files ``fleet install redis --root`` wrote."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        _acl, folder, _unit = install_redis(root)
+        assert folder is not None
+        self.passwords = {p.stem: p for p in folder.glob("*.password")}
+        self.data = root / "var" / "lib" / "fleet" / "redis"
+        self.data.mkdir(parents=True)
+        installed = (root / "etc" / "fleet" / "redis.conf").read_text()
+        conf = installed.replace("\ndir /var/lib/fleet/redis\n", f"\ndir {self.data}\n").replace(
+            "\naclfile /etc/fleet/users.acl\n", f"\naclfile {root}/etc/fleet/users.acl\n"
+        )
+        # the installed file, but for the two paths: what a restart replays is the shipped config's
+        changed = set(conf.splitlines()) ^ set(installed.splitlines())
+        assert len(changed) == 4, changed
+        self.conf = root / "redis.conf"
+        self.conf.write_text(conf)
+        self.log = root / "redis.log"
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "redis-server"
+        argv = [binary, str(self.conf), "--port", str(self.port), "--logfile", str(self.log)]
+        self.proc = subprocess.Popen(argv)
+        admin = self.client("fleet-admin")
+        wait_for(lambda: _pings(admin), timeout=30, what="redis-server answering")
+        admin.close()
+
+    def stop(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+    def client(self, user: str, db: int = 0) -> redis.Redis:
+        password = self.passwords[user].read_text().strip()
+        return redis.Redis(port=self.port, db=db, username=user, password=password, decode_responses=True)
+
+    def login(self, user: str) -> dict[str, str]:
+        """A service's environment, as the systemd drop-in ``fleet install SERVICE`` writes gives it."""
+        return {"FLEET_REDIS_USERNAME": user, "FLEET_REDIS_PASSWORD_FILE": str(self.passwords[user])}
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.BusyLoadingError):
+        return False
+
+
+def _answers(client: Client) -> bool:
+    try:
+        client.whoami()
+        return True
+    except ApiUnavailable:
+        return False
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Iterator[InstalledRedis]:
+    need(shutil.which("redis-server") is not None, "redis-server not installed (make install)")
+    server = InstalledRedis(tmp_path / "root")
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        server.stop(signal.SIGKILL)
+
+
+def snapshot(admin: redis.Redis) -> dict[str, object]:
+    """What must survive: every job, its history and logs, every token and tenant, the queue."""
+    kept: dict[str, object] = {}
+    for key in sorted(admin.scan_iter("fleet:*", count=1000)):
+        kind = admin.type(key)
+        if key.startswith(("fleet:node", "fleet:leader", "fleet:metrics")):
+            continue  # rewritten by heartbeats and the leader's lease while the fleet runs
+        if kind == "hash":
+            kept[key] = admin.hgetall(key)
+        elif kind == "stream":
+            kept[key] = [fields for _id, fields in admin.xrange(key)]
+        else:
+            kept[key] = kind
+    return kept
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_redis_from_the_installed_files_restarts_with_nothing_lost(
+    installed: InstalledRedis, tmp_path: Path, stop: signal.Signals
+) -> None:
+    # Given a fleet whose services log in as their own ACL users with the passwords install wrote
+    procs = FleetProcs(installed.url, tmp_path / "fleet", "process")
+    procs.root.mkdir()
+    procs.start("controller", ["controller"], **installed.login("fleet-controller"))
+    procs.agent("r-1", gpus=1, **installed.login("fleet-agent"))
+    api_port = free_port()
+    procs.start("api", ["api", "--port", str(api_port)], **installed.login("fleet-api"))
+    admin = installed.client("fleet-admin")
+    token, _ = TokenStore(admin, Keys()).create("tester", "default", Role.ADMIN)
+    client = Client(f"http://127.0.0.1:{api_port}", token)
+    try:
+        wait_for(lambda: _answers(client), timeout=30, what="the API answering")
+        procs.wait_nodes(client, 1)
+        # with a job that ran, one running and one queued behind it
+        done = client.submit(JobSpec(name="done", command=["sh", "-c", "echo kept"]))
+        assert done.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
+        running = client.submit(sleeper(8))
+        wait_for(lambda: running.status().state == JobState.RUNNING, what="the job running")
+        queued = client.submit(sleeper(0))
+        wait_for(lambda: queued.status().state == JobState.QUEUED, what="the job queued")
+        before = snapshot(admin)
+        admin.close()
+        # When Redis stops (a restart, or a crash) and starts again from its AOF
+        installed.stop(stop)
+        installed.start()
+        # Then every key the fleet wrote is there as it was, and Redis refused no replayed command
+        admin = installed.client("fleet-admin")
+        after = snapshot(admin)
+        assert [k for k in before if k not in after] == []
+        assert {k: v for k, v in before.items() if after[k] != v} == {}
+        log = installed.log.read_text()
+        assert "NOPERM" not in log and "CRITICAL" not in log, log[-3000:]
+        # And the running job ran on undisturbed, the queued one after it, the token still works
+        status = running.wait(timeout=60)
+        assert (status.state, status.attempt, status.infra_requeues) == (JobState.SUCCEEDED, 1, 0), (
+            procs.logs()
+        )
+        assert queued.wait(timeout=60).state == JobState.SUCCEEDED
+        assert client.whoami().user == "tester"
+        assert done.logs() == "kept"
+        # And nothing but the fleet's users can log in: not the default user, not without a password
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=installed.port).ping()
+        assert admin.acl_log() == [], procs.logs()
+    finally:
+        client.close()
+        admin.close()
+        procs.stop()
