@@ -44,7 +44,7 @@ MARKER_TTL_S = 7 * DAY
 MARKER_DIR = ".fleet-doctor"
 _MARKER_MAX = 4096
 #: a node name, as the agent's settings allow it: a marker's name becomes a file name
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 
 
 @dataclass(frozen=True)

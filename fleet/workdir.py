@@ -41,14 +41,14 @@ from fleet.errors import SpecError
 
 T = TypeVar("T")
 
-DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+DIGEST = re.compile(r"^sha256:([0-9a-f]{64})\Z")
 #: a packed directory larger than this is refused (settings: ``workdir_max_bytes``)
 MAX_BYTES = 64 << 20
 IGNORE_FILES = (".gitignore", ".fleetignore")
 #: an unpacked directory holds at most this many entries
 MAX_MEMBERS = 100_000
 #: the name of a directory being unpacked: ``.<hex>.<random>.tmp`` in the workdirs folder
-_TEMP = re.compile(r"^\.[0-9a-f]{64}\..+\.tmp$")
+_TEMP = re.compile(r"^\.[0-9a-f]{64}\..+\.tmp\Z")
 
 
 def digest_of(data: bytes) -> str:
