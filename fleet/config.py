@@ -184,6 +184,10 @@ class Settings(BaseModel):
     #: the like are refused otherwise: a webhook must not reach the fleet's own or the cloud's services)
     webhook_allowed_networks: list[str] = Field(default_factory=list)
     log_max_lines: int = Field(default=10_000, ge=100)
+    #: a longer line is cut to this many bytes, saying how many were cut
+    log_max_line_bytes: int = Field(default=16 << 10, ge=256, le=1 << 20)
+    #: about this many bytes of an attempt's output are kept (its last lines), however long they are
+    log_max_bytes: int = Field(default=16 << 20, ge=64 << 10, le=1 << 30)
     #: a directory shipped with a job (``--workdir``), packed: at most this many bytes
     workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
     #: how long a shipped directory is kept after its last upload or submit

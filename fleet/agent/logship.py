@@ -29,6 +29,19 @@ from fleet.progress import last_report
 from fleet.state.jobs import JobStore
 
 log = logging.getLogger("fleet.agent.logs")
+
+
+def clip(line: str, limit: int) -> str:
+    """``line`` if it holds at most ``limit`` bytes (UTF-8), else its first ``limit`` bytes and how
+    many were cut."""
+    data = line.encode(errors="replace")
+    if len(data) <= limit:
+        return line
+    return (
+        data[:limit].decode(errors="ignore") + f" … [{len(data) - limit} more bytes cut: log_max_line_bytes]"
+    )
+
+
 T = TypeVar("T")
 Key = tuple[str, int]
 
@@ -44,16 +57,21 @@ class _Attempt:
     failing: bool = False
     #: the rank of this node's member of a multi-node job (its own stream); 0 otherwise
     rank: int = 0
+    #: lines and bytes shipped by this agent: their average sizes the stream's cap in lines
+    lines: int = 0
+    size: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class LogShipper(threading.Thread):
     def __init__(
-        self, runtime: Runtime, jobs: JobStore, max_lines: int, interval_s: float, stop: threading.Event
-    ) -> None:
+        self, runtime: Runtime, jobs: JobStore, max_lines: int, interval_s: float, stop: threading.Event,
+        *, max_line_bytes: int = 16 << 10, max_bytes: int = 16 << 20,
+    ) -> None:  # fmt: skip
         super().__init__(name="log-shipper", daemon=True)
         self.runtime, self.jobs, self.stop = runtime, jobs, stop
         self.max_lines, self.interval_s = max_lines, interval_s
+        self.max_line_bytes, self.max_bytes = max_line_bytes, max_bytes
         self._attempts: dict[Key, _Attempt] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -113,8 +131,9 @@ class LogShipper(threading.Thread):
         batches = {key: lines for key, state, ending in todo if (lines := self._read(key, state, ending))}
         if batches:
             stored = {(*key, state.rank): batches[key] for key, state, _ in todo if key in batches}
+            caps = {(*key, state.rank): self._cap(state) for key, state, _ in todo if key in batches}
             reports = self._progress(stored)
-            self._retrying(lambda: self.jobs.append_logs_many(stored, self.max_lines, reports))
+            self._retrying(lambda: self.jobs.append_logs_many(stored, self.max_lines, reports, caps))
         for key, state, ending in todo:
             if key in batches:
                 state.cursor = batches[key][-1][0]
@@ -146,7 +165,18 @@ class LogShipper(threading.Thread):
         if state.failing:
             event(log, "log_read_recovered", job=key[0], attempt=key[1])
             state.failing = False
+        lines = [(cursor, clip(line, self.max_line_bytes)) for cursor, line in lines]
+        state.lines += len(lines)
+        state.size += sum(len(line) for _, line in lines)
         return lines
+
+    def _cap(self, state: _Attempt) -> int:
+        """How many lines the attempt's stream keeps: ``max_lines``, fewer where its lines are long
+        enough that ``max_lines`` of them would hold more than ``max_bytes``."""
+        if not state.size:
+            return self.max_lines
+        average = max(state.size / state.lines, 1.0)
+        return max(min(self.max_lines, int(self.max_bytes / average)), 1)
 
     def _retrying(self, call: Callable[[], T]) -> T:
         delay = 0.1

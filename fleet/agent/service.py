@@ -79,8 +79,9 @@ class Agent:
         self._fleet_pids: set[int] = set()
         self.stop_event = threading.Event()
         self.logs = LogShipper(
-            runtime, jobs, settings.log_max_lines, self.cfg.log_ship_interval_s, self.stop_event
-        )
+            runtime, jobs, settings.log_max_lines, self.cfg.log_ship_interval_s, self.stop_event,
+            max_line_bytes=settings.log_max_line_bytes, max_bytes=settings.log_max_bytes,
+        )  # fmt: skip
         self._health = StepHealth(log)
         self.notifier = Notifier()
 

@@ -459,15 +459,18 @@ class JobStore:
     def append_logs_many(
         self, batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]], max_lines: int,
         progress: Mapping[tuple[str, int], Progress] | None = None,
+        caps: Mapping[tuple[str, int, int], int] | None = None,
     ) -> None:  # fmt: skip
         """Append every stream's ``(cursor, line)`` pairs (a stream: job, attempt, member rank), in
-        order, and keep each attempt's last ``progress`` report (progress.lua: only the job's
-        latest attempt's), in one round trip."""
+        order, each stream kept to its last ``caps[stream]`` lines (``max_lines`` by default), and
+        keep each attempt's last ``progress`` report (progress.lua: only the job's latest
+        attempt's), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for (job_id, attempt, rank), lines in batches.items():
-            key = self.keys.logs(job_id, attempt, rank)
+        for stream, lines in batches.items():
+            key = self.keys.logs(*stream)
+            cap = (caps or {}).get(stream, max_lines)
             for cursor, line in lines:
-                pipe.xadd(key, {"l": line, "c": cursor}, maxlen=max_lines, approximate=True)
+                pipe.xadd(key, {"l": line, "c": cursor}, maxlen=cap, approximate=True)
         for (job_id, attempt), report in (progress or {}).items():
             stored = json.dumps({"attempt": attempt, **report.model_dump(mode="json")})
             rate = report.metrics.get("samples_per_s", "")

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from redis import Redis
 
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
@@ -109,3 +110,32 @@ def test_output_of_a_job_that_ended_while_its_agent_was_down_is_shipped_whole(
     status = job.wait(timeout=60)
     assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()
     assert job.logs() == "before\nafter\nthe end"
+
+
+def test_one_job_cannot_fill_redis_with_its_output(
+    procs: FleetProcs, client: Client, redis_url: str, runtime: str
+) -> None:
+    # Given a fleet keeping about 1 MiB of each attempt's output, lines cut at 16 KiB (the default)
+    procs.env["FLEET_LOG_MAX_BYTES"] = str(1 << 20)
+    procs.controller()
+    procs.agent("t-flood", gpus=1)
+    procs.wait_nodes(client, 1)
+    # When a job prints 100 lines of 1 MiB, then 300 lines of 10 KiB, then its last line
+    script = (
+        "i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/zero | tr '\\0' x; echo; i=$((i+1)); done; "
+        "i=0; while [ $i -lt 300 ]; do printf '%dy' $i; head -c 10000 /dev/zero | tr '\\0' y; echo; "
+        "i=$((i+1)); done; echo the end"
+    )
+    job = client.submit(sh(script))
+    assert job.wait(timeout=120).state == JobState.SUCCEEDED, procs.logs()
+    # Then Redis holds about a megabyte of it, not 100 MB: its last lines, none over 16 KiB
+    with Redis.from_url(redis_url) as redis:
+        stream = redis.memory_usage(f"fleet:job:{job.id}:logs:1")
+    assert stream is not None and stream < 4 << 20
+    lines = job.logs().splitlines()
+    assert lines[-1] == "the end" and lines[-2].startswith("299y")
+    assert 50 < len(lines) < 300
+    assert max(len(line.encode()) for line in lines) <= (16 << 10) + 100
+    if runtime == "process":  # Docker's log driver hands over a long line in 16 KiB pieces already
+        cut = f" … [{(1 << 20) - (16 << 10)} more bytes cut: log_max_line_bytes]"
+        assert all(line.endswith(cut) for line in lines if line.startswith("x"))

@@ -48,6 +48,7 @@ class FakeStore:
         self.appends = 0
         self.down = 0
         self.progress: dict[Key, Progress] = {}
+        self.caps: dict[Stream, int] = {}
 
     def _call(self) -> None:
         if self.down:
@@ -56,8 +57,9 @@ class FakeStore:
 
     def append_logs_many(
         self, batches: Mapping[Stream, Sequence[tuple[str, str]]], max_lines: int,
-        progress: Mapping[Key, Progress] | None = None,
+        progress: Mapping[Key, Progress] | None = None, caps: Mapping[Stream, int] | None = None,
     ) -> None:  # fmt: skip
+        self.caps.update(caps or {})
         self._call()
         self.appends += 1
         self.progress.update(progress or {})
@@ -200,3 +202,21 @@ def test_process_output_reads_whole_lines_until_the_attempt_ends(tmp_path: Path)
     assert [line for _, line in rest] == ["three", "last: é"]
     assert runtime.read_logs("j", 1, rest[-1][0], ended=True) == []
     assert runtime.read_logs("gone", 1, None, ended=True) == []
+
+
+def test_long_lines_are_cut_saying_so_and_long_output_keeps_fewer_lines() -> None:
+    runtime, store, stop = FakeRuntime(), FakeStore(), threading.Event()
+    shipper = LogShipper(runtime, store, 1000, 0.05, stop, max_line_bytes=1024, max_bytes=64 << 10)  # type: ignore[arg-type]
+    # Given a job printing a short line, a 1 MiB line and a line of many-byte characters
+    runtime.lines = {("a", 1): ["short", "x" * (1 << 20), "é" * 1000]}
+    shipper.follow("a", 1)
+    shipper.ship_logs()
+    short, long, wide = store.text(("a", 1))
+    # Then the long ones are cut at 1 KiB (never inside a character), saying how much went
+    assert short == "short"
+    assert long == "x" * 1024 + f" … [{(1 << 20) - 1024} more bytes cut: log_max_line_bytes]"
+    assert wide.startswith("é" * 512 + " … [976 more bytes cut")
+    # And the stream keeps ~64 KiB of such lines, not 1,000 of them
+    assert store.caps[("a", 1, 0)] == int((64 << 10) / ((5 + len(long) + len(wide)) / 3))
+    stop.set()
+    shipper.close()
