@@ -53,6 +53,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("FLEET_SOAK_SEED", str(int(time.time())))))
     out = tmp_path / "out"
     out.mkdir()
+    out.chmod(0o777)  # the jobs run as the unprivileged job user
     redis_server = OwnRedis(tmp_path)
     redis_server.start()
     procs = FleetProcs(redis_server.url, tmp_path, "process")

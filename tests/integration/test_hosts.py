@@ -182,7 +182,7 @@ def _set_up(net: Network, control: Host, agents: dict[str, Host], laptop: Host, 
     # root (Redis applies `dir` as it reads it, so a command-line override comes too late)
     conf = state / "redis.conf"
     shutil.copyfile(etc / "redis.conf", conf)
-    _edit(conf, ("bind 127.0.0.1 ::1", f"bind {control.address}"),
+    _edit(conf, ("bind 127.0.0.1 -::1", f"bind {control.address}"),
           ("dir /var/lib/fleet/redis", f"dir {data}"),
           ("aclfile /etc/fleet/users.acl", f"aclfile {etc / 'users.acl'}"))  # fmt: skip
     control.start(["redis-server", str(conf)], env, state / "redis.log")

@@ -108,8 +108,8 @@ def snapshot(admin: redis.Redis) -> dict[str, object]:
     kept: dict[str, object] = {}
     for key in sorted(admin.scan_iter("fleet:*", count=1000)):
         kind = admin.type(key)
-        if key.startswith(("fleet:node", "fleet:leader", "fleet:metrics")):
-            continue  # rewritten by heartbeats and the leader's lease while the fleet runs
+        if key.startswith(("fleet:node", "fleet:leader", "fleet:metrics", "fleet:outbox", "fleet:webhooks")):
+            continue  # rewritten by heartbeats, the leader's lease and its webhook sender as the fleet runs
         if kind == "hash":
             kept[key] = admin.hgetall(key)
         elif kind == "stream":
