@@ -10,9 +10,12 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, Field
 
 from fleet import __version__
-from fleet.api.deps import Operator, User
+from fleet.api.deps import Operator, User, sees_all
 from fleet.backend import Backend
-from fleet.models import FleetVersions, Node, Role
+from fleet.models import FleetVersions, Identity, Node, Role
+
+#: what a user reads in place of another tenant's claim on a GPU: held, by whom not said
+OTHERS = "another tenant's job"
 
 
 class Cordon(BaseModel):
@@ -37,16 +40,28 @@ class FleetInfo(BaseModel):
     most_gpus: int
 
 
+def seen_by(backend: Backend, who: Identity, nodes: list[Node]) -> list[Node]:
+    """``nodes`` as ``who`` may see them: a user sees its own tenant's jobs on them by name and
+    another tenant's as a GPU held (``claims`` say OTHERS), never which job holds it."""
+    if sees_all(who):
+        return nodes
+    own = {job.id for job in backend.on_nodes(who.tenant)}
+    return [node.model_copy(update={
+        "jobs": [j for j in node.jobs if j in own],
+        "claims": {gpu: c if c.rpartition(":")[0] in own else OTHERS for gpu, c in node.claims.items()},
+    }) for node in nodes]  # fmt: skip
+
+
 def routes(backend: Backend) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/nodes")
-    def nodes(_: User) -> list[Node]:
-        return backend.nodes()
+    def nodes(who: User) -> list[Node]:
+        return seen_by(backend, who, backend.nodes())
 
     @router.get("/v1/nodes/{name}")
-    def node(name: str, _: User) -> Node:
-        return backend.node(name)
+    def node(name: str, who: User) -> Node:
+        return seen_by(backend, who, [backend.node(name)])[0]
 
     @router.post("/v1/nodes/{name}/cordon")
     def cordon(name: str, who: Operator, body: Annotated[Cordon | None, Body()] = None) -> Node:

@@ -320,3 +320,29 @@ def test_jobs_list_who_submitted_them_and_how_they_ran(api: Api, procs: FleetPro
     job_line = next(line.split() for line in lines if line.startswith("sh-") and not line.startswith(array))
     assert job_line[1:5] == ["FAILED", "mia", "ml", "0"] and job_line[9] == "3"
     assert re.fullmatch(r"\d\d:\d\d:\d\d", job_line[7]) and re.fullmatch(r"\d+s", job_line[8])
+
+
+def test_a_user_sees_which_gpus_another_tenant_holds_not_its_jobs(api: Api, procs: FleetProcs) -> None:
+    # Given tenant a's job and tenant b's job running on one node
+    procs.controller()
+    procs.agent("t-seen", gpus=2)
+    a, b, admin = api.client(api.token_for("ann", "a")), api.client(api.token_for("ben", "b")), api.client()
+    procs.wait_nodes(a, 1)
+    mine = a.submit(JobSpec(name="mine", gpus=1, command=["sleep", "60"]))
+    theirs = b.submit(JobSpec(name="theirs", gpus=1, command=["sleep", "60"]))
+    deadline = time.monotonic() + 30
+    while sorted(admin.node("t-seen").jobs) != sorted([mine.id, theirs.id]):
+        assert time.monotonic() < deadline, procs.logs()
+        time.sleep(0.1)
+    # Then ann sees her job by name and that the other GPU is held, not by which job
+    for node in (a.node("t-seen"), *a.nodes()):
+        assert node.jobs == [mine.id]
+        assert sorted(node.claims.values()) == sorted([f"{mine.id}:1", "another tenant's job"])
+    shown = fleet(api, "nodes", "t-seen", token=api.token_for("ann", "a"))
+    assert theirs.id not in shown.stdout and "claimed by another tenant's job" in shown.stdout
+    # And an admin sees both
+    assert sorted(admin.node("t-seen").claims.values()) == sorted([f"{mine.id}:1", f"{theirs.id}:1"])
+    a.cancel(mine.id)
+    b.cancel(theirs.id)
+    for client in (a, b, admin):
+        client.close()
