@@ -387,13 +387,16 @@ class Backend:
         return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
 
     def follow_logs(
-        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0
-    ) -> Iterator[LogLine]:
-        """Yield log lines as they arrive until the attempt is over and its stream drained."""
+        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0,
+        allowed: Callable[[], bool] | None = None,
+    ) -> Iterator[LogLine]:  # fmt: skip
+        """Yield log lines as they arrive until the attempt is over and its stream drained, or until
+        ``allowed`` (asked before each read, at least every ``poll_s``) says the reader may no longer
+        read them (its token was revoked)."""
         job = self.get(job_id)
         attempt = attempt or max(job.attempt, 1)
         cursor = "0"
-        while True:
+        while allowed is None or allowed():
             lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000), rank=rank)
             yield from lines
             if lines:

@@ -7,11 +7,11 @@ import logging
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from fleet.api.deps import User, own, whom
+from fleet.api.deps import User, bearer, own, whom
 from fleet.backend import Backend
 from fleet.errors import Forbidden, JobTimeout, SpecError
 from fleet.log import event
@@ -151,15 +151,18 @@ def routes(backend: Backend, blobs: BlobStore) -> APIRouter:  # noqa: C901 - one
 
     @router.get("/v1/jobs/{job_id}/logs", response_model=None)
     def logs(
-        job_id: str, who: User, attempt: Annotated[int | None, Query(ge=1)] = None,
+        job_id: str, who: User, request: Request, attempt: Annotated[int | None, Query(ge=1)] = None,
         rank: Annotated[int, Query(ge=0)] = 0, follow: bool = False,
     ) -> list[LogLine] | StreamingResponse:  # fmt: skip
         """The attempt's lines (default: the latest attempt); ``follow``: a stream of JSON lines that
-        ends when the attempt is over."""
+        ends when the attempt is over, or once the caller's token is revoked or expires."""
         job_of(who, job_id)
         if not follow:
             return backend.logs(job_id, attempt, rank)
-        lines = backend.follow_logs(job_id, attempt, FOLLOW_POLL_S, rank)
+        token, tokens = bearer(request), request.app.state.tokens
+        lines = backend.follow_logs(
+            job_id, attempt, FOLLOW_POLL_S, rank, allowed=lambda: tokens.identify(token) is not None
+        )
         return StreamingResponse(_ndjson(lines), media_type="application/x-ndjson")
 
     @router.get("/v1/arrays/{array_id}")

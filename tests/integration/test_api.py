@@ -346,3 +346,26 @@ def test_a_user_sees_which_gpus_another_tenant_holds_not_its_jobs(api: Api, proc
     b.cancel(theirs.id)
     for client in (a, b, admin):
         client.close()
+
+
+def test_a_followed_log_stops_once_its_token_is_revoked(api: Api, client: Client, procs: FleetProcs) -> None:
+    # Given carol following the output of her job, which prints a line every 0.2 s for a minute
+    procs.controller()
+    procs.agent("t-follow", gpus=1)
+    token, info = client.create_token("carol", "default", "user")
+    carol = api.client(token)
+    procs.wait_nodes(carol, 1)
+    job = carol.submit(
+        JobSpec(name="talk", command=["sh", "-c", "for i in $(seq 300); do echo $i; sleep 0.2; done"])
+    )
+    lines = carol.follow_logs(job.id)
+    assert next(lines).line == "1"
+    # When an admin revokes her token
+    client.revoke_token(info.id)
+    revoked = time.monotonic()
+    # Then her stream ends within a couple of seconds, though the job talks on
+    rest = [line.line for line in lines]
+    assert time.monotonic() - revoked < 10 and len(rest) < 50, rest
+    assert client.get(job.id).state == JobState.RUNNING
+    client.cancel(job.id)
+    carol.close()
