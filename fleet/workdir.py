@@ -227,6 +227,27 @@ def unpack(data: bytes, digest: str, into: Path, max_bytes: int = MAX_BYTES) -> 
     return target
 
 
+def check_archive(data: bytes, max_bytes: int = MAX_BYTES) -> None:
+    """At upload, before a node unpacks it: a gzipped tar holding at most ``max_bytes`` of content and
+    :data:`MAX_MEMBERS` entries (a 2 MiB upload unpacked to 2 GiB on every node and 600 KB of 100,000
+    files delayed launches by minutes); :class:`SpecError` otherwise, naming the limit. Reads the
+    headers in one pass, stopping at the first limit."""
+    content, count = 0, 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|gz") as tar:
+            for member in tar:
+                count += 1
+                content += member.size if member.isreg() else 0
+                if count > MAX_MEMBERS:
+                    raise SpecError(f"workdir: more than {MAX_MEMBERS} files and folders; leave some out "
+                                    "with a .fleetignore, or ship them as one archive")  # fmt: skip
+                if content > max_bytes:
+                    raise SpecError(f"workdir: more than workdir_max_bytes ({max_bytes}) unpacked; leave "
+                                    "data, checkpoints and environments out with a .fleetignore")  # fmt: skip
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise SpecError(f"workdir: not a packed directory (tar.gz): {exc}") from None
+
+
 class _Unsafe(Exception):
     """A member that would write outside the directory, or something that is not a plain file."""
 

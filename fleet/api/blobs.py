@@ -13,7 +13,10 @@ from fleet.api.deps import User
 from fleet.config import Settings
 from fleet.errors import SpecError
 from fleet.state.blobs import BlobStore
-from fleet.workdir import check_digest, digest_of
+from fleet.workdir import check_archive, check_digest, digest_of
+
+#: how a gzip stream starts (a packed directory; profiles are JSON)
+GZIP = b"\x1f\x8b"
 
 
 def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
@@ -41,6 +44,8 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
                 raise SpecError(f"workdir: more than workdir_max_bytes ({limit}) packed")
         if digest_of(bytes(data)) != digest:
             raise SpecError(f"workdir: the bytes sent do not hash to {digest}")
+        if data.startswith(GZIP):  # a packed directory (a profile is JSON): bounded before a node unpacks it
+            await anyio.to_thread.run_sync(check_archive, bytes(data), limit)
         created = await anyio.to_thread.run_sync(blobs.put, digest, bytes(data))
         return {"digest": digest, "bytes": len(data), "created": created}
 

@@ -9,6 +9,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -210,3 +211,39 @@ def test_a_node_that_cannot_prepare_attempts_is_quarantined_and_the_job_runs_els
     assert not stale.exists()
     assert "workdir_temp_cleaned" in (procs.root / "t-good.log").read_text()
     assert client.node("t-bad").admin_state == NodeState.CORDONED
+
+
+def _archive(members: list[tuple[str, int]]) -> bytes:
+    """A tar.gz of files of the given sizes, all zeros (they compress to almost nothing)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, _Zeros(size))
+    return buffer.getvalue()
+
+
+class _Zeros(io.RawIOBase):
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def test_an_upload_that_would_unpack_too_large_or_too_many_is_refused(client: Client) -> None:
+    # Given a small upload that unpacks to more than workdir_max_bytes (64 MiB), and one of too many files
+    bomb = _archive([("zeros", (64 << 20) + 1)])
+    assert len(bomb) < 1 << 20
+    many = _archive([(f"f{i}", 0) for i in range(100_001)])
+    # Then the API refuses each at upload, before any node unpacks it, naming the limit
+    with pytest.raises(SpecError, match=r"more than workdir_max_bytes \(67108864\) unpacked"):
+        client._upload_blob(bomb)
+    with pytest.raises(SpecError, match="more than 100000 files and folders"):
+        client._upload_blob(many)
+    # while a directory within both is taken
+    assert client._upload_blob(_archive([("a", 10), ("b", (64 << 20) - 10)])).startswith("sha256:")
