@@ -192,6 +192,8 @@ class Settings(BaseModel):
     workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
     #: how long a shipped directory is kept after its last upload or submit
     workdir_retention_s: float = Field(default=7 * DAY, gt=0)
+    #: what one tenant's uploads (shipped directories, profiles) may hold in Redis at once
+    blob_quota_bytes: int = Field(default=1 << 30, ge=1 << 20)
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)

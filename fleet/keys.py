@@ -57,6 +57,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), or a scaling    |
 |                                   |        | profile (JSON), expiring ``workdir_retention_s`` after  |
 |                                   |        | its last upload, submit, or use by the leader           |
+| ``<p>:blobs:of:<tenant>``         | hash   | sha256 -> "<bytes> <expires ms>": the blobs a tenant    |
+|                                   |        | uploaded, against its ``blob_quota_bytes``              |
 | ``<p>:outbox``                    | stream | jobs as they end (kind, id, state), capped at ~50,000:  |
 |                                   |        | the feed of the leader's webhook sender                 |
 | ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |
@@ -251,6 +253,9 @@ class Keys:
 
     def blob(self, hexdigest: str) -> str:
         return f"{self.prefix}:blob:{hexdigest}"
+
+    def blobs_of(self, tenant: str) -> str:
+        return f"{self.prefix}:blobs:of:{tenant}"
 
     @property
     def outbox(self) -> str:

@@ -28,7 +28,7 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
         return Response(status_code=200 if blobs.touch(digest) else 404)
 
     @router.put("/v1/blobs/{digest}", status_code=201)
-    async def blob_put(digest: str, request: Request, _: User) -> dict[str, Any]:
+    async def blob_put(digest: str, request: Request, who: User) -> dict[str, Any]:
         """A packed directory (tar.gz) or a scaling profile (JSON) named by the SHA-256 of its bytes, at
         most ``workdir_max_bytes``."""
         check_digest(digest)
@@ -46,7 +46,9 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
             raise SpecError(f"workdir: the bytes sent do not hash to {digest}")
         if data.startswith(GZIP):  # a packed directory (a profile is JSON): bounded before a node unpacks it
             await anyio.to_thread.run_sync(check_archive, bytes(data), limit)
-        created = await anyio.to_thread.run_sync(blobs.put, digest, bytes(data))
+        created = await anyio.to_thread.run_sync(
+            blobs.put, digest, bytes(data), who.tenant, settings.blob_quota_bytes
+        )
         return {"digest": digest, "bytes": len(data), "created": created}
 
     return router

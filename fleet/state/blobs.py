@@ -6,8 +6,10 @@ fails at launch saying its directory expired. Blobs are bounded by the API's ``w
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.state.connection import translated
 from fleet.workdir import check_digest
@@ -20,12 +22,39 @@ class BlobStore:
         self.redis, self.keys, self.ttl_ms = redis, keys, int(ttl_s * 1000)
 
     @translated
-    def put(self, digest: str, data: bytes) -> bool:
-        """Store the bytes (the caller checked their digest); False when they were there already."""
-        if self.redis.set(self.keys.blob(check_digest(digest)), data, px=self.ttl_ms, nx=True):
+    def put(self, digest: str, data: bytes, tenant: str | None = None, quota: int | None = None) -> bool:
+        """Store the bytes (the caller checked their digest); False when they were there already.
+        With ``tenant``, the blob counts against its ``quota`` (bytes) until it expires:
+        :class:`SpecError` when it would go over (checked, then written: two uploads racing may pass
+        it by one blob)."""
+        hexdigest = check_digest(digest)
+        if tenant is not None:
+            self._charge(tenant, hexdigest, len(data), quota)
+        if self.redis.set(self.keys.blob(hexdigest), data, px=self.ttl_ms, nx=True):
             return True
         self.touch(digest)
         return False
+
+    def _charge(self, tenant: str, hexdigest: str, size: int, quota: int | None) -> None:
+        key, now = self.keys.blobs_of(tenant), int(time.time() * 1000)
+        held: dict[str, tuple[int, int]] = {}
+        for field, value in self.redis.hgetall(key).items():
+            count, _, until = value.decode().partition(" ")
+            held[field.decode()] = (int(count), int(until or 0))
+        gone = [h for h, (_, until) in held.items() if until <= now]
+        used = sum(count for h, (count, until) in held.items() if until > now and h != hexdigest)
+        if quota is not None and used + size > quota:
+            raise SpecError(
+                f"tenant {tenant!r} holds {used} bytes of uploads, and {size} more would pass its "
+                f"blob_quota_bytes ({quota}); they count until they expire (workdir_retention_s), or "
+                "leave data out of shipped directories (.fleetignore) and mount it"
+            )
+        pipe = self.redis.pipeline(transaction=False)
+        if gone:
+            pipe.hdel(key, *gone)
+        pipe.hset(key, hexdigest, f"{size} {now + self.ttl_ms}")
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.execute()
 
     @translated
     def touch(self, digest: str) -> bool:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import pytest
 
 from fleet import Client, JobSpec
 from fleet.config import load_settings
+from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import Role
@@ -42,10 +44,15 @@ class OwnApi:
 
 @pytest.fixture
 def own_api(redis_server: str) -> Iterator[OwnApi]:
+    yield from _start_api(redis_server)
+
+
+def _start_api(redis_server: str, **env: str) -> Iterator[OwnApi]:
     port = free_port()
-    env = {**os.environ, "FLEET_REDIS_URL": redis_server}
     argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, env={**os.environ, "FLEET_REDIS_URL": redis_server, **env}, stdin=subprocess.DEVNULL
+    )
     redis = connect(load_settings(redis_url=redis_server))
     token, _ = TokenStore(redis, Keys()).create("alice", "default", Role.USER)
     redis.close()
@@ -123,3 +130,32 @@ def test_a_body_over_the_limit_is_refused_naming_the_setting(own_api: OwnApi, ch
     job = client.submit(JobSpec(name="ok", command=["true"], env={f"K{i}": "x" * 30_000 for i in range(4)}))
     assert client.get(job.id).spec.env["K3"] == "x" * 30_000
     client.close()
+
+
+def test_a_tenant_at_its_upload_quota_is_refused_not_the_fleet(redis_server: str) -> None:
+    # Given an API allowing each tenant 3 MiB of uploads, kept 3 s
+    gen = _start_api(redis_server, FLEET_BLOB_QUOTA_BYTES=str(3 * MB), FLEET_WORKDIR_RETENTION_S="3")
+    api = next(gen)
+    redis = connect(load_settings(redis_url=redis_server))
+    other, _ = TokenStore(redis, Keys()).create("bob", "other", Role.USER)
+    redis.close()
+    alice = Client(f"http://127.0.0.1:{api.port}", api.token)
+    bob = Client(f"http://127.0.0.1:{api.port}", other)
+    try:
+        # When alice uploads three 1 MiB blobs, then a fourth
+        for i in range(3):
+            alice._upload_blob(bytes([i]) * MB)
+        # Then the fourth is refused, saying what she holds and the quota
+        with pytest.raises(
+            SpecError, match=r"tenant 'default' holds 3145728 bytes .* blob_quota_bytes \(3145728\)"
+        ):
+            alice._upload_blob(b"x" * MB)
+        # And another tenant uploads as before
+        assert bob._upload_blob(b"y" * MB).startswith("sha256:")
+        # And once her uploads expire, she may upload again
+        time.sleep(3.5)
+        assert alice._upload_blob(b"x" * MB).startswith("sha256:")
+    finally:
+        alice.close()
+        bob.close()
+        next(gen, None)
