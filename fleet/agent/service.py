@@ -297,7 +297,7 @@ class Agent:
 
     def _spec(self, job: Job, rank: int = 0) -> LaunchSpec:
         spec = job.spec
-        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        mounts = check_mounts(spec.mounts, self.settings.allowed_mounts)
         user = job_user(spec.user, self.cfg)
         uid, gid = user if user else (None, None)
         ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
@@ -305,7 +305,7 @@ class Agent:
             job_id=job.id, attempt=job.attempt, image=spec.image or self.settings.default_image,
             command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus_on(self.node)),
             gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
-            shm_size=spec.shm_size, mounts=tuple(spec.mounts), checkpoint_dir=ckpt,
+            shm_size=spec.shm_size, mounts=tuple(mounts), checkpoint_dir=ckpt,
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
             array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
             master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
