@@ -52,6 +52,7 @@ from fleet.models import (
     check_job_id,
 )
 from fleet.mounts import check_mounts
+from fleet.registries import check_image
 from fleet.scheduler.sizing import Size, change, scaled_batch
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.arrays import ArrayStore
@@ -141,6 +142,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
         self.check_webhook(spec.notify)
         check_elastic(spec, self._profiles)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
@@ -207,6 +209,7 @@ class Backend:
         if isinstance(spec, dict):
             spec = JobSpec.parse(spec)
         check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
         self.check_webhook(spec.notify)
         check_elastic(spec, self._profiles)
         try:

@@ -163,6 +163,10 @@ class ApiSettings(_Section):
         return self
 
 
+#: the registries a job's image may come from unless the operator says otherwise
+REGISTRIES = ("localhost", "docker.io", "nvcr.io", "ghcr.io")
+
+
 class Settings(BaseModel):
     # defaults validated too (a host name may not be a node name); validators built on first load
     model_config = ConfigDict(extra="forbid", validate_default=True, defer_build=True)
@@ -178,6 +182,10 @@ class Settings(BaseModel):
     bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)
     key_prefix: str = "fleet"
     default_image: str = "localhost/fleet/python:latest"
+    #: registries jobs' images may come from ("docker.io" for names without one; "*": any)
+    allowed_registries: list[str] = Field(
+        default_factory=lambda: ["localhost", "docker.io", "nvcr.io", "ghcr.io"]
+    )
     checkpoint_root: Path = Path("/var/lib/fleet/checkpoints")
     allowed_mounts: list[Path] = Field(default_factory=list)
     #: networks webhooks may be sent to besides public addresses (loopback, private, link-local and
@@ -279,7 +287,7 @@ ENV_PREFIX = "FLEET_"
 _SECTIONS: dict[str, type[BaseModel]] = {
     "controller": ControllerSettings, "agent": AgentSettings, "api": ApiSettings,
 }  # fmt: skip
-_LISTS = frozenset({"allowed_mounts", "webhook_allowed_networks"})
+_LISTS = frozenset({"allowed_mounts", "webhook_allowed_networks", "allowed_registries"})
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -34,6 +34,7 @@ from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, TAIL_LINES, Retry
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobState, NodeState
 from fleet.mounts import check_mounts
+from fleet.registries import check_image
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.blobs import BlobStore
@@ -298,11 +299,13 @@ class Agent:
     def _spec(self, job: Job, rank: int = 0) -> LaunchSpec:
         spec = job.spec
         mounts = check_mounts(spec.mounts, self.settings.allowed_mounts)
+        image = spec.image or self.settings.default_image
+        check_image(image, self.settings.allowed_registries)
         user = job_user(spec.user, self.cfg)
         uid, gid = user if user else (None, None)
         ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
         return LaunchSpec(
-            job_id=job.id, attempt=job.attempt, image=spec.image or self.settings.default_image,
+            job_id=job.id, attempt=job.attempt, image=image,
             command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus_on(self.node)),
             gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
             shm_size=spec.shm_size, mounts=tuple(mounts), checkpoint_dir=ckpt,

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.errors import ConfigError, Forbidden, NotFound, Unauthorized
+from fleet.errors import ConfigError, Forbidden, NotFound, SpecError, Unauthorized
 from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import QueuePosition
@@ -369,3 +369,11 @@ def test_a_followed_log_stops_once_its_token_is_revoked(api: Api, client: Client
     assert client.get(job.id).state == JobState.RUNNING
     client.cancel(job.id)
     carol.close()
+
+
+def test_an_image_from_a_registry_the_operator_does_not_list_is_refused_at_submit(client: Client) -> None:
+    with pytest.raises(SpecError, match=r"registry 'evil.example.com', which is not one the operator allows"):
+        client.submit(JobSpec(name="mine", image="evil.example.com/miner:1", command=["true"]))
+    assert client.jobs() == []
+    # an image of a registry the shipped list names is taken
+    assert client.submit(JobSpec(name="ok", image="nvcr.io/nvidia/pytorch:24.01", command=["true"])).id

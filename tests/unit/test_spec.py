@@ -8,6 +8,7 @@ from fleet.cli.main import main
 from fleet.errors import SpecError
 from fleet.models import JobSpec
 from fleet.models.base import check_job_id
+from fleet.registries import check_image, registry_of
 
 
 @pytest.mark.parametrize(
@@ -122,3 +123,22 @@ def test_a_job_id_with_a_newline_is_refused(job_id: str) -> None:
 def test_an_env_key_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(SpecError, match="env: 'KEY\\\\n' is not a valid variable name"):
         JobSpec.parse({"name": "x", "command": ["true"], "env": {"KEY\n": "1"}})
+
+
+@pytest.mark.parametrize(
+    ("image", "registry"),
+    [("busybox", "docker.io"), ("pytorch/pytorch:2.3", "docker.io"),
+     ("nvcr.io/nvidia/pytorch:24.01", "nvcr.io"), ("localhost/fleet/python", "localhost"),
+     ("registry.corp:5000/ml/train", "registry.corp:5000")],
+)  # fmt: skip
+def test_an_images_registry_is_read_as_docker_reads_it(image: str, registry: str) -> None:
+    assert registry_of(image) == registry
+
+
+def test_an_image_from_a_registry_the_operator_does_not_list_is_refused() -> None:
+    check_image("nvcr.io/nvidia/pytorch:24.01", ["nvcr.io"])
+    check_image("evil.example.com/x", ["*"])
+    with pytest.raises(
+        SpecError, match=r"image: 'evil.example.com/miner' comes from registry 'evil.example.com'"
+    ):
+        check_image("evil.example.com/miner", ["localhost", "docker.io"])
