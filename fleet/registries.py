@@ -21,11 +21,13 @@ def registry_of(image: str) -> str:
 
 
 def check_image(image: str, allowed: Sequence[str], field: str = "image") -> None:
-    """:class:`SpecError` unless ``image`` comes from a registry in ``allowed`` (``*``: any)."""
+    """:class:`SpecError` unless ``image`` comes from a registry in ``allowed`` (``*``: any; a host
+    without a port allows it on any port, ``host:port`` that port alone)."""
     if "*" in allowed:
         return
     registry = registry_of(image)
-    if registry not in {a.lower() for a in allowed}:
+    listed = {a.lower() for a in allowed}
+    if registry not in listed and registry.partition(":")[0] not in listed:
         raise SpecError(
             f"{field}: {image!r} comes from registry {registry!r}, which is not one the operator allows "
             f"(allowed_registries: {', '.join(allowed) or 'none'}); use an image from one of them, or ask "

@@ -33,7 +33,11 @@ from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"
 #: the tests' webhook receivers listen on 127.0.0.1, which an operator must allow (loopback is refused)
-OPERATOR_ALLOWS = {"FLEET_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.1/32"]'}
+OPERATOR_ALLOWS = {
+    "FLEET_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.1/32"]',
+    # and the registries fleet ships with, plus the tests' own on 127.0.0.1 (any port)
+    "FLEET_ALLOWED_REGISTRIES": '["localhost", "docker.io", "nvcr.io", "ghcr.io", "127.0.0.1"]',
+}
 TEST_IMAGE = "localhost/fleet/busybox:latest"
 
 

@@ -138,6 +138,9 @@ def test_an_images_registry_is_read_as_docker_reads_it(image: str, registry: str
 def test_an_image_from_a_registry_the_operator_does_not_list_is_refused() -> None:
     check_image("nvcr.io/nvidia/pytorch:24.01", ["nvcr.io"])
     check_image("evil.example.com/x", ["*"])
+    check_image("registry.corp:5000/ml/train", ["registry.corp"])  # a host alone: any port
+    with pytest.raises(SpecError, match=r"registry\.corp:5001"):
+        check_image("registry.corp:5001/ml/train", ["registry.corp:5000"])
     with pytest.raises(
         SpecError, match=r"image: 'evil.example.com/miner' comes from registry 'evil.example.com'"
     ):
