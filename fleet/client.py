@@ -37,6 +37,7 @@ from fleet.errors import (
     NotFound,
     SpecError,
     StoreUnavailable,
+    TooManyRequests,
     Unauthorized,
 )
 
@@ -75,7 +76,7 @@ _ERRORS: dict[str, type[FleetError]] = {
     cls.__name__: cls
     for cls in (
         FleetError, SpecError, IdInUse, ConfigError, NotFound, CorruptRecord, JobTimeout, StoreUnavailable,
-        Unauthorized, Forbidden,
+        Unauthorized, Forbidden, TooManyRequests,
     )
 }  # fmt: skip
 #: what the API returns, fleet stored: an array task's spec carries the fleet.* labels a submit may not
@@ -385,8 +386,13 @@ class Client:
         path = f"/v1/jobs/{_segment(checks.ident(job_id))}/wait"
         while True:
             left = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            job = _job(self._call("GET", path, query={"timeout_s": f"{left:.3f}"},
-                                                timeout=left + self._timeout))  # fmt: skip
+            try:
+                job = _job(self._call("GET", path, query={"timeout_s": f"{left:.3f}"},
+                                      timeout=left + self._timeout))  # fmt: skip
+            except TooManyRequests:  # this token holds its most blocking calls: look, and look again
+                job = self.get(job_id)
+                if not job.state.final:
+                    time.sleep(min(1.0, left))
             if job.state.final:
                 return job
             if deadline is not None and time.monotonic() >= deadline:

@@ -155,6 +155,9 @@ class ApiSettings(_Section):
     threads: int = Field(default=200, ge=1, le=10_000)
     #: the largest request body but a blob's (a spec, a tenant, a token request); blobs: workdir_max_bytes
     max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=64 << 20)
+    #: blocking calls (waits, followed logs) one token may hold at once: one user cannot take every
+    #: thread and Redis connection from the rest
+    max_waits_per_token: int = Field(default=16, ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ApiSettings:

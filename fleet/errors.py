@@ -102,6 +102,13 @@ class ApiUnavailable(StoreUnavailable):
     """The fleet API could not be reached, or it could not reach Redis."""
 
 
+class TooManyRequests(FleetError):
+    """A token holds as many blocking calls (waits, followed logs) as the API allows one token."""
+
+    retryable = True
+    exit_code = 5
+
+
 class Unauthorized(FleetError):
     """No token, or one the API does not know (revoked, expired, mistyped)."""
 

@@ -26,6 +26,7 @@ from fleet.api import jobs, nodes, pages, webhooks
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
 from fleet.api.guard import Guard
+from fleet.api.limits import PerToken
 from fleet.backend import Backend
 from fleet.config import Settings
 from fleet.errors import (
@@ -37,6 +38,7 @@ from fleet.errors import (
     NotFound,
     SpecError,
     StoreUnavailable,
+    TooManyRequests,
     Unauthorized,
 )
 from fleet.keys import Keys
@@ -48,6 +50,7 @@ from fleet.state.webhooks import WebhookStore
 from fleet.versions import HEADER
 
 STATUS: dict[type[FleetError], int] = {
+    TooManyRequests: 429,
     Unauthorized: 401,
     Forbidden: 403,
     JobExpired: 410,
@@ -107,7 +110,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.add_middleware(VersionHeader)
     for router in (
-        jobs.routes(backend, blobs),
+        jobs.routes(backend, blobs, PerToken(settings.api.max_waits_per_token)),
         blob_routes.routes(blobs, settings),
         nodes.routes(backend),
         tenant_routes.routes(tenants, backend),

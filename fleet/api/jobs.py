@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from fleet.api.deps import User, bearer, own, whom
+from fleet.api.limits import PerToken
 from fleet.backend import Backend
 from fleet.errors import Forbidden, JobTimeout, SpecError
 from fleet.log import event
@@ -46,7 +47,7 @@ class CancelLabels(BaseModel):
     labels: dict[str, str]
 
 
-def routes(backend: Backend, blobs: BlobStore) -> APIRouter:  # noqa: C901 - one route per nested def
+def routes(backend: Backend, blobs: BlobStore, waits: PerToken) -> APIRouter:  # noqa: C901 - one route per nested def
     router = APIRouter()
 
     def job_of(who: Identity, job_id: str) -> Job:
@@ -120,10 +121,11 @@ def routes(backend: Backend, blobs: BlobStore) -> APIRouter:  # noqa: C901 - one
     def wait(job_id: str, who: User, timeout_s: Annotated[float, Query(ge=0)] = WAIT_MAX_S) -> Job:
         """The job once final, or as it is after ``timeout_s`` (at most 30): call again to go on."""
         job_of(who, job_id)
-        try:
-            return backend.wait(job_id, min(timeout_s, WAIT_MAX_S))
-        except JobTimeout:
-            return backend.get(job_id)
+        with waits.hold(who, f"wait for {job_id}"):
+            try:
+                return backend.wait(job_id, min(timeout_s, WAIT_MAX_S))
+            except JobTimeout:
+                return backend.get(job_id)
 
     @router.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, who: User) -> Job:
@@ -163,7 +165,8 @@ def routes(backend: Backend, blobs: BlobStore) -> APIRouter:  # noqa: C901 - one
         lines = backend.follow_logs(
             job_id, attempt, FOLLOW_POLL_S, rank, allowed=lambda: tokens.identify(token) is not None
         )
-        return StreamingResponse(_ndjson(lines), media_type="application/x-ndjson")
+        stream = waits.holding(who, f"follow the logs of {job_id}", _ndjson(lines))
+        return StreamingResponse(stream, media_type="application/x-ndjson")
 
     @router.get("/v1/arrays/{array_id}")
     def array(array_id: str, who: User) -> JobArray:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import psutil
@@ -20,7 +21,7 @@ import pytest
 
 from fleet import Client, JobSpec
 from fleet.config import load_settings
-from fleet.errors import SpecError
+from fleet.errors import JobTimeout, SpecError, TooManyRequests
 from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import Role
@@ -159,3 +160,62 @@ def test_a_tenant_at_its_upload_quota_is_refused_not_the_fleet(redis_server: str
         alice.close()
         bob.close()
         next(gen, None)
+
+
+def test_one_token_cannot_take_every_wait_from_the_rest(redis_server: str) -> None:
+    # Given an API allowing each token 4 blocking calls, and a job that stays queued (no node)
+    gen = _start_api(redis_server, FLEET_API__MAX_WAITS_PER_TOKEN="4")
+    api = next(gen)
+    redis = connect(load_settings(redis_url=redis_server))
+    other, _ = TokenStore(redis, Keys()).create("bob", "default", Role.USER)
+    redis.close()
+    url = f"http://127.0.0.1:{api.port}"
+    alice = [Client(url, api.token) for _ in range(6)]
+    bob = Client(url, other)
+    job = alice[0].submit(JobSpec(name="queued", gpus=1, command=["true"]))
+    path = f"/v1/jobs/{job.id}/wait"
+    try:
+        # When alice holds 4 waits of 5 s each
+        with ThreadPoolExecutor(4) as pool:
+            held = [pool.submit(_held_wait, c, path) for c in alice[:4]]
+            # Then once the API holds them, her fifth blocking call, a wait or a log follow, is refused
+            # at once (429): asked with a short wait until the four are in
+            refused = _refused(alice[4], path)
+            assert "api.max_waits_per_token" in str(refused)
+            with pytest.raises(TooManyRequests):
+                next(alice[5].follow_logs(job.id))
+            # while bob's wait is served as ever
+            assert bob._call("GET", path, query={"timeout_s": "0.1"})["id"] == job.id
+            assert [f.result()["state"] for f in held] == ["QUEUED"] * 4
+        # And once hers end she waits again; Client.wait itself looks instead of failing when full
+        assert alice[4]._call("GET", path, query={"timeout_s": "0.1"})["state"] == "QUEUED"
+        with pytest.raises(JobTimeout):
+            alice[5].wait(job.id, timeout=1)
+    finally:
+        for client in (*alice, bob):
+            client.close()
+        next(gen, None)
+
+
+def _held_wait(client: Client, path: str) -> dict[str, object]:
+    """A 5 s wait on a thread of its own (a client's connections belong to the thread that made them),
+    asked again while the probe in the test holds the token's last slot."""
+    try:
+        while True:
+            try:
+                answer: dict[str, object] = client._call("GET", path, query={"timeout_s": "5"})
+                return answer
+            except TooManyRequests:
+                time.sleep(0.01)
+    finally:
+        client.close()
+
+
+def _refused(client: Client, path: str, timeout: float = 10) -> TooManyRequests:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client._call("GET", path, query={"timeout_s": "0.05"})
+        except TooManyRequests as exc:
+            return exc
+    raise AssertionError(f"no wait refused within {timeout} s")
