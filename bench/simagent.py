@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.simfleet import Attempt, Key, SimNode, Stats, run_for
 from fleet.agent.members import member_failed
+from fleet.agent.reconcile import still_lost
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Stop, node_queue
 from fleet.config import Settings
 from fleet.errors import FleetError, NotFound
@@ -278,7 +279,12 @@ class SimAgent:
         try:
             with self._lock:
                 held = run.key in self._running
-            if not held:
+            try:
+                now = self.jobs.get(job.id)
+            except NotFound:
+                return
+            if not held and still_lost(node.name, job, now):
+                job = now
                 recorded = job.last_exit_attempt == job.attempt and len(job.members) <= 1
                 lost = Exit(fault=INFRA, kind="lost", reason=f"attempt vanished from node {node.name}")
                 self._finish(run, (job.last_exit if recorded else None) or lost)

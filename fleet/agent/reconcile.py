@@ -54,8 +54,7 @@ def reconcile(
             continue
         # a member of a multi-node job that ended with 0 is done while the others run; one that
         # never started is launched even when the job is STARTING (another member started it)
-        rank = job.rank_on(node)
-        phase = job.member_phases[rank] if rank is not None and rank < len(job.member_phases) else None
+        phase = _phase(node, job)
         if phase == "done":
             continue
         if job.state == JobState.SCHEDULED or (job.state == JobState.STARTING and phase == ""):
@@ -63,6 +62,21 @@ def reconcile(
         elif job.state in (JobState.STARTING, JobState.RUNNING):
             out.lost.append(job)
     return out
+
+
+def _phase(node: str, job: Job) -> str | None:
+    rank = job.rank_on(node)
+    return job.member_phases[rank] if rank is not None and rank < len(job.member_phases) else None
+
+
+def still_lost(node: str, seen: Job, now: Job) -> bool:
+    """Whether the attempt ``seen`` (as a reconcile read it) is still lost by the job's record read
+    ``now``, once its end is claimed: it may have ended meanwhile, by this node (a member done, its
+    exit recorded and its attempt removed between the reconcile's reads) or by the controller."""
+    return (
+        now.attempt == seen.attempt and now.state in (JobState.STARTING, JobState.RUNNING)
+        and node in now.nodes_held and _phase(node, now) != "done"
+    )  # fmt: skip
 
 
 def _held(node: str, status: AttemptStatus, job: Job | None, shipping: bool, out: Buckets) -> None:

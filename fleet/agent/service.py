@@ -516,6 +516,13 @@ class Agent:
         try:
             if any((a.job_id, a.attempt) == (job.id, job.attempt) for a in self.runtime.attempts()):
                 return  # it started after the reconcile looked
+            try:
+                now = self.jobs.get(job.id)
+            except NotFound:
+                return
+            if not plan.still_lost(self.node, job, now):
+                return  # it ended after the reconcile looked (a member done, or its exit recorded)
+            job = now
             # a multi-node job keeps one recorded exit for all its members: not this member's
             recorded = job.last_exit_attempt == job.attempt and len(job.members) <= 1
             exit = job.last_exit if recorded else None
