@@ -4,7 +4,7 @@ Like hyperfine: each command runs ``--runs`` times after ``--warmup`` runs, as a
 fleet`` process, against a ``redis-server`` of its own holding 1,000 queued jobs (and, with
 ``--array``, a 10,000-task array as well), through a ``fleet api`` of its own: the CLI talks HTTP
 to the API, as a user's does. ``--pythonpath`` names the fleet checkout to time, and may be given
-twice (e.g. ``/work/main`` and this one) for a before/after of two checkouts that both have the
+twice (e.g. ``../fleet-main`` and this one) for a before/after of two checkouts that both have the
 API: the runs of the checkouts alternate, so a machine that gets busier halfway slows both alike.
 Each checkout gets a Redis and an API of its own, seeded by its own code. The floor, ``python -c
 pass`` (interpreter start and site), is timed too.
