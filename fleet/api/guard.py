@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio.to_thread
+from starlette.requests import Request
 
+from fleet.api.deps import NO_TOKEN, UNKNOWN_TOKEN, bearer
 from fleet.errors import FleetError, SpecError, Unauthorized
 from fleet.state.tokens import TokenStore
 
@@ -48,7 +50,7 @@ class Guard:
         path: str = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if path.startswith("/v1/"):
-            refused = await self._unknown_caller(headers)
+            refused = await self._unknown_caller(scope)
             if refused is not None:
                 await _answer(send, 401, refused, {"www-authenticate": "Bearer"})
                 return
@@ -75,17 +77,12 @@ class Guard:
                 return
         await self.app(scope, _replay(bytes(body), None), send)
 
-    async def _unknown_caller(self, headers: dict[str, str]) -> FleetError | None:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        token = token.strip() if scheme.lower() == "bearer" else ""
+    async def _unknown_caller(self, scope: Scope) -> FleetError | None:
+        token = bearer(Request(scope))
         if not token:
-            return Unauthorized(
-                "no token: send 'Authorization: Bearer <token>' (fleet login, or FLEET_TOKEN)"
-            )
+            return Unauthorized(NO_TOKEN)
         if await anyio.to_thread.run_sync(self.tokens.identify, token) is None:
-            return Unauthorized(
-                "token unknown, revoked or expired: ask an admin for a new one (fleet token create)"
-            )
+            return Unauthorized(UNKNOWN_TOKEN)
         return None
 
 

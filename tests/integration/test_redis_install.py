@@ -19,13 +19,13 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.errors import ApiUnavailable
 from fleet.install import install_redis
 from fleet.keys import Keys
 from fleet.local import free_port
 from fleet.models import Role
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
+from tests.integration.test_acl import _answers
 from tests.integration.test_control_plane import sleeper
 from tests.integration.test_dependability import wait_for
 
@@ -83,14 +83,6 @@ def _pings(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())
     except (redis.ConnectionError, redis.BusyLoadingError):
-        return False
-
-
-def _answers(client: Client) -> bool:
-    try:
-        client.whoami()
-        return True
-    except ApiUnavailable:
         return False
 
 
