@@ -122,6 +122,14 @@ class AgentSettings(_Section):
     memory: int | None = Field(default=None, gt=0)
     job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
     allow_root_jobs: bool = False
+    #: the uids jobs run as, one per tenant, START-END
+    job_uid_range: str = "1000000000-1000999999"
+    #: keep Docker jobs off this node's own services and off ``job_blocked_networks``: containers on
+    #: fleet's network (no reaching the host or each other), multi-node members' uids kept off
+    #: loopback (see fleet/agent/netguard.py); needs root and iptables, else the agent says so
+    job_network_guard: bool = True
+    #: networks jobs may not open connections to (cloud metadata lives at 169.254.169.254)
+    job_blocked_networks: list[str] = Field(default_factory=lambda: ["169.254.0.0/16", "fe80::/10"])
     pids_limit: int | None = Field(default=4096, ge=16)
     checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
     #: a node that cannot prepare this many attempts in a row (unpack a workdir, make a checkpoint
@@ -129,6 +137,28 @@ class AgentSettings(_Section):
     max_prepare_failures: int = Field(default=3, ge=0)
     #: the node supervisor exits once it has held no attempt and heard from no agent this long
     supervisor_idle_exit_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("job_blocked_networks", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any) -> Any:
+        """From the environment, JSON: ``FLEET_AGENT__JOB_BLOCKED_NETWORKS='["10.0.0.0/8"]'``."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError('expected a JSON list, e.g. ["169.254.0.0/16", "fe80::/10"]') from None
+        return value
+
+    @field_validator("job_blocked_networks")
+    @classmethod
+    def _blocked(cls, value: list[str]) -> list[str]:
+        found = []
+        for network in value:
+            try:
+                found.append(str(ipaddress.ip_network(network, strict=False)))
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network (e.g. 169.254.0.0/16 or fe80::/10)") from None
+        return found
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:

@@ -175,6 +175,47 @@ def runtime_checks(
     return [*checks, gpu_container_check(client, image, gpus, cfg.docker_pull, toolkit)], name
 
 
+def network_guard_check(cfg: AgentSettings, runtime: str | None, client: Any = None) -> Check:
+    """Whether the rules and the network that keep Docker jobs off this node's services are there
+    (the agent installs them when it starts; this only looks)."""
+    from fleet.agent import netguard
+
+    name, blocked = "network guard", ", ".join(cfg.job_blocked_networks) or "no network"
+    if runtime != "docker":
+        return Check(name, SKIP, "not used by the process runtime (its jobs share the node's network)")
+    if not cfg.job_network_guard:
+        return Check(name, WARN, "off (agent.job_network_guard = false): Docker jobs reach this node's "
+                     f"services, each other and {blocked}", "set agent.job_network_guard = true")  # fmt: skip
+    if os.geteuid() != 0:
+        return Check(name, WARN, "cannot read the firewall: not root", "run fleet doctor as root")
+    found = netguard.families()
+    if 4 not in found:
+        return Check(name, WARN, f"iptables not found: Docker jobs reach this node's services and {blocked}",
+                     "install iptables and restart the agent")  # fmt: skip
+    try:
+        uids = netguard.guarded_uids(cfg)
+    except ConfigError as exc:
+        return Check(name, FAIL, str(exc), "fix agent.job_uid_range")
+    missing = [m for f in found for m in netguard.installed(
+        netguard.plan(f, uids, cfg.job_blocked_networks, netguard.forward_chain(f)))]  # fmt: skip
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        client = client or docker.from_env(timeout=30)
+        if not client.networks.list(names=[netguard.NETWORK]):
+            missing.append(f"Docker network {netguard.NETWORK}")
+    except DockerException as exc:
+        missing.append(f"Docker network {netguard.NETWORK} ({exc})")
+    if missing:
+        return Check(name, WARN, f"not in place: {', '.join(missing)}", "start (or restart) the agent as "
+                     "root: it installs them when it starts and checks them again at launches")  # fmt: skip
+    families = " and ".join(netguard.TOOLS[f] for f in found)
+    network = f"{netguard.NETWORK} (bridge {netguard.BRIDGE})"
+    return Check(name, OK, f"jobs on {network} reach neither this node nor each other; uids {uids} "
+                 f"kept off loopback; {blocked} blocked ({families})")  # fmt: skip
+
+
 def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: str) -> Check:
     """``docker run --gpus all IMAGE nvidia-smi -L``, as the agent asks for GPUs: it lists them all."""
     from docker.errors import DockerException, ImageNotFound
@@ -575,6 +616,7 @@ def diagnose(settings: Settings, config: str | None = None) -> Iterator[Check]:
     runtime_lines, runtime = runtime_checks(cfg, gpus, settings.default_image)
     yield from runtime_lines
     yield cgroup_check(runtime)
+    yield network_guard_check(cfg, runtime)
     settings, note = with_installed_credentials(settings)
     redis_line, client = redis_check(settings, note)
     yield redis_line

@@ -222,12 +222,15 @@ class Uninstalled:
     unit: Path
     #: the agent's node supervisor that was stopped (its pid), None when none ran
     supervisor: int | None = None
+    #: what became of the agent's network guard (its rules, its Docker network), in words
+    network: tuple[str, ...] = ()
 
 
 def uninstall(service: str, root: Path = Path("/")) -> Uninstalled:
     """Stop, disable and remove the unit; the config in /etc/fleet is kept. For the agent, then
     stop its node supervisor (which outlives agent restarts on purpose) and the attempts it holds:
-    found through ``agent.state_dir`` of ``/etc/fleet/fleet.toml`` (under ``root``)."""
+    found through ``agent.state_dir`` of ``/etc/fleet/fleet.toml`` (under ``root``); and, on this
+    host itself, take out the network guard's rules and Docker network."""
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     systemd = root == Path("/") and shutil.which("systemctl") is not None
@@ -239,7 +242,12 @@ def uninstall(service: str, root: Path = Path("/")) -> Uninstalled:
         subprocess.run(["systemctl", "daemon-reload"], check=False)
     if service != "agent":
         return Uninstalled(unit)
-    return Uninstalled(unit, stop_supervisor(agent_state_dir(root)))
+    supervisor = stop_supervisor(agent_state_dir(root))
+    if root != Path("/"):  # a tree for a test or an image: the host's firewall is not its own
+        return Uninstalled(unit, supervisor)
+    from fleet.agent.netguard import uninstall as unguard
+
+    return Uninstalled(unit, supervisor, tuple(unguard()))
 
 
 def agent_state_dir(root: Path = Path("/")) -> Path:

@@ -167,6 +167,9 @@ class FleetProcs:
             FLEET_AGENT__RUNTIME=runtime,
             FLEET_CONTROLLER__METRICS_PORT="0",
             FLEET_AGENT__METRICS_PORT="0",
+            # the network guard changes the host's firewall for every job uid, and its rules outlive
+            # the agent: tests/integration/test_hostile_network.py turns it on and removes it after
+            FLEET_AGENT__JOB_NETWORK_GUARD="false",
             **OPERATOR_ALLOWS,
         )
         if runtime == "process" and not world_reachable(Path(sys.executable)):

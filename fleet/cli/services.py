@@ -231,11 +231,14 @@ def _install_redis(root: Path) -> int:
 @ROOT_OPTION
 def uninstall(service: str, root: str) -> int:
     """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept). agent: then
-    stop the node's supervisor and any job it still holds."""
+    stop the node's supervisor and any job it still holds, and remove the rules and the Docker
+    network that keep jobs off the node's services."""
     from fleet.install import uninstall as do_uninstall
 
     done = do_uninstall(service, Path(root))
     print(f"removed {done.unit}")
     if done.supervisor is not None:
         print(f"stopped the node supervisor (pid {done.supervisor}) and the jobs it held")
+    for line in done.network:
+        print(line)
     return 0

@@ -26,7 +26,10 @@ def open_runtime(settings: AgentSettings, supervisor: SupervisorClient) -> Runti
         from fleet.agent.runtime.docker import DockerRuntime
 
         try:
-            runtime: Runtime = DockerRuntime(settings.node_name, supervisor, pull=settings.docker_pull)
+            guard = settings if settings.job_network_guard else None
+            runtime: Runtime = DockerRuntime(
+                settings.node_name, supervisor, pull=settings.docker_pull, guard=guard
+            )
         except RuntimeUnavailable as exc:
             raise RuntimeUnavailable(
                 f"{exc}; this node runs the docker runtime (runtime={settings.runtime!r}): start dockerd, "

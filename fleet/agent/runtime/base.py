@@ -53,7 +53,9 @@ class LaunchSpec:
 
     @property
     def name(self) -> str:
-        return f"fleet-{self.job_id}-{self.attempt}"
+        """The container's name; a member's carries its rank, as several nodes may share one daemon."""
+        member = f"-rank{self.rank}" if self.members > 1 else ""
+        return f"fleet-{self.job_id}-{self.attempt}{member}"
 
     def fleet_env(self, checkpoint_dir: str | None) -> dict[str, str]:
         """The job's env plus what fleet promises every attempt: ids, GPUs (``FLEET_NUM_GPUS``: this

@@ -7,6 +7,8 @@ restarted agent finds its own by label. Never privileged: every capability dropp
 handed to the node supervisor, which kills it if the node's lease lapses, agent or no agent.
 Images named ``localhost/...`` are built on the node and never pulled. Exits are seen through
 Docker events, and the agent's periodic reconcile lists containers by label in case one was missed.
+Single-node jobs run on fleet's guarded network, multi-node members on the host's (see
+:mod:`fleet.agent.netguard`), unless the operator turned the guard off.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.errors import ImageNotFound as DockerImageNotFound
 from docker.types import DeviceRequest, Mount
 
+from fleet.agent.netguard import NetGuard
 from fleet.agent.runtime.base import (
     CONTAINER_CHECKPOINT_DIR,
     CONTAINER_WORKDIR,
@@ -36,7 +39,8 @@ from fleet.agent.runtime.base import (
     LaunchSpec,
 )  # fmt: skip
 from fleet.agent.supervision import SupervisorClient
-from fleet.errors import ImageNotFound, LaunchError, RuntimeUnavailable
+from fleet.config import AgentSettings
+from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
 from fleet.log import event
 from fleet.models import Exit
 
@@ -52,15 +56,21 @@ class DockerRuntime:
     name = "docker"
 
     def __init__(
-        self, node: str, supervisor: SupervisorClient, pull: str = "missing", client: Any = None
-    ) -> None:
+        self, node: str, supervisor: SupervisorClient, pull: str = "missing", client: Any = None,
+        guard: AgentSettings | None = None,
+    ) -> None:  # fmt: skip
+        """``guard``: the settings of the network guard, None to run jobs on Docker's default bridge."""
         self.node, self.supervisor, self.pull = node, supervisor, pull
         try:
             self.client = client or docker.from_env(timeout=30)
             self.client.ping()
+            self.guard = NetGuard(self.client, guard) if guard is not None else None
+            if self.guard is not None:
+                self.guard.ensure()
         except DockerException as exc:
             raise RuntimeUnavailable(f"Docker daemon not reachable: {exc}") from exc
         self._events: Any = None
+        self._names: dict[tuple[str, int], str] = {}
 
     def _filters(self, **extra: str) -> dict[str, Any]:
         labels = [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]
@@ -77,6 +87,7 @@ class DockerRuntime:
     def start(self, spec: LaunchSpec) -> None:
         try:
             container = self._container(spec.job_id, spec.attempt) or self._create(spec)
+            self._names[(spec.job_id, spec.attempt)] = container.name
             if container.status == "created":
                 container.start()
             self._supervise(spec.job_id, spec.attempt, container)
@@ -133,6 +144,9 @@ class DockerRuntime:
         devices = (
             [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
         )
+        # a multi-node job's members meet on the hosts' addresses (MASTER_ADDR:MASTER_PORT and the
+        # ports NCCL/gloo open): host networking, as Slurm and most bare-metal stacks run them
+        network = "host" if spec.members > 1 else self._network()
         return self.client.containers.create(
             spec.image,
             list(spec.command),
@@ -152,10 +166,17 @@ class DockerRuntime:
             nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
             shm_size=spec.shm_size,
             working_dir=CONTAINER_WORKDIR if spec.workdir is not None else None,
-            # a multi-node job's members meet on the hosts' addresses (MASTER_ADDR:MASTER_PORT and the
-            # ports NCCL/gloo open): host networking, as Slurm and most bare-metal stacks run them
-            network_mode="host" if spec.members > 1 else None,
+            network_mode=network,
         )
+
+    def _network(self) -> str | None:
+        """The guarded network (made again if someone removed it), or None: Docker's default bridge."""
+        if self.guard is None:
+            return None
+        try:
+            return self.guard.ensure()
+        except ConfigError as exc:
+            raise LaunchError(f"node {self.node}: {exc}", retryable=True) from exc
 
     # -- observe ---------------------------------------------------------------------
 
@@ -189,20 +210,29 @@ class DockerRuntime:
     def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
         """The cursor is the line's timestamp, to the nanosecond. Docker keeps a partial line until
         its newline or the container's end, so ``ended`` changes nothing here."""
-        name = f"fleet-{job_id}-{attempt}"
         # ``since`` keeps lines at or after it; a float may round up past the next line's nanosecond,
         # so ask from a microsecond earlier and compare exactly below
         since = float(cursor) - 1e-6 if cursor else None
         try:
+            name = self._names.get((job_id, attempt)) or self._find_name(job_id, attempt)
+            if name is None:
+                return []
             raw = self._logs(name, since, _TAIL)
             if len(raw) >= _TAIL:  # maybe more before them
                 raw = self._logs(name, since, "all")
         except NotFound:
             return []
         except DockerException as exc:
-            raise RuntimeUnavailable(f"docker logs of {name} failed: {exc}") from exc
+            raise RuntimeUnavailable(f"docker logs of fleet-{job_id}-{attempt} failed: {exc}") from exc
         lines = map(_stamped, raw)
         return [(c, text) for c, text in lines if cursor is None or Decimal(c) > Decimal(cursor)]
+
+    def _find_name(self, job_id: str, attempt: int) -> str | None:
+        """The attempt's container's name (a member's carries its rank), found by its labels once."""
+        container = self._container(job_id, attempt)
+        if container is not None:
+            self._names[(job_id, attempt)] = container.name
+        return container.name if container is not None else None
 
     def _logs(self, name: str, since: float | None, tail: int | str) -> list[bytes]:
         """Docker finds the last ``tail`` lines without reading the whole log, then applies ``since``."""
@@ -235,6 +265,7 @@ class DockerRuntime:
                 container.stop(timeout=max(int(grace_s), 0))
 
     def remove(self, job_id: str, attempt: int) -> None:
+        self._names.pop((job_id, attempt), None)
         container = self._container(job_id, attempt)
         if container is not None:
             with contextlib.suppress(NotFound):
