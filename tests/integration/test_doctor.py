@@ -78,7 +78,7 @@ def test_nodes_on_one_storage_recognise_each_other_and_one_on_another_fails(
     if not _nvml_library():  # a machine without the NVIDIA driver: a warning that says what to do
         assert lines["nvml"].startswith("WARN  nvml             no NVML library (libnvidia-ml.so)")
         assert "fix: install the NVIDIA driver" in lines["nvml"]
-    assert out.splitlines()[-1].endswith("0 failed, 2 skipped")  # docker and cgroups: process runtime
+    assert out.splitlines()[-1].endswith("0 failed, 3 skipped")  # docker, cgroups, network guard: not used
 
     code, out = doctor("b", roots / "mnt", redis_url, "-o", "json")
     assert code == 0, out
@@ -93,7 +93,7 @@ def test_nodes_on_one_storage_recognise_each_other_and_one_on_another_fails(
     assert f"node b's marker is not here (its checkpoint_root: {roots / 'mnt'})" in line
     assert "checkpoint_root is not shared storage" in line
     assert "fix: mount the same shared storage (e.g. NFS) on every node" in line
-    assert out.splitlines()[-1].endswith("1 failed, 2 skipped")
+    assert out.splitlines()[-1].endswith("1 failed, 3 skipped")
 
     # a and b, run again, see each other; c's marker is not on their storage
     code, out = doctor("a", shared, redis_url, "-o", "json")
