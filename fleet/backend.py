@@ -384,6 +384,23 @@ class Backend:
                 raise JobTimeout(f"job {job_id} still {job.state} after {timeout:g}s")
             cursor = self._jobs.wait_event(job_id, cursor, max(1, int(min(left, 1.0) * 1000)))
 
+    def watched_job(self, job_id: str) -> tuple[Job, dict[str, str]]:
+        """The job, and the stream of its changes with where it stood before the job was read: a
+        change after this read lies past that cursor (what the API's waits watch)."""
+        cursor = self._jobs.last_event(_known_id(job_id))
+        return self.get(job_id), {self._jobs.keys.events(job_id): cursor}
+
+    def watched_logs(
+        self, job_id: str, attempt: int, rank: int, after: str
+    ) -> tuple[Job, list[LogLine], dict[str, str]]:
+        """One step of a followed log: the job, the attempt's lines past ``after`` (read after the job,
+        so every line of an attempt seen over is among them), and the streams to watch for the next
+        step with where each stands (the job's changes, the attempt's lines)."""
+        job, cursors = self.watched_job(job_id)
+        lines = self._jobs.read_logs(job_id, attempt, after, rank=rank)
+        cursors[self._jobs.keys.logs(job_id, attempt, rank)] = lines[-1].id if lines else after
+        return job, lines, cursors
+
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
         """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
         job = self.get(job_id)
@@ -405,12 +422,7 @@ class Backend:
             if lines:
                 cursor = lines[-1].id
                 continue
-            job = self._jobs.get(job_id)
-            if (
-                job.attempt > attempt
-                or job.state.final
-                or (job.attempt == attempt and job.state == JobState.QUEUED)
-            ):
+            if attempt_over(self._jobs.get(job_id), attempt):
                 return
 
     # -- nodes -------------------------------------------------------------------------
@@ -508,6 +520,14 @@ def _matching(read: Callable[[int], list[ListingItem]], limit: int, keep: Filter
         if len(kept) >= limit or len(entries) < n:
             return kept[:limit]
         n *= 4
+
+
+def attempt_over(job: Job, attempt: int) -> bool:
+    """Whether ``attempt`` of ``job`` writes no more lines: a later one began, the job is final, or the
+    attempt ended and the job waits in the queue for the next."""
+    return (
+        job.attempt > attempt or job.state.final or (job.attempt == attempt and job.state == JobState.QUEUED)
+    )
 
 
 def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:

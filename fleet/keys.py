@@ -106,6 +106,14 @@ In the bus DB fleet adds two lists, so that idle consumers block instead of poll
 |                                       |      | when its worker stops; expires after 60 s          |
 
 Tokens are hints: a lost one costs a message at most ``bus_poll_ms``, a duplicated one an empty fetch.
+
+And in the state DB, one stream per running ``fleet api`` (``fleet.state.watch``):
+
+| key                                   | type   | holds                                            |
+|---------------------------------------|--------|--------------------------------------------------|
+| ``<p>:api:wake:<id>``                 | stream | at most one entry, added when a waiter watches a |
+|                                       |        | new stream: it ends the process's blocking read; |
+|                                       |        | deleted when the API stops, else expires in 1 h  |
 """
 
 from __future__ import annotations
@@ -166,6 +174,10 @@ class Keys:
         """An attempt's output; a multi-node job's other members (rank > 0) each have their own."""
         base = f"{self.prefix}:job:{job_id}:logs:{attempt}"
         return f"{base}:{rank}" if rank else base
+
+    def wake(self, reader: str) -> str:
+        """The stream that ends one API process's blocking read of the streams its waiters watch."""
+        return f"{self.prefix}:api:wake:{reader}"
 
     def tombstone(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:expired"

@@ -4,8 +4,9 @@ its role allows and which tenant it acts for, then calls :class:`fleet.backend.B
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
 One router per resource, each a module (``jobs``, ``blobs``, ``nodes``, ``tenants``, ``tokens``,
 ``webhooks``); it also serves the read-only status pages under ``/ui`` (:mod:`fleet.api.pages`).
-Blocking calls (waiting for a job, following a log) run on worker threads, each holding one
-Redis read at a time; ``api_threads`` bounds how many run at once.
+Calls run on worker threads (``api.threads`` at once), except waits for a job and followed logs:
+those wait on the event loop, woken by the process's one blocking read of the streams they watch
+(:mod:`fleet.api.waiting`), holding neither a thread nor a Redis connection meanwhile.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
 from fleet.api.guard import Guard
 from fleet.api.limits import PerToken
+from fleet.api.waiting import Waiting
 from fleet.backend import Backend
 from fleet.config import Settings
 from fleet.errors import (
@@ -46,6 +48,7 @@ from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect_binary
 from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
+from fleet.state.watch import StreamWatch
 from fleet.state.webhooks import WebhookStore
 from fleet.versions import HEADER
 
@@ -84,11 +87,13 @@ def create_app(settings: Settings) -> FastAPI:
     tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
     blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)
     hooks = WebhookStore(backend.redis, Keys(settings.key_prefix))
+    watch = StreamWatch(settings, Keys(settings.key_prefix), backend.redis)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api.threads
         yield
+        watch.close()
         backend.close()
 
     app = FastAPI(title="fleet", version=__version__, lifespan=lifespan,
@@ -110,7 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.add_middleware(VersionHeader)
     for router in (
-        jobs.routes(backend, blobs, PerToken(settings.api.max_waits_per_token)),
+        jobs.routes(backend, blobs, PerToken(settings.api.max_waits_per_token), Waiting(backend, watch)),
         blob_routes.routes(blobs, settings),
         nodes.routes(backend),
         tenant_routes.routes(tenants, backend),

@@ -4,17 +4,20 @@ within its tenant (an admin submits for any; operators and admins read and cance
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from fleet.api.deps import User, bearer, own, whom
 from fleet.api.limits import PerToken
+from fleet.api.waiting import ClientGone, Waiting, unless_gone
 from fleet.backend import Backend
-from fleet.errors import Forbidden, JobTimeout, SpecError
+from fleet.errors import Forbidden, SpecError
 from fleet.log import event
 from fleet.models import CancelReport, Event, Identity, Job, JobArray, JobSpec, LogLine, QueuePosition, Role
 from fleet.state.blobs import BlobStore
@@ -22,8 +25,10 @@ from fleet.state.blobs import BlobStore
 log = logging.getLogger("fleet.api")
 #: the longest one ``wait`` call blocks; clients call again (proxies cut idle requests)
 WAIT_MAX_S = 30.0
-#: how long a log follower's read blocks before it checks whether the attempt is over
+#: how often a log follower checks that its token is still valid while no line arrives
 FOLLOW_POLL_S = 1.0
+#: what a call whose client hung up "answers" (nobody reads it; nginx's name for it)
+GONE = 499
 
 
 class SubmitJob(BaseModel):
@@ -47,7 +52,7 @@ class CancelLabels(BaseModel):
     labels: dict[str, str]
 
 
-def routes(backend: Backend, blobs: BlobStore, waits: PerToken) -> APIRouter:  # noqa: C901 - one route per nested def
+def routes(backend: Backend, blobs: BlobStore, waits: PerToken, waiting: Waiting) -> APIRouter:  # noqa: C901 - one route per nested def
     router = APIRouter()
 
     def job_of(who: Identity, job_id: str) -> Job:
@@ -117,15 +122,18 @@ def routes(backend: Backend, blobs: BlobStore, waits: PerToken) -> APIRouter:  #
         job_of(who, job_id)
         return backend.history(job_id)
 
-    @router.get("/v1/jobs/{job_id}/wait")
-    def wait(job_id: str, who: User, timeout_s: Annotated[float, Query(ge=0)] = WAIT_MAX_S) -> Job:
-        """The job once final, or as it is after ``timeout_s`` (at most 30): call again to go on."""
-        job_of(who, job_id)
+    @router.get("/v1/jobs/{job_id}/wait", response_model=Job)
+    async def wait(
+        job_id: str, who: User, request: Request, timeout_s: Annotated[float, Query(ge=0)] = WAIT_MAX_S
+    ) -> Job | Response:
+        """The job once final, or as it is after ``timeout_s`` (at most 30): call again to go on.
+        Waits on no thread and no Redis connection of its own; ends when its client hangs up."""
+        await run_in_threadpool(job_of, who, job_id)
         with waits.hold(who, f"wait for {job_id}"):
             try:
-                return backend.wait(job_id, min(timeout_s, WAIT_MAX_S))
-            except JobTimeout:
-                return backend.get(job_id)
+                return await unless_gone(request.receive, waiting.wait(job_id, min(timeout_s, WAIT_MAX_S)))
+            except ClientGone:
+                return Response(status_code=GONE)
 
     @router.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, who: User) -> Job:
@@ -152,21 +160,21 @@ def routes(backend: Backend, blobs: BlobStore, waits: PerToken) -> APIRouter:  #
         return backend.cancel_labels(body.labels, tenant=who.tenant if who.role == Role.USER else None)
 
     @router.get("/v1/jobs/{job_id}/logs", response_model=None)
-    def logs(
+    async def logs(
         job_id: str, who: User, request: Request, attempt: Annotated[int | None, Query(ge=1)] = None,
         rank: Annotated[int, Query(ge=0)] = 0, follow: bool = False,
     ) -> list[LogLine] | StreamingResponse:  # fmt: skip
         """The attempt's lines (default: the latest attempt); ``follow``: a stream of JSON lines that
         ends when the attempt is over, or once the caller's token is revoked or expires."""
-        job_of(who, job_id)
+        await run_in_threadpool(job_of, who, job_id)
         if not follow:
-            return backend.logs(job_id, attempt, rank)
+            return await run_in_threadpool(backend.logs, job_id, attempt, rank)
         token, tokens = bearer(request), request.app.state.tokens
-        lines = backend.follow_logs(
-            job_id, attempt, FOLLOW_POLL_S, rank, allowed=lambda: tokens.identify(token) is not None
+        lines = waiting.follow(
+            job_id, attempt, rank, FOLLOW_POLL_S, allowed=lambda: tokens.identify(token) is not None
         )
-        stream = waits.holding(who, f"follow the logs of {job_id}", _ndjson(lines))
-        return StreamingResponse(stream, media_type="application/x-ndjson")
+        waits.acquire(who, f"follow the logs of {job_id}")  # refused (429) before the answer starts
+        return Followed(_ndjson(lines), release=lambda: waits.release(who))
 
     @router.get("/v1/arrays/{array_id}")
     def array(array_id: str, who: User) -> JobArray:
@@ -191,6 +199,27 @@ def _labels(pairs: list[str]) -> dict[str, str] | None:
     return dict(p.split("=", 1) for p in pairs)
 
 
-def _ndjson(lines: Iterator[LogLine]) -> Iterator[bytes]:
-    for line in lines:
-        yield (line.model_dump_json() + "\n").encode()
+async def _ndjson(lines: AsyncGenerator[LogLine, None]) -> AsyncGenerator[bytes, None]:
+    try:
+        async for line in lines:
+            yield (line.model_dump_json() + "\n").encode()
+    finally:
+        await lines.aclose()
+
+
+class Followed(StreamingResponse):
+    """A followed log: it stops as soon as its client hangs up, the follower dropped from the stream
+    read and its token's slot given back (``release``), whichever ASGI version the server speaks."""
+
+    def __init__(self, content: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="application/x-ndjson")
+        self._content, self._release = content, release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await unless_gone(receive, self.stream_response(send))
+        except ClientGone:
+            pass
+        finally:
+            self._release()
+            await self._content.aclose()

@@ -1,7 +1,9 @@
 """How many blocking calls (a wait, a followed log) one token may hold at once.
 
-Each holds a worker thread and, while it blocks, a Redis connection: without a bound one user's 250
-waits took every thread and connection, and every other caller got 503 for 30 s.
+Waiting holds neither a thread nor a Redis connection (:mod:`fleet.api.waiting`), but each waiter is
+still memory and a stream in the process's one blocking read: one user opening thousands would make
+that read slow for everyone. (Before the shared read, each wait held a thread and a connection: one
+user's 250 waits took them all, and every other caller got 503 for 30 s.)
 """
 
 from __future__ import annotations
@@ -46,17 +48,5 @@ class PerToken:
         self.acquire(who, what)
         try:
             yield
-        finally:
-            self.release(who)
-
-    def holding(self, who: Identity, what: str, items: Iterator[bytes]) -> Iterator[bytes]:
-        """``items`` (a streamed answer) counted as one call of ``who`` until it ends or is closed;
-        :class:`TooManyRequests` now, before the answer starts, when the token holds its most."""
-        self.acquire(who, what)
-        return self._released(who, items)
-
-    def _released(self, who: Identity, items: Iterator[bytes]) -> Iterator[bytes]:
-        try:
-            yield from items
         finally:
             self.release(who)

@@ -222,6 +222,12 @@ class JobStore:
         return events
 
     @translated
+    def last_event(self, job_id: str) -> str:
+        """The id of the newest entry of the job's history (``"0"``: none yet)."""
+        newest = self.redis.xrevrange(self.keys.events(job_id), count=1)
+        return str(newest[0][0]) if newest else "0"
+
+    @translated
     def wait_event(self, job_id: str, after: str, block_ms: int) -> str:
         """Block until the job's history grows past ``after``; return the newest entry id."""
         got = self.redis.xread({self.keys.events(job_id): after}, block=block_ms)
