@@ -96,9 +96,11 @@ class Backend:
         *,
         config: str | Path | None = None,
         settings: Settings | None = None,
+        connections: int | None = None,
     ) -> None:
+        """``connections``: at most that many Redis connections, a call beyond waiting for one."""
         self.settings = settings or load_settings(config, redis_url=redis_url)
-        client = connect(self.settings)
+        client = connect(self.settings, most=connections)
         keys = Keys(self.settings.key_prefix)
         self._jobs = JobStore(client, keys)
         self._nodes = NodeStore(client, keys)

@@ -181,12 +181,14 @@ class ApiSettings(_Section):
     #: HTTPS: a PEM certificate (chain) and its key; without them the API speaks plain HTTP
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    #: calls served at once (waits and log follows each hold one while they block)
+    #: calls served at once (waits and log follows hold none while they wait)
     threads: int = Field(default=200, ge=1, le=10_000)
+    #: Redis connections the API's calls share; a call finding none free waits for one (up to 10 s)
+    redis_connections: int = Field(default=32, ge=2, le=1000)
     #: the largest request body but a blob's (a spec, a tenant, a token request); blobs: workdir_max_bytes
     max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=64 << 20)
-    #: blocking calls (waits, followed logs) one token may hold at once: one user cannot take every
-    #: thread and Redis connection from the rest
+    #: waits and followed logs one token may hold open at once: one user cannot swell the API's
+    #: shared read of the streams they watch without bound
     max_waits_per_token: int = Field(default=16, ge=1, le=10_000)
 
     @model_validator(mode="after")

@@ -82,7 +82,7 @@ def error_body(exc: FleetError) -> dict[str, Any]:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    backend = Backend(settings=settings)
+    backend = Backend(settings=settings, connections=settings.api.redis_connections)
     tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
     tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
     blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)

@@ -17,9 +17,18 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def connect(settings: Settings, db: int | None = None) -> redis.Redis:
-    """A client for the state DB (or ``db``), with timeouts so a dead Redis never hangs a service."""
-    return redis.Redis(connection_pool=pool(settings, db, decode_responses=True))
+#: how long a call waits for a connection of a bounded pool to come free before it fails
+POOL_WAIT_S = 10
+
+
+def connect(settings: Settings, db: int | None = None, *, most: int | None = None) -> redis.Redis:
+    """A client for the state DB (or ``db``), with timeouts so a dead Redis never hangs a service.
+    ``most``: at most that many connections, a call beyond waiting for one (``POOL_WAIT_S``) instead
+    of failing ("Too many connections" once more threads than the pool's 100 called at once)."""
+    options: dict[str, Any] = {"decode_responses": True}
+    if most is not None:
+        options.update(max_connections=most, timeout=POOL_WAIT_S, pool_class=redis.BlockingConnectionPool)
+    return redis.Redis(connection_pool=pool(settings, db, **options))
 
 
 def connect_binary(settings: Settings) -> redis.Redis:
@@ -32,7 +41,8 @@ def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.Con
     (never spliced in); ``options`` override the default timeouts."""
     defaults = {"socket_connect_timeout": 2, "socket_timeout": 5, "health_check_interval": 10}
     options = {**defaults, **settings.redis_credentials(), **options}
-    return redis.ConnectionPool.from_url(settings.redis_url_for(db), **options)
+    kind: type[redis.ConnectionPool] = options.pop("pool_class", redis.ConnectionPool)
+    return kind.from_url(settings.redis_url_for(db), **options)
 
 
 def translated(fn: Callable[P, R]) -> Callable[P, R]:
