@@ -182,7 +182,7 @@ class StreamWatch:
         self._stop.set()
         self._wake()
         if self._thread is not None:
-            self._thread.join(timeout=BLOCK_S + 1)
+            self._thread.join(timeout=2)
         with contextlib.suppress(redis.RedisError):  # else it expires
             self._writer.delete(self.wake_key)
         self._reader.close()

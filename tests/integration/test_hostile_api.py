@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from fleet.keys import Keys
 from fleet.models import Role
 from fleet.state import connect
 from fleet.state.tokens import TokenStore
+from fleet.state.watch import Interest, StreamWatch
 from tests.integration.test_api_limits import OwnApi, _start_api
 
 pytestmark = pytest.mark.integration
@@ -184,3 +186,32 @@ def test_a_call_whose_client_hangs_up_ends_at_once(redis_server: str, kind: str)
     finally:
         client.close()
         next(gen, None)
+
+
+def test_one_read_wakes_each_waiter_whose_stream_grew_and_forgets_the_dropped(redis_url: str) -> None:
+    settings, keys = load_settings(redis_url=redis_url), Keys()
+    writer = connect(settings)
+    watch = StreamWatch(settings, keys, writer)
+    try:
+        # Given 200 waiters, two on each of 100 jobs' histories, none of them grown yet
+        woken = [threading.Event() for _ in range(200)]
+        interests = [Interest(e.set) for e in woken]
+        for i, interest in enumerate(interests):
+            watch.want(interest, {keys.events(f"j{i // 2}"): "0"})
+        assert watch.watched() == (100, 200)
+        # When one job's history grows
+        writer.xadd(keys.events("j7"), {"state": "RUNNING"})
+        # Then its two waiters are woken, and no other
+        assert woken[14].wait(10) and woken[15].wait(10)
+        assert [i for i, e in enumerate(woken) if e.is_set()] == [14, 15]
+        # And a waiter that comes after, having read less than the read saw, is woken at once
+        late = threading.Event()
+        watch.want(Interest(late.set), {keys.events("j7"): "0"})
+        assert late.is_set()
+        # And the dropped waiters leave the read: nothing is watched for them any more
+        for interest in interests:
+            watch.drop(interest)
+        assert watch.watched() == (1, 1)
+    finally:
+        watch.close()
+        writer.close()
