@@ -26,7 +26,8 @@ if ! docker info >/dev/null 2>&1; then
   fi
   if ! docker info >/dev/null 2>&1; then
     echo "setup-host: starting dockerd (log: /var/log/fleet-dockerd.log)"
-    as_root sh -c 'nohup dockerd >/var/log/fleet-dockerd.log 2>&1 &'
+    # a session of its own: the daemon outlives the shell (and its process group) that started it
+    as_root sh -c 'setsid -f dockerd </dev/null >>/var/log/fleet-dockerd.log 2>&1'
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   fi
 fi
