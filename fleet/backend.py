@@ -107,6 +107,7 @@ class Backend:
         self._arrays = ArrayStore(self._jobs)
         self._ranked = RankIndex(client, keys)
         self._profiles = ProfileStore(client, keys, self.settings.workdir_retention_s)
+        self._tenants = TenantStore(client, keys)
         self._bus: Bus | None = None
 
     @property
@@ -131,6 +132,11 @@ class Backend:
         except webhooks.AddressRefused as exc:
             raise SpecError(str(exc)) from None
 
+    def check_user(self, spec: JobSpec) -> None:
+        """:class:`SpecError` for a spec's ``user`` its tenant's ``allowed_users`` does not hold."""
+        if spec.user is not None:
+            self._tenants.policy(spec.tenant).check_user(spec.user)
+
     # -- jobs --------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None, owner: str = "") -> Job:
@@ -146,6 +152,7 @@ class Backend:
         check_mounts(spec.mounts, self.settings.allowed_mounts)
         check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
         self.check_webhook(spec.notify)
+        self.check_user(spec)
         check_elastic(spec, self._profiles)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
@@ -213,6 +220,7 @@ class Backend:
         check_mounts(spec.mounts, self.settings.allowed_mounts)
         check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
         self.check_webhook(spec.notify)
+        self.check_user(spec)
         check_elastic(spec, self._profiles)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
@@ -319,7 +327,7 @@ class Backend:
         if new == old:
             return job
         reason = f"resized {change(old, new)}" + (f" by {who}" if who else "")
-        grace = TenantStore(self.redis, self._jobs.keys).policy(job.spec.tenant).preempt_grace_s
+        grace = self._tenants.policy(job.spec.tenant).preempt_grace_s
         if not self._jobs.resize(job, new.gpus, new.batch, reason, grace, time.time()):
             raise SpecError(f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); "
                             "try again")  # fmt: skip

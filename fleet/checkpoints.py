@@ -1,7 +1,8 @@
 """The host side of the checkpoint contract (the writer side is the ``fleet_worker`` SDK).
 
 A job's checkpoints live in ``<checkpoint_root>/<job id>/``, a directory the agent (root) creates
-and gives to the job's user with mode 0700. The SDK writes each checkpoint under a temporary name,
+and gives to the job's user with mode 0700; the root itself is 0711, so a job reaches its own
+directory but no job can list the others'. The SDK writes each checkpoint under a temporary name,
 renames it into place, then replaces the ``latest`` marker: the checkpoint's file name and, on a
 second line, the attempt that wrote it. Before each attempt the agent writes ``.fleet-attempt``
 (the attempt number); the SDK refuses to save when that number is past its own, so a stale attempt
@@ -46,7 +47,7 @@ def prepare(root: Path, job_id: str, attempt: int, uid: int | None, gid: int | N
 
     ``uid``/``gid`` None: leave ownership as is (an agent that is not root cannot change it).
     """
-    root.mkdir(parents=True, exist_ok=True)
+    traversable(root)
     directory = job_dir(root, job_id)
     with contextlib.suppress(FileExistsError):
         os.mkdir(directory, 0o700)
@@ -59,6 +60,16 @@ def prepare(root: Path, job_id: str, attempt: int, uid: int | None, gid: int | N
     finally:
         os.close(fd)
     return directory
+
+
+def traversable(folder: Path) -> None:
+    """Make ``folder`` (and what is missing above it) mode 0711: anyone may pass through it to a
+    name they know, only its owner may list it. A folder this process may not chmod (another user's,
+    or root squashed on NFS) keeps its mode: what lies in it keeps its own."""
+    folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+    if stat.S_IMODE(folder.stat().st_mode) != 0o711:
+        with contextlib.suppress(PermissionError):
+            folder.chmod(0o711)
 
 
 def latest(directory: Path) -> str | None:

@@ -492,7 +492,8 @@ class Client:
 
     def set_tenant(self, name: str, **policy: Any) -> Tenant:
         """Create or replace a tenant's policy (``guaranteed_gpus``, ``max_gpus``, ``weight``,
-        ``preempt_grace_s``, ``min_run_s``; those left out get their defaults). Admins only."""
+        ``preempt_grace_s``, ``min_run_s``, ``allowed_users``; those left out get their defaults).
+        Admins only."""
         path = f"/v1/tenants/{_segment(checks.ident(name, 'tenant'))}"
         return Tenant.model_validate(
             self._call(

@@ -88,6 +88,16 @@ class ControllerSettings(_Section):
     webhook_attempts: int = Field(default=8, ge=1, le=30)
 
 
+#: the largest uid Linux gives out ((uid_t)-1 means "no change")
+MAX_UID = 2**32 - 2
+
+
+def parse_user(text: str) -> tuple[int, int]:
+    """``"uid[:gid]"`` (validated digits) as (uid, gid), the gid the uid's number when not given."""
+    uid, _, gid = text.partition(":")
+    return int(uid), int(gid or uid)
+
+
 class AgentSettings(_Section):
     node_name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     #: where the other members of a multi-node job reach this node (MASTER_ADDR when it holds rank
@@ -120,10 +130,13 @@ class AgentSettings(_Section):
     #: what the node offers jobs (scheduled, not only limits); default: every core, all memory
     cpus: float | None = Field(default=None, gt=0)
     memory: int | None = Field(default=None, gt=0)
-    job_user: str = Field(default="65534:65534", pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
+    #: each tenant's jobs run as a uid of its own from this range (gid the same number), given the
+    #: first time one of its jobs launches anywhere and kept for good: the same on every node
+    job_uid_range: str = Field(default="1000000000-1000999999", pattern=r"^\d{1,10}-\d{1,10}$")
+    #: a fixed uid[:gid] every job on this node runs as instead (one person's machine: `fleet up`);
+    #: None (or ""): per-tenant uids from job_uid_range
+    job_user: str | None = Field(default=None, pattern=r"^\d{1,10}(:\d{1,10})?$", description="uid[:gid]")
     allow_root_jobs: bool = False
-    #: the uids jobs run as, one per tenant, START-END
-    job_uid_range: str = "1000000000-1000999999"
     #: keep Docker jobs off this node's own services and off ``job_blocked_networks``: containers on
     #: fleet's network (no reaching the host or each other), multi-node members' uids kept off
     #: loopback (see fleet/agent/netguard.py); needs root and iptables, else the agent says so
@@ -159,6 +172,42 @@ class AgentSettings(_Section):
             except ValueError:
                 raise ValueError(f"{network!r} is not a network (e.g. 169.254.0.0/16 or fe80::/10)") from None
         return found
+
+    @field_validator("job_user", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("job_uid_range")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        start, end = (int(n) for n in value.split("-"))
+        if start < 1 or end < start or end > MAX_UID:
+            raise ValueError(
+                f"{value!r}: expected START-END with 1 <= START <= END <= {MAX_UID} (uid 0 is root), "
+                "e.g. 1000000000-1000999999: uids no account of the hosts uses"
+            )
+        return f"{start}-{end}"
+
+    @property
+    def uid_range(self) -> tuple[int, int]:
+        """(first uid, how many) of ``job_uid_range``."""
+        start, end = (int(n) for n in self.job_uid_range.split("-"))
+        return start, end - start + 1
+
+    @property
+    def fixed_user(self) -> tuple[int, int] | None:
+        """``job_user`` as (uid, gid), the gid the uid's number when not given; None: per-tenant uids."""
+        return None if self.job_user is None else parse_user(self.job_user)
+
+    @model_validator(mode="after")
+    def _root_allowed(self) -> AgentSettings:
+        if self.fixed_user is not None and 0 in self.fixed_user and not self.allow_root_jobs:
+            raise ValueError(
+                f"job_user {self.job_user!r} is root's (uid or gid 0): set allow_root_jobs = true as "
+                "well to run every job as root, or give another job_user, or none (per-tenant uids)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:

@@ -359,12 +359,22 @@ def new_marker(node: str, root: Path, now: float) -> str:
     return json.dumps({"node": node, "at": now, "nonce": secrets.token_hex(16), "root": str(root)})
 
 
+def job_identity(cfg: AgentSettings) -> tuple[tuple[int, int], str]:
+    """Whom the checks stand for, and the setting that names it: the node's fixed ``job_user``, or
+    the first uid of ``job_uid_range`` (every tenant's jobs run as one of its uids, gid the same)."""
+    if cfg.fixed_user is not None:
+        return cfg.fixed_user, "agent.job_user"
+    start = cfg.uid_range[0]
+    return (start, start), "agent.job_uid_range"
+
+
 def checkpoint_check(
-    root: Path, node: str, marker: str, job_user: str, euid: int | None = None,
-    mounts: Path = Path("/proc/self/mounts"),
+    root: Path, node: str, marker: str, job_user: tuple[int, int], setting: str = "agent.job_user",
+    euid: int | None = None, mounts: Path = Path("/proc/self/mounts"),
 ) -> Check:  # fmt: skip
     """``checkpoint_root`` is there, takes this node's marker, lets root give a job's directory to
-    the job's user (as the agent does: NFS' root_squash forbids it), and the job's user can reach it."""
+    the job's user (as the agent does: NFS' root_squash forbids it), and the job's user (``job_user``,
+    from ``setting``) can reach it."""
     euid = os.geteuid() if euid is None else euid
     name = "checkpoint root"
     if not root.is_dir():
@@ -380,8 +390,7 @@ def checkpoint_check(
         return Check(name, FAIL, f"{where}: cannot write {folder / node}: {exc.strerror}",
                      "make checkpoint_root writable by root (a read-only mount? on NFS: no_root_squash)"
                      )  # fmt: skip
-    uid, _, gid_text = job_user.partition(":")
-    job_uid, job_gid = int(uid), int(gid_text or uid)
+    job_uid, job_gid = job_user
     done = [f"{where}: writable"]
     if euid == 0:
         probe = folder / f"{node}.chown-{secrets.token_hex(4)}"
@@ -402,7 +411,7 @@ def checkpoint_check(
         job_uid, job_gid = euid, os.getegid()
     if blocked := unreachable(root, job_uid, job_gid):
         path, mode = blocked
-        return Check(name, FAIL, f"{where}: uid {job_uid} (agent.job_user) cannot enter {path} "
+        return Check(name, FAIL, f"{where}: uid {job_uid} ({setting}) cannot enter {path} "
                      f"(mode {mode:04o}): its jobs cannot reach their checkpoints",
                      f"chmod o+x {path}")  # fmt: skip
     return Check(name, OK, ", ".join(done))
@@ -632,7 +641,7 @@ def diagnose(settings: Settings, config: str | None = None) -> Iterator[Check]:
         yield Check("clock", SKIP, "Redis did not answer")
     root = settings.checkpoint_root
     marker = new_marker(cfg.node_name, root, time.time())
-    stored = checkpoint_check(root, cfg.node_name, marker, cfg.job_user)
+    stored = checkpoint_check(root, cfg.node_name, marker, *job_identity(cfg))
     yield stored
     if client is None or stored.status == FAIL:
         yield Check("shared storage", SKIP, "needs Redis and a writable checkpoint_root")

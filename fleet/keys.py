@@ -48,6 +48,9 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:metrics:preemptions``       | hash   | tenant -> jobs of it preempted (``fleet_preemptions``)  |
 | ``<p>:tenants``                   | hash   | tenant name -> its policy (Tenant JSON); no record:     |
 |                                   |        | the default policy                                      |
+| ``<p>:job_uids``                  | hash   | tenant -> its offset in ``agent.job_uid_range`` (its    |
+|                                   |        | jobs' uid and gid): given at its first launch, kept     |
+|                                   |        | for good (``job_uid.lua``)                              |
 | ``<p>:tenants:usage``             | hash   | tenant -> decayed GPU-seconds, and ``@at`` -> when the  |
 |                                   |        | leader last folded the allocation in (fair share)       |
 | ``<p>:tenants:status``            | hash   | tenant -> TenantStatus JSON the leader last published,  |
@@ -94,7 +97,8 @@ holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are
 so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied
 of what the webhook sender took from it.
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
-decayed below one GPU-second, and its status entry once it has neither jobs nor a record.
+decayed below one GPU-second, and its status entry once it has neither jobs nor a record. Job uids
+are kept for good, a deleted tenant's too: a uid given to a second tenant would own the first's files.
 
 In the bus DB fleet adds two lists, so that idle consumers block instead of polling (``fleet.bus.wake``):
 
@@ -246,6 +250,10 @@ class Keys:
     @property
     def tenants(self) -> str:
         return f"{self.prefix}:tenants"
+
+    @property
+    def job_uids(self) -> str:
+        return f"{self.prefix}:job_uids"
 
     @property
     def tenant_usage(self) -> str:

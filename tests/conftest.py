@@ -174,8 +174,8 @@ class FleetProcs:
         )
         if runtime == "process" and not world_reachable(Path(sys.executable)):
             # jobs run this interpreter (torch is installed there); where it sits in a private home
-            # the unprivileged default job_user cannot exec it. tests/integration/test_security.py
-            # checks the default user with programs every user can run.
+            # the tenants' unprivileged uids cannot exec it. tests/integration/test_security.py and
+            # test_hostile_node.py check the per-tenant uids with programs every user can run.
             self.env.update(FLEET_AGENT__JOB_USER="0:0", FLEET_AGENT__ALLOW_ROOT_JOBS="true")
 
     def settings(self) -> Settings:
@@ -282,8 +282,9 @@ def _fleet(redis_url: str, runtime: str, root: Path, api: Api) -> Iterator[Fleet
 
 @pytest.fixture(autouse=True)
 def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
-    """Jobs run as an unprivileged user (``job_user``): let them reach the test's directory, as
-    they would reach an operator's checkpoint root. pytest makes its temp dirs private (0700)."""
+    """Jobs run as their tenant's unprivileged uid (``job_uid_range``): let them reach the test's
+    directory, as they would reach an operator's checkpoint root. pytest makes its temp dirs
+    private (0700); a test whose jobs write into a directory makes it 0777."""
     if "tmp_path" not in request.fixturenames:
         return
     path = request.getfixturevalue("tmp_path")

@@ -32,7 +32,7 @@ from fleet.config import AgentSettings, Settings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, TAIL_LINES, RetryPolicy, explain
 from fleet.log import StepHealth, event
-from fleet.models import Exit, Job, JobState, NodeState
+from fleet.models import Exit, Job, JobSpec, JobState, NodeState
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
 from fleet.sdnotify import Notifier
@@ -41,6 +41,8 @@ from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.retention import RetentionStore
+from fleet.state.tenants import TenantStore
+from fleet.state.uids import JobUids
 from fleet.versions import VERSION
 from fleet.workdir import MAX_BYTES, check_digest, clean_temp, unpack
 
@@ -64,6 +66,7 @@ class Agent:
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
         self.retention = RetentionStore(jobs.redis, jobs.keys)
+        self.tenants, self.uids = TenantStore(jobs.redis, jobs.keys), JobUids(jobs.redis, jobs.keys)
         self.blobs = BlobStore(connect_binary(settings), jobs.keys, settings.workdir_retention_s)
         self.inventory, self.runtime, self.supervisor, self.clock = inventory, runtime, supervisor, clock
         self.policy = RetryPolicy(
@@ -146,6 +149,7 @@ class Agent:
         """Remove the temporary directories of unpacks a crash cut short (before any attempt unpacks)."""
         folder = self.cfg.state_dir / "workdirs"
         try:
+            checkpoints.traversable(folder)  # and private, where an older release left it 0755
             removed = clean_temp(folder)
         except OSError as exc:  # the first unpack that needs it says so, and counts against the node
             event(log, "workdir_temp_not_cleaned", logging.WARNING, node=self.node, dir=folder, error=exc)
@@ -301,7 +305,7 @@ class Agent:
         mounts = check_mounts(spec.mounts, self.settings.allowed_mounts)
         image = spec.image or self.settings.default_image
         check_image(image, self.settings.allowed_registries)
-        user = job_user(spec.user, self.cfg)
+        user = self._job_user(spec)
         uid, gid = user if user else (None, None)
         ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
         return LaunchSpec(
@@ -315,6 +319,12 @@ class Agent:
             batch_size=job.global_batch,
         )  # fmt: skip
 
+    def _job_user(self, spec: JobSpec) -> tuple[int, int] | None:
+        """Who the job runs as (``job_user``); its ``user`` checked against its tenant's record
+        again here, since the record may have changed since the job was submitted."""
+        requested = self.tenants.policy(spec.tenant).check_user(spec.user) if spec.user else None
+        return job_user(requested, self.cfg, lambda: self.uids.uid(spec.tenant, self.cfg.uid_range))
+
     def _workdir(self, job: Job) -> Path | None:
         """The job's shipped directory, unpacked once per node (content-addressed, read-only)."""
         digest = job.spec.workdir
@@ -324,6 +334,9 @@ class Agent:
         unpacked = folder / check_digest(digest)
         if unpacked.is_dir():  # another attempt here unpacked it: no need to fetch it again
             return unpacked
+        # 0711: a job reaches the tree it was given (read-only, its own digest) but cannot list the
+        # digests of other tenants' trees
+        checkpoints.traversable(folder)
         data = self.blobs.get(digest)
         if data is None:
             raise LaunchError(f"workdir {digest} is no longer stored (kept workdir_retention_s after its "
@@ -572,21 +585,26 @@ def time_limit(job: Job) -> float | None:
     return job.started_at + job.spec.timeout - (job.spec.signal_before or 0.0)
 
 
-def job_user(requested: str | None, cfg: AgentSettings) -> tuple[int, int] | None:
-    """(uid, gid) a job runs as: its spec's ``user`` or the node's ``job_user``. Root only where the
-    operator allows it. An agent that is not root cannot switch users: None (its own), and a job
-    that asked for another user is refused."""
-    uid, _, gid = (requested or cfg.job_user).partition(":")
-    user = (int(uid), int(gid) if gid else int(uid))
-    if user[0] == 0 and not cfg.allow_root_jobs:
+def job_user(
+    requested: tuple[int, int] | None, cfg: AgentSettings, tenant_uid: Callable[[], int]
+) -> tuple[int, int] | None:
+    """(uid, gid) a job runs as: its spec's ``user`` (``requested``, allow-listed for its tenant),
+    else the node's fixed ``job_user``, else its tenant's own uid (``tenant_uid``, the same number as
+    gid). Root only where the operator allows it. An agent that is not root cannot
+    switch users: None (its own), and a job that asked for another user is refused."""
+    if requested is not None and requested[0] == 0 and not cfg.allow_root_jobs:
         raise SpecError(f"user: jobs may not run as root (uid 0) on node {cfg.node_name}; drop `user` to "
-                        "run as the node's job_user, or ask an operator to set allow_root_jobs")  # fmt: skip
+                        "run as the tenant's own uid, or ask an operator to set allow_root_jobs")  # fmt: skip
+    fixed = cfg.fixed_user  # root only with allow_root_jobs (checked with the config)
     if os.geteuid() != 0:
-        if requested and user[0] != os.geteuid():
+        if requested is not None and requested[0] != os.geteuid():
             raise SpecError(f"user: node {cfg.node_name}'s agent is not root and runs jobs as uid "
                             f"{os.geteuid()} only; drop `user`")  # fmt: skip
         return None
-    return user
+    if requested is not None or fixed is not None:
+        return requested or fixed
+    uid = tenant_uid()
+    return uid, uid
 
 
 def address_of(name: str) -> str:

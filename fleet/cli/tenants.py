@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 
 from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals
 from fleet.cli.output import Table, View, ago, emit_json, guarantee, show_view
+from fleet.models.tenant import normal_user
 
 
 @click.command(
@@ -73,24 +75,37 @@ def tenant() -> None:
 @click.option(
     "--min-run", metavar="DURATION", help="a job runs this long before it may be preempted (default 10m)"
 )
+@click.option("--allow-user", multiple=True, metavar="UID:GID",
+              help="its jobs may run as this host user (spec `user`; repeat); gid 0 never")  # fmt: skip
+@click.option(
+    "--disallow-user", multiple=True, metavar="UID:GID", help="take a user off its allow-list (repeat)"
+)
 @output_option
 @pass_globals
 def set_tenant(globals_: Globals, /, name: str, output: str, **given: Any) -> int:
     """Create a tenant's policy, or change only the fields given on an existing one. A tenant below
     its guarantee is served first and may preempt tenants above their fair share; beyond the
-    guarantees, GPUs are shared by weight; a tenant never holds more than its max."""
+    guarantees, GPUs are shared by weight; a tenant never holds more than its max. Its jobs run as a
+    uid of its own (agent.job_uid_range) unless their spec names a `user` its allow-list holds."""
     client = globals_.client()
     current = next((s.tenant for s in client.tenants() if s.configured and s.tenant.name == name), None)
     policy = current.model_dump(exclude={"name"}) if current else {}
     policy.update(_changes(given))
+    if given["allow_user"] or given["disallow_user"]:
+        gone = {
+            normal_user(u) if re.fullmatch(r"\d{1,10}(:\d{1,10})?", u) else u for u in given["disallow_user"]
+        }
+        kept = [u for u in policy.get("allowed_users", []) if u not in gone]
+        policy["allowed_users"] = kept + list(given["allow_user"])
     tenant = client.set_tenant(name, **policy)
     if output == "json":
         emit_json(tenant)
     else:
         limit = "no limit" if tenant.max_gpus is None else f"max {tenant.max_gpus}"
+        users = ", ".join(tenant.allowed_users) or "none"
         print(f"tenant {tenant.name}: {guarantee(tenant)} guaranteed, {limit}, weight "
               f"{tenant.weight:g}, preempted with {tenant.preempt_grace_s:g}s grace after "
-              f"{tenant.min_run_s:g}s")  # fmt: skip
+              f"{tenant.min_run_s:g}s; host users its jobs may name: {users}")  # fmt: skip
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -11,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -57,6 +59,14 @@ class TokenInfo(BaseModel):
 
 #: a tenant's name becomes a Redis hash field and a metrics label: the rule of job names
 TENANT_NAME = _NAME
+_ALLOWED_USER = r"\d{1,10}:\d{1,10}\Z"
+_MAX_ID = 2**32 - 2
+
+
+def normal_user(text: str) -> str:
+    """``"uid[:gid]"`` as ``"uid:gid"`` without leading zeros (the gid the uid's number when not given)."""
+    uid, _, gid = text.partition(":")
+    return f"{int(uid)}:{int(gid or uid)}"
 
 
 class Tenant(_UserModel):
@@ -87,6 +97,23 @@ class Tenant(_UserModel):
     webhook: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
     #: the webhook hears node state changes too (READY, CORDONED, DRAINING, DRAINED, DOWN, removed)
     webhook_nodes: bool = False
+    #: host users ("uid:gid") its jobs may name as their spec's ``user``; a job that names none runs
+    #: as the tenant's own uid (agent.job_uid_range). Never gid 0; uid 0 only where allow_root_jobs
+    allowed_users: list[Annotated[str, Field(max_length=21)]] = Field(
+        default_factory=list, max_length=64, description='"uid:gid" (both numbers, gid not 0)'
+    )
+
+    @field_validator("allowed_users")
+    @classmethod
+    def _host_users(cls, users: list[str]) -> list[str]:
+        if bad := [
+            u for u in users if not re.match(_ALLOWED_USER, u) or max(map(int, u.split(":"))) > _MAX_ID
+        ]:
+            raise ValueError(f'{bad[0]!r}: expected "uid:gid", two numbers up to {_MAX_ID}, e.g. "1000:1000"')
+        found = {normal_user(u) for u in users}
+        if root := sorted(u for u in found if u.endswith(":0")):
+            raise ValueError(f"{root[0]}: gid 0 is root's group and never allowed; give the user's own group")
+        return sorted(found, key=lambda u: tuple(int(n) for n in u.split(":")))
 
     @model_validator(mode="after")
     def _guarantee_within_max(self) -> Tenant:
@@ -101,6 +128,21 @@ class Tenant(_UserModel):
                     f"a tenant cannot be guaranteed {noun} it may not use"
                 )
         return self
+
+    def check_user(self, requested: str) -> tuple[int, int]:
+        """(uid, gid) of a job spec's ``user`` when this tenant's ``allowed_users`` holds it;
+        :class:`SpecError` naming the field and the fix otherwise (gid 0 never)."""
+        user = normal_user(requested)
+        uid, gid = (int(n) for n in user.split(":"))
+        own = f"drop `user` (its jobs then run as tenant {self.name}'s own uid)"
+        if gid == 0:
+            raise SpecError(f"user {requested!r}: gid 0 is root's group and never allowed; {own}")
+        if user not in self.allowed_users:
+            raise SpecError(
+                f"user {requested!r}: tenant {self.name}'s jobs may not run as host user {user}; {own}, or "
+                f"ask an admin to allow it for the tenant: `fleet tenant set {self.name} --allow-user {user}`"
+            )
+        return uid, gid
 
     @property
     def guaranteed(self) -> bool:

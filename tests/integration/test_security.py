@@ -26,7 +26,9 @@ from fleet.state import JobStore, connect
 from tests.conftest import DirectClient, FleetProcs, need
 
 pytestmark = pytest.mark.integration
-UNPRIVILEGED = {"FLEET_AGENT__JOB_USER": "65534:65534", "FLEET_AGENT__ALLOW_ROOT_JOBS": "false"}
+#: the default: each tenant's jobs run as a uid of its own (agent.job_uid_range), never root
+UNPRIVILEGED = {"FLEET_AGENT__JOB_USER": "", "FLEET_AGENT__ALLOW_ROOT_JOBS": "false"}
+FIRST_UID = 1_000_000_000  # the first tenant's, from the default range
 
 
 def start(procs: FleetProcs, client: Client, node: str = "t-sec", **env: str) -> None:
@@ -71,21 +73,22 @@ def test_an_agent_never_turns_a_crafted_id_into_a_path(
 def test_jobs_run_unprivileged_with_a_private_checkpoint_dir(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
-    # Given a node with the default job_user and a job that reports who it is and what it may do
+    # Given a node with per-tenant uids (the default) and a job that reports who it is and what it may do
     start(procs, client)
     pids = "cat /sys/fs/cgroup/pids.max /sys/fs/cgroup/pids/pids.max 2>/dev/null; true"
     script = f"id -u; id -g; grep CapEff /proc/self/status; {pids}"
     job = client.submit(JobSpec(name="whoami", command=["sh", "-c", script]))
     status = job.wait(timeout=60)
     lines = job.logs().split("\n")
-    # Then it ran as nobody (65534), with no capability, and its checkpoint dir is its own, 0700
+    # Then it ran as its tenant's uid (the first tenant: the range's first), with no capability, and
+    # its checkpoint dir is its own, 0700
     assert status.state == JobState.SUCCEEDED, procs.logs()
-    assert lines[:2] == ["65534", "65534"], lines
+    assert lines[:2] == [str(FIRST_UID), str(FIRST_UID)], lines
     assert lines[2].split() == ["CapEff:", "0000000000000000"]
     ckpt = procs.root / "checkpoints" / job.id
     assert (ckpt.stat().st_uid, ckpt.stat().st_gid, stat.S_IMODE(ckpt.stat().st_mode)) == (
-        65534,
-        65534,
+        FIRST_UID,
+        FIRST_UID,
         0o700,
     )
     if runtime == "docker":
@@ -93,9 +96,12 @@ def test_jobs_run_unprivileged_with_a_private_checkpoint_dir(
 
 
 def test_a_job_asking_for_root_fails_unless_the_operator_allows_it(procs: FleetProcs, client: Client) -> None:
+    # Given a tenant an admin allowed uid 0 (with a group of its own: gid 0 is never allowed)
     start(procs, client)
-    job = client.submit(JobSpec(name="root", command=["id", "-u"], user="0"))
+    client.set_tenant("default", allowed_users=["0:100"])
+    job = client.submit(JobSpec(name="root", command=["id", "-u"], user="0:100"))
     status = job.wait(timeout=60)
+    # Then a node that does not allow root jobs fails it, saying which setting would
     assert status.state == JobState.FAILED and "allow_root_jobs" in status.reason
     assert status.attempt == 1  # not retried: it can never work on this node
 

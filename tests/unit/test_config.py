@@ -114,3 +114,51 @@ def test_a_bad_value_from_the_environment_is_named(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("FLEET_AGENT__HEARTBEAT_INTERVALL_S", "1")
     with pytest.raises(ConfigError, match=r"agent\.heartbeat_intervall_s: Extra inputs are not permitted"):
         load_settings()
+
+
+def test_jobs_run_as_per_tenant_uids_by_default() -> None:
+    agent = load_settings().agent
+    assert (agent.job_user, agent.fixed_user, agent.uid_range) == (None, None, (1_000_000_000, 1_000_000))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0-99", "'0-99': expected START-END with 1 <= START <= END <= 4294967294 (uid 0 is root)"),
+        ("500-499", "'500-499': expected START-END"),
+        ("1-4294967295", "'1-4294967295': expected START-END"),
+        ("1000", "agent.job_uid_range: String should match pattern"),
+        ("-5-9", "agent.job_uid_range: String should match pattern"),
+    ],
+)
+def test_a_bad_job_uid_range_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    monkeypatch.setenv("FLEET_AGENT__JOB_UID_RANGE", value)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert message in str(err.value)
+
+
+def test_a_job_uid_range_gives_its_first_uid_and_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_AGENT__JOB_UID_RANGE", "0700-0799")
+    agent = load_settings().agent
+    assert (agent.job_uid_range, agent.uid_range) == ("700-799", (700, 100))
+
+
+def test_a_fixed_job_user_is_one_persons_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_AGENT__JOB_USER", "1000")
+    assert load_settings().agent.fixed_user == (1000, 1000)
+    monkeypatch.setenv("FLEET_AGENT__JOB_USER", "")  # empty: per-tenant uids again
+    assert load_settings().agent.fixed_user is None
+
+
+@pytest.mark.parametrize("user", ["0", "0:0", "1000:0"])
+def test_a_root_job_user_needs_allow_root_jobs(monkeypatch: pytest.MonkeyPatch, user: str) -> None:
+    monkeypatch.setenv("FLEET_AGENT__JOB_USER", user)
+    with pytest.raises(
+        ConfigError, match=r"job_user '[0-9:]+' is root's \(uid or gid 0\): set allow_root_jobs"
+    ):
+        load_settings()
+    monkeypatch.setenv("FLEET_AGENT__ALLOW_ROOT_JOBS", "true")
+    assert 0 in (load_settings().agent.fixed_user or ())

@@ -30,6 +30,7 @@ from fleet.doctor import (
     clock_check,
     exit_code,
     gpu_checks,
+    job_identity,
     mount_of,
     new_marker,
     port_check,
@@ -369,7 +370,7 @@ def shared_dir() -> Iterator[Path]:
 
 def test_a_writable_checkpoint_root_takes_the_marker(shared_dir: Path) -> None:
     marker = new_marker("gpu-01", shared_dir, 1000.0)
-    check = checkpoint_check(shared_dir, "gpu-01", marker, "65534:65534")
+    check = checkpoint_check(shared_dir, "gpu-01", marker, (65534, 65534))
     assert check.status == OK and check.detail.startswith(f"{shared_dir} on ")
     assert (shared_dir / MARKER_DIR / "gpu-01").read_text() == marker
     assert os.listdir(shared_dir / MARKER_DIR) == ["gpu-01"]  # no temporary or probe left behind
@@ -379,7 +380,7 @@ def test_a_writable_checkpoint_root_takes_the_marker(shared_dir: Path) -> None:
 
 def test_a_missing_checkpoint_root_fails_and_is_not_created(shared_dir: Path) -> None:
     root = shared_dir / "nfs"
-    check = checkpoint_check(root, "gpu-01", "{}", "65534:65534")
+    check = checkpoint_check(root, "gpu-01", "{}", (65534, 65534))
     assert (
         check.status == FAIL and "does not exist" in check.detail and "mount the shared storage" in check.fix
     )
@@ -390,12 +391,34 @@ def test_a_checkpoint_root_the_job_user_cannot_reach_fails(shared_dir: Path) -> 
     private = shared_dir / "private"
     (private / "ckpt").mkdir(parents=True)
     private.chmod(0o700)
-    check = checkpoint_check(private / "ckpt", "gpu-01", "{}", "65534:65534", euid=0)
+    check = checkpoint_check(private / "ckpt", "gpu-01", "{}", (65534, 65534), euid=0)
     assert (
         check.status == FAIL
         and f"uid 65534 (agent.job_user) cannot enter {private} (mode 0700)" in check.detail
     )
     assert check.fix == f"chmod o+x {private}"
+
+
+@pytest.mark.parametrize(
+    ("agent", "expected"),
+    [
+        ({}, "uid 1000000000 (agent.job_uid_range) cannot enter"),
+        ({"job_uid_range": "2000-2999"}, "uid 2000 (agent.job_uid_range) cannot enter"),
+        ({"job_user": "1234:1234"}, "uid 1234 (agent.job_user) cannot enter"),
+    ],
+)
+def test_the_checkpoint_root_is_checked_for_the_uids_jobs_run_as(
+    shared_dir: Path, agent: dict[str, str], expected: str
+) -> None:
+    # Given a checkpoint root under a directory only its owner may enter
+    private = shared_dir / "private"
+    (private / "ckpt").mkdir(parents=True)
+    private.chmod(0o700)
+    # When the node runs jobs as per-tenant uids (the default) or as one fixed user
+    user, setting = job_identity(AgentSettings(**agent))
+    check = checkpoint_check(private / "ckpt", "gpu-01", "{}", user, setting, euid=0)
+    # Then the check fails for that uid, naming the setting it comes from
+    assert check.status == FAIL and f"{expected} {private} (mode 0700)" in check.detail
 
 
 def test_the_mount_holding_the_root_is_named(tmp_path: Path) -> None:
