@@ -12,7 +12,8 @@ lines):
 - ``spawn {key, argv, env, cwd, uid, gid}``: start a process-runtime attempt in a session of its own
   as ``uid``/``gid``, output to ``attempts/<key>/output.log``, with a parent-death signal, so jobs
   die with the supervisor and are never orphaned. Its pid goes to ``meta.json``, its exit code to
-  ``exit`` when it ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``.
+  ``exit`` when it ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``. These
+  three files are 0600 in a 0711 folder: no job reads another's output.
 - ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
 - ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
 - ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
@@ -133,8 +134,9 @@ class Supervisor:
         if time.monotonic() >= self.until - self.margin:
             return {"error": "node lease not confirmed: refusing to start an attempt"}
         folder = self.state_dir / ATTEMPTS / key
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / "output.log", "ab") as out:
+        folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(folder, 0o711)  # the job passes through to its work dir; lists nothing
+        with _private(folder / "output.log", os.O_WRONLY | os.O_APPEND) as out:
             try:
                 proc = _popen(req, out)
             except OSError as exc:
@@ -267,10 +269,18 @@ def _created(pid: int) -> float:
         return 0.0
 
 
+def _private(path: Path, flags: int) -> Any:
+    """``path`` opened (binary), created 0600 whatever the umask: only root reads an attempt's files."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb")
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
+    with _private(tmp, os.O_WRONLY | os.O_TRUNC) as f:
+        f.write(json.dumps(data).encode())
     os.replace(tmp, path)
 
 

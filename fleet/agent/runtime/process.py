@@ -3,9 +3,10 @@
 The node supervisor (``fleet/agent/supervisor.py``) starts them, as the job's user, and records
 their exit, so an agent restarted later learns how an attempt it did not start ended, and an
 attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
-(root-owned: ``meta.json`` with the pid, ``output.log``, ``exit`` once it ended) with a ``work``
-directory the job owns as its working and home directory. Memory and CPU limits are not enforced
-by this runtime (no cgroups); use Docker.
+(root-owned, 0711 as ``<root>`` is: ``meta.json`` with the pid, ``output.log``, ``exit`` once it
+ended, each 0600) with a ``work`` directory the job owns (0700) as its working and home directory:
+a job passes through to its own, and reads nothing of another's, not even its output.
+Memory and CPU limits are not enforced by this runtime (no cgroups); use Docker.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import psutil
 
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec
 from fleet.agent.supervision import SupervisorClient
+from fleet.checkpoints import traversable
 from fleet.models import Exit
 
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
@@ -38,7 +40,7 @@ class ProcessRuntime:
 
     def __init__(self, node: str, root: Path, supervisor: SupervisorClient) -> None:
         self.node, self.root, self.supervisor = node, root, supervisor
-        self.root.mkdir(parents=True, exist_ok=True)
+        traversable(self.root)
 
     def _dir(self, job_id: str, attempt: int) -> Path:
         return self.root / f"{job_id}.{attempt}"
@@ -47,6 +49,7 @@ class ProcessRuntime:
         folder = self._dir(spec.job_id, spec.attempt)
         if (folder / "meta.json").exists():
             return
+        traversable(folder)
         work = folder / "work"
         if spec.workdir is not None and not work.exists():  # a copy of its own, writable by the job
             shutil.copytree(spec.workdir, work, symlinks=True)
