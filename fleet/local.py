@@ -8,6 +8,8 @@ Ctrl-C, SIGTERM (``kill``, systemd, CI runners) and SIGHUP (a closed terminal) a
 way: each child gets SIGTERM and time to stop (the agent stops its jobs), then the temp dir goes.
 Should ``fleet up`` die without that chance (SIGKILL, a crash), the kernel sends each child SIGTERM
 (Linux's parent-death signal), so nothing outlives it.
+
+Its jobs run as whoever started it (``SUDO_USER`` under sudo): one person's machine, their files.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -47,6 +50,31 @@ DEMO_JOBS: list[dict[str, Any]] = [
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _Handler = Callable[[int, Any], Any] | int | None
+
+
+def jobs_run_as(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """The agent settings that run ``fleet up``'s jobs as the person who started it (``SUDO_USER``'s
+    uid and gid under sudo, else this process's own), and a line to print when that is root. An
+    ``agent.job_user`` given in the environment is kept."""
+    if "FLEET_AGENT__JOB_USER" in environ:
+        return {}, ""
+    sudo = environ.get("SUDO_USER", "")
+    if os.geteuid() == 0 and sudo not in ("", "root"):
+        try:
+            entry = pwd.getpwnam(sudo)
+        except KeyError:
+            raise ConfigError(f"SUDO_USER={sudo!r} names no user of this machine, and fleet up runs its "
+                              "jobs as the user who started it: unset SUDO_USER, or set "
+                              "FLEET_AGENT__JOB_USER=uid:gid") from None  # fmt: skip
+        uid, gid = entry.pw_uid, entry.pw_gid
+    else:
+        uid, gid = os.getuid(), os.getgid()
+    settings = {"FLEET_AGENT__JOB_USER": f"{uid}:{gid}"}
+    if 0 in (uid, gid):
+        settings["FLEET_AGENT__ALLOW_ROOT_JOBS"] = "true"
+    note = ("fleet up: started by root, so its jobs run as root; start it from your own account (or "
+            "with sudo from it) to run them as you\n") if uid == 0 else ""  # fmt: skip
+    return settings, note
 
 
 def free_port() -> int:
@@ -99,12 +127,17 @@ class LocalFleet:
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._handlers: dict[int, _Handler] = {}
         self._preexec = die_with_parent()
+        self._jobs_user, self._note = jobs_run_as(os.environ)
 
     def __enter__(self) -> LocalFleet:
         # default_int_handler raises KeyboardInterrupt: the path Ctrl-C takes, during start-up too
         self._redirect(STOP_SIGNALS, signal.default_int_handler)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            if self._tmp:  # 0700 as made: let the jobs' user reach its work and checkpoint dirs in it
+                self.dir.chmod(0o711)
+            if self._note:
+                print(self._note, end="", flush=True)
             if not self.redis_url:
                 self.redis_url = self._spawn_redis()
             env = self._env()
@@ -193,6 +226,7 @@ class LocalFleet:
             FLEET_AGENT__RUNTIME=self.runtime,
             FLEET_AGENT__STOP_JOBS_ON_EXIT="true",
             FLEET_RETRY_BACKOFF_S=env.get("FLEET_RETRY_BACKOFF_S", "1"),
+            **self._jobs_user,
         )
         if self.redis_password_file is not None:  # the Redis it spawned: its password, for the services
             env["FLEET_REDIS_PASSWORD_FILE"] = str(self.redis_password_file)

@@ -153,8 +153,8 @@ def api(globals_: Globals, host: str | None, port: int | None, tls_cert: Path | 
 @pass_globals
 def up(globals_: Globals, gpus: int, runtime: str, state_dir: str | None, demo: bool) -> int:
     """Run Redis, a controller, an agent and the API in the foreground, and print the API's URL and
-    an admin token. Ctrl-C, SIGTERM or SIGHUP stops them all; should `fleet up` be killed, its
-    children stop too (Linux)."""
+    an admin token. Jobs run as you (under sudo: as SUDO_USER). Ctrl-C, SIGTERM or SIGHUP stops them
+    all; should `fleet up` be killed, its children stop too (Linux)."""
     from fleet.local import LocalFleet
 
     with LocalFleet(gpus=gpus, runtime=runtime, state_dir=state_dir, redis_url=globals_.redis_url) as fleet:

@@ -51,9 +51,10 @@ class Up:
         self.proc: subprocess.Popen[bytes] | None = None
         self.seen: dict[int, psutil.Process] = {}
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, **extra: str) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         env["TMPDIR"] = str(self.root)  # its fleet-up-* temp dir lands where the test can look
+        env.update(extra)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "fleet", "up", "--runtime", "process"],
                                          env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
@@ -167,8 +168,9 @@ def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
 
 
 def test_fleet_ups_redis_admits_only_its_services(up: Up) -> None:
-    # Given `fleet up` running, its jobs on the same machine as its redis-server
-    up.start()
+    # Given `fleet up` running, its jobs on the same machine as its redis-server (as the user who ran
+    # it: under sudo, SUDO_USER; a root start would run them as root, who may read anything)
+    up.start(SUDO_USER="nobody")
     client = up.wait_up()
     try:
         redis_proc = next(p for p in up.descendants() if role(p) == "redis")
