@@ -121,8 +121,10 @@ def test_services_run_a_job_as_their_own_acl_users(acl_redis: AclRedis, acl_proc
         assert job.logs().startswith("hello")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as page:
             assert "fleet_redis_memory_bytes " in page.read().decode()
-        # And Redis refused none of what the services sent (its ACL log is empty)
+        # And Redis refused none of what the services sent (its ACL log is empty), the agent's
+        # allocation of the tenant's job uid included
         assert acl_redis.admin.acl_log() == [], acl_procs.logs()
+        assert acl_redis.admin.hgetall("fleet:job_uids") == {"default": "0"}
         assert acl_redis.bus_admin.zscore("fleet:__heartbeats__", "a-dead-broker") is None
         # And each service is connected as its own user, in the state DB and in the bus DB
         users = {(c["user"], c["db"]) for c in acl_redis.admin.client_list()}

@@ -1,4 +1,5 @@
-"""`fleet up`'s children die with it: the parent-death signal, where Linux offers it."""
+"""`fleet up`'s children die with it: the parent-death signal, where Linux offers it; its jobs run
+as the person who started it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 
 import pytest
 
-from fleet.local import die_with_parent
+from fleet.errors import ConfigError
+from fleet.local import die_with_parent, jobs_run_as
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 PR_GET_PDEATHSIG = 2
@@ -56,3 +58,19 @@ def test_without_prctl_children_are_spawned_as_before(monkeypatch: pytest.Monkey
 
     # When / Then there is no hook to run in the child
     assert die_with_parent() is None
+
+
+def test_fleet_ups_jobs_run_as_a_job_user_given_in_the_environment() -> None:
+    assert jobs_run_as({"FLEET_AGENT__JOB_USER": "1234:1234", "SUDO_USER": "nobody"}) == ({}, "")
+
+
+def test_a_sudo_user_that_is_no_user_of_the_machine_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleet.local.os.geteuid", lambda: 0)
+    with pytest.raises(ConfigError, match=r"SUDO_USER='no-such-user-x' names no user of this machine"):
+        jobs_run_as({"SUDO_USER": "no-such-user-x"})
+
+
+def test_an_unprivileged_start_runs_jobs_as_itself_and_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("geteuid", 1000), ("getuid", 1000), ("getgid", 1001)):
+        monkeypatch.setattr(f"fleet.local.os.{name}", lambda value=value: value)
+    assert jobs_run_as({"SUDO_USER": "nobody"}) == ({"FLEET_AGENT__JOB_USER": "1000:1001"}, "")
