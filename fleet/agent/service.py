@@ -94,8 +94,9 @@ class Agent:
     def run(self) -> None:
         """The heartbeat loop runs here and waits on nothing but Redis and the local supervisor;
         launches (image pulls), exits and reconcile run on other threads."""
+        jobs_as = f"job_user {self.cfg.job_user}" if self.cfg.job_user else f"uids {self.cfg.job_uid_range}"
         event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
-              redis=self.settings.redis_display, version=VERSION)  # fmt: skip
+              redis=self.settings.redis_display, version=VERSION, jobs_as=jobs_as)  # fmt: skip
         self.clean_workdir_temp()
         self.supervisor.ensure()
         self.heartbeat()
