@@ -102,14 +102,10 @@ def plan(family: int, uids: str, blocked: Sequence[str], forward: str = "DOCKER-
 def guarded_uids(cfg: AgentSettings) -> str:
     """The uids jobs run as, for ``--uid-owner``: the fixed ``job_user``'s where one is set, else
     ``job_uid_range`` (one uid per tenant)."""
-    if cfg.job_user:
-        return cfg.job_user.partition(":")[0]
-    first, sep, last = cfg.job_uid_range.partition("-")
-    if not (sep and first.isdigit() and last.isdigit() and int(first) <= int(last)):
-        raise ConfigError(
-            f"agent.job_uid_range {cfg.job_uid_range!r}: give START-END, e.g. 1000000000-1000999999"
-        )
-    return f"{int(first)}-{int(last)}"
+    if cfg.fixed_user is not None:
+        return str(cfg.fixed_user[0])
+    start, count = cfg.uid_range
+    return f"{start}-{start + count - 1}"
 
 
 # -- iptables --------------------------------------------------------------------------
