@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
-from fleet.api import webhooks
 from fleet.api.deps import Admin, User
 from fleet.log import event
 from fleet.models import Role, Tenant, TenantStatus
 from fleet.state.tenants import TenantStore
+from fleet.webhooks import shown_url
 
 if TYPE_CHECKING:
     from fleet.backend import Backend
@@ -25,8 +25,8 @@ def routes(tenants: TenantStore, backend: Backend) -> APIRouter:
     @router.get("/v1/tenants")
     def tenant_list(who: User) -> list[TenantStatus]:
         """Every tenant's policy, use, fair share and decayed usage: what anyone waiting may see, to
-        know why (no job of another tenant is named, nor another tenant's webhook URL)."""
-        return [webhooks.redacted(t, who.tenant, who.role == Role.ADMIN) for t in tenants.status()]
+        know why (no job of another tenant is named; see :func:`as_seen_by`)."""
+        return [as_seen_by(t, who.tenant, who.role == Role.ADMIN) for t in tenants.status()]
 
     @router.put("/v1/tenants/{name}")
     def tenant_set(name: str, body: dict[str, Any], who: Admin) -> Tenant:
@@ -45,3 +45,16 @@ def routes(tenants: TenantStore, backend: Backend) -> APIRouter:
         return tenant
 
     return router
+
+
+def as_seen_by(status: TenantStatus, reader_tenant: str, admin: bool) -> TenantStatus:
+    """A tenant's status as another tenant's user may see it: its webhook's scheme and host only
+    (the URL of a Slack webhook is what lets anyone post to the channel), and not which host users
+    its jobs may run as (``allowed_users``: the accounts an attack on a node would aim at)."""
+    tenant = status.tenant
+    if admin or tenant.name == reader_tenant:
+        return status
+    update: dict[str, Any] = {"allowed_users": []}
+    if tenant.webhook is not None:
+        update["webhook"] = tenant.webhook.model_copy(update={"url": shown_url(tenant.webhook.url)})
+    return status.model_copy(update={"tenant": tenant.model_copy(update=update)})

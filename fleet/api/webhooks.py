@@ -9,9 +9,8 @@ from pydantic import BaseModel
 
 from fleet.api.deps import Admin, User, own, whom
 from fleet.errors import Forbidden
-from fleet.models import TENANT_NAME, Role, TenantStatus, WebhookOutcome
+from fleet.models import TENANT_NAME, Role, WebhookOutcome
 from fleet.state.webhooks import WebhookStore
-from fleet.webhooks import shown_url
 
 Tenant = Annotated[str | None, Query(pattern=TENANT_NAME, description="default: the caller's tenant")]
 
@@ -53,13 +52,3 @@ def routes(hooks: WebhookStore) -> APIRouter:
         return hooks.outcomes(tenant, limit)
 
     return router
-
-
-def redacted(status: TenantStatus, reader_tenant: str, admin: bool) -> TenantStatus:
-    """A tenant's status as another tenant's user may see it: its webhook's scheme and host only
-    (the URL of a Slack webhook is what lets anyone post to the channel)."""
-    hook = status.tenant.webhook
-    if hook is None or admin or status.tenant.name == reader_tenant:
-        return status
-    hidden = hook.model_copy(update={"url": shown_url(hook.url)})
-    return status.model_copy(update={"tenant": status.tenant.model_copy(update={"webhook": hidden})})

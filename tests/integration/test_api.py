@@ -239,10 +239,15 @@ def test_tenants_are_set_by_admins_and_seen_by_everyone(api: Api) -> None:
     assert json.loads(hooked.stdout)["webhook"] == {"url": "https://hooks.example/T1", "format": "slack"}
     lone = fleet(api, "tenant", "set", "vision", "--webhook-format", "json")
     assert lone.returncode == 2 and "--webhook-format goes with --webhook URL" in lone.stderr
-    # Then the tenant keeps what was not changed, and every user sees it (no jobs of others named)
+    assert fleet(api, "tenant", "set", "vision", "--allow-user", "4242:4343").returncode == 0
+    # Then the tenant keeps what was not changed, and every user sees it (no jobs of others named,
+    # nor its webhook's secret path, nor which host users its jobs may run as)
     user = api.token_for("u", "nlp")
     listed = json.loads(fleet(api, "tenants", "-o", "json", token=user).stdout)
     vision = next(t["tenant"] for t in listed if t["tenant"]["name"] == "vision")
+    assert vision["webhook"]["url"] == "https://hooks.example/…" and vision["allowed_users"] == []
+    own = json.loads(fleet(api, "tenants", "-o", "json", token=api.token_for("v", "vision")).stdout)
+    assert next(t["tenant"] for t in own if t["tenant"]["name"] == "vision")["allowed_users"] == ["4242:4343"]
     assert (vision["guaranteed_gpus"], vision["max_gpus"], vision["weight"], vision["min_run_s"]) == (
         2,
         8,
