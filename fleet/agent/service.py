@@ -619,8 +619,9 @@ def address_of(name: str) -> str:
 
 
 def _agent_id(state_dir: Path) -> str:
-    """A stable id per machine and state dir, so a restarted agent keeps its own node lease."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """A stable id per machine and state dir, so a restarted agent keeps its own node lease. The
+    state dir is 0711: jobs pass through it to their own folders, and only the agent lists it."""
+    checkpoints.traversable(state_dir)
     path = state_dir / "agent-id"
     try:
         return path.read_text().strip()

@@ -89,6 +89,7 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
         "environ": f"/proc/{pid}/environ", "work": str(folder / "work" / "secret.txt"),
         "checkpoint": str(procs.root / "checkpoints" / hers.id / "s"), "output": str(folder / "output.log"),
         "attempts-listing": str(attempts), "checkpoints-listing": str(procs.root / "checkpoints"),
+        "state-listing": str(attempts.parent),
     }  # fmt: skip
     for label in ("environ", "work", "checkpoint", "output"):  # they are there, and hold it
         assert SECRET in Path(paths[label]).read_bytes().decode(errors="replace"), label
@@ -107,9 +108,8 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {
         "meta.json": 0o600, "output.log": 0o600, "work": 0o700,
     }  # fmt: skip
-    assert [stat.S_IMODE(p.stat().st_mode) for p in (attempts, folder, procs.root / "checkpoints")] == [
-        0o711, 0o711, 0o711,
-    ]  # fmt: skip
+    passed = (attempts.parent, attempts, folder, procs.root / "checkpoints")
+    assert [stat.S_IMODE(p.stat().st_mode) for p in passed] == [0o711] * 4
     alice.cancel(hers.id)
 
 
