@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from fleet.errors import ConfigError
+from fleet.models.base import Size
 
 DAY = 86400.0
 
@@ -144,6 +145,22 @@ class AgentSettings(_Section):
     #: networks jobs may not open connections to (cloud metadata lives at 169.254.169.254)
     job_blocked_networks: list[str] = Field(default_factory=lambda: ["169.254.0.0/16", "fe80::/10"])
     pids_limit: int | None = Field(default=4096, ge=16)
+    #: the limits of a job that names none (its spec's ``cpus``, ``memory``, ``shm_size`` win). A
+    #: CPU-only job: ``default_cpus``, and ``default_memory`` (None: the node's memory per CPU times
+    #: its CPUs). A GPU job: per GPU it holds here, ``default_cpus_per_gpu`` and
+    #: ``default_memory_per_gpu`` (None: the node's CPUs or memory divided by its GPUs), as Slurm's
+    #: DefCpuPerGPU / DefMemPerGPU
+    default_cpus: float = Field(default=1.0, gt=0, le=1024)
+    default_memory: Size = Field(default=None, ge=6 << 20)
+    default_cpus_per_gpu: float | None = Field(default=None, gt=0, le=1024)
+    default_memory_per_gpu: Size = Field(default=None, ge=6 << 20)
+    #: /dev/shm of a container (Docker's own 64 MiB breaks PyTorch DataLoader workers)
+    default_shm_size: Size = Field(default=1 << 30, ge=1 << 20)
+    #: process runtime: each attempt's cgroup is ``<cgroup_parent>/<node>/<job>.<attempt>`` in every
+    #: cgroup hierarchy (relative to its root, e.g. /sys/fs/cgroup)
+    cgroup_parent: str = Field(
+        default="fleet", max_length=200, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"
+    )
     checkpoint_sweep_interval_s: float = Field(default=600.0, gt=0, description="expired jobs' dirs go")
     #: a node that cannot prepare this many attempts in a row (unpack a workdir, make a checkpoint
     #: directory, start a container) cordons itself with the reason; 0: never
@@ -208,6 +225,13 @@ class AgentSettings(_Section):
                 "well to run every job as root, or give another job_user, or none (per-tenant uids)"
             )
         return self
+
+    @field_validator("cgroup_parent")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError(f"{value!r}: a path below the cgroup root, without '.' or '..' (e.g. fleet)")
+        return value
 
     @model_validator(mode="after")
     def _can_fence_in_time(self) -> AgentSettings:

@@ -6,6 +6,7 @@ Integration tests skip when redis-server or Docker is missing locally and fail u
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 import redis
 
+from fleet.agent.cgroups import detect
+from fleet.agent.supervisor import kill_leftovers
 from fleet.backend import Backend
 from fleet.client import Client, JobHandle
 from fleet.config import Settings, load_settings
@@ -144,6 +147,7 @@ class FleetProcs:
 
     def __init__(self, redis_url: str, root: Path, runtime: str, api: Api | None = None) -> None:
         self.redis_url, self.root, self.runtime, self.api = redis_url, root, runtime, api
+        self.cgroup_parent = f"fleet-test/{hashlib.sha256(str(root).encode()).hexdigest()[:16]}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nodes: set[str] = set()
         self.env = dict(os.environ)
@@ -165,6 +169,10 @@ class FleetProcs:
             FLEET_AGENT__DOCKER_PULL="never",
             FLEET_AGENT__GPUS="simulated",
             FLEET_AGENT__RUNTIME=runtime,
+            # attempt cgroups of this fleet's own (node names repeat across tests run side by side),
+            # and a default memory limit that does not shrink with the 64 CPUs above
+            FLEET_AGENT__CGROUP_PARENT=self.cgroup_parent,
+            FLEET_AGENT__DEFAULT_MEMORY="4g",
             FLEET_CONTROLLER__METRICS_PORT="0",
             FLEET_AGENT__METRICS_PORT="0",
             # the network guard changes the host's firewall for every job uid, and its rules outlive
@@ -234,6 +242,28 @@ class FleetProcs:
         for meta in self.root.glob("*/attempts/*/meta.json"):  # process-runtime jobs run in own sessions
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+        remove_cgroups(self.cgroup_parent)
+
+
+def remove_cgroups(parent: str) -> None:
+    """Kill what runs in the attempt cgroups under ``parent`` and remove them (a test's fleet)."""
+    layout = detect()
+    if layout.kind == "none":
+        return
+    tops = [m / parent for m in {*([layout.unified] if layout.unified else []), *layout.v1.values()}]
+    nodes = [node for top in tops if top.is_dir() for node in top.iterdir() if node.is_dir()]
+    kill_leftovers(nodes)
+    for folder in sorted((p for top in tops if top.is_dir() for p in top.rglob("*") if p.is_dir()),
+                         key=lambda p: -len(p.parts)):  # fmt: skip
+        for _ in range(100):
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.02)
+    for top in tops:
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 def world_reachable(path: Path) -> bool:

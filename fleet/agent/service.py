@@ -33,6 +33,7 @@ from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.lifecycle import CANCEL, FATAL, INFRA, JOB, RESIZE, TAIL_LINES, RetryPolicy, explain
 from fleet.log import StepHealth, event
 from fleet.models import Exit, Job, JobSpec, JobState, NodeState
+from fleet.models.spec import MEMORY_MIN
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
 from fleet.sdnotify import Notifier
@@ -309,11 +310,13 @@ class Agent:
         user = self._job_user(spec)
         uid, gid = user if user else (None, None)
         ckpt = checkpoints.prepare(self.settings.checkpoint_root, job.id, job.attempt, uid, gid)
+        gpus = tuple(job.gpus_on(self.node))
+        cpus, memory = job_limits(spec.cpus, spec.memory, len(gpus), self.cfg, self._capacity())
         return LaunchSpec(
             job_id=job.id, attempt=job.attempt, image=image,
-            command=tuple(spec.command), env=dict(spec.env), gpus=tuple(job.gpus_on(self.node)),
-            gpu_devices=self.inventory.backend == "nvml", cpus=spec.cpus, memory=spec.memory,
-            shm_size=spec.shm_size, mounts=tuple(mounts), checkpoint_dir=ckpt,
+            command=tuple(spec.command), env=dict(spec.env), gpus=gpus,
+            gpu_devices=self.inventory.backend == "nvml", cpus=cpus, memory=memory,
+            shm_size=spec.shm_size or self.cfg.default_shm_size, mounts=tuple(mounts), checkpoint_dir=ckpt,
             resume_from=checkpoints.latest(ckpt), user=user, pids_limit=self.cfg.pids_limit,
             array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
             master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
@@ -325,6 +328,10 @@ class Agent:
         again here, since the record may have changed since the job was submitted."""
         requested = self.tenants.policy(spec.tenant).check_user(spec.user) if spec.user else None
         return job_user(requested, self.cfg, lambda: self.uids.uid(spec.tenant, self.cfg.uid_range))
+    def _capacity(self) -> tuple[float, int, int]:
+        """What this node offers: CPUs, memory, GPUs."""
+        cpus = self.cfg.cpus or os.cpu_count() or 1
+        return cpus, self.cfg.memory or psutil.virtual_memory().total, len(self.inventory.gpus())
 
     def _workdir(self, job: Job) -> Path | None:
         """The job's shipped directory, unpacked once per node (content-addressed, read-only)."""
@@ -606,6 +613,24 @@ def job_user(
         return requested or fixed
     uid = tenant_uid()
     return uid, uid
+
+
+def job_limits(
+    cpus: float | None, memory: int | None, gpus: int, cfg: AgentSettings, node: tuple[float, int, int]
+) -> tuple[float, int]:
+    """The CPUs and memory (bytes) an attempt holding ``gpus`` of this node is limited to: what its
+    spec names, else the node's defaults (``AgentSettings.default_cpus`` and the rest). ``node``: the
+    CPUs, memory and GPUs this node offers. Never more than the node offers."""
+    node_cpus, node_memory, node_gpus = node
+    if gpus:
+        share = gpus / max(node_gpus, gpus)
+        per_cpus, per_memory = cfg.default_cpus_per_gpu, cfg.default_memory_per_gpu
+        cpus = cpus or (per_cpus * gpus if per_cpus else node_cpus * share)
+        default = per_memory * gpus if per_memory else int(node_memory * share)
+    else:
+        cpus = cpus or cfg.default_cpus
+        default = cfg.default_memory or int(node_memory * min(cpus / node_cpus, 1.0))
+    return min(cpus, node_cpus), memory or max(min(default, node_memory), MEMORY_MIN)
 
 
 def address_of(name: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.agent import supervisor as server
+from fleet.agent.cgroups import Joined
 from fleet.errors import LaunchError, RuntimeUnavailable
 from fleet.log import event
 
@@ -30,14 +31,17 @@ log = logging.getLogger("fleet.agent.supervision")
 
 class SupervisorClient:
     def __init__(
-        self, state_dir: Path, margin_s: float, tick_s: float = 0.05, idle_exit_s: float = 300.0
-    ) -> None:
+        self, state_dir: Path, margin_s: float, tick_s: float = 0.05, idle_exit_s: float = 300.0,
+        cgroup_dirs: list[Path] | None = None,
+    ) -> None:  # fmt: skip
         self.state_dir, self.margin_s, self.tick_s, self.idle_exit_s = (
             state_dir,
             margin_s,
             tick_s,
             idle_exit_s,
         )
+        #: the node's attempt cgroups, one directory per hierarchy (fleet.agent.cgroups)
+        self.cgroup_dirs = cgroup_dirs or []
         self.path = state_dir / server.SOCKET
         self._sock: socket.socket | None = None
         self._file: Any = None
@@ -59,7 +63,8 @@ class SupervisorClient:
             pass
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-I", server.__file__, str(self.state_dir), "--margin", str(self.margin_s),
-                "--tick", str(self.tick_s), "--idle-exit", str(self.idle_exit_s)]  # fmt: skip
+                "--tick", str(self.tick_s), "--idle-exit", str(self.idle_exit_s),
+                *(a for d in self.cgroup_dirs for a in ("--cgroup", str(d)))]  # fmt: skip
         with open(self.state_dir / "supervisor.log", "ab") as out:
             subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -121,8 +126,10 @@ class SupervisorClient:
         self.request("lease", until=until_monotonic)
 
     def spawn(self, key: str, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,
-              gid: int | None) -> int:  # fmt: skip
-        reply = self.request("spawn", key=key, argv=argv, env=env, cwd=cwd, uid=uid, gid=gid)
+              gid: int | None, cgroup: Joined | None = None) -> int:  # fmt: skip
+        joined = cgroup or Joined([], None)
+        reply = self.request("spawn", key=key, argv=argv, env=env, cwd=cwd, uid=uid, gid=gid,
+                             cgroup_procs=joined.procs, cgroup_kill=joined.kill)  # fmt: skip
         if "error" in reply:
             raise LaunchError(f"supervisor refused to start the attempt: {reply['error']}", retryable=True)
         return int(reply["pid"])

@@ -1,22 +1,29 @@
 """The node's attempt supervisor: holds every attempt and fences them even while the agent is down.
 
-``python -I fleet/agent/supervisor.py STATE_DIR --margin S --idle-exit S`` runs one per node, in a
-session of its own, so it outlives agent restarts (and the agent unit's ``KillMode=process``). The
-agent starts it when none answers on ``STATE_DIR/supervisor.sock`` and then, over that socket (JSON
-lines):
+``python -I fleet/agent/supervisor.py STATE_DIR --margin S --idle-exit S [--cgroup DIR]...`` runs
+one per node, in a session of its own, so it outlives agent restarts (and the agent unit's
+``KillMode=process``). The agent starts it when none answers on ``STATE_DIR/supervisor.sock`` and
+then, over that socket (JSON lines):
 
 - ``lease {until}``: the node lease is confirmed until ``until`` (CLOCK_MONOTONIC, shared by every
   process on the host). Once ``until - margin`` passes unconfirmed, every attempt is SIGKILLed and
   recorded as fenced (``fenced/<job>.<attempt>``): the controller requeues the jobs of a node whose
   lease expired, so they must be dead before it can. This holds whether the agent is alive or not.
-- ``spawn {key, argv, env, cwd, uid, gid}``: start a process-runtime attempt in a session of its own
-  as ``uid``/``gid``, output to ``attempts/<key>/output.log``, with a parent-death signal, so jobs
-  die with the supervisor and are never orphaned. Its pid goes to ``meta.json``, its exit code to
-  ``exit`` when it ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``. These
-  three files are 0600 in a 0711 folder: no job reads another's output.
+- ``spawn {key, argv, env, cwd, uid, gid, cgroup_procs, cgroup_kill}``: start a process-runtime
+  attempt in a session of its own, in the cgroups whose ``cgroup.procs`` files are listed (the agent
+  made them and wrote their limits), as ``uid``/``gid``, output to ``attempts/<key>/output.log``,
+  with a parent-death signal. Its pid goes to ``meta.json``, its exit code to ``exit`` when it
+  ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``. These three files are
+  0600 in a 0711 folder: no job reads another's output.
 - ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
 - ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
 - ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
+
+Every SIGKILL of a spawned attempt (a stop past its grace, the fence, its leader's exit, shutdown)
+kills its whole cgroup (``cgroup_kill``, else each pid of the first ``cgroup_procs``), so a process
+the job moved to a session of its own dies too; the parent-death signal reaches only the leader, so
+a supervisor that starts kills what a dead predecessor left in the attempt cgroups under each
+``--cgroup`` directory (it holds no attempt yet: all of them are leftovers).
 
 When it ends: once it holds no attempt, no agent is connected and none has spoken to it for
 ``--idle-exit`` seconds (an agent uninstalled, or gone for good), it exits; a restarted agent starts
@@ -60,6 +67,8 @@ class Held:
     pidfd: int
     group: bool  # a spawned attempt leads its own process group; an adopted pid is signalled alone
     proc: subprocess.Popen[bytes] | None = None
+    #: a spawned attempt's cgroup: (its cgroup.kill or None, its cgroup.procs)
+    cgroup: tuple[str | None, str] | None = None
     kill_at: float | None = None
     fenced: bool = False
 
@@ -124,6 +133,8 @@ class Supervisor:
                 os.killpg(held.pid, sig)
             else:
                 signal.pidfd_send_signal(held.pidfd, sig)
+        if sig == signal.SIGKILL and held.cgroup is not None:
+            kill_cgroup(*held.cgroup)
 
     # -- children --------------------------------------------------------------------
 
@@ -133,12 +144,16 @@ class Supervisor:
             return {"pid": self.held[key].pid}
         if time.monotonic() >= self.until - self.margin:
             return {"error": "node lease not confirmed: refusing to start an attempt"}
+        procs = [_cgroup_file(p, "cgroup.procs") for p in req.get("cgroup_procs") or []]
+        kill = _cgroup_file(req["cgroup_kill"], "cgroup.kill") if req.get("cgroup_kill") else None
         folder = self.state_dir / ATTEMPTS / key
         folder.mkdir(mode=0o711, parents=True, exist_ok=True)
         os.chmod(folder, 0o711)  # the job passes through to its work dir; lists nothing
         with _private(folder / "output.log", os.O_WRONLY | os.O_APPEND) as out:
             try:
-                proc = _popen(req, out)
+                proc = _popen(req, out, procs)
+            except subprocess.SubprocessError:  # its cgroup, or the switch to its user, failed
+                return {"error": f"cannot put the attempt in its cgroup {procs[:1]} or switch to its user"}
             except OSError as exc:
                 out.write(f"fleet: cannot run {req['argv'][0]!r}: {exc.strerror}\n".encode())
                 _write_json(folder / "exit", {"code": 127 if isinstance(exc, FileNotFoundError) else 126})
@@ -147,7 +162,8 @@ class Supervisor:
                 return {"pid": 0}
         meta = {"pid": proc.pid, "created": _created(proc.pid), "supervisor": os.getpid()}
         _write_json(folder / "meta.json", meta)
-        self.held[key] = Held(key, proc.pid, os.pidfd_open(proc.pid), True, proc)
+        cgroup = (kill, procs[0]) if procs else None
+        self.held[key] = Held(key, proc.pid, os.pidfd_open(proc.pid), True, proc, cgroup=cgroup)
         return {"pid": proc.pid}
 
     def adopt(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -232,26 +248,89 @@ def _key(key: object) -> str:
     return text
 
 
-def _popen(req: dict[str, Any], out: Any) -> subprocess.Popen[bytes]:
-    uid, gid = req.get("uid"), req.get("gid")
-    switch = uid is not None and os.geteuid() == 0
+def _cgroup_file(path: object, name: str) -> str:
+    """A cgroup's ``cgroup.procs`` or ``cgroup.kill``: the agent's word, checked since it is written to."""
+    text = str(path)
+    if not text.startswith("/") or Path(text).name != name or "/../" in text or "\x00" in text:
+        raise ValueError(f"bad cgroup file {text!r}")
+    return text
+
+
+def _popen(req: dict[str, Any], out: Any, procs: list[str]) -> subprocess.Popen[bytes]:
+    uid: int | None = req.get("uid")
+    gid: int | None = req.get("gid")
+    if uid is None or os.geteuid() != 0:  # an agent that is not root runs jobs as itself
+        uid, gid = None, None
     return subprocess.Popen(
         [str(a) for a in req["argv"]], env={str(k): str(v) for k, v in req["env"].items()},
         cwd=req.get("cwd"), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=_die_with_parent, close_fds=True,
-        user=uid if switch else None, group=gid if switch else None, extra_groups=[] if switch else None,
+        start_new_session=True, close_fds=True, preexec_fn=lambda: _in_child(procs, uid, gid),
     )  # fmt: skip
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervisor dies, so no job is ever orphaned;
-    and the signals the supervisor ignores are the job's again (ignored ones survive exec)."""
+def _in_child(procs: list[str], uid: int | None, gid: int | None) -> None:
+    """In the child before exec, in this order: join the attempt's cgroups (root may), become its
+    user (Popen's own switch would come before this function), then ask for SIGKILL when the
+    supervisor dies, so no job is ever orphaned (a change of credentials clears that request). And
+    the signals the supervisor ignores are the job's again (ignored ones survive exec)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for path in procs:
+        with open(path, "w") as f:
+            f.write("0")
+    if uid is not None:
+        os.setgroups([])
+        if gid is not None:
+            os.setgid(gid)
+        os.setuid(uid)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != _SELF[0]:  # the supervisor died before the signal was armed
         os._exit(137)
+
+
+def kill_cgroup(kill: str | None, procs: str) -> None:
+    """SIGKILL every process of a cgroup: write 1 to its ``cgroup.kill`` (Linux 5.14+: the kernel
+    kills them all, those forking meanwhile too); else SIGKILL each pid its ``cgroup.procs`` lists,
+    again until a round finds no pid it has not signalled (a fork bomb's children keep coming)."""
+    if kill is not None:
+        try:
+            with open(kill, "w") as f:
+                f.write("1")
+            return
+        except FileNotFoundError:  # no such cgroup (any more)
+            return
+        except OSError:
+            pass
+    signalled: set[int] = set()
+    for _ in range(1000):
+        try:
+            with open(procs) as f:
+                fresh = {int(p) for p in f.read().split()} - signalled
+        except (OSError, ValueError):
+            return
+        if not fresh:
+            return
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        signalled |= fresh
+
+
+def kill_leftovers(node_dirs: list[Path]) -> int:
+    """Kill whatever runs in the attempt cgroups under ``node_dirs`` (a dead supervisor's attempts,
+    their children that escaped its parent-death signal); how many cgroups held a process."""
+    killed = 0
+    for folder in node_dirs:
+        with contextlib.suppress(OSError):
+            for cgroup in sorted(p for p in folder.iterdir() if p.is_dir()):
+                procs = cgroup / "cgroup.procs"
+                with contextlib.suppress(OSError):
+                    if procs.read_text().split():
+                        kill = cgroup / "cgroup.kill"
+                        kill_cgroup(str(kill) if kill.exists() else None, str(procs))
+                        killed += 1
+    return killed
 
 
 def _alive(pidfd: int) -> bool:
@@ -291,8 +370,13 @@ def _log(line: str) -> None:
 # -- the loop -------------------------------------------------------------------------
 
 
-def serve(state_dir: Path, margin: float, tick_s: float, idle_exit_s: float = 300.0) -> None:
+def serve(
+    state_dir: Path, margin: float, tick_s: float, idle_exit_s: float = 300.0,
+    cgroups: list[Path] | None = None,
+) -> None:  # fmt: skip
     sup = Supervisor(state_dir, margin, idle_exit_s)
+    if cgroups and (killed := kill_leftovers(cgroups)):
+        _log(f"killed_leftovers cgroups={killed} (attempts of a supervisor that died)")
     path = state_dir / SOCKET
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -388,11 +472,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--margin", type=float, required=True, help="seconds before the lease expires")
     parser.add_argument("--tick", type=float, default=0.05)
     parser.add_argument("--idle-exit", type=float, default=300.0, help="exit once idle this long (seconds)")
+    parser.add_argument("--cgroup", type=Path, action="append", default=[], help="a node's attempt cgroups")
     args = parser.parse_args(argv)
     # until serve() handles SIGTERM (an idle supervisor exits; one holding attempts keeps them)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    serve(args.state_dir, args.margin, args.tick, args.idle_exit)
+    serve(args.state_dir, args.margin, args.tick, args.idle_exit, args.cgroup)
     return 0
 
 

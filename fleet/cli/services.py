@@ -81,6 +81,7 @@ def agent(
     globals_: Globals, node_name: str | None, runtime: str | None, gpus: str | None, log_level: str
 ) -> int:
     """Run the node agent service (GPUs, containers, heartbeats)."""
+    from fleet.agent.cgroups import open_cgroups
     from fleet.agent.gpus import open_inventory
     from fleet.agent.runtime import open_runtime
     from fleet.agent.service import Agent
@@ -93,10 +94,12 @@ def agent(
     settings.agent = settings.agent.model_copy(update={k: v for k, v in overrides.items() if v})
     jobs, nodes, bus = _stores(settings)
     cfg = settings.agent
+    cgroups = open_cgroups(cfg.cgroup_parent, cfg.node_name)
     supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4),
-                                  idle_exit_s=cfg.supervisor_idle_exit_s)  # fmt: skip
+                                  idle_exit_s=cfg.supervisor_idle_exit_s,
+                                  cgroup_dirs=cgroups.node_dirs())  # fmt: skip
     service = Agent(
-        settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor), supervisor
+        settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor, cgroups), supervisor
     )
     _stop_on_signals(service.stop_event)
     service.run()

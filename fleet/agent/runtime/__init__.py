@@ -6,6 +6,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from fleet.agent.cgroups import Cgroups, log_layout
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, Runtime
 from fleet.agent.supervision import SupervisorClient
 from fleet.config import AgentSettings
@@ -18,9 +19,10 @@ __all__ = ["AttemptStatus", "LaunchSpec", "Runtime", "open_runtime"]
 RECORD = "runtime"
 
 
-def open_runtime(settings: AgentSettings, supervisor: SupervisorClient) -> Runtime:
+def open_runtime(settings: AgentSettings, supervisor: SupervisorClient, cgroups: Cgroups) -> Runtime:
     """The configured runtime; ``auto`` is the one recorded in the state dir, else Docker when it is
-    installed, else processes. Docker installed but not answering is an error, never a fallback."""
+    installed, else processes (each attempt in a cgroup of its own, in ``cgroups``). Docker installed
+    but not answering is an error, never a fallback."""
     name = choose(settings.runtime, recorded_runtime(settings.state_dir), docker_installed())
     if name == "docker":
         from fleet.agent.runtime.docker import DockerRuntime
@@ -38,7 +40,8 @@ def open_runtime(settings: AgentSettings, supervisor: SupervisorClient) -> Runti
     else:
         from fleet.agent.runtime.process import ProcessRuntime
 
-        runtime = ProcessRuntime(settings.node_name, settings.state_dir / "attempts", supervisor)
+        runtime = ProcessRuntime(settings.node_name, settings.state_dir / "attempts", supervisor, cgroups)
+        log_layout(cgroups)
     _record(settings.state_dir, name)
     event(log, "runtime_chosen", runtime=name, configured=settings.runtime)
     return runtime

@@ -5,8 +5,10 @@ their exit, so an agent restarted later learns how an attempt it did not start e
 attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
 (root-owned, 0711 as ``<root>`` is: ``meta.json`` with the pid, ``output.log``, ``exit`` once it
 ended, each 0600) with a ``work`` directory the job owns (0700) as its working and home directory:
-a job passes through to its own, and reads nothing of another's, not even its output.
-Memory and CPU limits are not enforced by this runtime (no cgroups); use Docker.
+a job passes through to its own, and reads nothing of another's, not even its output. Each attempt
+runs in a cgroup of its own (``fleet.agent.cgroups``) with its memory, CPU and pids limits; killing
+it kills every process it started. Where cgroups cannot be used, attempts are killed by process
+group and not limited.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from pathlib import Path
 
 import psutil
 
+from fleet.agent.cgroups import Cgroups, Layout, Limits
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec
 from fleet.agent.supervision import SupervisorClient
 from fleet.checkpoints import traversable
 from fleet.models import Exit
 
+MiB = 1 << 20
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
 #: output read per attempt per call while it runs; the rest comes with the next call
 _READ_MAX = 1 << 20
@@ -38,8 +42,11 @@ _LINE_MAX = 64 << 10
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, node: str, root: Path, supervisor: SupervisorClient) -> None:
+    def __init__(
+        self, node: str, root: Path, supervisor: SupervisorClient, cgroups: Cgroups | None = None
+    ) -> None:
         self.node, self.root, self.supervisor = node, root, supervisor
+        self.cgroups = cgroups or Cgroups(Layout("none", why="not given"), "fleet", node)
         traversable(self.root)
 
     def _dir(self, job_id: str, attempt: int) -> Path:
@@ -62,7 +69,9 @@ class ProcessRuntime:
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))
         env.update(spec.fleet_env(str(spec.checkpoint_dir) if spec.checkpoint_dir else None))
-        self.supervisor.spawn(f"{spec.job_id}.{spec.attempt}", list(spec.command), env, str(work), uid, gid)
+        key = f"{spec.job_id}.{spec.attempt}"
+        joined = self.cgroups.create(key, Limits(spec.memory, spec.cpus, spec.pids_limit))
+        self.supervisor.spawn(key, list(spec.command), env, str(work), uid, gid, joined)
 
     def supervise(self, job_id: str, attempt: int) -> None:
         """Nothing to do: process attempts are the supervisor's own children."""
@@ -76,11 +85,16 @@ class ProcessRuntime:
         # /proc first, the exit file second: the supervisor writes the file before it reaps the
         # leader, so a leader already gone from /proc has its file unless the supervisor died
         leader = _leader(meta["pid"], meta["created"], meta.get("supervisor"))
+        key = f"{job_id}.{attempt}"
         with contextlib.suppress(FileNotFoundError):
             code = int(json.loads((folder / "exit").read_text())["code"])
+            if (limit := self.cgroups.oom_limit(key)) is not None:
+                reason = f"OOMKilled (memory limit {limit // MiB} MiB)"
+                return AttemptStatus(job_id, attempt, False, Exit(code=code, oom=True, reason=reason))
             return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=_describe(code)))
         if leader != "gone":  # running, or exited and about to be reaped by the supervisor
             return AttemptStatus(job_id, attempt, True)
+        self.cgroups.kill(key)  # what its leader started outlives the parent-death signal
         return AttemptStatus(job_id, attempt, False, Exit(
             code=137, fault="infra", kind="lost", reason="its supervisor died before recording an exit",
         ))  # fmt: skip
@@ -95,15 +109,17 @@ class ProcessRuntime:
 
     def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
         status = self.status(job_id, attempt)
-        if status is None or not status.running:
+        if status is None:
             return
-        self.supervisor.stop(f"{job_id}.{attempt}", grace_s)
-        deadline = time.monotonic() + grace_s + 5
-        while time.monotonic() < deadline:
-            status = self.status(job_id, attempt)
-            if status is None or not status.running:
-                return
-            time.sleep(0.05)
+        if status.running:
+            self.supervisor.stop(f"{job_id}.{attempt}", grace_s)
+            deadline = time.monotonic() + grace_s + 5
+            while time.monotonic() < deadline:
+                status = self.status(job_id, attempt)
+                if status is None or not status.running:
+                    break
+                time.sleep(0.05)
+        self.cgroups.kill(f"{job_id}.{attempt}")
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -112,6 +128,7 @@ class ProcessRuntime:
                 found.update(_group(json.loads((folder / "meta.json").read_text())["pid"]))
             except (FileNotFoundError, json.JSONDecodeError):
                 continue
+            found.update(self.cgroups.members(folder.name))
         return found
 
     def remove(self, job_id: str, attempt: int) -> None:
@@ -119,6 +136,7 @@ class ProcessRuntime:
         status = self.status(job_id, attempt)
         if status is not None and status.running:
             self.stop(job_id, attempt, 0)
+        self.cgroups.remove(key)
         self.supervisor.forget_fence(key)
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
