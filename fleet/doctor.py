@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from fleet.agent import cgroups
 from fleet.agent.gpus import busy_reason
 from fleet.config import DAY, AgentSettings, Settings
 from fleet.errors import ConfigError, GpuError
@@ -144,7 +145,7 @@ def runtime_checks(
         return [Check("runtime", FAIL, str(exc), f"stop this node's jobs, delete state_dir/{RECORD}")], None
     why = f"agent.runtime = {cfg.runtime}" + (f", recorded in state_dir/{RECORD}" if recorded else "")
     if name == "process":
-        checks = [Check("runtime", OK, f"process ({why}): jobs run as plain processes, no limits enforced")]
+        checks = [Check("runtime", OK, f"process ({why}): jobs run as plain processes, each in a cgroup")]
         return [*checks, Check("docker", SKIP, "not used by the process runtime")], name
     import docker
     from docker.errors import DockerException
@@ -252,10 +253,15 @@ def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: 
     return Check(name, OK, f"a container with --gpus all sees {len(listed)} GPUs ({image})")
 
 
-def cgroup_check(runtime: str | None, root: Path = Path("/sys/fs/cgroup")) -> Check:
-    """cgroup v2, with the controllers Docker limits jobs through (memory, cpu, pids)."""
+def cgroup_check(
+    runtime: str | None, root: Path = cgroups.ROOT, mounts: Path = cgroups.MOUNTS, euid: int | None = None
+) -> Check:
+    """Docker: cgroup v2, with the controllers Docker limits jobs through (memory, cpu, pids). The
+    process runtime: cgroups fleet can make attempts' in (see :func:`process_cgroup_check`)."""
+    if runtime == "process":
+        return process_cgroup_check(cgroups.detect(root, mounts, euid))
     if runtime != "docker":
-        return Check("cgroups", SKIP, "not used: the process runtime sets no cgroup limits")
+        return Check("cgroups", SKIP, "no runtime opens (see the runtime line)")
     try:
         found = set((root / "cgroup.controllers").read_text().split())
     except FileNotFoundError:
@@ -274,6 +280,38 @@ def cgroup_check(runtime: str | None, root: Path = Path("/sys/fs/cgroup")) -> Ch
             "enable the controllers (a kernel booted with cgroup_disable=...? see /proc/cmdline)",
         )  # fmt: skip
     return Check("cgroups", OK, f"cgroup v2: {' '.join(sorted(found))}")
+
+
+def process_cgroup_check(layout: cgroups.Layout) -> Check:
+    """Whether the process runtime can put each attempt in a cgroup: limits, and a kill that reaches
+    every process of a job (without, a child in a session of its own outlives its job)."""
+    if layout.kind == "none":
+        return Check(
+            "cgroups", WARN, f"{layout.describe()}: process-runtime jobs are not limited (memory, CPUs, "
+            "processes) and are killed by process group, which a child in a session of its own escapes",
+            "run the agent as root on a host with /sys/fs/cgroup mounted read-write (cgroup v2 or hybrid)",
+        )  # fmt: skip
+    if layout.kind == "v2" and layout.unified is not None:
+        try:
+            offered = set((layout.unified / "cgroup.controllers").read_text().split())
+        except OSError:
+            offered = set()
+    else:
+        offered = set(layout.v1)
+    missing = [c for c in cgroups.CONTROLLERS if c not in offered]
+    if missing:
+        return Check(
+            "cgroups", WARN,
+            f"{layout.describe()}, without {', '.join(missing)}: those limits are not enforced",
+            "enable the controllers (a kernel booted with cgroup_disable=...? see /proc/cmdline)",
+        )  # fmt: skip
+    if layout.kind == "v1":
+        return Check(
+            "cgroups", WARN,
+            f"{layout.describe()}: limits hold, but a job is killed pid by pid (no cgroup.kill)",
+            "mount cgroup2 (boot with systemd.unified_cgroup_hierarchy=1)",
+        )  # fmt: skip
+    return Check("cgroups", OK, f"{layout.describe()}: each attempt in a cgroup; memory, cpu, pids limited")
 
 
 # -- Redis, and its clock ---------------------------------------------------------------

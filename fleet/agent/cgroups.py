@@ -247,9 +247,9 @@ def _enable(folder: Path) -> None:
     """Enable fleet's controllers for ``folder``'s children (those the kernel offers there)."""
     offered = set((folder / "cgroup.controllers").read_text().split())
     enabled = set((folder / "cgroup.subtree_control").read_text().split())
-    for controller in CONTROLLERS:
-        if controller in offered and controller not in enabled:
-            (folder / "cgroup.subtree_control").write_text(f"+{controller}")
+    wanted = [f"+{c}" for c in CONTROLLERS if c in offered and c not in enabled]
+    if wanted:
+        (folder / "cgroup.subtree_control").write_text(" ".join(wanted))
 
 
 def _settings(v2: bool, controllers: tuple[str, ...], limits: Limits) -> list[tuple[str, str]]:

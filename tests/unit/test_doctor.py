@@ -242,11 +242,10 @@ def _agent(tmp_path: Path, **changes: Any) -> AgentSettings:
     return AgentSettings(state_dir=tmp_path / "state", **changes)
 
 
-def test_the_process_runtime_skips_docker_and_cgroups(tmp_path: Path) -> None:
+def test_the_process_runtime_skips_docker(tmp_path: Path) -> None:
     checks, runtime = runtime_checks(_agent(tmp_path, runtime="process"), 2, "img", FakeDocker(answers=False))
     found = _by_name(checks)
     assert runtime == "process" and found["runtime"].status == OK and found["docker"].status == SKIP
-    assert cgroup_check(runtime, tmp_path).status == SKIP
 
 
 def test_a_docker_daemon_that_does_not_answer_fails(tmp_path: Path) -> None:
@@ -333,6 +332,38 @@ def test_cgroup_v1_warns(tmp_path: Path) -> None:
     check = cgroup_check("docker", tmp_path)
     assert check.status == WARN and "cgroup v1" in check.detail
     assert "systemd.unified_cgroup_hierarchy=1" in check.fix
+
+
+def _mounts(tmp_path: Path, *lines: str) -> Path:
+    (tmp_path / "mounts").write_text("".join(f"{line}\n" for line in lines))
+    return tmp_path / "mounts"
+
+
+def test_the_process_runtime_with_cgroup_v2_contains_its_jobs(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    table = _mounts(tmp_path, f"cgroup2 {tmp_path} cgroup2 rw 0 0")
+    check = cgroup_check("process", tmp_path, table, euid=0)
+    assert check.status == OK and check.detail.startswith(
+        f"cgroup v2 at {tmp_path}: each attempt in a cgroup"
+    )
+
+
+def test_the_process_runtime_on_a_hybrid_host_without_a_pids_hierarchy_warns(tmp_path: Path) -> None:
+    for name in ("unified", "memory", "cpu"):
+        (tmp_path / name).mkdir()
+    table = _mounts(
+        tmp_path, f"cgroup2 {tmp_path}/unified cgroup2 rw 0 0",
+        f"cgroup {tmp_path}/memory cgroup rw,memory 0 0", f"cgroup {tmp_path}/cpu cgroup rw,cpu 0 0",
+    )  # fmt: skip
+    check = cgroup_check("process", tmp_path, table, euid=0)
+    assert check.status == WARN and check.detail.endswith("without pids: those limits are not enforced")
+
+
+def test_the_process_runtime_without_cgroups_warns_that_jobs_escape(tmp_path: Path) -> None:
+    table = _mounts(tmp_path, f"cgroup2 {tmp_path} cgroup2 rw 0 0")
+    check = cgroup_check("process", tmp_path, table, euid=1000)
+    assert check.status == WARN and check.detail.startswith("no cgroups: the agent is not root: ")
+    assert "a child in a session of its own escapes" in check.detail and "run the agent as root" in check.fix
 
 
 # -- the clock -----------------------------------------------------------------------------------
