@@ -249,3 +249,14 @@ def test_an_attempt_in_a_real_cgroup_is_limited_and_killed_whole() -> None:
         for folder in groups.node_dirs():
             for path in (folder, folder.parent):
                 path.rmdir()
+
+
+def test_an_attempt_that_cannot_join_its_cgroup_is_not_started(tmp_path: Path) -> None:
+    sup = supervisor.Supervisor(tmp_path, margin=0.1)
+    sup.until = time.monotonic() + 60
+    gone = tmp_path / "cgroup" / "job-1.1" / "cgroup.procs"
+    reply = sup.spawn({"key": "job-1.1", "argv": ["true"], "env": {}, "cgroup_procs": [str(gone)]})
+    assert reply == {"error": f"cannot put the attempt in its cgroup {[str(gone)]} or switch to its user"}
+    assert sup.held == {} and not (tmp_path / "attempts" / "job-1.1" / "meta.json").exists()
+    with pytest.raises(ValueError, match="bad cgroup file"):  # the supervisor writes only cgroup files
+        sup.spawn({"key": "job-1.1", "argv": ["true"], "env": {}, "cgroup_procs": ["/etc/passwd"]})

@@ -29,6 +29,7 @@ from fleet.agent.cgroups import Cgroups, Layout, Limits
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec
 from fleet.agent.supervision import SupervisorClient
 from fleet.checkpoints import traversable
+from fleet.errors import LaunchError
 from fleet.models import Exit
 
 MiB = 1 << 20
@@ -71,7 +72,11 @@ class ProcessRuntime:
         env.update(spec.fleet_env(str(spec.checkpoint_dir) if spec.checkpoint_dir else None))
         key = f"{spec.job_id}.{spec.attempt}"
         joined = self.cgroups.create(key, Limits(spec.memory, spec.cpus, spec.pids_limit))
-        self.supervisor.spawn(key, list(spec.command), env, str(work), uid, gid, joined)
+        try:
+            self.supervisor.spawn(key, list(spec.command), env, str(work), uid, gid, joined)
+        except LaunchError:
+            self.cgroups.remove(key)
+            raise
 
     def supervise(self, job_id: str, attempt: int) -> None:
         """Nothing to do: process attempts are the supervisor's own children."""
