@@ -171,7 +171,12 @@ class Cgroups:
         kill = leaf[0] / "cgroup.kill"
         return Joined([str(d / "cgroup.procs") for d in leaf], str(kill) if kill.exists() else None)
 
-    def _create(self, mount: Path, controllers: tuple[str, ...], key: str, limits: Limits) -> None:
+    def prepare(self) -> None:
+        """Make this node's directory in each hierarchy (OSError when the kernel refuses)."""
+        for mount, _ in self._hierarchies():
+            self._node_dir(mount)
+
+    def _node_dir(self, mount: Path) -> Path:
         v2 = self.layout.kind == "v2"
         folder = mount
         for part in [*self.parent.split("/"), self.node]:
@@ -181,7 +186,11 @@ class Cgroups:
             folder.mkdir(exist_ok=True)
         if v2:
             _enable(folder)
-        leaf = folder / key
+        return folder
+
+    def _create(self, mount: Path, controllers: tuple[str, ...], key: str, limits: Limits) -> None:
+        v2 = self.layout.kind == "v2"
+        leaf = self._node_dir(mount) / key
         leaf.mkdir(exist_ok=True)
         for name, value in _settings(v2, controllers, limits):
             optional = name.startswith("memory.memsw") or name == "memory.swap.max"
@@ -273,8 +282,15 @@ def _settings(v2: bool, controllers: tuple[str, ...], limits: Limits) -> list[tu
 
 
 def open_cgroups(parent: str, node: str) -> Cgroups:
-    """This node's attempt cgroups, in the layout this host has."""
-    return Cgroups(detect(), parent, node)
+    """This node's attempt cgroups, in the layout this host has: none where the kernel refuses to
+    make this node's directories (a container that mounts cgroupfs read-write but owns no cgroup)."""
+    cgroups = Cgroups(detect(), parent, node)
+    try:
+        cgroups.prepare()
+    except OSError as exc:
+        why = f"cannot set up {exc.filename or cgroups.node_dirs()[0]}: {exc.strerror}"
+        return Cgroups(Layout("none", why=why), parent, node)
+    return cgroups
 
 
 def log_layout(cgroups: Cgroups) -> None:

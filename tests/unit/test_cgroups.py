@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.agent import supervisor
+from fleet.agent import cgroups, supervisor
 from fleet.agent.cgroups import Cgroups, Layout, Limits, detect
 from fleet.agent.supervisor import kill_cgroup, kill_leftovers
 from fleet.errors import LaunchError
@@ -260,3 +260,14 @@ def test_an_attempt_that_cannot_join_its_cgroup_is_not_started(tmp_path: Path) -
     assert sup.held == {} and not (tmp_path / "attempts" / "job-1.1" / "meta.json").exists()
     with pytest.raises(ValueError, match="bad cgroup file"):  # the supervisor writes only cgroup files
         sup.spawn({"key": "job-1.1", "argv": ["true"], "env": {}, "cgroup_procs": ["/etc/passwd"]})
+
+
+def test_a_host_whose_kernel_refuses_the_node_directory_has_no_cgroups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cgroup.controllers").write_text("memory\n")  # no cgroup.subtree_control: refused
+    monkeypatch.setattr(cgroups, "detect", lambda: Layout("v2", tmp_path))
+    found = cgroups.open_cgroups("fleet", "n1")
+    assert found.layout.kind == "none" and found.layout.why.startswith(f"cannot set up {tmp_path}")
+    v2_tree(tmp_path)
+    assert cgroups.open_cgroups("fleet", "n1").layout == Layout("v2", tmp_path)
