@@ -329,9 +329,11 @@ class Agent:
         requested = self.tenants.policy(spec.tenant).check_user(spec.user) if spec.user else None
         return job_user(requested, self.cfg, lambda: self.uids.uid(spec.tenant, self.cfg.uid_range))
     def _capacity(self) -> tuple[float, int, int]:
-        """What this node offers: CPUs, memory, GPUs."""
-        cpus = self.cfg.cpus or os.cpu_count() or 1
-        return cpus, self.cfg.memory or psutil.virtual_memory().total, len(self.inventory.gpus())
+        """What this node offers jobs, CPUs, memory and GPUs: never more CPUs or memory than the
+        machine has (a limit past them is meaningless, and Docker refuses CPUs it does not have)."""
+        cpus, memory = os.cpu_count() or 1, psutil.virtual_memory().total
+        offered = min(self.cfg.cpus or cpus, cpus), min(self.cfg.memory or memory, memory)
+        return *offered, len(self.inventory.gpus())
 
     def _workdir(self, job: Job) -> Path | None:
         """The job's shipped directory, unpacked once per node (content-addressed, read-only)."""
