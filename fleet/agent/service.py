@@ -328,6 +328,7 @@ class Agent:
         again here, since the record may have changed since the job was submitted."""
         requested = self.tenants.policy(spec.tenant).check_user(spec.user) if spec.user else None
         return job_user(requested, self.cfg, lambda: self.uids.uid(spec.tenant, self.cfg.uid_range))
+
     def _capacity(self) -> tuple[float, int, int]:
         """What this node offers jobs, CPUs, memory and GPUs: never more CPUs or memory than the
         machine has (a limit past them is meaningless, and Docker refuses CPUs it does not have)."""

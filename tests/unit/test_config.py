@@ -162,6 +162,8 @@ def test_a_root_job_user_needs_allow_root_jobs(monkeypatch: pytest.MonkeyPatch, 
         load_settings()
     monkeypatch.setenv("FLEET_AGENT__ALLOW_ROOT_JOBS", "true")
     assert 0 in (load_settings().agent.fixed_user or ())
+
+
 @pytest.mark.parametrize("parent", ["../escape", "fleet/..", "/fleet", "fleet//x", "fleet x"])
 def test_a_cgroup_parent_stays_below_the_cgroup_root(parent: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_AGENT__CGROUP_PARENT", parent)
