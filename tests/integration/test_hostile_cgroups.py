@@ -194,3 +194,34 @@ def test_a_docker_job_that_names_no_limits_gets_the_nodes_defaults(
     assert host["NanoCpus"] == 1_000_000_000 and host["ShmSize"] == 1024 * MiB
     job.cancel()
     assert job.wait(timeout=60).state == JobState.CANCELLED
+
+
+def test_a_cancelled_docker_job_leaves_no_process_of_its_container(
+    docker_procs: FleetProcs, client: Client
+) -> None:
+    docker_procs.controller()
+    docker_procs.agent("t-hd", gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    # Given a running container job whose child moved to a session of its own
+    job = client.submit(JobSpec(name="escape", command=["sh", "-c", "setsid sleep 300 & sleep 300"]))
+    api = docker.from_env(timeout=10)
+    try:
+        name = f"fleet-{job.id}-1"
+
+        def host_pids() -> list[int]:
+            try:
+                top = api.containers.get(name).top(ps_args="-eo pid")
+            except docker.errors.NotFound:
+                return []
+            return [int(row[0]) for row in top["Processes"]]
+
+        # (init, the escaped sleep, and the shell's, which the shell became)
+        wait_for(lambda: len(host_pids()) >= 3, 60, "the container's processes", docker_procs)
+        pids = host_pids()
+        # When the job is cancelled
+        job.cancel()
+        # Then it ends CANCELLED and none of its processes runs on the host, the escaped one included
+        assert job.wait(timeout=60).state == JobState.CANCELLED, docker_procs.logs()
+        wait_for(lambda: not any(alive(pid) for pid in pids), 15, "every process gone", docker_procs)
+    finally:
+        api.close()
