@@ -117,7 +117,7 @@ class Supervisor:
         late = now - (self.until - self.margin)
         fresh = [h for h in self.held.values() if not h.fenced]
         for held in fresh:
-            (self.state_dir / FENCED).mkdir(exist_ok=True)
+            (self.state_dir / FENCED).mkdir(mode=0o700, exist_ok=True)
             (self.state_dir / FENCED / held.key).write_text(
                 f"lease unconfirmed {late:.2f}s past the margin\n"
             )
