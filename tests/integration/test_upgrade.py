@@ -46,6 +46,12 @@ from tests.fixtures.make_release_dump import wait_for as eventually
 
 pytestmark = pytest.mark.integration
 YEARS = str(10 * 365 * 86_400)
+#: settings the test harness gives every service that came after 0.1.0
+NEWER_SETTINGS = (
+    "FLEET_AGENT__CGROUP_PARENT",
+    "FLEET_AGENT__DEFAULT_MEMORY",
+    "FLEET_AGENT__JOB_NETWORK_GUARD",
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +70,12 @@ class Fleet(FleetProcs):
         self.release = release
 
     def start(self, name: str, argv: list[str], old: bool = False, **env: str) -> subprocess.Popen[bytes]:
-        if old:
-            env["PYTHONPATH"] = release_path(self.release)
+        full = {**self.env, **env}
+        if old:  # 0.1.0 refuses settings it does not know, as an operator's old config would not hold them
+            full = {k: v for k, v in full.items() if k not in NEWER_SETTINGS}
+            full["PYTHONPATH"] = release_path(self.release)
         with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(fleet_argv(*argv), env={**self.env, **env}, cwd=self.root, stdout=log,
+            proc = subprocess.Popen(fleet_argv(*argv), env=full, cwd=self.root, stdout=log,
                                     stderr=subprocess.STDOUT)  # fmt: skip
         self.procs[name] = proc
         return proc
@@ -236,7 +244,8 @@ def test_a_fleet_upgraded_from_0_1_0_reads_its_records_and_runs_its_jobs(
 
 def old_cli(fleet: Fleet, *args: str, **env: str) -> str:
     """0.1.0's ``fleet`` command (from its install dir alone); its standard output."""
-    full = {**fleet.env, "PYTHONPATH": release_path(fleet.release), **env}
+    full = {k: v for k, v in {**fleet.env, **env}.items() if k not in NEWER_SETTINGS}
+    full["PYTHONPATH"] = release_path(fleet.release)
     done = subprocess.run(
         fleet_argv(*args), env=full, cwd=fleet.root, capture_output=True, text=True, timeout=60
     )
