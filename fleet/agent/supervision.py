@@ -46,6 +46,7 @@ class SupervisorClient:
         self._sock: socket.socket | None = None
         self._file: Any = None
         self._lock = threading.Lock()
+        self._started: subprocess.Popen[bytes] | None = None
 
     # -- connection ------------------------------------------------------------------
 
@@ -58,15 +59,20 @@ class SupervisorClient:
     def _connect_or_start(self) -> None:
         try:
             self._attach(self._open())
-            return
         except OSError:
             pass
+        else:
+            if self._current():
+                return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-I", server.__file__, str(self.state_dir), "--margin", str(self.margin_s),
                 "--tick", str(self.tick_s), "--idle-exit", str(self.idle_exit_s),
                 *(a for d in self.cgroup_dirs for a in ("--cgroup", str(d)))]  # fmt: skip
         with open(self.state_dir / "supervisor.log", "ab") as out:
-            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+            # kept: the supervisor outlives this client, and a Popen dropped while its child runs warns
+            self._started = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -76,6 +82,27 @@ class SupervisorClient:
             except OSError:
                 time.sleep(0.02)
         raise RuntimeUnavailable(f"the node supervisor did not start; see {self.state_dir}/supervisor.log")
+
+    def _current(self) -> bool:
+        """Whether to keep the supervisor just reached. One of an older release (an agent upgraded in
+        place) would start attempts outside their cgroups: it is replaced while it holds nothing, and
+        kept, with a warning, while it holds attempts (they stay fenced; drain the node to move on)."""
+        reply = self._exchange({"op": "ping"})
+        protocol = int(reply.get("protocol", 1))
+        if protocol >= server.PROTOCOL:
+            return True
+        if reply.get("held"):
+            fix = "drain the node, then restart the agent: new attempts are not in cgroups until then"
+            held = len(reply["held"])
+            event(log, "supervisor_outdated", logging.WARNING, protocol=protocol, held=held, fix=fix)
+            return True
+        self._exchange({"op": "shutdown"})
+        self._drop()
+        pid, deadline = int(reply.get("pid", 0)), time.monotonic() + 10
+        while pid and _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        event(log, "supervisor_replaced", protocol=protocol, pid=pid)
+        return False
 
     def _open(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -165,6 +192,9 @@ class SupervisorClient:
             self.request("shutdown")
         with self._lock:
             self._drop()
+            if self._started is not None:  # one this client started: reap it once it exits
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._started.wait(timeout=10)
 
     def watch(self, on_exit: Callable[[str], None], stop: threading.Event) -> None:
         """Call ``on_exit(key)`` from a thread for every attempt the supervisor reaps."""

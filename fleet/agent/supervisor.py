@@ -54,6 +54,9 @@ from pathlib import Path
 from typing import Any
 
 SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attempts", "fenced"
+#: what this supervisor can do, in its ``ping`` answer: 2 puts attempts in their cgroups (one of an
+#: older release answers no ``protocol``: 1)
+PROTOCOL = 2
 _PR_SET_PDEATHSIG = 1
 _EXITED = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _SELF = [os.getpid()]
@@ -227,7 +230,7 @@ class Supervisor:
             self.watchers.append(conn)
             return {"ok": True}
         if op == "ping":
-            return {"pid": os.getpid(), "held": sorted(self.held)}
+            return {"pid": os.getpid(), "held": sorted(self.held), "protocol": PROTOCOL}
         if op == "drop":
             self._forget(_key(req["key"]))
             return {"ok": True}

@@ -18,8 +18,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +31,8 @@ import pytest
 import redis
 
 from fleet import Client, JobState, __version__
+from fleet.agent.supervision import SupervisorClient
+from fleet.agent.supervisor import PROTOCOL, SOCKET
 from fleet.errors import Unauthorized
 from fleet.local import free_port
 from fleet.versions import HEADER, OLDEST
@@ -363,3 +367,47 @@ def test_fleet_version_names_the_api_release_to_a_caller_without_a_valid_token(f
     with Client(f"http://127.0.0.1:{port}", "fleet_000000000000_nope") as client, pytest.raises(Unauthorized):
         client.whoami()
     assert client.server_version == __version__ and HEADER == "Fleet-Version"
+
+
+def test_an_upgraded_agent_replaces_an_idle_supervisor_of_0_1_0_and_keeps_a_busy_one(
+    release: Path, tmp_path: Path
+) -> None:
+    """0.1.0's supervisor starts attempts outside any cgroup: the agent replaces it once it holds
+    nothing, and keeps it while it fences running attempts (they must not die for an upgrade)."""
+    supervisor = release / "fleet" / "agent" / "supervisor.py"
+
+    def old_supervisor(state: Path) -> subprocess.Popen[bytes]:
+        state.mkdir()
+        with open(state / "supervisor.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-I", str(supervisor), str(state), "--margin", "1"],
+                                    stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+        eventually(lambda: (state / SOCKET).exists(), "0.1.0's supervisor listening")
+        return proc
+
+    # Given 0.1.0's supervisor holding nothing on one node, and one holding a running attempt on another
+    idle, busy = old_supervisor(tmp_path / "idle"), old_supervisor(tmp_path / "busy")
+    spawn = {"op": "spawn", "key": "job-1.1", "argv": ["sleep", "300"], "env": {}, "cwd": str(tmp_path)}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, sock.makefile("rb") as answers:
+        sock.connect(str(tmp_path / "busy" / SOCKET))  # as 0.1.0's agent spoke to it
+        for request in ({"op": "lease", "until": time.monotonic() + 600}, spawn):
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            assert "error" not in json.loads(answers.readline())
+    fresh = SupervisorClient(tmp_path / "idle", margin_s=1)
+    kept = SupervisorClient(tmp_path / "busy", margin_s=1)
+    try:
+        # When this release's agent reaches each node's supervisor
+        fresh.ensure()
+        kept.ensure()
+        # Then the idle one has made way for this release's, which puts attempts in their cgroups
+        assert idle.wait(timeout=15) == 0
+        answer = fresh.request("ping")
+        assert answer["protocol"] == PROTOCOL and answer["pid"] != idle.pid
+        # And the busy one still runs and holds its attempt
+        answer = kept.request("ping")
+        assert "protocol" not in answer and (answer["pid"], answer["held"]) == (busy.pid, ["job-1.1"])
+    finally:
+        for client in (fresh, kept):
+            client.shutdown()
+        for proc in (idle, busy):
+            proc.kill()
+            proc.wait()
