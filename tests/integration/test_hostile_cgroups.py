@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -17,6 +15,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.agent.cgroups import detect
 from tests.conftest import FleetProcs
+from tests.integration.test_supervisor_lifetime import running, wait_for
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -32,23 +31,6 @@ def cgroups() -> None:
     layout = detect()
     if layout.kind == "none":
         pytest.skip(f"the process runtime contains jobs in cgroups, and here there are none: {layout.why}")
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie (a killed orphan waits for init to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, procs: FleetProcs) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s\n{procs.logs()}")
 
 
 def shared(tmp_path: Path) -> Path:
@@ -87,12 +69,12 @@ def test_a_cancelled_job_takes_the_child_it_moved_to_a_session_of_its_own(
         job = client.submit(JobSpec(name="escape", command=["sh", "-c", f"{escape(folder)} & wait"]))
         wait_for(lambda: (folder / "child").exists(), 30, "the child started", procs)
         child = int((folder / "child").read_text())
-        assert alive(child) and os.getsid(child) == child
+        assert running(child) and os.getsid(child) == child
         # When the job is cancelled
         job.cancel()
         # Then it ends CANCELLED and its escaped child is gone too
         assert job.wait(timeout=60).state == JobState.CANCELLED, procs.logs()
-        wait_for(lambda: not alive(child), 15, "the escaped child killed", procs)
+        wait_for(lambda: not running(child), 15, "the escaped child killed", procs)
 
 
 def test_a_killed_supervisor_leaves_nothing_of_a_job_running_when_its_next_attempt_starts(
@@ -116,13 +98,13 @@ def test_a_killed_supervisor_leaves_nothing_of_a_job_running_when_its_next_attem
         job = client.submit(JobSpec(name="outlive", command=["sh", "-c", script], max_attempts=1))
         wait_for(lambda: (folder / "child").exists(), 30, "the child started", procs)
         child = int((folder / "child").read_text())
-        assert alive(child)
+        assert running(child)
         # When the node's supervisor is SIGKILLed (its parent-death signal reaches the leader only)
         os.kill(int((procs.root / "t-hs" / "supervisor.pid").read_text()), signal.SIGKILL)
         # Then the agent finds the attempt lost and starts attempt 2, which finds no child of attempt 1
         status = job.wait(timeout=60)
         assert status.state == JobState.SUCCEEDED and status.attempt == 2, (job.logs(), procs.logs())
-        assert job.logs() == "clean" and not alive(child)
+        assert job.logs() == "clean" and not running(child)
 
 
 def test_a_job_over_its_memory_is_oom_killed_and_told_so(
@@ -222,6 +204,6 @@ def test_a_cancelled_docker_job_leaves_no_process_of_its_container(
         job.cancel()
         # Then it ends CANCELLED and none of its processes runs on the host, the escaped one included
         assert job.wait(timeout=60).state == JobState.CANCELLED, docker_procs.logs()
-        wait_for(lambda: not any(alive(pid) for pid in pids), 15, "every process gone", docker_procs)
+        wait_for(lambda: not any(running(pid) for pid in pids), 15, "every process gone", docker_procs)
     finally:
         api.close()
