@@ -74,15 +74,18 @@ class Fleet(FleetProcs):
         self.release = release
 
     def start(self, name: str, argv: list[str], old: bool = False, **env: str) -> subprocess.Popen[bytes]:
-        full = {**self.env, **env}
-        if old:  # 0.1.0 refuses settings it does not know, as an operator's old config would not hold them
-            full = {k: v for k, v in full.items() if k not in NEWER_SETTINGS}
-            full["PYTHONPATH"] = release_path(self.release)
+        full = self.old_env(env) if old else {**self.env, **env}
         with open(self.root / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(fleet_argv(*argv), env=full, cwd=self.root, stdout=log,
                                     stderr=subprocess.STDOUT)  # fmt: skip
         self.procs[name] = proc
         return proc
+
+    def old_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment of a 0.1.0 service or command: without the settings 0.1.0 refuses as
+        unknown (an operator's old config would not hold them), its install dir first on the path."""
+        full = {k: v for k, v in {**self.env, **env}.items() if k not in NEWER_SETTINGS}
+        return {**full, "PYTHONPATH": release_path(self.release)}
 
     def api_server(self, name: str, port: int, old: bool = False) -> None:
         self.start(name, ["api", "--port", str(port), "--log-level", "warning"], old=old)
@@ -248,10 +251,8 @@ def test_a_fleet_upgraded_from_0_1_0_reads_its_records_and_runs_its_jobs(
 
 def old_cli(fleet: Fleet, *args: str, **env: str) -> str:
     """0.1.0's ``fleet`` command (from its install dir alone); its standard output."""
-    full = {k: v for k, v in {**fleet.env, **env}.items() if k not in NEWER_SETTINGS}
-    full["PYTHONPATH"] = release_path(fleet.release)
     done = subprocess.run(
-        fleet_argv(*args), env=full, cwd=fleet.root, capture_output=True, text=True, timeout=60
+        fleet_argv(*args), env=fleet.old_env(env), cwd=fleet.root, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done
     return done.stdout
