@@ -7,6 +7,7 @@ Whether a failure is worth retrying is part of its type: ``retryable`` is a clas
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 class FleetError(Exception):
@@ -164,3 +165,13 @@ class RuntimeUnavailable(FleetError):
     """The container runtime (Docker daemon) does not answer."""
 
     retryable = True
+
+
+def error_body(exc: FleetError) -> dict[str, Any]:
+    """An error as the API answers it: what a client needs to raise the same error (its type,
+    message and exit code)."""
+    body: dict[str, Any] = {"error": type(exc).__name__, "detail": str(exc), "exit_code": exc.exit_code}
+    if isinstance(exc, JobExpired):
+        body["expired"] = {"job_id": exc.job_id, "state": exc.state, "ended_at": exc.ended_at,
+                           "expired_at": exc.expired_at}  # fmt: skip
+    return body

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -22,7 +22,8 @@ from fleet.models import NodeState
 from fleet.state.connection import used_memory
 
 if TYPE_CHECKING:
-    from fleet.agent.service import Agent
+    from fleet.agent.gpus.base import GpuInventory
+    from fleet.agent.runtime.base import Runtime
     from fleet.state import JobStore, NodeStore
     from fleet.state.tenants import TenantStore
 
@@ -102,8 +103,17 @@ def controller_registry(
     return registry, latency
 
 
+class Metered(Protocol):
+    """What the agent's metrics read of it (an agent, without importing the agent)."""
+
+    node: str
+    inventory: GpuInventory
+    runtime: Runtime
+    renewed_at: float
+
+
 class AgentCollector(Collector):
-    def __init__(self, agent: Agent, clock: Callable[[], float]) -> None:
+    def __init__(self, agent: Metered, clock: Callable[[], float]) -> None:
         self.agent, self.clock = agent, clock
 
     def collect(self) -> Iterator[Metric]:
@@ -130,7 +140,7 @@ class AgentCollector(Collector):
         yield lag
 
 
-def agent_registry(agent: Agent, clock: Callable[[], float]) -> CollectorRegistry:
+def agent_registry(agent: Metered, clock: Callable[[], float]) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent, clock))
     return registry

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -42,6 +41,7 @@ from fleet.errors import (
     StoreUnavailable,
     TooManyRequests,
     Unauthorized,
+    error_body,
 )
 from fleet.keys import Keys
 from fleet.state.blobs import BlobStore
@@ -67,15 +67,6 @@ STATUS: dict[type[FleetError], int] = {
 
 def status_of(exc: FleetError) -> int:
     return next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 400)
-
-
-def error_body(exc: FleetError) -> dict[str, Any]:
-    """What a client needs to raise the same error: its type, message and exit code."""
-    body: dict[str, Any] = {"error": type(exc).__name__, "detail": str(exc), "exit_code": exc.exit_code}
-    if isinstance(exc, JobExpired):
-        body["expired"] = {"job_id": exc.job_id, "state": exc.state, "ended_at": exc.ended_at,
-                           "expired_at": exc.expired_at}  # fmt: skip
-    return body
 
 
 # -- the app ---------------------------------------------------------------------------------

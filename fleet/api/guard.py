@@ -18,7 +18,7 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from fleet.api.deps import NO_TOKEN, UNKNOWN_TOKEN, bearer
-from fleet.errors import FleetError, SpecError, Unauthorized
+from fleet.errors import FleetError, SpecError, Unauthorized, error_body
 from fleet.state.tokens import TokenStore
 
 Scope = MutableMapping[str, Any]
@@ -101,8 +101,6 @@ def _replay(body: bytes, then: Message | None) -> Receive:
 
 
 async def _answer(send: Send, status: int, exc: FleetError, headers: dict[str, str] | None = None) -> None:
-    from fleet.api.app import error_body
-
     payload = json.dumps(error_body(exc)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
            (b"connection", b"close")]  # fmt: skip

@@ -23,10 +23,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from fleet.api import views
 from fleet.api.deps import COOKIE, Reader, identify, own, sees_all
 from fleet.backend import Backend
-from fleet.cli.output import ago, size, stamp
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
 from fleet.state.tenants import TenantStore
+from fleet.text import ago, countdown, ordinal, size, stamp, took
 from fleet.versions import OLDEST, VERSION
 
 PREFIX = "/ui"
@@ -48,7 +48,7 @@ HEADERS = {
 
 _env = Environment(loader=PackageLoader("fleet.api", "templates"), autoescape=select_autoescape(),
                    trim_blocks=True, lstrip_blocks=True)  # fmt: skip
-_env.filters.update(ago=ago, stamp=stamp, size=size, duration=views.duration, ordinal=views.ordinal)
+_env.filters.update(ago=ago, stamp=stamp, size=size, duration=took, ordinal=ordinal)
 templates = Jinja2Templates(env=_env)
 
 
@@ -189,7 +189,7 @@ def page_routes(backend: Backend, tenants: TenantStore) -> APIRouter:  # noqa: C
         own(who, found.spec.tenant, f"job {job_id}")
         position = backend.position(job_id) if found.state == JobState.QUEUED else None
         lines = backend.logs(job_id)[-LOG_TAIL:] if found.attempt else []
-        wait, refresh = views.countdown(found, time.time()), 0 if found.state.final else REFRESH_S
+        wait, refresh = countdown(found, time.time()), 0 if found.state.final else REFRESH_S
         return page(request, "job.html", who, refresh, job=found, history=backend.history(job_id),
                     lines=lines, position=position, countdown=wait, tail=LOG_TAIL)  # fmt: skip
 

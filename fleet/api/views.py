@@ -123,23 +123,3 @@ def tenant_rows(statuses: Iterable[TenantStatus], total_gpus: int) -> list[Tenan
         TenantRow(s, s.gpus_used / scale, s.fair_share_gpus / scale, s.tenant.guaranteed_gpus / scale)
         for s in statuses
     ]
-
-
-def countdown(job: Job, now: float) -> str:
-    """A queued job's wait before its next attempt (stored reasons hold no countdown), or ""."""
-    left = job.not_before - now
-    return f"next attempt in {left:.0f}s" if job.state == JobState.QUEUED and left > 0 else ""
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-
-
-def ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"

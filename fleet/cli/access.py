@@ -8,10 +8,12 @@ import sys
 import click
 
 from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals
-from fleet.cli.output import Table, View, emit_json, show_view, stamp
+from fleet.cli.output import emit_json, show_view
+from fleet.cli.view import Table, View
 from fleet.client import Client, credentials_path, save_credentials
 from fleet.errors import SpecError
 from fleet.models import Role, TokenInfo
+from fleet.text import stamp
 
 
 @click.command(

@@ -7,7 +7,8 @@ import re
 import click
 
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
-from fleet.cli.output import Field, emit_json
+from fleet.cli.output import emit_json
+from fleet.cli.view import Field
 from fleet.models import LEARN, Job, Range
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*\Z")

@@ -22,26 +22,14 @@ from fleet.cli.common import (
 )  # fmt: skip
 from fleet.cli.elastic import fields as elastic_fields
 from fleet.cli.elastic import gpus_cell
-from fleet.cli.output import (
-    Bar,
-    Field,
-    Table,
-    View,
-    clock,
-    emit_json,
-    guarantee,
-    iso,
-    present,
-    show_view,
-    size,
-    stamp,
-    took,
-)  # fmt: skip
+from fleet.cli.output import emit_json, present, show_view
 from fleet.cli.submit import EXIT_FOR_STATE, print_job_line
+from fleet.cli.view import Bar, Field, Table, View
 from fleet.client import ArrayHandle, Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobState
 from fleet.progress import bar, label, parse_line
+from fleet.text import clock, guarantee, iso, ordinal, size, stamp, took
 
 if TYPE_CHECKING:
     from fleet.models import LogLine
@@ -186,8 +174,6 @@ def _standing(client: Client, job: Job, view: View) -> None:
     """Where a queued job stands, and its tenant against its share: what a user can act on."""
     where = client.position(job.id)
     if where is not None:
-        from fleet.api.views import ordinal  # the status page's words for it (models only, no server)
-
         view.add(
             Field(
                 "Queue",

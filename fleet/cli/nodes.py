@@ -17,9 +17,11 @@ from fleet.cli.common import (
     watch_option,
 )  # fmt: skip
 from fleet.cli.jobs import note_quarantined, short
-from fleet.cli.output import Field, Table, View, ago, emit_json, present, size, stamp
+from fleet.cli.output import emit_json, present
+from fleet.cli.view import Field, Table, View
 from fleet.errors import NotFound, SpecError
 from fleet.models import Gpu, Node, NodeState
+from fleet.text import ago, size, stamp
 from fleet.versions import shown
 
 if TYPE_CHECKING:

@@ -12,15 +12,12 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from fleet.models import Tenant
-
-GiB = 1 << 30
+from fleet.cli.view import Bar, Field, Table, View
+from fleet.text import bar, iso
 
 
 def emit_json(data: Any) -> None:
@@ -56,105 +53,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for row in cells:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def ago(at: float | None, now: float | None = None) -> str:
-    if not at:
-        return "-"
-    seconds = (now or time.time()) - at
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
-
-
-def took(seconds: float) -> str:
-    """A duration as people write it: ``45s``, ``12m``, ``3h05m``, ``2d04h``."""
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def clock(at: float | None, now: float | None = None) -> str:
-    """A time of day (today), or the date and time (earlier)."""
-    if not at:
-        return "-"
-    same_day = time.localtime(at)[:3] == time.localtime(now or time.time())[:3]
-    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(at))
-
-
-def iso(at: float) -> str:
-    """ISO 8601 in UTC, to the millisecond: ``2026-11-22T07:25:04.123Z``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
-
-
-def stamp(at: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
-
-
-def size(n: int | None) -> str:
-    return "-" if not n else f"{n / GiB:.0f}GiB" if n >= GiB else f"{n >> 20}MiB"
-
-
-def bar(fraction: float, width: int = 30) -> str:
-    """``[#########.....................]``: a bar for plain text."""
-    filled = round(max(0.0, min(fraction, 1.0)) * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"
-
-
-# -- views ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Table:
-    """Rows under headers. ``title``: a line above it (``NAME:``, after a blank line, in plain
-    text); ``indent``: spaces before each plain line. On a terminal narrower than the table, the
-    ``wide`` column (a free-text one such as REASON) is cut short first, then the ``optional`` ones
-    are left out, in that order (piped, every column is always there)."""
-
-    headers: Sequence[str]
-    rows: Sequence[Sequence[Any]]
-    title: str | None = None
-    indent: int = 0
-    wide: int | None = None
-    optional: Sequence[int] = ()
-
-
-@dataclass
-class Field:
-    """``Label:     value`` (a detail line of ``fleet show``); ``state``: the value is coloured as one."""
-
-    label: str
-    value: str
-    state: bool = False
-
-
-@dataclass
-class Bar:
-    """A progress bar line: ``Progress:   [####......] 45%  step 450 of 1000``."""
-
-    label: str
-    fraction: float
-    text: str
-
-
-@dataclass
-class View:
-    """What a command shows: tables, fields, bars and plain lines, in order."""
-
-    parts: list[Table | Field | Bar | str] = field(default_factory=list)
-    #: the width of a Field's ``Label:`` (its value starts after it)
-    label_width: int = 12
-
-    def add(self, part: Table | Field | Bar | str) -> View:
-        self.parts.append(part)
-        return self
 
 
 def on_terminal() -> bool:
@@ -222,13 +120,3 @@ def present(frame: Callable[[], Any], interval: float | None, output: str, scree
             time.sleep(interval)
     except KeyboardInterrupt:  # how a watch is ended: not an error
         return 0
-
-
-def guarantee(tenant: Tenant) -> str:
-    """'8 GPUs', or with CPU and memory guarantees '8 GPUs, 64 CPUs, 256GiB'."""
-    parts = [f"{tenant.guaranteed_gpus} GPU{'s' if tenant.guaranteed_gpus != 1 else ''}"]
-    if tenant.guaranteed_cpus:
-        parts.append(f"{tenant.guaranteed_cpus:g} CPUs")
-    if tenant.guaranteed_memory:
-        parts.append(size(tenant.guaranteed_memory))
-    return ", ".join(parts)

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from fleet.cli.common import CONTEXT, Globals, duration, output_option, pass_globals
-from fleet.cli.output import Table, View, ago, emit_json, guarantee, show_view
+from fleet.cli.output import emit_json, show_view
+from fleet.cli.view import Table, View
 from fleet.models.tenant import normal_user
+from fleet.text import ago, guarantee
 
 
 @click.command(

@@ -11,10 +11,12 @@ from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
 from fleet.cli.elastic import gpus_cell
 from fleet.cli.jobs import short
 from fleet.cli.nodes import free_gpus, gpu_status
-from fleet.cli.output import Table, View, present, size, took
+from fleet.cli.output import present
+from fleet.cli.view import Table, View
 from fleet.client import Client
 from fleet.models import Job, JobState, Node, TenantStatus
 from fleet.progress import label
+from fleet.text import size, took
 
 #: the running jobs a frame asks for (the API's page size); more are counted, not listed
 RUNNING_LIMIT = 500

@@ -16,7 +16,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from fleet.cli.output import Bar, Field, Table, View
+from fleet.cli.view import Bar, Field, Table, View
 
 #: the colour of a state (a job's, a node's, a GPU's) wherever one is shown
 STYLES = {

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
-from fleet.cli.output import Field, View, emit_json, show_view
+from fleet.cli.output import emit_json, show_view
+from fleet.cli.view import Field, View
 from fleet.errors import FleetError, NotFound
 from fleet.versions import VERSION, shown
 

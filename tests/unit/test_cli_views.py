@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from fleet.cli.jobs import _job_view, job_row
-from fleet.cli.output import Table, View, print_plain
+from fleet.cli.output import print_plain
+from fleet.cli.view import Table, View
 from fleet.models import Job, JobSpec, JobState, Progress
 from fleet.progress import label
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleet import text
 from fleet.api import views
 from fleet.api.pages import _safe_next
 from fleet.models import Gpu, Job, JobSpec, JobState, Member, Node, NodeState, Tenant, TenantStatus
@@ -58,7 +59,7 @@ def test_a_running_row_has_its_duration_and_its_gpus_utilization() -> None:
         (90.0, [("n1", 0, 80), ("n2", 0, 40)], 60.0),
         (5.0, [("n1", 1, 0)], 0.0),
     ]
-    assert [views.duration(s) for s in (5, 90, 3700)] == ["5s", "1m 30s", "1h 01m"]
+    assert [text.took(s) for s in (5, 90, 3700)] == ["5s", "1m30s", "1h01m"]  # as `fleet jobs` writes it
 
 
 def test_a_tenants_bar_is_scaled_to_the_fleet() -> None:
@@ -79,7 +80,7 @@ def test_a_login_sends_the_browser_only_to_a_page_of_ours(target: str, goes_to: 
 
 def test_a_queued_jobs_countdown_and_ordinals() -> None:
     waiting = job("w", state=JobState.QUEUED, not_before=NOW + 12)
-    assert views.countdown(waiting, NOW) == "next attempt in 12s" and views.countdown(waiting, NOW + 20) == ""
-    assert [views.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102)] == [
+    assert text.countdown(waiting, NOW) == "next attempt in 12s" and text.countdown(waiting, NOW + 20) == ""
+    assert [text.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd",
     ]  # fmt: skip
