@@ -8,10 +8,11 @@ cookie their login sets: they only read, and the cookie is HttpOnly, SameSite=St
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from fleet.errors import Forbidden, Unauthorized
 from fleet.models import Identity, Role
@@ -21,6 +22,9 @@ from fleet.state.tokens import TokenStore
 COOKIE = "fleet_token"
 NO_TOKEN = "no token: send 'Authorization: Bearer <token>' (fleet login, or FLEET_TOKEN)"
 UNKNOWN_TOKEN = "token unknown, revoked or expired: ask an admin for a new one (fleet token create)"
+#: where :class:`fleet.api.guard.Guard` leaves the identity it found for a call's token (in the ASGI
+#: scope's ``state``), so the route's dependency does not read the token's record a second time
+IDENTITY = "fleet_identity"
 
 
 def identify(request: Request, token: str) -> Identity:
@@ -37,27 +41,42 @@ def bearer(request: Request) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def caller(request: Request) -> Identity:
+def remember(scope: Any, token: str, who: Identity) -> None:
+    """Keep who ``token`` is for the rest of this call (the guard found it before the body was read)."""
+    scope.setdefault("state", {})[IDENTITY] = (token, who)
+
+
+async def caller(request: Request) -> Identity:
+    """The caller by its bearer token: the identity the guard found for a call with a body, else
+    read on a worker thread (a token check is a Redis read)."""
     token = bearer(request)
     if not token:
         raise Unauthorized(NO_TOKEN)
-    return identify(request, token)
+    known = request.scope.get("state", {}).get(IDENTITY)
+    if known is not None and known[0] == token:
+        return known[1]  # type: ignore[no-any-return]
+    return await run_in_threadpool(identify, request, token)
 
 
-def page_caller(request: Request) -> Identity:
+async def page_caller(request: Request) -> Identity:
     """The caller of a status page: by its header, else by the cookie the login page set."""
-    token = bearer(request) or request.cookies.get(COOKIE, "")
+    if bearer(request):
+        return await caller(request)
+    token = request.cookies.get(COOKIE, "")
     if not token:
         raise Unauthorized("not logged in: log in with a token")
-    return identify(request, token)
+    return await run_in_threadpool(identify, request, token)
 
 
-def role(needed: Role, who_is: Callable[[Request], Identity] = caller) -> Callable[[Identity], Identity]:
-    """A dependency: the caller, if its role is ``needed`` or higher; else :class:`Forbidden`."""
+def role(
+    needed: Role, who_is: Callable[[Request], Awaitable[Identity]] = caller
+) -> Callable[[Identity], Awaitable[Identity]]:
+    """A dependency: the caller, if its role is ``needed`` or higher; else :class:`Forbidden`.
+    Coroutines, so that no call spends a worker thread on them."""
 
     identified = Depends(who_is)  # a default, not an annotation: annotations are strings, read as globals
 
-    def check(who: Identity = identified) -> Identity:
+    async def check(who: Identity = identified) -> Identity:
         if not who.role.allows(needed):
             raise Forbidden(f"{whom(who)} cannot {ACTS[needed]}: that needs role {needed} or higher")
         return who

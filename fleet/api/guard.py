@@ -17,7 +17,7 @@ from typing import Any
 import anyio.to_thread
 from starlette.requests import Request
 
-from fleet.api.deps import NO_TOKEN, UNKNOWN_TOKEN, bearer
+from fleet.api.deps import NO_TOKEN, UNKNOWN_TOKEN, bearer, remember
 from fleet.errors import FleetError, SpecError, Unauthorized, error_body
 from fleet.state.tokens import TokenStore
 
@@ -81,8 +81,10 @@ class Guard:
         token = bearer(Request(scope))
         if not token:
             return Unauthorized(NO_TOKEN)
-        if await anyio.to_thread.run_sync(self.tokens.identify, token) is None:
+        who = await anyio.to_thread.run_sync(self.tokens.identify, token)
+        if who is None:
             return Unauthorized(UNKNOWN_TOKEN)
+        remember(scope, token, who)  # the route's dependency takes it from here: one read per call
         return None
 
 
