@@ -124,7 +124,7 @@ def bulk_create(settings: Settings, jobs: Iterator[tuple[str, JobSpec]], chunk: 
     client = connect(settings)
     store, count = JobStore(client, Keys(settings.key_prefix)), 0
     while batch := list(itertools.islice(jobs, chunk)):
-        count += store.create_many(batch, time.time())
+        count += store.create_many(batch, time.time()).count(1)
     bus = Bus(settings)
     bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id="bulk"))
     bus.close()

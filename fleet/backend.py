@@ -31,7 +31,7 @@ from fleet.bus.messages import (
     node_queue,
 )
 from fleet.config import Settings, load_settings
-from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable
+from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable, at_index
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.models import (
@@ -137,6 +137,18 @@ class Backend:
         if spec.user is not None:
             self._tenants.policy(spec.tenant).check_user(spec.user)
 
+    def admit(self, spec: JobSpec | dict[str, Any]) -> JobSpec:
+        """The spec, if this fleet runs it: mounts, image registry, webhook address, the tenant's
+        allowed users and an elastic job's profile checked; :class:`SpecError` naming what is not."""
+        if isinstance(spec, dict):
+            spec = JobSpec.parse(spec)
+        check_mounts(spec.mounts, self.settings.allowed_mounts)
+        check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
+        self.check_webhook(spec.notify)
+        self.check_user(spec)
+        check_elastic(spec, self._profiles)
+        return spec
+
     # -- jobs --------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None, owner: str = "") -> Job:
@@ -147,13 +159,7 @@ class Backend:
         id fleet generates is never taken for another job's: if one is already in use, the submit
         picks another (a silent "already there" lost one job in a 10,000-job submit loop).
         """
-        if isinstance(spec, dict):
-            spec = JobSpec.parse(spec)
-        check_mounts(spec.mounts, self.settings.allowed_mounts)
-        check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
-        self.check_webhook(spec.notify)
-        self.check_user(spec)
-        check_elastic(spec, self._profiles)
+        spec = self.admit(spec)
         job_id = self._create(spec, None if job_id is None else check_job_id(job_id), owner)
         self._notify_submitted(job_id)
         return self._jobs.get(job_id)
@@ -205,6 +211,85 @@ class Backend:
             event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
                   effect="placed by the controller's next periodic pass")  # fmt: skip
 
+    def submit_many(
+        self, specs: Sequence[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None,
+        owner: str = "",
+    ) -> list[str]:  # fmt: skip
+        """Queue many jobs in one round trip to Redis; their ids, in order. All or nothing up front:
+        every spec (and every id given) is checked before any job is stored, and the first refusal
+        names its index (``jobs[3]: gpus: ...``). ``job_ids[i]``, when given, makes job ``i``'s
+        submit idempotent as :meth:`submit`'s ``job_id`` does: a repeated batch is a no-op."""
+        chosen: list[str | None] = list(job_ids) if job_ids is not None else [None] * len(specs)
+        if len(chosen) != len(specs):
+            raise SpecError(f"job_ids: {len(chosen)} ids for {len(specs)} specs; give one per spec (or None)")
+        admitted = [at_index(i, self.admit, spec) for i, spec in enumerate(specs)]
+        seen: dict[str, int] = {}
+        for i, job_id in enumerate(chosen):
+            if job_id is None:
+                continue
+            at_index(i, check_job_id, job_id)
+            if job_id in seen:
+                raise SpecError(f"jobs[{i}]: id {job_id!r} is also jobs[{seen[job_id]}]'s; give each its own")
+            seen[job_id] = i
+        ids = [job_id or new_id(spec.name) for job_id, spec in zip(chosen, admitted, strict=True)]
+        self._refuse_taken(ids, chosen, admitted)
+        now, pending = time.time(), list(range(len(ids)))
+        for _ in range(NEW_ID_TRIES):
+            batch = [(ids[i], admitted[i]) for i in pending]
+            codes = self._retry_store(functools.partial(self._jobs.create_many, batch, now, owner))
+            held = [i for i, code in zip(pending, codes, strict=True) if code != 1]
+            stored = {job.id: job for job in self._jobs.get_many(ids[i] for i in held)}
+            pending = []
+            for i in held:
+                job = stored.get(ids[i])
+                if job is not None and job.spec == admitted[i] and (chosen[i] or job.created_at == now):
+                    continue  # stored by an earlier try of this batch, or by an earlier same batch
+                if chosen[i] is not None:  # taken since _refuse_taken looked
+                    raise IdInUse(
+                        f"jobs[{i}]: job id {ids[i]!r} was taken meanwhile; choose another id (the jobs "
+                        "before it are queued: a repeated batch with the same ids queues each once)"
+                    )
+                ids[i] = new_id(admitted[i].name)
+                pending.append(i)
+            if not pending:
+                break
+        else:
+            raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job ids")
+        self._notify_many(ids)
+        return ids
+
+    def _refuse_taken(self, ids: list[str], chosen: list[str | None], specs: list[JobSpec]) -> None:
+        """:class:`SpecError` (or :class:`IdInUse`) naming the first chosen id held by another job with
+        another spec, a job array, or an expired job's tombstone: before any job is stored."""
+        mine = [i for i, job_id in enumerate(chosen) if job_id is not None]
+        if not mine:
+            return
+        held = self._jobs.holders([ids[i] for i in mine])
+        existing = {j.id: j for j in self._jobs.get_many(ids[i] for i in mine if held[ids[i]] == "job")}
+        for i in mine:
+            kind = held[ids[i]]
+            if kind == "job" and ids[i] in existing and existing[ids[i]].spec != specs[i]:
+                raise SpecError(f"jobs[{i}]: job id {ids[i]!r} already exists with a different spec; "
+                                "choose another id")  # fmt: skip
+            if kind in ("array", "expired"):
+                what = "a job array" if kind == "array" else "a job that ended and was deleted"
+                raise IdInUse(f"jobs[{i}]: job id {ids[i]!r} is the id of {what}; choose another id")
+
+    def _notify_many(self, job_ids: list[str]) -> None:
+        """Name new jobs to the controller: one :class:`QueueLeft` per ``MAX_NAMED`` (the message that
+        names jobs whose place in the queue changed), or a resync past 10 of those. A hint only."""
+        if len(job_ids) == 1:
+            self._notify_submitted(job_ids[0])
+            return
+        chunks = [job_ids[i : i + MAX_NAMED] for i in range(0, len(job_ids), MAX_NAMED)]
+        messages = [QueueLeft(job_ids=c) for c in chunks] if len(chunks) <= 10 else [QueueLeft(resync=True)]
+        try:
+            for message in messages:
+                self.bus.send(CONTROLLER_QUEUE, message)
+        except Exception as exc:
+            event(log, "submit_notify_failed", logging.WARNING, jobs=len(job_ids), error=exc,
+                  effect="placed by the controller's next periodic pass")  # fmt: skip
+
     def submit_array(
         self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
         array_id: str | None = None, owner: str = "",
@@ -215,13 +300,7 @@ class Backend:
         ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
-        if isinstance(spec, dict):
-            spec = JobSpec.parse(spec)
-        check_mounts(spec.mounts, self.settings.allowed_mounts)
-        check_image(spec.image or self.settings.default_image, self.settings.allowed_registries)
-        self.check_webhook(spec.notify)
-        self.check_user(spec)
-        check_elastic(spec, self._profiles)
+        spec = self.admit(spec)
         try:
             wanted = parse_indices(indices) if isinstance(indices, str) else check_indices(indices)
         except ValueError as exc:

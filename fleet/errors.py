@@ -7,7 +7,10 @@ Whether a failure is worth retrying is part of its type: ``retryable`` is a clas
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class FleetError(Exception):
@@ -175,3 +178,14 @@ def error_body(exc: FleetError) -> dict[str, Any]:
         body["expired"] = {"job_id": exc.job_id, "state": exc.state, "ended_at": exc.ended_at,
                            "expired_at": exc.expired_at}  # fmt: skip
     return body
+def at_index(index: int, check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, its refusal naming the item of a batch it is about: ``jobs[3]: gpus: ...``
+    (the same error type, the same exit code)."""
+    try:
+        return check(*args)
+    except FleetError as exc:
+        try:
+            named = type(exc)(f"jobs[{index}]: {exc}")
+        except TypeError:  # an error that carries more than a message
+            named = SpecError(f"jobs[{index}]: {exc}")
+        raise named from None

@@ -17,7 +17,7 @@ from fleet.api.deps import User, bearer, own, whom
 from fleet.api.limits import PerToken
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
 from fleet.backend import Backend
-from fleet.errors import Forbidden, SpecError
+from fleet.errors import Forbidden, SpecError, at_index
 from fleet.log import event
 from fleet.models import CancelReport, Event, Identity, Job, JobArray, JobSpec, LogLine, QueuePosition, Role
 from fleet.state.blobs import BlobStore
@@ -29,11 +29,23 @@ WAIT_MAX_S = 30.0
 FOLLOW_POLL_S = 1.0
 #: what a call whose client hung up "answers" (nobody reads it; nginx's name for it)
 GONE = 499
+#: most jobs one batch submit queues (more: several calls, or a job array for one spec many times)
+MAX_BATCH = 1000
 
 
 class SubmitJob(BaseModel):
     spec: dict[str, Any]
     id: str | None = None
+
+
+class SubmitBatch(BaseModel):
+    jobs: list[SubmitJob]
+
+
+class Submitted(BaseModel):
+    """A batch's job ids, in the order of its jobs."""
+
+    ids: list[str]
 
 
 class SubmitArray(BaseModel):
@@ -84,6 +96,22 @@ def routes(backend: Backend, blobs: BlobStore, waits: PerToken, waiting: Waiting
         job = backend.submit(spec_for(who, body.spec), job_id=body.id, owner=who.user)
         event(log, "submitted", job=job.id, user=who.user, tenant=job.spec.tenant)
         return job
+
+    @router.post("/v1/jobs/batch", status_code=201)
+    def submit_batch(body: SubmitBatch, who: User) -> Submitted:
+        """Queue up to ``MAX_BATCH`` jobs in one call; their ids in order. All or nothing: every spec
+        is checked (tenant, mounts, image, shipped directory, ...) before any job is queued, and a
+        refusal names the first bad one's index: ``jobs[3]: gpus: ...``."""
+        if not body.jobs or len(body.jobs) > MAX_BATCH:
+            raise SpecError(
+                f"jobs: {len(body.jobs)} jobs in one batch; give 1 to {MAX_BATCH} (split a bigger one "
+                "into several calls, or submit one spec many times as a job array)"
+            )
+        specs = [at_index(i, spec_for, who, item.spec) for i, item in enumerate(body.jobs)]
+        ids = backend.submit_many(specs, job_ids=[item.id for item in body.jobs], owner=who.user)
+        event(log, "submitted_batch", jobs=len(ids), first=ids[0], user=who.user,
+              tenants=",".join(sorted({s.tenant for s in specs})))  # fmt: skip
+        return Submitted(ids=ids)
 
     @router.post("/v1/arrays", status_code=201)
     def submit_array(body: SubmitArray, who: User) -> JobArray:

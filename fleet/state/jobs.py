@@ -72,14 +72,33 @@ class JobStore:
         return bool(created)
 
     @translated
-    def create_many(self, jobs: list[tuple[str, JobSpec]], now: float) -> int:
-        """Store many QUEUED jobs in one round trip (benchmarks and bulk loads); how many were new."""
+    def create_many(self, jobs: list[tuple[str, JobSpec]], now: float, owner: str = "") -> list[int]:
+        """Store many QUEUED jobs in one round trip (a batch submit, benchmarks, bulk loads), each in one
+        atomic step; per job what ``submit.lua`` answered: 1 created, 0 the id held by a job, -1 by an
+        expired job's tombstone, -2 by a job array."""
         for job_id, _ in jobs:
             check_job_id(job_id)
         pipe = self.redis.pipeline(transaction=False)
         for job_id, spec in jobs:
-            self._submit(job_id, spec, now, pipe)
-        return sum(1 for created in pipe.execute() if created == 1)
+            self._submit(job_id, spec, now, pipe, owner)
+        return [int(code) for code in pipe.execute()]
+
+    @translated
+    def holders(self, job_ids: list[str]) -> dict[str, str | None]:
+        """What holds each id: "job", "expired" (a tombstone), "array", or None (it is free)."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(k.job(job_id))
+            pipe.exists(k.tombstone(job_id))
+            pipe.exists(k.array(job_id))
+        found = pipe.execute()
+        kinds = ("job", "expired", "array")
+        out: dict[str, str | None] = {}
+        for n, job_id in enumerate(job_ids):
+            flags = found[3 * n : 3 * n + 3]
+            out[job_id] = next((k for k, held in zip(kinds, flags, strict=True) if held), None)
+        return out
 
     def _submit(self, job_id: str, spec: JobSpec, now: float, client: Any = None, owner: str = "") -> Any:
         k = self.keys
