@@ -51,7 +51,8 @@ MAX_NAMED = 100
 
 
 class QueueLeft(Message):
-    """client -> controller: queued jobs were cancelled; drop them from the queue in memory (at most
+    """client -> controller: jobs joined the queue (a batch submit) or left it (cancelled); the
+    controller reads each named job again, into its queue in memory or out of it (at most
     ``MAX_NAMED`` named; past that, ``resync``: read the whole queue again)."""
 
     actor: str = "queue_left"
