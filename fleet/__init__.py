@@ -9,10 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleet.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
-    from fleet.client import Client
+    from fleet.client.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
+    from fleet.client.handles import (
+        ALL_COMPLETED,
+        FIRST_COMPLETED,
+        ArrayHandle,
+        JobHandle,
+        as_completed,
+        wait,
+    )
+    from fleet.client.sync import Client
     from fleet.errors import FleetError, JobCancelled, JobExpired, JobFailed, JobTimeout, NotFound, SpecError
-    from fleet.handles import ALL_COMPLETED, FIRST_COMPLETED, ArrayHandle, JobHandle, as_completed, wait
     from fleet.models import (
         CancelReport,
         Job,
@@ -29,9 +36,11 @@ if TYPE_CHECKING:
 __version__ = "0.2.0"
 
 _HOMES = {
-    "fleet.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
-    "fleet.client": ("Client",),
-    "fleet.handles": ("ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "JobHandle", "as_completed", "wait"),
+    "fleet.client.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
+    "fleet.client.sync": ("Client",),
+    "fleet.client.handles": (
+        "ALL_COMPLETED", "FIRST_COMPLETED", "ArrayHandle", "JobHandle", "as_completed", "wait",
+    ),
     "fleet.errors": (
         "FleetError", "JobCancelled", "JobExpired", "JobFailed", "JobTimeout", "NotFound", "SpecError",
     ),

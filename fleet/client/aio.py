@@ -1,12 +1,14 @@
 """The Python API for asyncio (notebooks, services): :class:`AsyncClient` has :class:`fleet.Client`'s
 methods as coroutines, its handles ``await handle.result()``, and a followed log is an async iterator.
 
-How: each call is :class:`fleet.Client`'s own HTTP call, run on a small thread pool of this client
-(``max_threads``, 16 by default), so an ``await`` never blocks the event loop and errors are the same
-fleet errors. No async HTTP library is needed: fleet's client speaks HTTP with the standard library
-alone (``import fleet`` stays fast). At most ``max_threads`` calls are in flight at once; a followed
-log holds one thread while it waits for its next line (leaving the loop or cancelling the task
-closes its connection and frees the thread at once).
+How: each call is an endpoint of :mod:`fleet.client.endpoints` (the same declaration the sync client
+sends) sent by the client's :class:`~fleet.client.transport.Transport` on a small thread pool of this
+client (``max_threads``, 16 by default), each thread with its own kept-alive connection: an ``await``
+never blocks the event loop, and errors are the same fleet errors. No async HTTP library is needed
+(``import fleet`` stays fast). At most ``max_threads`` calls are in flight at once; a followed log
+holds one thread while it waits for its next line (leaving the loop or cancelling the task closes
+its connection and frees the thread at once). What takes several calls (a submit that ships a
+directory, a wait longer than the API's 30 s) runs :class:`fleet.Client`'s own method on the pool.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import contextlib
 import functools
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fleet import checks
-from fleet.client import Client, _follow
+from fleet.client import endpoints as api
+from fleet.client.endpoints import Call
+from fleet.client.handles import ALL_COMPLETED, FIRST_COMPLETED
+from fleet.client.sync import Client
 from fleet.errors import JobCancelled, JobFailed, JobTimeout, SpecError
-from fleet.handles import ALL_COMPLETED, FIRST_COMPLETED
 from fleet.models import (
     CancelReport,
     Event,
@@ -64,6 +68,9 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(call, *args, **kwargs))
 
+    async def _do(self, call: Call[T]) -> T:
+        return await self._run(self.sync.transport.call, call)
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -73,13 +80,20 @@ class AsyncClient:
     async def close(self) -> None:
         """Close every connection and end the pool's threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.sync._close_all()
+        self.sync.transport.close_all()
 
     # -- jobs --------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> AsyncJobHandle:
         handle = await self._run(self.sync.submit, spec, job_id=job_id)
         return AsyncJobHandle(self, handle.id)
+
+    async def submit_many(
+        self, specs: Iterable[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None
+    ) -> list[AsyncJobHandle]:
+        """As :meth:`fleet.Client.submit_many`: up to 1,000 jobs in one call, all or nothing."""
+        handles = await self._run(self.sync.submit_many, list(specs), job_ids=job_ids)
+        return [AsyncJobHandle(self, h.id) for h in handles]
 
     async def submit_array(
         self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
@@ -96,7 +110,7 @@ class AsyncClient:
         return await self._run(self.sync.upload_profile, path)
 
     async def get(self, job_id: str) -> Job:
-        return await self._run(self.sync.get, job_id)
+        return await self._do(api.get(job_id))
 
     async def job(self, job_id: str) -> AsyncJobHandle:
         """A handle on a job submitted earlier (:class:`NotFound` if there is none)."""
@@ -104,55 +118,55 @@ class AsyncClient:
         return AsyncJobHandle(self, job_id)
 
     async def array(self, array_id: str) -> JobArray:
-        return await self._run(self.sync.array, array_id)
+        return await self._do(api.get_array(array_id))
 
     async def listing(
         self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
         user: str | None = None, labels: dict[str, str] | None = None,
     ) -> list[Job | JobArray]:  # fmt: skip
-        return await self._run(self.sync.listing, state, limit, tenant, user, labels)
+        return await self._do(api.listing(api.filters(state, limit, tenant, user, labels)))
 
     async def jobs(
         self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
         user: str | None = None, labels: dict[str, str] | None = None,
     ) -> list[Job]:  # fmt: skip
-        return await self._run(self.sync.jobs, state, limit, tenant, user, labels)
+        return await self._do(api.jobs(api.filters(state, limit, tenant, user, labels)))
 
     async def quarantined_jobs(self) -> dict[str, str]:
-        return await self._run(self.sync.quarantined_jobs)
+        return await self._do(api.quarantined("jobs"))
 
     async def position(self, job_id: str) -> QueuePosition | None:
-        return await self._run(self.sync.position, job_id)
+        return await self._do(api.position(job_id))
 
     async def history(self, job_id: str) -> list[Event]:
-        return await self._run(self.sync.history, job_id)
+        return await self._do(api.history(job_id))
 
     async def cancel(self, job_id: str) -> Job:
-        return await self._run(self.sync.cancel, job_id)
+        return await self._do(api.cancel(job_id))
 
     async def resize(self, job_id: str, gpus: int, batch_size: int | None = None) -> Job:
-        return await self._run(self.sync.resize, job_id, gpus, batch_size)
+        return await self._do(api.resize(job_id, gpus, batch_size))
 
     async def cancel_array(self, array_id: str) -> CancelReport:
-        return await self._run(self.sync.cancel_array, array_id)
+        return await self._do(api.cancel_array(array_id))
 
     async def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
-        return await self._run(self.sync.cancel_labels, labels)
+        return await self._do(api.cancel_labels(labels))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job once final; :class:`JobTimeout` after ``timeout`` seconds."""
         return await self._run(self.sync.wait, job_id, timeout)
 
     async def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
-        return await self._run(self.sync.logs, job_id, attempt, rank)
+        return await self._do(api.logs(job_id, attempt, rank))
 
     async def follow_logs(
         self, job_id: str, attempt: int | None = None, rank: int = 0
     ) -> AsyncIterator[LogLine]:
         """``async for line in client.follow_logs(id)``: each line as it is written, until the
         attempt is over. Leaving the loop early closes the stream's connection."""
-        path, query = _follow(job_id, attempt, rank)
-        conn, response = await self._run(self.sync._stream, path, query)
+        path, query = api.follow(job_id, attempt, rank)
+        conn, response = await self._run(self.sync.transport.stream, path, query)
         try:
             while line := await self._run(response.readline):
                 yield LogLine.model_validate_json(line)
@@ -165,67 +179,66 @@ class AsyncClient:
     # -- nodes, tenants, identities ---------------------------------------------------------
 
     async def nodes(self) -> list[Node]:
-        return await self._run(self.sync.nodes)
+        return await self._do(api.nodes())
 
     async def node(self, name: str) -> Node:
-        return await self._run(self.sync.node, name)
+        return await self._do(api.node(name))
 
     async def most_gpus(self) -> int:
-        return await self._run(self.sync.most_gpus)
+        return await self._do(api.most_gpus())
 
     async def quarantined_nodes(self) -> dict[str, str]:
-        return await self._run(self.sync.quarantined_nodes)
+        return await self._do(api.quarantined("nodes"))
 
     async def versions(self) -> FleetVersions:
-        return await self._run(self.sync.versions)
+        return await self._do(api.versions())
 
     async def cordon(self, name: str, reason: str = "") -> Node:
-        return await self._run(self.sync.cordon, name, reason)
+        return await self._do(api.cordon(name, reason))
 
     async def uncordon(self, name: str) -> Node:
-        return await self._run(self.sync.uncordon, name)
+        return await self._do(api.uncordon(name))
 
     async def drain(
         self, names: str | list[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0,
         force: bool = False, reason: str = "",
     ) -> list[Node]:  # fmt: skip
-        return await self._run(self.sync.drain, names, deadline_s=deadline_s, grace_s=grace_s, force=force,
-                               reason=reason)  # fmt: skip
+        return await self._do(api.drain(names, deadline_s, grace_s, force, reason))
 
     async def wait_drained(self, names: str | list[str], timeout: float | None = None) -> list[Node]:
         return await self._run(self.sync.wait_drained, names, timeout)
 
     async def tenants(self) -> list[TenantStatus]:
-        return await self._run(self.sync.tenants)
+        return await self._do(api.tenants())
 
     async def set_tenant(self, name: str, **policy: Any) -> Tenant:
-        return await self._run(self.sync.set_tenant, name, **policy)
+        return await self._do(api.set_tenant(name, policy))
 
     async def delete_tenant(self, name: str) -> Tenant:
-        return await self._run(self.sync.delete_tenant, name)
+        return await self._do(api.delete_tenant(name))
 
     async def webhook_secret(self, tenant: str | None = None) -> str:
-        return await self._run(self.sync.webhook_secret, tenant)
+        return await self._do(api.webhook_secret(tenant))
 
     async def rotate_webhook_secret(self, tenant: str | None = None) -> str:
-        return await self._run(self.sync.rotate_webhook_secret, tenant)
+        return await self._do(api.rotate_webhook_secret(tenant))
 
     async def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
-        return await self._run(self.sync.webhook_deliveries, tenant, limit)
+        return await self._do(api.webhook_deliveries(tenant, limit))
 
     async def whoami(self) -> Identity:
-        return await self._run(self.sync.whoami)
+        return await self._do(api.whoami())
 
     async def create_token(
         self, user: str, tenant: str, role: Role | str = Role.USER, expires_in_s: float | None = None
     ) -> tuple[str, TokenInfo]:
-        return await self._run(self.sync.create_token, user, tenant, role, expires_in_s)
+        return await self._do(api.create_token(user, tenant, role, expires_in_s))
 
     async def tokens(self) -> list[TokenInfo]:
-        return await self._run(self.sync.tokens)
+        return await self._do(api.tokens())
 
     async def revoke_token(self, token_id: str) -> TokenInfo:
-        return await self._run(self.sync.revoke_token, token_id)
+        return await self._do(api.revoke_token(token_id))
 
 
 class AsyncJobHandle:

@@ -1,26 +1,37 @@
 """Handles on submitted work, as ``concurrent.futures`` has futures: :class:`JobHandle` (``done()``,
 ``result()``, ``cancel()``, logs), :func:`wait` and :func:`as_completed` over many, and
-:class:`ArrayHandle` for a job array. A handle holds only an id and the client that made it."""
+:class:`ArrayHandle` for a job array. A handle holds only an id and the client that made it: any
+object with the calls of :class:`Source` (:class:`fleet.Client`), so this module imports no client."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, Protocol, overload
 
 from fleet import checks
 from fleet.arrays import task_id
 from fleet.errors import JobCancelled, JobFailed, JobTimeout, SpecError
-from fleet.models import FINAL_STATES, CancelReport, Event, Job, JobArray, JobState, Progress
+from fleet.models import FINAL_STATES, CancelReport, Event, Job, JobArray, JobState, LogLine, Progress
 
-if TYPE_CHECKING:
-    from fleet.client import Client
+
+class Source(Protocol):
+    """What a handle asks of the client that made it."""
+
+    def get(self, job_id: str) -> Job: ...
+    def wait(self, job_id: str, timeout: float | None = None) -> Job: ...
+    def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]: ...
+    def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> Iterator[LogLine]: ...
+    def history(self, job_id: str) -> list[Event]: ...
+    def cancel(self, job_id: str) -> Job: ...
+    def array(self, array_id: str) -> JobArray: ...
+    def cancel_array(self, array_id: str) -> CancelReport: ...
 
 
 class JobHandle:
     """A submitted job: wait for it, read its logs, cancel it."""
 
-    def __init__(self, client: Client, job_id: str) -> None:
+    def __init__(self, client: Source, job_id: str) -> None:
         self.client = client
         self.id = job_id
 
@@ -122,7 +133,7 @@ def as_completed(
 class ArrayHandle:
     """A submitted job array: its status, its tasks, wait for all of them, cancel them."""
 
-    def __init__(self, client: Client, array_id: str) -> None:
+    def __init__(self, client: Source, array_id: str) -> None:
         self.client = client
         self.id = array_id
 

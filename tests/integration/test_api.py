@@ -6,6 +6,7 @@ runs as a real subprocess holding only the API's URL and a token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,7 +16,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psutil
 import pytest
 import redis
 
@@ -382,3 +385,66 @@ def test_an_image_from_a_registry_the_operator_does_not_list_is_refused_at_submi
     assert client.jobs() == []
     # an image of a registry the shipped list names is taken
     assert client.submit(JobSpec(name="ok", image="nvcr.io/nvidia/pytorch:24.01", command=["true"])).id
+
+
+def test_a_batch_submit_keeps_every_check_of_a_single_one(api: Api) -> None:
+    # Given a user of tenant a, whose jobs may run as host user 1000:1000 and no other
+    admin, alice = api.client(), api.client(api.token_for("alice", "a"))
+    admin.set_tenant("a", allowed_users=["1000:1000"])
+    # When her batch holds one job for another tenant, or one with an image the operator does not
+    # allow, or one running as a user her tenant does not allow, or an upload that never happened
+    refusals = [
+        (spec("sneaky", tenant="b"), Forbidden, r"jobs\[1\]: .*cannot submit to tenant 'b'"),
+        (spec("miner", image="evil.example.com/m:1"), SpecError, r"jobs\[1\]: .*registry 'evil.example.com'"),
+        (spec("other", user="2000:2000"), SpecError, r"jobs\[1\]: user '2000:2000': tenant a's jobs may not"),
+        (spec("wd", workdir="sha256:" + "0" * 64), SpecError, r"jobs\[1\]: workdir sha256:0+: not uploaded"),
+    ]
+    for bad, error, said in refusals:
+        # Then the batch is refused naming the job, as the job alone would be, and nothing is queued
+        with pytest.raises(error, match=said):
+            alice.submit_many([spec("fine"), bad])
+        with pytest.raises(error):
+            alice.submit(bad)
+    assert admin.jobs() == []
+    # And a batch of the API's own shape is checked field by field, naming index and field
+    with pytest.raises(SpecError, match=r"bad request: jobs\.0\.spec: Field required"):
+        alice._call("POST", "/v1/jobs/batch", {"jobs": [{"id": "x"}]})
+    with pytest.raises(SpecError, match=r"jobs\[0\]: invalid job spec:\s+command: is required"):
+        alice._call("POST", "/v1/jobs/batch", {"jobs": [{"spec": {"name": "n"}}]})
+    # And the cap is the API's too (the Client checks it first), saying what to do instead
+    many = {"jobs": [{"spec": {"name": "n", "command": ["true"]}}] * 1001}
+    with pytest.raises(SpecError, match=r"jobs: 1001 jobs in one batch; give 1 to 1000 \(split"):
+        alice._call("POST", "/v1/jobs/batch", many)
+    with pytest.raises(SpecError, match=r"jobs: 0 jobs in one batch"):
+        alice._call("POST", "/v1/jobs/batch", {"jobs": []})
+    # And a token that is not one is refused before the body is read
+    with pytest.raises(Unauthorized):
+        Client(api.url, "fleet_000000000000_" + "a" * 43).submit_many([spec("x")])
+    assert admin.jobs() == []
+    # While a batch of her own tenant's jobs is queued, hers, in her tenant
+    queued = alice.submit_many([spec("ok1"), spec("ok2", user="1000:1000")])
+    assert [(j.spec.tenant, j.owner) for j in map(alice.get, [h.id for h in queued])] == [("a", "alice")] * 2
+
+
+def test_one_kept_alive_connection_serves_a_loop_of_calls(api: Api) -> None:
+    # Given a client that makes many calls one after another, and a batch
+    client = api.client()
+    port = urlsplit(api.url).port
+    for i in range(30):
+        client.submit(spec(f"loop{i}"))
+        client.whoami()
+    client.submit_many([spec("b1"), spec("b2")])
+    # Then one connection carried them all: the client opened one, and the API sees one from here
+    mine = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    assert client.transport.opened == 1 and len([c for c in mine if c.status == "ESTABLISHED"]) == 1
+    assert len(client.jobs()) == 32
+    # And an AsyncClient's pool holds at most one connection per thread, however many calls it makes
+    from fleet.aio import AsyncClient
+
+    async def many() -> int:
+        async with AsyncClient(api.url, api.token, max_threads=2) as aio_client:
+            answers = await asyncio.gather(*(aio_client.whoami() for _ in range(40)))
+            assert {a.user for a in answers} == {"tester"}
+            return aio_client.sync.transport.opened
+
+    assert 1 <= asyncio.run(many()) <= 2

@@ -57,6 +57,10 @@ def test_jobs_and_handles_awaited(ready: Api, tmp_path: Path) -> None:
                 j.id for j in await client.listing()
             ]
             assert (await client.wait(ok.id)).state == JobState.SUCCEEDED
+            # And a batch in one call, its handles in order
+            batch = await client.submit_many([sh("b0", "echo 0"), sh("b1", "echo 1")])
+            assert [(await h.result(timeout=60)).state for h in batch] == [JobState.SUCCEEDED] * 2
+            assert [await h.logs() for h in batch] == ["0", "1"]
             assert (await client.history(ok.id))[0].state == "QUEUED"
             # And waiting on many: the first to finish, then each as it does
             done, pending = await aio.wait([slow, ok], timeout=30, return_when=aio.FIRST_COMPLETED)

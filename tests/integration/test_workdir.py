@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState, SpecError
+from fleet.client.workdir import pack
 from fleet.models import NodeState
-from fleet.workdir import digest_of, pack, unpack
+from fleet.workdir import digest_of, unpack
 from tests.conftest import FleetProcs, need_torch
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.client.workdir import pack
 from fleet.errors import SpecError
-from fleet.workdir import clean_temp, digest_of, pack, unpack
+from fleet.workdir import clean_temp, digest_of, unpack
 
 Member = tuple[tarfile.TarInfo, bytes | None]
 
