@@ -24,7 +24,6 @@ from fleet.arrays import check_indices, parse_indices, task_id
 from fleet.bus.messages import (
     CONTROLLER_QUEUE,
     MAX_NAMED,
-    JobSubmitted,
     NodeChanged,
     QueueLeft,
     Stop,
@@ -32,6 +31,7 @@ from fleet.bus.messages import (
 )
 from fleet.config import Settings, load_settings
 from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable, at_index
+from fleet.hints import Hints
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.models import (
@@ -97,8 +97,11 @@ class Backend:
         config: str | Path | None = None,
         settings: Settings | None = None,
         connections: int | None = None,
+        background_hints: bool = False,
     ) -> None:
-        """``connections``: at most that many Redis connections, a call beyond waiting for one."""
+        """``connections``: at most that many Redis connections, a call beyond waiting for one.
+        ``background_hints``: the controller is told of new jobs by a thread of this backend's,
+        not by the submit (the API: a submit answers once its job is stored)."""
         self.settings = settings or load_settings(config, redis_url=redis_url)
         client = connect(self.settings, most=connections)
         keys = Keys(self.settings.key_prefix)
@@ -109,6 +112,7 @@ class Backend:
         self._profiles = ProfileStore(client, keys, self.settings.workdir_retention_s)
         self._tenants = TenantStore(client, keys)
         self._bus: Bus | None = None
+        self._hints = Hints(lambda: self.bus, background=background_hints)
 
     @property
     def redis(self) -> Any:
@@ -203,13 +207,8 @@ class Backend:
         return True
 
     def _notify_submitted(self, job_id: str) -> None:
-        """Wake the controller. Only a hint: its periodic pass places the job anyway, so a bus that
-        fails here must not fail a submit whose job is stored (the caller would submit it twice)."""
-        try:
-            self.bus.send(CONTROLLER_QUEUE, JobSubmitted(job_id=job_id))
-        except Exception as exc:
-            event(log, "submit_notify_failed", logging.WARNING, job=job_id, error=exc,
-                  effect="placed by the controller's next periodic pass")  # fmt: skip
+        """Wake the controller (:mod:`fleet.hints`: a hint, never failing the submit)."""
+        self._hints.name([job_id])
 
     def submit_many(
         self, specs: Sequence[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None,
@@ -255,7 +254,7 @@ class Backend:
                 break
         else:
             raise FleetError(f"no free job id after {NEW_ID_TRIES} tries; pass job ids")
-        self._notify_many(ids)
+        self._hints.name(ids)
         return ids
 
     def _refuse_taken(self, ids: list[str], chosen: list[str | None], specs: list[JobSpec]) -> None:
@@ -274,21 +273,6 @@ class Backend:
             if kind in ("array", "expired"):
                 what = "a job array" if kind == "array" else "a job that ended and was deleted"
                 raise IdInUse(f"jobs[{i}]: job id {ids[i]!r} is the id of {what}; choose another id")
-
-    def _notify_many(self, job_ids: list[str]) -> None:
-        """Name new jobs to the controller: one :class:`QueueLeft` per ``MAX_NAMED`` (the message that
-        names jobs whose place in the queue changed), or a resync past 10 of those. A hint only."""
-        if len(job_ids) == 1:
-            self._notify_submitted(job_ids[0])
-            return
-        chunks = [job_ids[i : i + MAX_NAMED] for i in range(0, len(job_ids), MAX_NAMED)]
-        messages = [QueueLeft(job_ids=c) for c in chunks] if len(chunks) <= 10 else [QueueLeft(resync=True)]
-        try:
-            for message in messages:
-                self.bus.send(CONTROLLER_QUEUE, message)
-        except Exception as exc:
-            event(log, "submit_notify_failed", logging.WARNING, jobs=len(job_ids), error=exc,
-                  effect="placed by the controller's next periodic pass")  # fmt: skip
 
     def submit_array(
         self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
@@ -570,6 +554,7 @@ class Backend:
         return [self._nodes.get(name) for name in names]
 
     def close(self) -> None:
+        self._hints.close()
         self._jobs.redis.close()
         if self._bus is not None:
             self._bus.close()

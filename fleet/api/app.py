@@ -73,7 +73,7 @@ def status_of(exc: FleetError) -> int:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    backend = Backend(settings=settings, connections=settings.api.redis_connections)
+    backend = Backend(settings=settings, connections=settings.api.redis_connections, background_hints=True)
     tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
     tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
     blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)

@@ -1,0 +1,95 @@
+"""Telling the controller which jobs joined the queue: a hint, never the truth (its periodic pass
+finds every queued job anyway, within ``schedule_interval_s``), so a submit need not wait for it.
+
+One job is named by a ``JobSubmitted``; more by one ``QueueLeft`` per ``MAX_NAMED`` (the controller
+reads each named job again, into its queue or out of it), and past ten of those by a resync. The
+API sends hints from a thread of its own: a submit answers once its job is stored, and a burst of
+submits (a loop of ``Client.submit``) goes out as a few messages instead of one a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fleet.bus.messages import CONTROLLER_QUEUE, MAX_NAMED, JobSubmitted, Message, QueueLeft
+from fleet.log import event
+
+if TYPE_CHECKING:
+    from fleet.bus.broker import Bus
+
+log = logging.getLogger("fleet.backend")
+#: QueueLeft messages naming jobs one hint sends at most; more jobs ask for a resync instead
+MOST_MESSAGES = 10
+
+
+class Hints:
+    def __init__(self, bus: Callable[[], Bus], background: bool = False) -> None:
+        """``background``: sent by a thread of this object's (started on the first hint), not by
+        the caller; :meth:`close` sends what is left."""
+        self._bus, self._background = bus, background
+        self._pending: list[str] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def name(self, job_ids: list[str]) -> None:
+        if not job_ids:
+            return
+        if not self._background:
+            self._send(job_ids)
+            return
+        with self._wake:
+            if not self._closed:
+                self._pending.extend(job_ids)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="submit-hints", daemon=True)
+                    self._thread.start()
+                self._wake.notify()
+                return
+        self._send(job_ids)  # closed: no thread sends it any more
+
+    def close(self) -> None:
+        """Send what is pending, and end the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _take(self) -> list[str]:
+        with self._wake:
+            taken, self._pending = self._pending, []
+        return taken
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: bool(self._pending) or self._closed)
+                closed = self._closed
+            self._send(self._take())
+            if closed:
+                return
+
+    def _send(self, job_ids: list[str]) -> None:
+        if not job_ids:
+            return
+        messages: list[Message]
+        if len(job_ids) == 1:
+            messages = [JobSubmitted(job_id=job_ids[0])]
+        else:
+            chunks = [job_ids[i : i + MAX_NAMED] for i in range(0, len(job_ids), MAX_NAMED)]
+            messages = (
+                [QueueLeft(job_ids=c) for c in chunks]
+                if len(chunks) <= MOST_MESSAGES
+                else [QueueLeft(resync=True)]
+            )
+        try:
+            for message in messages:
+                self._bus().send(CONTROLLER_QUEUE, message)
+        except Exception as exc:  # a hint that fails must not fail a submit whose job is stored
+            named = {"job": job_ids[0]} if len(job_ids) == 1 else {"jobs": len(job_ids), "first": job_ids[0]}
+            event(log, "submit_notify_failed", logging.WARNING, **named, error=exc,
+                  effect="placed by the controller's next periodic pass")  # fmt: skip
