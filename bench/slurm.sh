@@ -5,15 +5,19 @@
 # Optional: without Slurm it says so and exits 0. `--install` installs Debian's slurm-wlm (root).
 # Everything runs from a temp dir: its own munged socket, slurm.conf, spool and state; the daemons
 # are started here (no systemd) and stopped on exit. Run: bash bench/slurm.sh [--install] [--jobs N]
+# `--sbatch-rate N` only times N `sbatch --wrap true` calls one after another (bench/api.py puts that
+# beside fleet's submits through its API) and prints `sbatch_per_s=<rate>`.
 set -euo pipefail
 
 JOBS=1000
 INSTALL=0
+RATE=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --install) INSTALL=1 ;;
     --jobs) JOBS=$2; shift ;;
-    *) echo "usage: $0 [--install] [--jobs N]" >&2; exit 2 ;;
+    --sbatch-rate) RATE=$2; shift ;;
+    *) echo "usage: $0 [--install] [--jobs N] [--sbatch-rate N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -88,9 +92,9 @@ EOF
 
 now() { date +%s.%N; }
 
-run() {  # $1: label, $2: extra slurm.conf lines
+start_slurm() {  # $1: extra slurm.conf lines; fails when the node never becomes idle
   rm -rf "$ROOT/state" "$ROOT/spool"
-  write_conf "$2"
+  write_conf "$1"
   export SLURM_CONF=$ROOT/slurm.conf
   slurmctld -i -D >/dev/null 2>&1 & PIDS+=($!)
   slurmd -D >/dev/null 2>&1 & PIDS+=($!)
@@ -98,7 +102,22 @@ run() {  # $1: label, $2: extra slurm.conf lines
     sinfo -h -o %T 2>/dev/null | grep -qE '^idle' && break
     sleep 0.2
   done
-  sinfo -h -o %T | grep -qE '^idle' || { echo "| $1 | node never became idle (see $ROOT/*.log) |"; return; }
+  sinfo -h -o %T | grep -qE '^idle'
+}
+
+sbatch_rate() {  # $1: calls
+  start_slurm "" || { echo "node never became idle (see $ROOT/*.log)"; return 1; }
+  local first last
+  first=$(now)
+  for _ in $(seq "$1"); do sbatch -Q -o /dev/null -e /dev/null --wrap true; done
+  last=$(now)
+  python3 -c "import sys; print(f'sbatch_per_s={int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])):.1f}')" \
+    "$1" "$first" "$last"
+  stop_slurm
+}
+
+run() {  # $1: label, $2: extra slurm.conf lines
+  start_slurm "$2" || { echo "| $1 | node never became idle (see $ROOT/*.log) |"; return; }
   local first last
   first=$(now)
   for _ in $(seq "$JOBS"); do sbatch -Q -o /dev/null -e /dev/null --wrap true; done
@@ -116,6 +135,10 @@ EOF
 }
 
 start_munge
+if [[ $RATE -gt 0 ]]; then
+  sbatch_rate "$RATE"
+  exit
+fi
 echo "# slurm $(slurmctld -V | awk '{print $2}'), $(date +%F), $HOST: $(nproc) cores; one node of 16 CPUs; logs in $ROOT"
 echo "| Slurm settings | jobs | first sbatch -> last done | throughput | notes |"
 echo "|---|---|---|---|---|"
