@@ -62,20 +62,27 @@ def submit(spec: dict[str, Any], job_id: str | None) -> Call[Job]:
     return Call("POST", "/v1/jobs", job, {"spec": spec, "id": job_id})
 
 
-def submit_batch(specs: Sequence[dict[str, Any]], job_ids: Sequence[str | None] | None) -> Call[list[str]]:
-    """Up to ``MAX_BATCH`` jobs queued all or nothing; their ids in order."""
-    ids = list(job_ids) if job_ids is not None else [None] * len(specs)
-    if not specs or len(specs) > MAX_BATCH:
-        raise SpecError(f"submit_many: {len(specs)} specs; give 1 to {MAX_BATCH} a call (or submit one spec "
+def check_batch(count: int, job_ids: Sequence[str | None] | None) -> list[str | None]:
+    """The ids of a batch of ``count`` jobs (None: fleet picks), each checked: before anything is
+    shipped or sent."""
+    ids: list[str | None] = list(job_ids) if job_ids is not None else [None] * count
+    if not count or count > MAX_BATCH:
+        raise SpecError(f"submit_many: {count} specs; give 1 to {MAX_BATCH} a call (or submit one spec "
                         "many times as a job array)")  # fmt: skip
-    if len(ids) != len(specs):
-        raise SpecError(f"job_ids: {len(ids)} ids for {len(specs)} specs; give one per spec (or None)")
+    if len(ids) != count:
+        raise SpecError(f"job_ids: {len(ids)} ids for {count} specs; give one per spec (or None)")
     for i, job_id in enumerate(ids):
         if job_id is not None:
             try:
                 check_job_id(job_id)
             except SpecError as exc:
                 raise SpecError(f"jobs[{i}]: {exc}") from None
+    return ids
+
+
+def submit_batch(specs: Sequence[dict[str, Any]], job_ids: Sequence[str | None] | None) -> Call[list[str]]:
+    """Up to ``MAX_BATCH`` jobs queued all or nothing; their ids in order."""
+    ids = check_batch(len(specs), job_ids)
     body = {"jobs": [{"spec": s, "id": i} for s, i in zip(specs, ids, strict=True)]}
     return Call("POST", "/v1/jobs/batch", lambda data: [str(i) for i in data["ids"]], body)
 

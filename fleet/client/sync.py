@@ -20,7 +20,7 @@ from fleet.client.credentials import resolve
 from fleet.client.endpoints import Call
 from fleet.client.handles import ArrayHandle, JobHandle
 from fleet.client.transport import Transport
-from fleet.errors import DrainTimeout, JobTimeout, SpecError, TooManyRequests
+from fleet.errors import DrainTimeout, JobTimeout, SpecError, TooManyRequests, at_index
 from fleet.models import (
     CancelReport,
     Event,
@@ -39,6 +39,7 @@ from fleet.models import (
     TenantStatus,
     TokenInfo,
     WebhookOutcome,
+    check_job_id,
 )
 
 R = TypeVar("R")
@@ -75,6 +76,8 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
         It runs in the token's tenant (an admin's spec may name another)."""
+        if job_id is not None:
+            check_job_id(job_id)  # before a shipped directory is uploaded
         return JobHandle(self, self._do(api.submit(self._shipped(spec), job_id)).id)
 
     def submit_many(
@@ -84,8 +87,10 @@ class Client:
         queued, and a refusal names the first bad one (``jobs[3]: gpus: ...``). Handles in order.
         ``job_ids[i]``, when given, makes job ``i`` idempotent as :meth:`submit`'s ``job_id`` does, so a
         batch whose call failed midway can be sent again as it was."""
+        specs = list(specs)
+        job_ids = api.check_batch(len(specs), job_ids)  # before any directory is uploaded
         shipped: dict[str, dict[str, Any]] = {}  # one upload per distinct directory, not per spec
-        bodies = [self._shipped(spec, shipped) for spec in specs]
+        bodies = [at_index(i, self._shipped, spec, shipped) for i, spec in enumerate(specs)]
         return [JobHandle(self, job_id) for job_id in self._do(api.submit_batch(bodies, job_ids))]
 
     def submit_array(
@@ -98,7 +103,8 @@ class Client:
         ``indices``: ``"0-9999"``, ``"1,3,5-9"`` or integers. ``max_running``: most tasks on nodes at
         once. With ``array_id`` a repeated submit of the same array is a no-op (idempotent).
         """
-        call = api.submit_array(self._shipped(spec), indices, max_running, array_id)
+        wanted = checks.indices(indices)  # before a shipped directory is uploaded
+        call = api.submit_array(self._shipped(spec), wanted, max_running, array_id)
         return ArrayHandle(self, self._do(call).id)
 
     def _shipped(
