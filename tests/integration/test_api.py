@@ -417,6 +417,10 @@ def test_a_batch_submit_keeps_every_check_of_a_single_one(api: Api) -> None:
         alice._call("POST", "/v1/jobs/batch", many)
     with pytest.raises(SpecError, match=r"jobs: 0 jobs in one batch"):
         alice._call("POST", "/v1/jobs/batch", {"jobs": []})
+    # And a batch is one body, under the same limit as a single submit's (api.max_body_bytes, 1 MiB)
+    big = [spec(f"big{i}", env={"PAYLOAD": "x" * 8000}) for i in range(200)]
+    with pytest.raises(SpecError, match=r"request body: \d+ bytes, more than api.max_body_bytes"):
+        alice.submit_many(big)
     # And a token that is not one is refused before the body is read
     with pytest.raises(Unauthorized):
         Client(api.url, "fleet_000000000000_" + "a" * 43).submit_many([spec("x")])
