@@ -178,6 +178,8 @@ def error_body(exc: FleetError) -> dict[str, Any]:
         body["expired"] = {"job_id": exc.job_id, "state": exc.state, "ended_at": exc.ended_at,
                            "expired_at": exc.expired_at}  # fmt: skip
     return body
+
+
 def at_index(index: int, check: Callable[..., T], *args: Any) -> T:
     """``check(*args)``, its refusal naming the item of a batch it is about: ``jobs[3]: gpus: ...``
     (the same error type, the same exit code)."""
