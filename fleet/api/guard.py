@@ -30,6 +30,9 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: a status page's form (the login's token) is small
 FORM_MAX = 64 << 10
+#: a refused body up to this size is read and dropped before the answer: a client still sending it
+#: then reads the 413 that names the limit, not a broken pipe (the server closes once it answered)
+DRAIN_MAX = 64 << 20
 
 
 class Guard:
@@ -57,6 +60,8 @@ class Guard:
         limit, setting = self.limit(path)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
+            if int(declared) <= DRAIN_MAX:
+                await _drain(receive, more=True)
             await _answer(
                 send, 413, SpecError(f"request body: {declared} bytes, more than {setting} ({limit})")
             )
@@ -73,6 +78,7 @@ class Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > limit:
+                await _drain(receive, more)
                 await _answer(send, 413, SpecError(f"request body: more than {setting} ({limit}) bytes"))
                 return
         await self.app(scope, _replay(bytes(body), None), send)
@@ -86,6 +92,17 @@ class Guard:
             return Unauthorized(UNKNOWN_TOKEN)
         remember(scope, token, who)  # the route's dependency takes it from here: one read per call
         return None
+
+
+async def _drain(receive: Receive, more: bool) -> None:
+    """Read what is left of a refused body, up to ``DRAIN_MAX`` bytes, and drop it."""
+    read = 0
+    while more and read <= DRAIN_MAX:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        read += len(message.get("body", b""))
+        more = message.get("more_body", False)
 
 
 def _replay(body: bytes, then: Message | None) -> Receive:
