@@ -35,7 +35,7 @@ from fleet.bus import Bus
 from fleet.config import Settings, load_settings
 from fleet.controller.service import Controller
 from fleet.keys import Keys
-from fleet.lifecycle import RetryPolicy
+from fleet.lifecycle import RetryPolicy, decide
 from fleet.models import Exit, Gpu, JobSpec, JobState
 from fleet.state import JobStore, NodeStore, connect
 from fleet.state.nodes import NodeInfo
@@ -127,8 +127,8 @@ class Fleet:
                         reason=f"running on {NODE}", now=now, fields={"started_at": now})  # fmt: skip
         if lines:
             jobs.append_logs(job_id, attempt, lines, self.settings.log_max_lines)
-        job = jobs.get(job_id)
-        jobs.end_attempt(job, Exit(code=0, reason="exited 0"), POLICY, time.time(), {"checkpoint": None})
+        job, exit = jobs.get(job_id), Exit(code=0, reason="exited 0")
+        jobs.end_attempt(job, exit, decide(job, exit, POLICY), time.time(), {"checkpoint": None})
 
 
 def until(condition: Callable[[], bool], what: str, timeout: float = 3600) -> None:

@@ -1,6 +1,6 @@
 """What the node simulator's nodes do with their attempts (``bench/nodesim.py``): the agent's
-launch, stop, end and lost paths (``fleet/agent/service.py``), through the same store calls, over a
-null runtime whose processes are timers.
+launch, stop, end and lost paths (``fleet/agent/launcher.py``, ``exits.py``), through the same store
+calls (and the same ``settle``), over a null runtime whose processes are timers.
 
 An attempt is keyed by (job, attempt, node): a multi-node job's members run on different simulated
 nodes at once, each holding its GPUs on its own node, and move through ``member.lua`` as the real
@@ -21,14 +21,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from bench.simfleet import Attempt, Key, SimNode, Stats, run_for
+from fleet.agent.exits import settle
 from fleet.agent.members import member_failed
 from fleet.agent.reconcile import still_lost
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Stop, node_queue
 from fleet.config import Settings
 from fleet.errors import FleetError, NotFound
-from fleet.lifecycle import CANCEL, INFRA, JOB, RetryPolicy
+from fleet.lifecycle import RetryPolicy, decide
 from fleet.log import event
-from fleet.models import Exit, Job, JobState
+from fleet.models import Exit, ExitKind, Fault, Job, JobState, MemberPhase
 from fleet.state import JobStore, NodeStore
 
 log = logging.getLogger("bench.nodesim")
@@ -103,11 +104,11 @@ class SimAgent:
         seconds, code = run_for(job.spec, self.default_s)
         run = Attempt(job_id, attempt, node, job.gpus_on(node.name), code, rank)
         if job.cancel_requested:
-            self._end(run, Exit(fault=CANCEL, reason="cancelled before start"), job)
+            self._end(run, Exit(fault=Fault.CANCEL, reason="cancelled before start"), job)
             return None
         conflict = self._hold(run)
         if conflict:
-            self._end(run, Exit(reason=conflict, fault=INFRA, kind="gpu_busy"), job)
+            self._end(run, Exit(reason=conflict, fault=Fault.INFRA, kind=ExitKind.GPU_BUSY), job)
             return None
         with self._lock:
             self._running[run.key] = run
@@ -131,7 +132,7 @@ class SimAgent:
         rank = job.rank_on(node.name)
         if rank is None or job.attempt != attempt or job.state not in launchable(job):
             return None
-        if len(job.members) > 1 and self.jobs.member(job, rank, "starting") < 0:
+        if len(job.members) > 1 and self.jobs.member(job, rank, MemberPhase.STARTING) < 0:
             return None  # this member started already
         return job
 
@@ -139,7 +140,7 @@ class SimAgent:
         """As the agent's ``_running``: the job is RUNNING, a multi-node job once every member runs
         (the last member to run moves it); False when the launch went stale meanwhile."""
         if len(job.members) > 1:
-            running = self.jobs.member(job, rank, "running")
+            running = self.jobs.member(job, rank, MemberPhase.RUNNING)
             if running < 0:
                 return False
             if running < len(job.members):
@@ -235,26 +236,23 @@ class SimAgent:
         self._end(run, exit, job)
 
     def _end(self, run: Attempt, exit: Exit, job: Job) -> None:
-        """As the agent's ``_finish``: record the exit, free the GPUs, then end the attempt. A multi-node
+        """As the agent's ``ExitPath.end``: record the exit, free the GPUs, then end the attempt. A multi-node
         job's member that ended with 0 is done, and the last one done ends the attempt; one that failed
         ends it at once, and the members on the other nodes are stopped."""
-        if job.preempt and not job.cancel_requested and not (exit.code == 0 and exit.fault == JOB):
-            kind = "preempted" if job.preempted_for else "drain"
-            exit = Exit(
-                code=exit.code, oom=exit.oom, fault=INFRA, kind=kind, reason=f"{job.preempt}: {exit.reason}"
-            )
+        # settled as the agent's (no supervisor fences a simulated attempt, and it writes no output)
+        exit = settle(job, exit, run.node.name, fenced=None, timed_out=False, now=self.clock(), tail=list)
         self.jobs.record_exit(job, exit, self.clock())
         self._free(run)  # the runtime's remove: GPUs free before the claims are released
         gang = len(job.members) > 1
-        if gang and exit.code == 0 and exit.fault == JOB:
-            if self.jobs.member(job, run.rank, "done") < len(job.members):  # the others still run
+        if gang and exit.succeeded:
+            if self.jobs.member(job, run.rank, MemberPhase.DONE) < len(job.members):  # the others still run
                 self.stats.members_done += 1
                 return
         elif gang:
             wait_s = self.cfg.node_lease_ttl_s + self.cfg.heartbeat_interval_s
             exit = member_failed(self.jobs, self.nodes, job, run.node.name, exit, wait_s, self.stop_event)
-        decision = self.jobs.end_attempt(job, exit, self.policy, self.clock(), {"checkpoint": None})
-        if decision is None:
+        decision = decide(job, exit, self.policy)
+        if not self.jobs.end_attempt(job, exit, decision, self.clock(), {"checkpoint": None}):
             return
         if gang:  # one member's end is the attempt's: stop the others now
             stop = Stop(
@@ -271,7 +269,7 @@ class SimAgent:
         ))  # fmt: skip
 
     def lost(self, node: SimNode, job: Job) -> None:
-        """As the agent's ``_lost``: the end recorded before the removal, if any (a multi-node job's
+        """As the agent's ``ExitPath.lost``: the end recorded before the removal, if any (a multi-node job's
         is not this member's), else it vanished."""
         run = Attempt(job.id, job.attempt, node, job.gpus_on(node.name), rank=job.rank_on(node.name) or 0)
         if not self._claim(run.key):
@@ -286,7 +284,8 @@ class SimAgent:
             if not held and still_lost(node.name, job, now):
                 job = now
                 recorded = job.last_exit_attempt == job.attempt and len(job.members) <= 1
-                lost = Exit(fault=INFRA, kind="lost", reason=f"attempt vanished from node {node.name}")
+                why = f"attempt vanished from node {node.name}"
+                lost = Exit(fault=Fault.INFRA, kind=ExitKind.LOST, reason=why)
                 self._finish(run, (job.last_exit if recorded else None) or lost)
         finally:
             self._release(run.key)

@@ -1,30 +1,29 @@
 """What happens to a job when an attempt ends: pure policy, no I/O.
 
-``decide`` returns ``(state, delay, reason)`` plus the counters to bump. Job faults (non-zero
-exit, OOM) spend the job's ``max_attempts`` budget with exponential backoff; infrastructure
-faults (node lost, GPU busy at launch, a node that cannot prepare the attempt, fencing) do not
-spend it, bounded by a separate cap so a job that keeps losing its node cannot loop forever. The
-first infrastructure requeue is at once; later ones back off like retries, so a fault that repeats
-within milliseconds (a node that fails every launch alike) cannot spend the cap in one burst. A
-drain, a preemption or a time limit with ``requeue_on_timeout`` (chosen, not suffered) requeues
-at once.
+``decide`` returns a :class:`~fleet.models.Decision`, ``(state, delay, reason)`` plus the
+counters to bump, which its caller (the agent, or the controller for a lost node) hands to
+``JobStore.end_attempt`` to apply: the store applies decisions, it never makes them.
+
+Job faults (non-zero exit, OOM) spend the job's ``max_attempts`` budget with exponential backoff;
+infrastructure faults (node lost, GPU busy at launch, a node that cannot prepare the attempt,
+fencing) do not spend it, bounded by a separate cap so a job that keeps losing its node cannot loop
+forever. The first infrastructure requeue is at once; later ones back off like retries, so a fault
+that repeats within milliseconds (a node that fails every launch alike) cannot spend the cap in one
+burst. A drain, a preemption or a time limit with ``requeue_on_timeout`` (chosen, not suffered)
+requeues at once.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fleet.models import Exit, Job, JobState
+from fleet.models import Decision, Exit, ExitKind, Fault, Job, JobState
 
-JOB, INFRA, FATAL, CANCEL = "job", "infra", "fatal", "cancel"
-#: the kind of an infrastructure exit that ends an attempt for a resize: requeued at the new size,
-#: spending neither the retry budget nor the infrastructure requeue cap (fleet chose to stop it)
-RESIZE = "resize"
 #: kinds of infrastructure exit that were chosen, not suffered (a resize, an operator's drain, a
 #: preemption, a time limit the job asked to be requeued at): requeued at once, never backed off
-CHOSEN = frozenset({RESIZE, "drain", "preempted", "timeout"})
+CHOSEN = frozenset({ExitKind.RESIZE, ExitKind.DRAIN, ExitKind.PREEMPTED, ExitKind.TIMEOUT})
 #: exit codes shells and init (tini, the process runtime's shim) give a program that never ran
 CANNOT_RUN = {
     127: "the program was not found (a typo, or not in the image's PATH or the shipped directory)",
@@ -43,14 +42,14 @@ def explain(exit: Exit, tail: Sequence[str]) -> Exit:
     """``exit`` as not retryable (fault ``fatal``) when the attempt's last output lines (``tail``)
     say its program never ran: ``python X.py`` exiting 2 with "can't open file 'X.py': [Errno 2]".
     Exit 126 and 127 (shells and init) need no output: :func:`decide` knows them by code."""
-    if exit.fault != JOB or exit.code != 2 or exit.oom:
+    if exit.fault != Fault.JOB or exit.code != 2 or exit.oom:
         return exit
     said = next((line.strip() for line in reversed(tail) if _NO_SCRIPT.search(line)), None)
     if said is None:
         return exit
     why = (f"{exit.reason}: {said[-300:]}: the script is not in the job's working directory (ship it "
            "with --workdir, or give its path inside the image)")  # fmt: skip
-    return Exit(code=exit.code, fault=FATAL, reason=why)
+    return Exit(code=exit.code, fault=Fault.FATAL, reason=why)
 
 
 @dataclass(frozen=True)
@@ -64,22 +63,16 @@ class RetryPolicy:
         return float(min(self.backoff_s * 2.0 ** max(failures - 1, 0), self.backoff_max_s))
 
 
-@dataclass(frozen=True)
-class Decision:
-    state: JobState
-    delay: float
-    reason: str
-    incr: dict[str, int] = field(default_factory=dict)
-
-
 def decide(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
-    if job.cancel_requested or exit.fault == CANCEL:
+    """What becomes of ``job`` now that its current attempt ended with ``exit``; the caller
+    applies it (``JobStore.end_attempt``)."""
+    if job.cancel_requested or exit.fault == Fault.CANCEL:
         return Decision(JobState.CANCELLED, 0.0, "cancelled by user")
-    if exit.fault == INFRA:
+    if exit.fault == Fault.INFRA:
         return _infra(job, exit, policy)
-    if exit.code == 0 and exit.fault == JOB:
+    if exit.succeeded:
         return Decision(JobState.SUCCEEDED, 0.0, exit.reason or "exited 0")
-    if exit.fault == FATAL:
+    if exit.fault == Fault.FATAL:
         return Decision(JobState.FAILED, 0.0, f"{exit.reason}; not retryable", {"failures": 1})
     if exit.code in CANNOT_RUN and not exit.oom:
         why = f"{exit.reason}: {CANNOT_RUN[exit.code]}; not retryable (another attempt would fail alike)"
@@ -100,7 +93,7 @@ def _job_fault(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
 
 
 def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
-    if exit.kind == RESIZE:
+    if exit.kind == ExitKind.RESIZE:
         return Decision(JobState.QUEUED, 0.0, f"{exit.reason}; requeued at its new size (retry budget not "
                         "spent)", {"resizes": 1})  # fmt: skip
     requeues = job.infra_requeues + 1

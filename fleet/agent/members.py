@@ -14,8 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet.lifecycle import INFRA, JOB
-from fleet.models import Exit, Job
+from fleet.models import Exit, ExitKind, Fault, Job, MemberPhase
 from fleet.state import JobStore, NodeStore
 
 #: how often a failed member looks at its peers while it waits
@@ -28,20 +27,20 @@ def member_failed(
     """The exit the attempt ends with, given that the member on ``node`` ended with ``exit``."""
     rank = job.rank_on(node) or 0
     own = exit.model_copy(update={"reason": f"member {rank} on {node}: {exit.reason}"})
-    if exit.fault != JOB or job.cancel_requested:  # a cancel ends it whatever the peers say
+    if exit.fault != Fault.JOB or job.cancel_requested:  # a cancel ends it whatever the peers say
         return own
-    jobs.member(job, rank, "failed")
+    jobs.member(job, rank, MemberPhase.FAILED)
     peers = [n for n in job.nodes_held if n != node]
     deadline = time.monotonic() + wait_s
     while True:
         down = [n for n, up in nodes.alive(peers).items() if not up]
         if down:
             why = f"{own.reason}, after node {down[0]} of member {job.rank_on(down[0])} went down"
-            return Exit(code=exit.code, oom=exit.oom, fault=INFRA, kind="node_down", reason=why)
+            return Exit(code=exit.code, oom=exit.oom, fault=Fault.INFRA, kind=ExitKind.NODE_DOWN, reason=why)
         current = jobs.get(job.id)
         if current.attempt != job.attempt or not current.state.on_node or time.monotonic() >= deadline:
             return own
-        if all(phase == "failed" for phase in current.member_phases):
+        if all(phase == MemberPhase.FAILED for phase in current.member_phases):
             return own.model_copy(update={"reason": f"{own.reason} (every member failed)"})
         if stop.wait(POLL_S):
             return own

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet.agent.runtime.base import AttemptStatus
-from fleet.models import Job, JobState
+from fleet.models import Job, JobState, MemberPhase
 
 Key = tuple[str, int]
 
@@ -55,16 +55,16 @@ def reconcile(
         # a member of a multi-node job that ended with 0 is done while the others run; one that
         # never started is launched even when the job is STARTING (another member started it)
         phase = _phase(node, job)
-        if phase == "done":
+        if phase == MemberPhase.DONE:
             continue
-        if job.state == JobState.SCHEDULED or (job.state == JobState.STARTING and phase == ""):
+        if job.state == JobState.SCHEDULED or (job.state == JobState.STARTING and phase == MemberPhase.NONE):
             out.launch.append(job)
         elif job.state in (JobState.STARTING, JobState.RUNNING):
             out.lost.append(job)
     return out
 
 
-def _phase(node: str, job: Job) -> str | None:
+def _phase(node: str, job: Job) -> MemberPhase | None:
     rank = job.rank_on(node)
     return job.member_phases[rank] if rank is not None and rank < len(job.member_phases) else None
 
@@ -75,7 +75,7 @@ def still_lost(node: str, seen: Job, now: Job) -> bool:
     exit recorded and its attempt removed between the reconcile's reads) or by the controller."""
     return (
         now.attempt == seen.attempt and now.state in (JobState.STARTING, JobState.RUNNING)
-        and node in now.nodes_held and _phase(node, now) != "done"
+        and node in now.nodes_held and _phase(node, now) != MemberPhase.DONE
     )  # fmt: skip
 
 

@@ -20,11 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.config import ControllerSettings
-from fleet.lifecycle import INFRA
-from fleet.models import Exit, Job, JobState, Node, NodeState
-
-#: requeue kinds (``fleet_requeues`` metric)
-NODE_DOWN, LAUNCH_TIMEOUT = "node_down", "launch_timeout"
+from fleet.models import Exit, ExitKind, Fault, Job, JobState, Node, NodeState
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ def reconcile(
         elif action is None:
             ignore.append(job.id)
         else:
-            (timeouts if action.exit.kind == LAUNCH_TIMEOUT else lost).append(action)
+            (timeouts if action.exit.kind == ExitKind.LAUNCH_TIMEOUT else lost).append(action)
     occupied = {n for j in on_node for n in j.nodes_held}
     held = {f"{j.id}:{j.attempt}" for j in on_node}
     return Buckets(
@@ -102,7 +98,7 @@ def _classify(
             return Requeue(job, _lost(f"node {name} down (lease expired)"), stop=False)
     late = _late(job, now, cfg)
     if late:
-        return Requeue(job, Exit(fault=INFRA, kind=LAUNCH_TIMEOUT, reason=late), stop=True)
+        return Requeue(job, Exit(fault=Fault.INFRA, kind=ExitKind.LAUNCH_TIMEOUT, reason=late), stop=True)
     for _, node in nodes:
         if node is not None and _drain_due(node, now) and not job.preempt:
             return DrainStop(job, f"node {node.name} drained", node.drain_grace_s)
@@ -110,7 +106,7 @@ def _classify(
 
 
 def _lost(reason: str) -> Exit:
-    return Exit(fault=INFRA, kind=NODE_DOWN, reason=reason)
+    return Exit(fault=Fault.INFRA, kind=ExitKind.NODE_DOWN, reason=reason)
 
 
 def _late(job: Job, now: float, cfg: ControllerSettings) -> str:

@@ -40,7 +40,7 @@ from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.controller.tenancy import Tenancy
 from fleet.controller.webhooks import WebhookSender
 from fleet.errors import FleetError, NotLeader
-from fleet.lifecycle import RetryPolicy
+from fleet.lifecycle import RetryPolicy, decide
 from fleet.log import StepHealth, event
 from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
 from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption, sizing
@@ -565,10 +565,8 @@ class Controller:
     def _requeue(self, requeue: Requeue, now: float) -> None:
         """Requeue without spending retries, if the job is still where the snapshot saw it."""
         job, exit = requeue.job, requeue.exit
-        decision = self.jobs.end_attempt(
-            job, exit, self.policy, now, leader=self._token(), allowed=[job.state]
-        )
-        if decision is None:
+        decision = decide(job, exit, self.policy)
+        if not self.jobs.end_attempt(job, exit, decision, now, leader=self._token(), allowed=[job.state]):
             return
         with self._lock:  # back in the queue: the next pass reads it (no agent message will come)
             self._touched_jobs.add(job.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
@@ -54,6 +55,66 @@ ON_NODE_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING)
 SPEED_KEY = re.compile(r"(\d{1,6})x(\d{1,9})")
 
 
+class Fault(StrEnum):
+    """Who is to blame for how an attempt ended (``Exit.fault``; the values are stored)."""
+
+    #: the job's own: a retry spends its ``max_attempts`` budget
+    JOB = "job"
+    #: the node's or fleet's: requeued without spending the budget (up to ``max_infra_requeues``)
+    INFRA = "infra"
+    #: the job's, and another attempt would fail alike: failed at once
+    FATAL = "fatal"
+    #: the user cancelled it: the job ends CANCELLED
+    CANCEL = "cancel"
+
+
+class ExitKind(StrEnum):
+    """What ended an attempt, beyond whose fault it was (``Exit.kind``; stored, and the label of
+    the ``fleet_requeues`` metric)."""
+
+    NONE = ""
+    #: an assigned GPU held a process fleet did not start (the agent refused the launch)
+    GPU_BUSY = "gpu_busy"
+    #: the node could not prepare the attempt (workdir, checkpoint directory, supervisor)
+    PREPARE = "prepare"
+    #: the node's supervisor stopped it: the node lost its lease
+    FENCED = "fenced"
+    #: stopped to restart at a new size (elastic): neither budget is spent
+    RESIZE = "resize"
+    #: stopped for a job of a tenant below its guarantee
+    PREEMPTED = "preempted"
+    #: stopped at its node's drain deadline
+    DRAIN = "drain"
+    #: stopped at its time limit (``timeout``)
+    TIMEOUT = "timeout"
+    #: it vanished from its node (the runtime holds no such attempt)
+    LOST = "lost"
+    #: its node (or a member's node) went down
+    NODE_DOWN = "node_down"
+    #: placed, but not started within the launch deadlines
+    LAUNCH_TIMEOUT = "launch_timeout"
+
+
+class RequeueKind(StrEnum):
+    """What the ``fleet_requeues`` metric counts a requeue under when its exit names no kind."""
+
+    JOB_FAILURE = "job_failure"
+    INFRASTRUCTURE = "infrastructure"
+
+
+class MemberPhase(StrEnum):
+    """Where one member of a multi-node job stands (``Job.member_phases``; stored by member.lua)."""
+
+    #: not started yet
+    NONE = ""
+    STARTING = "starting"
+    RUNNING = "running"
+    #: ended with 0: the job is done once every member is
+    DONE = "done"
+    #: ended by itself with an error (see fleet.agent.members)
+    FAILED = "failed"
+
+
 class Exit(BaseModel):
     """How one attempt ended, as the agent saw it."""
 
@@ -62,10 +123,34 @@ class Exit(BaseModel):
     code: int | None = None
     oom: bool = False
     reason: str = ""
-    #: who is to blame: "job" spends the retry budget, "infra" does not, "cancel" ends the job.
-    fault: str = "job"
-    #: what kind of infrastructure event, for metrics: node_down, drain, fenced, gpu_busy, lost
-    kind: str = ""
+    #: who is to blame (see :class:`Fault`)
+    fault: Fault = Fault.JOB
+    #: what ended it, for the requeue policy and metrics (see :class:`ExitKind`)
+    kind: ExitKind = ExitKind.NONE
+
+    @property
+    def succeeded(self) -> bool:
+        """The program ended by itself with 0."""
+        return self.code == 0 and self.fault == Fault.JOB
+
+    @property
+    def requeue_kind(self) -> str:
+        """What a requeue after this exit is counted as (the ``fleet_requeues`` metric's ``kind``)."""
+        if self.kind:
+            return self.kind.value
+        return (RequeueKind.JOB_FAILURE if self.fault == Fault.JOB else RequeueKind.INFRASTRUCTURE).value
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What becomes of a job whose attempt ended (``fleet.lifecycle.decide`` makes it; the store
+    applies it): its next state, the delay before it may be placed again, why, and the counters
+    to bump."""
+
+    state: JobState
+    delay: float
+    reason: str
+    incr: dict[str, int] = field(default_factory=dict)
 
 
 class Member(BaseModel):
@@ -138,8 +223,8 @@ class Job(BaseModel):
     master_port: int = 0
     members_running: int = 0
     members_done: int = 0
-    #: each member's phase, by rank: "" (not started), starting, running, done
-    member_phases: list[str] = Field(default_factory=list)
+    #: each member's phase, by rank
+    member_phases: list[MemberPhase] = Field(default_factory=list)
     #: for a task of a job array: the array's id, the task's index (``FLEET_ARRAY_INDEX``) and how many
     #: of the array's tasks may be on nodes at once (None: no limit); None for a job submitted alone
     array_id: str | None = None

@@ -12,16 +12,18 @@ import redis
 from fleet.arrays import ARRAY_BATCH
 from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
-from fleet.lifecycle import JOB, RESIZE, Decision, RetryPolicy, decide
 from fleet.models import (
     ON_NODE_STATES,
+    Decision,
     Event,
     Exit,
+    ExitKind,
     Job,
     JobArray,
     JobSpec,
     JobState,
     LogLine,
+    MemberPhase,
     Progress,
     check_job_id,
 )
@@ -279,8 +281,8 @@ class JobStore:
         return [int(a) for a in result]
 
     @translated
-    def member(self, job: Job, rank: int, phase: str) -> int:
-        """Move the member on ``rank`` of multi-node ``job`` to ``phase`` (starting, running, done);
+    def member(self, job: Job, rank: int, phase: MemberPhase) -> int:
+        """Move the member on ``rank`` of multi-node ``job`` to ``phase`` (starting, running, done, failed);
         how many members reached it, or -1 when stale (see member.lua)."""
         return int(self._scripts["member"](keys=[self.keys.job(job.id)], args=[job.attempt, rank, phase]))
 
@@ -362,29 +364,28 @@ class JobStore:
         )  # fmt: skip
 
     def end_attempt(
-        self, job: Job, exit: Exit, policy: RetryPolicy, now: float, fields: dict[str, Any] | None = None,
+        self, job: Job, exit: Exit, decision: Decision, now: float, fields: dict[str, Any] | None = None,
         leader: str = "", allowed: Iterable[JobState] = ON_NODE_STATES,
-    ) -> Decision | None:  # fmt: skip
-        """End ``job``'s current attempt: decide (retry policy), transition, release its GPUs, count a
-        requeue. The one place an attempt ends, for the agent and the controller (which passes its
-        ``leader`` value, so a deposed one changes nothing) alike; None if stale."""
-        decision = decide(job, exit, policy)
+    ) -> bool:  # fmt: skip
+        """End ``job``'s current attempt as ``decision`` says (the caller's, from
+        ``fleet.lifecycle.decide``: the store applies policy, it does not make it): transition,
+        release its GPUs, count a requeue. The one place an attempt ends, for the agent and the
+        controller (which passes its ``leader`` value, so a deposed one changes nothing) alike;
+        False if stale."""
         changes = {
             "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "", "preempted_for": "",
             "finished_at": now if decision.state.final else None, "resize_gpus": None, "resize_batch": 0,
             **(fields or {}),
         }  # fmt: skip
-        if exit.kind == RESIZE and decision.state == JobState.QUEUED and job.resize_gpus is not None:
+        if exit.kind == ExitKind.RESIZE and decision.state == JobState.QUEUED and job.resize_gpus is not None:
             changes.update(num_gpus=job.resize_gpus, batch_size=job.resize_batch, sized_at=now)
         applied = self.transition(
             job.id, attempt=job.attempt, allowed=allowed, to=decision.state, reason=decision.reason,
             now=now, fields=changes, incr=decision.incr, release=True, leader=leader,
         )  # fmt: skip
-        if not applied:
-            return None
-        if decision.state == JobState.QUEUED:
-            self.count_requeue(exit.kind or ("job_failure" if exit.fault == JOB else "infrastructure"))
-        return decision
+        if applied and decision.state == JobState.QUEUED:
+            self.count_requeue(exit.requeue_kind)
+        return applied
 
     def resize(
         self, job: Job, gpus: int, batch: int, reason: str, grace_s: float, now: float, leader: str = ""

@@ -20,7 +20,7 @@ from fleet import Client, JobSpec, JobState
 from fleet.bus import Stop, node_queue
 from fleet.errors import JobExpired, NotFound, SpecError
 from fleet.keys import Keys
-from fleet.lifecycle import RetryPolicy
+from fleet.lifecycle import RetryPolicy, decide
 from fleet.models import Exit
 from fleet.state.retention import RetentionStore
 from tests.conftest import Api, FleetProcs
@@ -64,7 +64,8 @@ def run_attempt(h: Harness, job_id: str, code: int | None, at: float) -> None:
                           reason="", now=at - 20)  # fmt: skip
     h.jobs.append_logs(job_id, attempt, [("c1", f"attempt {attempt} says hi")], 100)
     if code is not None:
-        h.jobs.end_attempt(h.jobs.get(job_id), Exit(code=code, reason=f"exited {code}"), RetryPolicy(0), at)
+        job, exit = h.jobs.get(job_id), Exit(code=code, reason=f"exited {code}")
+        h.jobs.end_attempt(job, exit, decide(job, exit, RetryPolicy(0)), at)
 
 
 def submit(h: Harness, job_id: str, at: float, **spec: object) -> None:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from fleet.agent.reconcile import reconcile, still_lost
 from fleet.agent.runtime.base import AttemptStatus
-from fleet.models import Exit, Job, JobSpec, JobState, Member
+from fleet.models import Exit, Job, JobSpec, JobState, Member, MemberPhase
 
 NODE = "n1"
 SPEC = JobSpec(name="j", command=["true"])
@@ -76,14 +76,16 @@ def test_a_finished_attempt_is_finished_and_a_lost_one_reported() -> None:
 
 
 def test_an_attempt_that_ended_after_the_reconcile_looked_is_not_lost() -> None:
-    # Given a two-node job's attempt 1 as a reconcile read it: running, this node's member started
+    # Given a two-node job's attempt 1 as a reconcile read it: running, both members running
     members = [Member(node=NODE, gpus=["g0"]), Member(node="n2", gpus=["g1"])]
+    running = [MemberPhase.RUNNING, MemberPhase.RUNNING]
     seen = Job(id="g", spec=SPEC, state=JobState.RUNNING, attempt=1, node=NODE, members=members,
-               member_phases=["started", "started"])  # fmt: skip
+               member_phases=running)  # fmt: skip
     # Then it is still lost only if the record, read again once its end is claimed, still says so
     assert still_lost(NODE, seen, seen)
     # not once this node's member is done (exited 0 while the other runs on)
-    assert not still_lost(NODE, seen, seen.model_copy(update={"member_phases": ["done", "started"]}))
+    done = [MemberPhase.DONE, MemberPhase.RUNNING]
+    assert not still_lost(NODE, seen, seen.model_copy(update={"member_phases": done}))
     # nor once the attempt ended, or another began
     assert not still_lost(NODE, seen, seen.model_copy(update={"state": JobState.SUCCEEDED}))
     assert not still_lost(NODE, seen, seen.model_copy(update={"attempt": 2, "state": JobState.QUEUED}))

@@ -12,8 +12,8 @@ from fleet.config import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.errors import SpecError
 from fleet.keys import Keys
-from fleet.lifecycle import INFRA, RESIZE, RetryPolicy, decide
-from fleet.models import PROFILES, Exit, Job, JobSpec, JobState, Range
+from fleet.lifecycle import RetryPolicy, decide
+from fleet.models import PROFILES, Exit, ExitKind, Fault, Job, JobSpec, JobState, Range
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue
 from fleet.scheduler import profiles as policy
 from fleet.scheduler.resizing import Elastic, Resize, elastic_gpus
@@ -148,7 +148,7 @@ def test_a_resize_requeues_at_once_spending_neither_a_retry_nor_the_infrastructu
     job = Job(id="e", spec=JobSpec.parse(ELASTIC), state=JobState.RUNNING, attempt=3, infra_requeues=2,
               resize_gpus=2, resize_batch=256)  # fmt: skip
     why = "resized 1 -> 2 GPUs: exited with code 143 (SIGTERM)"
-    exit = Exit(code=143, fault=INFRA, kind=RESIZE, reason=why)
+    exit = Exit(code=143, fault=Fault.INFRA, kind=ExitKind.RESIZE, reason=why)
     d = decide(job, exit, RetryPolicy(max_infra_requeues=2))
     assert (d.state, d.delay, d.incr) == (JobState.QUEUED, 0.0, {"resizes": 1})
     assert d.reason.endswith("requeued at its new size (retry budget not spent)")

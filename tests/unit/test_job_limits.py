@@ -3,7 +3,7 @@ CPU-only jobs, the share of the node its GPUs are for GPU jobs."""
 
 from __future__ import annotations
 
-from fleet.agent.service import job_limits
+from fleet.agent.launcher import job_limits
 from fleet.config import AgentSettings
 
 GiB = 1 << 30

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from fleet.agent.service import job_user
+from fleet.agent.launcher import job_user
 from fleet.config import AgentSettings
 from fleet.errors import LaunchError, SpecError
 from fleet.keys import Keys
@@ -71,7 +71,7 @@ def _never() -> int:
 
 @pytest.fixture
 def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleet.agent.service.os.geteuid", lambda: 0)
+    monkeypatch.setattr("fleet.agent.launcher.os.geteuid", lambda: 0)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_uid_0_needs_allow_root_jobs(as_root: None) -> None:
 
 
 def test_an_agent_that_is_not_root_runs_jobs_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleet.agent.service.os.geteuid", lambda: 1234)
+    monkeypatch.setattr("fleet.agent.launcher.os.geteuid", lambda: 1234)
     assert job_user(None, AgentSettings(), _never) is None
     assert job_user((1234, 99), AgentSettings(), _never) is None
     with pytest.raises(SpecError, match="agent is not root and runs jobs as uid 1234 only"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.lifecycle import CANCEL, FATAL, INFRA, RetryPolicy, decide, explain
-from fleet.models import Exit, Job, JobSpec, JobState
+from fleet.lifecycle import RetryPolicy, decide, explain
+from fleet.models import Exit, Fault, Job, JobSpec, JobState
 
 POLICY = RetryPolicy(backoff_s=5, backoff_max_s=60, max_infra_requeues=2)
 
@@ -37,27 +37,29 @@ def test_oom_spends_the_budget_like_any_job_fault() -> None:
 
 
 def test_infrastructure_faults_requeue_without_spending_retries_up_to_a_cap() -> None:
-    d = decide(job(failures=2), Exit(fault=INFRA, reason="node n1 down"), POLICY)
+    d = decide(job(failures=2), Exit(fault=Fault.INFRA, reason="node n1 down"), POLICY)
     assert (d.state, d.delay, d.incr) == (JobState.QUEUED, 0, {"infra_requeues": 1})
-    capped = decide(job(infra_requeues=2), Exit(fault=INFRA, reason="node n1 down"), POLICY)
+    capped = decide(job(infra_requeues=2), Exit(fault=Fault.INFRA, reason="node n1 down"), POLICY)
     assert capped.state == JobState.FAILED and "infrastructure requeue cap (2) reached" in capped.reason
 
 
 def test_repeated_infrastructure_faults_back_off_like_retries_but_fleets_own_stops_do_not() -> None:
     policy = RetryPolicy(backoff_s=5, backoff_max_s=60, max_infra_requeues=10)
-    prepare = Exit(fault=INFRA, kind="prepare", reason="cannot prepare the attempt on n1")
+    prepare = Exit(fault=Fault.INFRA, kind="prepare", reason="cannot prepare the attempt on n1")
     delays = [decide(job(infra_requeues=n), prepare, policy).delay for n in range(6)]
     assert delays == [0, 5, 10, 20, 40, 60]
     assert decide(job(infra_requeues=3), prepare, policy).reason.endswith(
         "; requeued in 20s (retry budget not spent)"
     )
     for kind in ("drain", "preempted", "resize", "timeout"):
-        assert decide(job(infra_requeues=3), Exit(fault=INFRA, kind=kind, reason="x"), policy).delay == 0
+        chosen = Exit(fault=Fault.INFRA, kind=kind, reason="x")  # as stored: the enum's values parse
+        assert decide(job(infra_requeues=3), chosen, policy).delay == 0
 
 
 def test_fatal_faults_and_cancels_end_the_job() -> None:
-    assert decide(job(), Exit(fault=FATAL, reason="image 'x' not found"), POLICY).state == JobState.FAILED
-    assert decide(job(), Exit(fault=CANCEL), POLICY).state == JobState.CANCELLED
+    fatal = Exit(fault=Fault.FATAL, reason="image 'x' not found")
+    assert decide(job(), fatal, POLICY).state == JobState.FAILED
+    assert decide(job(), Exit(fault=Fault.CANCEL), POLICY).state == JobState.CANCELLED
     assert decide(job(cancel_requested=True), Exit(code=143), POLICY).state == JobState.CANCELLED
 
 
@@ -85,6 +87,6 @@ def test_exit_2_without_that_line_or_with_another_code_is_an_ordinary_failure() 
     for exit, tail in [
         (Exit(code=2, reason="exited with code 2"), ["usage: train.py [-h]", "error: bad flag"]),
         (Exit(code=1, reason="exited with code 1"), [said]),  # the program ran and printed it itself
-        (Exit(code=2, fault=INFRA, reason="node down"), [said]),
+        (Exit(code=2, fault=Fault.INFRA, reason="node down"), [said]),
     ]:
         assert explain(exit, tail) == exit

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.config import ControllerSettings
-from fleet.controller.reconcile import LAUNCH_TIMEOUT, NODE_DOWN, Buckets, reconcile
-from fleet.models import Job, JobSpec, JobState, Node, NodeState
+from fleet.controller.reconcile import Buckets, reconcile
+from fleet.models import ExitKind, Job, JobSpec, JobState, Node, NodeState
 
 SPEC = JobSpec(name="j", command=["true"], gpus=1)
 CFG = ControllerSettings(scheduled_timeout_s=60, starting_timeout_s=1800)
@@ -33,8 +33,8 @@ def test_jobs_of_a_dead_node_or_a_node_without_record_are_lost() -> None:
         {}, NOW, CFG,
     )  # fmt: skip
     assert [(r.job.id, r.exit.kind, r.exit.reason, r.stop) for r in buckets.requeue_lost] == [
-        ("a", NODE_DOWN, "node dead down (lease expired)", False),
-        ("b", NODE_DOWN, "node gone has no record", False),
+        ("a", ExitKind.NODE_DOWN, "node dead down (lease expired)", False),
+        ("b", ExitKind.NODE_DOWN, "node gone has no record", False),
     ]
 
 
@@ -49,13 +49,13 @@ def test_launches_past_their_deadline_time_out_and_are_stopped() -> None:
     assert [(r.job.id, r.exit.kind, r.exit.reason, r.stop) for r in buckets.timeouts] == [
         (
             "sched",
-            LAUNCH_TIMEOUT,
+            ExitKind.LAUNCH_TIMEOUT,
             "launch timed out: SCHEDULED on n for 61s (scheduled_timeout_s = 60)",
             True,
         ),
         (
             "start",
-            LAUNCH_TIMEOUT,
+            ExitKind.LAUNCH_TIMEOUT,
             "launch timed out: STARTING on n for 1801s (starting_timeout_s = 1800)",
             True,
         ),
@@ -156,7 +156,7 @@ def test_lost_is_exactly_the_jobs_whose_node_is_dead_or_unknown(
     assert {r.job.id for r in b.requeue_lost} == {
         j.id for j in jobs if j.state.on_node and j.node not in live
     }
-    assert all(r.exit.kind == NODE_DOWN and not r.stop for r in b.requeue_lost)
+    assert all(r.exit.kind == ExitKind.NODE_DOWN and not r.stop for r in b.requeue_lost)
     assert all(r.job.state in (JobState.SCHEDULED, JobState.STARTING) and r.stop for r in b.timeouts)
 
 
