@@ -30,7 +30,7 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | in normal form, size, max_running, seq range, tasks     |
 |                                   |        | ``left`` (deleted with its last task by retention)      |
 | ``<p>:array:<id>:active``         | set    | ids of the array's tasks on nodes (SCHEDULED, STARTING, |
-|                                   |        | RUNNING): place_many.lua refuses one past max_running   |
+|                                   |        | RUNNING): what the scheduler counts against max_running |
 | ``<p>:job:<id>:logs:<attempt>``   | stream | log lines of one attempt, capped                        |
 | ``<p>:job:<id>:expired``          | string | tombstone of a deleted job (JSON: state, ended, deleted)|
 | ``<p>:claims``                    | hash   | GPU UUID -> "<job id>:<attempt>" holding it             |

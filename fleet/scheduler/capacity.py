@@ -24,6 +24,7 @@ from fleet.scheduler.feasible import (
     gpu_matches,
     matching,
     node_reason,
+    short_of,
 )
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
 
@@ -239,7 +240,7 @@ class Capacity:
             for name in names:  # enough GPUs free: CPUs or memory are short
                 if name in busy:
                     node = self.nodes[name]
-                    short = "CPUs" if node.cpus and job.cpus > self.cpus[name] + 1e-9 else "memory"
+                    short = short_of(job, node, self.cpus[name], self.memory[name]) or "memory"
                     categories.add(f"busy (not enough free {short})")
         need = f"needs {job.gpus} GPU{'s' if job.gpus != 1 else ''}{constraint_text(job)}"
         return f"{need}; on the {len(self._names)} nodes: " + ", ".join(sorted(categories)), later

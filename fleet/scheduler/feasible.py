@@ -1,4 +1,9 @@
-"""Feasibility checks, cheap first; each says why it rejects a node."""
+"""Feasibility checks, cheap first; each says why it rejects a node.
+
+``short_of`` is fleet's one rule for whether a job's CPUs and memory fit a node: the scheduler
+decides with it and explains with it, and place_many.lua does not check it again (only the
+leader grants CPUs and memory, so what it read is never short; see docs/ARCHITECTURE.md).
+"""
 
 from __future__ import annotations
 
@@ -37,20 +42,32 @@ def constraint_text(job: PendingJob) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def short_of(job: PendingJob, node: NodeView, free_cpus: float, free_memory: int) -> str | None:
+    """What ``node`` lacks for ``job`` with ``free_cpus`` and ``free_memory`` (bytes) left on it:
+    "CPUs", "memory", or None when both fit. A node that reports no CPUs or memory (0) is not
+    checked for it. CPUs are compared with a tolerance: grants are sums of fractions."""
+    if node.cpus and job.cpus > free_cpus + 1e-9:
+        return "CPUs"
+    if node.memory and job.memory > free_memory:
+        return "memory"
+    return None
+
+
 def capacity_reason(job: PendingJob, node: NodeView, fitting: int) -> str | None:
     """Why ``node`` could never run ``job``, even empty (``fitting``: its healthy matching GPUs)."""
     if fitting < job.gpus:
         return f"has {fitting} matching GPU{'s' if fitting != 1 else ''}"
-    if job.cpus and node.cpus and job.cpus > node.cpus:
+    short = short_of(job, node, node.cpus, node.memory)
+    if short == "CPUs":
         return f"has {node.cpus:g} CPUs"
-    if job.memory and node.memory and job.memory > node.memory:
+    if short == "memory":
         return f"has {node.memory / GiB:.0f} GiB memory"
     return None
 
 
 def fits_resources(job: PendingJob, node: NodeView, free_cpus: float, free_memory: int) -> bool:
-    """CPUs and memory left on ``node`` cover the job (unreported capacity checks nothing)."""
-    return (not node.cpus or job.cpus <= free_cpus + 1e-9) and (not node.memory or job.memory <= free_memory)
+    """CPUs and memory left on ``node`` cover the job (see :func:`short_of`)."""
+    return short_of(job, node, free_cpus, free_memory) is None
 
 
 def free_reason(
@@ -60,6 +77,6 @@ def free_reason(
     matching GPUs are free."""
     if available < job.gpus:
         return f"{available} of {fitting} matching GPUs free"
-    if node.cpus and job.cpus > free_cpus + 1e-9:
+    if short_of(job, node, free_cpus, free_memory) == "CPUs":
         return f"{max(free_cpus, 0):g} of {node.cpus:g} CPUs free"
     return f"{max(free_memory, 0) / GiB:.1f} of {node.memory / GiB:.0f} GiB memory free"

@@ -210,8 +210,9 @@ class JobStore:
     @translated
     def array_active_counts(self, array_ids: Iterable[str]) -> dict[str, int]:
         """How many tasks of each array are on nodes (SCHEDULED, STARTING, RUNNING) now: what
-        ``max_running`` limits. place_many.lua keeps the set it counts, and refuses a task past the
-        limit; transition.lua and quarantine_job.lua take tasks out of it as they leave the nodes."""
+        ``max_running`` limits, which the scheduler enforces (the queue's array room). place_many.lua
+        adds each task it places to the set it counts; transition.lua and quarantine_job.lua take
+        tasks out of it as they leave the nodes."""
         ids = sorted(set(array_ids))
         pipe = self.redis.pipeline(transaction=False)
         for array_id in ids:

@@ -6,7 +6,7 @@
 --   <p>:job:<id>, <p>:job:<id>:events, <p>:jobs:queued, <p>:jobs:state:QUEUED|SCHEDULED,
 --   <p>:node:<node>, <p>:node:<node>:lease, <p>:node:<node>:jobs,
 --   <p>:node:<node>:alloc (job id -> "<cpus> <memory>" granted on the node); for a task of a job
---   array, <p>:array:<array id> (its max_running) and <p>:array:<array id>:active (its tasks on nodes);
+--   array, <p>:array:<array id>:active (its tasks on nodes);
 --   <p>:nodes:version and <p>:nodes:changed (each node placed on is marked changed: see fleet.keys)
 -- ARGV[1] key prefix  ARGV[2] leader value  ARGV[3] now
 -- ARGV[4] JSON list of placements {job, node, gpus, cpus, memory, reason}; a multi-node job (gang)
@@ -16,37 +16,20 @@
 --   <p>:node:<node>:ports hash (port -> job id)
 -- ARGV[5] first rendezvous port  ARGV[6] how many ports from there a node offers gangs
 -- Returns {-2} when not the leader, else one entry per placement: the new attempt, or 0 (refused:
--- the job is no longer queued, a node is down or not READY, a GPU is claimed, a node's CPUs
--- or memory are taken, rank 0's node has no rendezvous port left, or the job is a task of an
--- array that has max_running tasks on nodes).
+-- the job is no longer queued, a node is down or not READY, a GPU is claimed, or rank 0's node has
+-- no rendezvous port left).
+-- It checks only what others change, or what a write here would overwrite: the leader lease, the
+-- job's state (a cancel), a node's lease and state (its agent, an operator), GPU claims and ports
+-- (one holder each). Whether a job's CPUs and memory fit a node, and whether an array has room
+-- under its max_running, is the scheduler's rule alone (fleet.scheduler.feasible, and the queue's
+-- array room), decided and explained there: only this script, under the leader lease, adds node
+-- grants and array tasks on nodes, so the leader's counts, read each pass, are never short.
+-- Here they are only recorded (the node's alloc hash, the array's active set).
 --! include ranked
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {-2}
 end
 local p, now = ARGV[1], ARGV[3]
-
-local function fits(node_key, alloc_key, cpus, memory)
-  if cpus <= 0 and memory <= 0 then return true end
-  local total_cpus = tonumber(redis.call('HGET', node_key, 'cpus') or '0') or 0
-  local total_mem = tonumber(redis.call('HGET', node_key, 'memory') or '0') or 0
-  local used_cpus, used_mem = 0, 0
-  for _, grant in ipairs(redis.call('HVALS', alloc_key)) do
-    local c, m = string.match(grant, '^(%S+) (%S+)$')
-    used_cpus = used_cpus + (tonumber(c) or 0)
-    used_mem = used_mem + (tonumber(m) or 0)
-  end
-  if total_cpus > 0 and used_cpus + cpus > total_cpus + 1e-9 then return false end
-  if total_mem > 0 and used_mem + memory > total_mem then return false end
-  return true
-end
-
--- the active set of the job's array when a task may join it, false when the array is at its limit
-local function array_slot(array)
-  local active = p .. ':array:' .. array .. ':active'
-  local limit = tonumber(redis.call('HGET', p .. ':array:' .. array, 'max_running'))
-  if limit and redis.call('SCARD', active) >= limit then return false end
-  return active
-end
 
 -- a free rendezvous port on the node of a gang's rank 0 (its <p>:node:<node>:ports hash: port -> job)
 local function rendezvous_port(node, job)
@@ -57,8 +40,9 @@ local function rendezvous_port(node, job)
   return nil
 end
 
--- whether one member (a node's part of the job) can go where the entry says
-local function member_fits(m, seen)
+-- whether one member (a node's part of the job) can go where the entry says: its node is up and
+-- READY, and none of its GPUs is claimed
+local function member_free(m, seen)
   local node_key = p .. ':node:' .. m.node
   if seen[m.node] then return false end
   seen[m.node] = true
@@ -67,7 +51,7 @@ local function member_fits(m, seen)
   for _, uuid in ipairs(m.gpus) do
     if redis.call('HEXISTS', KEYS[2], uuid) == 1 then return false end
   end
-  return fits(node_key, node_key .. ':alloc', tonumber(m.cpus) or 0, tonumber(m.memory) or 0)
+  return true
 end
 
 local function encoded(list)
@@ -79,16 +63,11 @@ local function place(e)
   local job_key = p .. ':job:' .. e.job
   local job = redis.call('HMGET', job_key, 'state', 'array')
   if job[1] ~= 'QUEUED' then return 0 end
-  local active = nil
-  if job[2] then
-    active = array_slot(job[2])
-    if not active then return 0 end
-  end
   -- a gang's members, rank 0 first, or the one node of a single-node job: all fit, or none is taken
   local members = e.members or {{node = e.node, gpus = e.gpus, cpus = e.cpus, memory = e.memory}}
   local seen = {}
   for _, m in ipairs(members) do
-    if not member_fits(m, seen) then return 0 end
+    if not member_free(m, seen) then return 0 end
   end
   local port = nil
   if #members > 1 then
@@ -125,7 +104,7 @@ local function place(e)
   ranked_remove(p, e.job)
   redis.call('SREM', p .. ':jobs:state:QUEUED', e.job)
   redis.call('SADD', p .. ':jobs:state:SCHEDULED', e.job)
-  if active then redis.call('SADD', active, e.job) end
+  if job[2] then redis.call('SADD', p .. ':array:' .. job[2] .. ':active', e.job) end
   redis.call('XADD', job_key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'SCHEDULED',
     'attempt', attempt, 'reason', e.reason, 'node', members[1].node)
   return attempt
