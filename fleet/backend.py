@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet import webhooks
 from fleet.arrays import check_indices, parse_indices, task_id
+from fleet.bus import stop_attempt
 from fleet.bus.messages import (
     CONTROLLER_QUEUE,
     MAX_NAMED,
     NodeChanged,
     QueueLeft,
-    Stop,
-    node_queue,
 )
 from fleet.config import Settings, load_settings
 from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable, at_index
@@ -395,9 +394,7 @@ class Backend:
             raise SpecError(f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); "
                             "try again")  # fmt: skip
         if job.state.on_node:
-            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
-            for node in job.nodes_held:
-                self.bus.send(node_queue(node), stop)
+            stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
         else:
             self._notify_submitted(job_id)  # the controller reads it again: placed at its new size
         return self._jobs.get(job_id)
@@ -440,9 +437,7 @@ class Backend:
                   effect="dropped from the controller's queue at its next full resync")  # fmt: skip
 
     def _stop(self, job_id: str, node: str, attempt: int) -> None:
-        stop = Stop(job_id=job_id, attempt=attempt, reason="cancelled by user",
-                    grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
-        self.bus.send(node_queue(node), stop)
+        stop_attempt(self.bus, job_id, attempt, [node], "cancelled by user", self.settings.agent.stop_grace_s)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""

@@ -6,6 +6,7 @@ only builds messages, does not pay for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fleet.bus.messages import (
@@ -32,7 +33,18 @@ __all__ = [
     "QueueLeft",
     "Stop",
     "node_queue",
+    "stop_attempt",
 ]
+
+
+def stop_attempt(
+    bus: Bus, job_id: str, attempt: int, nodes: Iterable[str], reason: str, grace_s: float
+) -> None:
+    """Stop attempt ``attempt`` of ``job_id`` on every node it holds (every member of a multi-node job
+    leaves together): SIGTERM, ``grace_s`` to checkpoint, then SIGKILL."""
+    stop = Stop(job_id=job_id, attempt=attempt, reason=reason, grace_s=grace_s)
+    for node in nodes:
+        bus.send(node_queue(node), stop)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,22 +1,22 @@
 """The leader's view of elastic jobs: which exist, their ranges and sizes, and the step's inputs.
 
 Learnt as tenancy learns what runs: from the jobs the controller reads anyway (those messages name,
-those newly queued), mended by every full reconcile. The decisions are the scheduler's
-(``fleet.scheduler.resizing``); the controller carries them out (``Controller._elastic_step``).
+those newly queued), mended by every full reconcile. The decisions are the pass's
+(``fleet.scheduler.passes``, ``resizing``); the controller carries them out (``apply.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from fleet.config import ControllerSettings
 from fleet.errors import SpecError
 from fleet.log import event
-from fleet.models import Job, JobState, Tenant, uploaded_profile
-from fleet.scheduler import NodeView, PendingQueue, RunningJob
+from fleet.models import Job, JobState, uploaded_profile
+from fleet.scheduler import PendingQueue
 from fleet.scheduler.profiles import Profile
-from fleet.scheduler.resizing import Elastic, Resize, decide, elastic_gpus, largest_node, starting_sizes
+from fleet.scheduler.resizing import Elastic, Resize
 from fleet.state.profiles import ProfileStore, learned
 
 log = logging.getLogger("fleet.controller")
@@ -49,21 +49,12 @@ class Elasticity:
         self.observe(on_nodes)
         self.profiles.keep(p for j in self.jobs.values() if uploaded_profile(p := j.spec.profile or ""))
 
-    def plan(
-        self, queue: PendingQueue, views: list[NodeView], running: Mapping[str, RunningJob],
-        policies: Mapping[str, Tenant], now: float,
-    ) -> list[Resize]:  # fmt: skip
-        """This pass's resizes, queued jobs sized too (see ``fleet.scheduler.resizing``)."""
+    def step_jobs(self, queue: PendingQueue) -> list[Elastic]:
+        """The elastic step's jobs (``PassInput.elastic``): running first, then queued by rank."""
         for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
             del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
-        jobs = sorted((Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
+        return sorted((Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
                       key=lambda e: (not e.running, _rank(self.jobs[e.id])))  # fmt: skip
-        if not self.cfg.elastic:
-            return starting_sizes(jobs)
-        gpus = elastic_gpus(views, self.jobs, queue.jobs.values())
-        return decide(jobs, gpus, now, resize_cost_s=self.cfg.resize_cost_s,
-                      min_interval_s=self.cfg.elastic_min_interval_s, gpus_per_node=largest_node(views),
-                      tenant_gpus=_tenant_room(policies, running, self.jobs))  # fmt: skip
 
     def placed(self, job_id: str, attempt: int) -> None:
         """A queued elastic job was just placed: it holds its GPUs now (until read again)."""
@@ -103,14 +94,3 @@ class Elasticity:
 
 def _rank(job: Job) -> tuple[int, int]:
     return (-job.spec.priority, job.seq)
-
-
-def _tenant_room(
-    policies: Mapping[str, Tenant], running: Mapping[str, RunningJob], elastic_jobs: Mapping[str, Job]
-) -> dict[str, int]:
-    """What each tenant with a ``max_gpus`` may give its elastic jobs: the max less its other jobs'."""
-    room = {t: p.max_gpus for t, p in policies.items() if p.max_gpus is not None}
-    for r in running.values():
-        if r.tenant in room and r.id not in elastic_jobs:
-            room[r.tenant] -= r.gpus
-    return {t: max(left, 0) for t, left in room.items()}

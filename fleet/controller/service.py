@@ -6,8 +6,10 @@ reconcile (``reconcile.py``, pure) sorts jobs on nodes, nodes and claims into bu
 service executes: requeue jobs of lost nodes and launches past their deadline (without spending
 retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Retention (``retention.py``,
 pure) deletes jobs ``job_retention_s`` after they ended and nodes gone for ``node_retention_s``.
-Tenancy (``tenancy.py``) feeds each pass the tenants' policies, holdings and decayed usage, and after
-a pass the preemption policy may stop jobs for those it could not place (``_preempt``).
+A pass is ``fleet.scheduler.passes.run_pass`` (pure: elastic step, placement, preemption, as
+``fleet sim`` runs it too) over the inputs kept in memory here and in ``tenancy.py`` (the tenants'
+policies, holdings, decayed usage, holds) and ``elasticity.py`` (the elastic jobs and their profiles);
+``apply.py`` carries its plan out.
 Every write is fenced by the leader token; a refused one makes this controller step down at once.
 """
 
@@ -17,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet import metrics
@@ -26,14 +28,14 @@ from fleet.bus import (
     AttemptUpdate,
     Bus,
     JobSubmitted,
-    Launch,
     NodeChanged,
     QueueLeft,
-    Stop,
     node_queue,
+    stop_attempt,
 )
 from fleet.config import Settings
 from fleet.controller import retention, snapshot
+from fleet.controller.apply import Applier
 from fleet.controller.elasticity import Elasticity
 from fleet.controller.leader import LeaderLease
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
@@ -42,9 +44,9 @@ from fleet.controller.webhooks import WebhookSender
 from fleet.errors import FleetError, NotLeader
 from fleet.lifecycle import RetryPolicy, decide
 from fleet.log import StepHealth, event
-from fleet.models import ON_NODE_STATES, Job, JobState, Node, NodeState
-from fleet.scheduler import Capacity, NodeView, PendingQueue, Placement, Plan, Preemption, sizing
-from fleet.scheduler.resizing import Resize
+from fleet.models import Job, JobState, Node, NodeState
+from fleet.scheduler import NodeView, PendingQueue, Plan
+from fleet.scheduler.passes import PassInput, PassSettings, run_pass
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore
 from fleet.state.profiles import ProfileStore
@@ -116,6 +118,14 @@ class Controller:
         )
         self._elastic_changed = False
         self._next_elastic = 0.0
+        self._settings = PassSettings(
+            preemption=self.cfg.preemption,
+            elastic=self.cfg.elastic,
+            resize_cost_s=self.cfg.resize_cost_s,
+            min_interval_s=self.cfg.elastic_min_interval_s,
+            half_life_s=self.cfg.fair_share_half_life_s,
+        )
+        self.applier = Applier(self)
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = WebhookStore(jobs.redis, jobs.keys)
         allowed = networks(settings.webhook_allowed_networks)  # besides public addresses
@@ -208,7 +218,7 @@ class Controller:
             self._worker = self.bus.worker(CONTROLLER_QUEUE, self.cfg.worker_threads)
             self._wake.set()
 
-    def _token(self) -> str:
+    def token(self) -> str:
         """The leader value every controller write is fenced by ('' would mean "not fenced")."""
         if not self.lease.value:
             raise NotLeader(f"controller {self.id} does not hold the leader lease")
@@ -233,11 +243,11 @@ class Controller:
     # -- scheduling --------------------------------------------------------------------
 
     def schedule_pass(self) -> Plan:
+        """One pass (``fleet.scheduler.passes.run_pass``), carried out by ``apply.Applier``; the
+        placements it made."""
         with self._pass_seconds.time():
             try:
-                plan = self._schedule_pass()
-                self._preempt(self.clock())
-                return plan
+                return self._schedule_pass()
             except NotLeader:
                 self._deposed()
                 return Plan()
@@ -245,34 +255,46 @@ class Controller:
     def _schedule_pass(self) -> Plan:
         """Cost follows what changed: the queue lives in memory (``PendingQueue``), refreshed from
         the jobs and nodes the messages named, fully resynced from Redis every ``resync_interval_s``.
-        A pass with nothing new and no backoff ending does nothing."""
+        A pass with nothing new, no backoff ending, no elastic step due and nobody to preempt for
+        does nothing."""
         now = self.clock()
         changed = self._refresh(now)
-        changed |= self._elastic_step(now, changed)
-        if not changed and now < self.queue.next_due():
+        resize = self._elastic_due(changed)
+        place = changed or now >= self.queue.next_due()
+        blocked = self._blocked if self.cfg.preemption else []
+        if not (resize or place or blocked):
             return Plan()
-        views = list(self._views.values())
-        held = self.tenancy.held(self.queue, now)
-        plan = self.queue.schedule(Capacity(views), now, self._array_room(), self.tenancy.fair(views), held)
+        tenancy = self.tenancy
+        inp = PassInput(
+            queue=self.queue, views=list(self._views.values()), policies=tenancy.policies,
+            running=tenancy.running, usage=tenancy.usage, holds=tenancy.holds, settings=self._settings,
+            elastic=self.elasticity.step_jobs(self.queue) if resize else (), resize=resize, place=place,
+            blocked=self._blocked, array_room=self._array_room() if place else {},
+        )  # fmt: skip
+        plan = run_pass(inp, now)
         if not self.leading():
-            return Plan()  # the lease may have lapsed during the pass: place nothing
-        self._blocked = plan.blocked
-        self._apply(plan, now)
+            return Plan()  # the lease may have lapsed during the pass: do nothing
+        self._blocked, tenancy.holds = plan.blocked, plan.holds
+        self.applier.apply(plan, now)
         self._due = self.queue.next_due()
-        return plan
+        return plan.placed
 
-    def _entry(self, members: list[Placement]) -> dict[str, Any]:
-        """One place_many entry: a job's one node, or every member of a multi-node job."""
-        first = members[0]
-        where = [f"{p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "") for p in members]
-        entry = {"job": first.job_id, "node": first.node, "gpus": list(first.gpus), "cpus": first.cpus,
-                 "memory": first.memory, "reason": "placed on " + "; ".join(where)}  # fmt: skip
-        if len(members) > 1:
-            node = self._nodes.get(first.node)
-            entry["master_addr"] = node.address if node and node.address else first.node
-            entry["members"] = [{"node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory}
-                                for p in members]  # fmt: skip
-        return entry
+    def _elastic_due(self, changed: bool) -> bool:
+        """The elastic step runs when anything changed, else every ``elastic_interval_s``."""
+        changed |= self._elastic_changed
+        if not self.elasticity.jobs or (not changed and time.monotonic() < self._next_elastic):
+            return False
+        self._elastic_changed, self._next_elastic = False, time.monotonic() + self.cfg.elastic_interval_s
+        return True
+
+    def touch(self, jobs: Iterable[str] = (), nodes: Iterable[str] = ()) -> None:
+        """Read these jobs and nodes again at the next pass (what was written may have moved on)."""
+        with self._lock:
+            self._touched_jobs.update(jobs)
+            self._touched_nodes.update(nodes)
+
+    def known_node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
 
     def _array_room(self) -> dict[str, int]:
         """How many more tasks each limited array waiting here may start (max_running - on nodes)."""
@@ -281,26 +303,6 @@ class Controller:
             return {}
         active = self.jobs.array_active_counts(arrays)
         return {a: self._array_limits[a] - active.get(a, 0) for a in arrays}
-
-    def _apply(self, plan: Plan, now: float) -> None:
-        jobs: dict[str, list[Placement]] = {}
-        for p in plan.placements:  # a multi-node job has one placement per member, rank 0 first
-            jobs.setdefault(p.job_id, []).append(p)
-        batch = [self._entry(members) for members in jobs.values()]
-        ports = (self.cfg.rendezvous_port_base, self.cfg.rendezvous_ports)
-        attempts = self.jobs.place_many(batch, self._token(), now, ports)
-        for (job_id, members), attempt in zip(jobs.items(), attempts, strict=True):
-            with self._lock:
-                self._touched_nodes.update(p.node for p in members)  # their claims changed: read again
-                if not attempt:
-                    self._touched_jobs.add(job_id)  # refused: see where the job stands now
-            if attempt:
-                self.tenancy.placed(plan.jobs[job_id], members, attempt)
-                self.elasticity.placed(job_id, attempt)
-            for p in members if attempt else ():
-                self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
-        if plan.waiting:
-            self.jobs.set_reasons(plan.waiting, self._token(), now)
 
     def _refresh(self, now: float) -> bool:
         """Bring the queue and the node views up to date; True when anything changed."""
@@ -341,7 +343,7 @@ class Controller:
         ``max_running`` left the nodes (its room grew). Jobs that only moved along on their nodes
         (STARTING, RUNNING) change nothing: freed GPUs come through the nodes' feed."""
         batch = self.jobs.read_many(ids)
-        readable = self._readable(batch, now)
+        readable = self.readable(batch, now)
         self.tenancy.observe(readable)
         self._elastic_changed |= self.elasticity.observe(readable)
         queued = [j for j in readable if j.state == JobState.QUEUED]
@@ -380,108 +382,22 @@ class Controller:
         self._views_changed |= views != self._views
         self._views, self._nodes = views, nodes
 
-    # -- elasticity --------------------------------------------------------------------
-
-    def _elastic_step(self, now: float, changed: bool) -> bool:
-        """Size the elastic jobs (``fleet.scheduler.resizing``): give queued ones the size they start
-        at, stop running ones to restart at a new one. Runs when anything changed, else every
-        ``elastic_interval_s``; True when a queued job's size changed (the pass should place it)."""
-        changed |= self._elastic_changed
-        if not self.elasticity.jobs or (not changed and time.monotonic() < self._next_elastic):
-            return False
-        self._elastic_changed, self._next_elastic = False, time.monotonic() + self.cfg.elastic_interval_s
-        views = list(self._views.values())
-        plan = self.elasticity.plan(self.queue, views, self.tenancy.running, self.tenancy.policies, now)
-        sized = False
-        for change in plan:
-            sized |= self._resize(change, now) and not change.running
-        return sized
-
-    def _resize(self, change: Resize, now: float) -> bool:
-        """A queued job gets its size; a running one SIGTERM with its tenant's grace to checkpoint, and
-        its agent requeues it at the new size. False when the job moved on meanwhile."""
-        job, new = self.elasticity.jobs[change.job_id], change.new
-        what = f"resized {sizing.change(change.old, new)}" if change.old.gpus else f"sized {new}"
-        reason = f"{what} by the elastic step"
-        grace = self.tenancy.policy(job.spec.tenant).preempt_grace_s
-        if not self.jobs.resize(job, new.gpus, new.batch, reason, grace, now, self._token()):
-            with self._lock:
-                self._touched_jobs.add(job.id)  # read it again
-            return False
-        job = self.elasticity.resized(job, change, now)
-        event(log, "job_resized", job=job.id, attempt=job.attempt, old=str(change.old), new=str(new),
-              running=change.running)  # fmt: skip
-        if change.running:
-            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
-            for node in job.nodes_held:
-                self.bus.send(node_queue(node), stop)
-        else:
-            self.queue.add(snapshot.pending(job))  # its wait reason is written again if it waits
-        return True
-
     # -- tenancy -----------------------------------------------------------------------
 
     def refresh_tenants(self) -> None:
         """Re-read the tenants' policies, fold what runs into their usage, publish their status."""
         try:
-            if self.tenancy.refresh(self.queue, list(self._views.values()), self.clock(), self._token()):
+            if self.tenancy.refresh(self.queue, list(self._views.values()), self.clock(), self.token()):
                 self._tenants_changed = True
         except NotLeader:
             self._deposed()
 
-    def _preempt(self, now: float) -> None:
-        """Stop the victims the policy picks for the jobs the last pass could not place."""
-        if not self._blocked or not self.cfg.preemption:
-            return
-        for preemption in self.tenancy.decide(self._blocked, self.queue, list(self._views.values()), now):
-            self._execute(preemption, now)
-
-    def _execute(self, preemption: Preemption, now: float) -> None:
-        """All the victims or none: each is read again first (it may have ended, or be younger than
-        the snapshot said); then SIGTERM with its tenant's grace to checkpoint, and the agent
-        requeues it without spending a retry, as for a drain."""
-        current = {
-            j.id: j for j in self._readable(self.jobs.read_many([v.id for v in preemption.victims]), now)
-        }
-        self.tenancy.observe(current.values())
-        if not all(self._still_victim(current.get(v.id), v.attempt, now) for v in preemption.victims):
-            return
-        stopped = []
-        for victim in preemption.victims:
-            job, reason = current[victim.id], preemption.reasons[victim.id]
-            grace = self.tenancy.policy(victim.tenant).preempt_grace_s
-            if not self.jobs.transition(
-                job.id, attempt=job.attempt, to=None, allowed=[JobState.RUNNING], now=now,
-                reason=f"{reason}: stopping with {grace:g}s to checkpoint", leader=self._token(),
-                fields={"preempt": reason, "preempted_for": preemption.job.id},
-            ):  # fmt: skip
-                continue
-            stop = Stop(job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace)
-            for node in job.nodes_held:
-                self.bus.send(node_queue(node), stop)
-            self.tenants.count_preemption(victim.tenant)
-            stopped.append(victim)
-            event(log, "job_preempted", job=job.id, attempt=job.attempt, tenant=victim.tenant,
-                  grace_s=f"{grace:g}", reason=reason)  # fmt: skip
-        if stopped:
-            self.tenancy.hold(preemption, stopped, now)
-
-    def _still_victim(self, job: Job | None, attempt: int, now: float) -> bool:
-        if job is None or job.attempt != attempt or job.state != JobState.RUNNING or job.started_at is None:
-            return False
-        ran = now - job.started_at
-        return (
-            not job.preempt
-            and not job.cancel_requested
-            and ran >= self.tenancy.policy(job.spec.tenant).min_run_s
-        )
-
     # -- unreadable records ------------------------------------------------------------
 
-    def _readable(self, batch: JobBatch, now: float) -> list[Job]:
+    def readable(self, batch: JobBatch, now: float) -> list[Job]:
         """The jobs that parsed; the others are quarantined (each logged once, by whoever leads)."""
         for job_id, reason in batch.corrupt.items():
-            if self.jobs.quarantine(job_id, reason, now, self._token()):
+            if self.jobs.quarantine(job_id, reason, now, self.token()):
                 event(log, "record_quarantined", logging.WARNING, kind="job", id=job_id, reason=reason)
         return batch.jobs
 
@@ -491,10 +407,10 @@ class Controller:
         names = self.nodes.names() if names is None else names
         batch = self.nodes.read(names, all_claims)
         for name, reason in batch.corrupt.items():
-            if self.nodes.quarantine(name, reason, self._token()):
+            if self.nodes.quarantine(name, reason, self.token()):
                 event(log, "record_quarantined", logging.WARNING, kind="node", id=name, reason=reason)
         for name in (batch.quarantined.keys() & set(names)) - batch.corrupt.keys():
-            if self.nodes.quarantine(name, "", self._token()):
+            if self.nodes.quarantine(name, "", self.token()):
                 event(log, "record_recovered", kind="node", id=name)
         return batch
 
@@ -513,7 +429,7 @@ class Controller:
         if time.monotonic() >= self._next_full_reconcile:
             self._next_full_reconcile = time.monotonic() + self.cfg.resync_interval_s
             nodes = self._read_nodes()
-            jobs = self._readable(self.jobs.read_on_nodes(), now)
+            jobs = self.readable(self.jobs.read_on_nodes(), now)
             self._install(nodes, now)  # the scheduler's safety net too: every view read again
             self.tenancy.resync(jobs, now)
             self.elasticity.resync(jobs, self.queue.jobs)
@@ -529,9 +445,9 @@ class Controller:
         operators = {n.name: n.changed_by for n in nodes.nodes}
         for name in buckets.drained:
             if self.nodes.set_state(name, NodeState.DRAINED, "drained", now, operators.get(name, ""),
-                                    leader=self._token(), only_from=[NodeState.DRAINING]):  # fmt: skip
+                                    leader=self.token(), only_from=[NodeState.DRAINING]):  # fmt: skip
                 event(log, "node_drained", node=name)
-        if buckets.orphan_claims and self.jobs.release_orphan_claims(buckets.orphan_claims, self._token()):
+        if buckets.orphan_claims and self.jobs.release_orphan_claims(buckets.orphan_claims, self.token()):
             event(log, "orphan_claims_released", logging.WARNING,
                   claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims))  # fmt: skip
         return buckets
@@ -543,7 +459,7 @@ class Controller:
         the batch holds only these nodes' claims and finds no orphan."""
         alive = self.nodes.alive(sorted(self._nodes))
         flipped = {name for name, up in alive.items() if up != self._nodes[name].alive}
-        launching = self._readable(self.jobs.read_launching(), now)
+        launching = self.readable(self.jobs.read_launching(), now)
         watched = flipped | {node for j in launching for node in j.nodes_held}
         watched |= {
             n.name for n in self._nodes.values() if not n.alive or n.admin_state == NodeState.DRAINING
@@ -552,7 +468,7 @@ class Controller:
             return NodeBatch(), launching
         nodes = self._read_nodes(sorted(watched), all_claims=False)
         on_watched = {job_id for n in nodes.nodes for job_id in n.jobs} - {j.id for j in launching}
-        jobs = [*launching, *self._readable(self.jobs.read_many(on_watched), now)]
+        jobs = [*launching, *self.readable(self.jobs.read_many(on_watched), now)]
         # a multi-node job on a watched node has members on other nodes: read those too, or reconcile
         # takes a node it was not given for one without a record, and requeues a running job
         peers = {node for j in jobs for node in j.nodes_held} - watched
@@ -566,7 +482,7 @@ class Controller:
         """Requeue without spending retries, if the job is still where the snapshot saw it."""
         job, exit = requeue.job, requeue.exit
         decision = decide(job, exit, self.policy)
-        if not self.jobs.end_attempt(job, exit, decision, now, leader=self._token(), allowed=[job.state]):
+        if not self.jobs.end_attempt(job, exit, decision, now, leader=self.token(), allowed=[job.state]):
             return
         with self._lock:  # back in the queue: the next pass reads it (no agent message will come)
             self._touched_jobs.add(job.id)
@@ -574,22 +490,15 @@ class Controller:
         event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
               state=decision.state, reason=exit.reason)  # fmt: skip
         if requeue.stop or len(job.members) > 1:  # a gang's live members too, whichever node was lost
-            grace = self.settings.agent.stop_grace_s
-            stop = Stop(job_id=job.id, attempt=job.attempt, reason=exit.reason, grace_s=grace)
-            for node in job.nodes_held:
-                self.bus.send(node_queue(node), stop)
+            stop_attempt(
+                self.bus, job.id, job.attempt, job.nodes_held, exit.reason, self.settings.agent.stop_grace_s
+            )
 
     def _drain_stop(self, drain: DrainStop, now: float) -> None:
         """SIGTERM with a grace period to checkpoint; the agent requeues it without spending retries."""
         job = drain.job
-        if self.jobs.transition(
-            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES,
-            reason=f"{drain.reason}: stopping with {drain.grace_s:g}s to checkpoint", now=now,
-            fields={"preempt": drain.reason}, leader=self._token(),
-        ):  # fmt: skip
-            stop = Stop(job_id=job.id, attempt=job.attempt, reason=drain.reason, grace_s=drain.grace_s)
-            for node in job.nodes_held:  # every member of a multi-node job leaves together
-                self.bus.send(node_queue(node), stop)
+        if self.jobs.ask_to_leave(job, drain.reason, drain.grace_s, now, self.token()):
+            stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, drain.reason, drain.grace_s)
 
     # -- retention ---------------------------------------------------------------------
 
@@ -607,7 +516,7 @@ class Controller:
             return 0
 
     def _track_ended(self) -> None:
-        added = self.retention.track_ended(self.clock(), self._token())
+        added = self.retention.track_ended(self.clock(), self.token())
         if added:
             event(log, "ended_jobs_tracked", count=added, why="ended before fleet had retention")
         self._tracked = True
@@ -618,7 +527,7 @@ class Controller:
         for _ in range(RETENTION_BATCHES):
             due = retention.due_jobs(self.retention.oldest_ended(batch), now, keep)
             deleted += self.retention.expire_jobs(
-                due, now - keep, now, self.settings.tombstone_retention_s, self._token()
+                due, now - keep, now, self.settings.tombstone_retention_s, self.token()
             )
             if len(due) < batch:
                 break
@@ -634,7 +543,7 @@ class Controller:
         for name in retention.gone_nodes(
             self._read_nodes(down, all_claims=False).nodes if down else [], now, keep
         ):
-            if self.retention.remove_node(name, now - keep, self._token()):
+            if self.retention.remove_node(name, now - keep, self.token()):
                 self._install(NodeBatch(), now, {name})
                 keys = self.bus.delete_queue(node_queue(name))
                 event(log, "node_removed", node=name, bus_keys=keys, retention_s=f"{keep:g}")

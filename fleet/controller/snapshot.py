@@ -6,11 +6,10 @@ import time
 
 from fleet.models import Job, Node, NodeState
 from fleet.scheduler import GpuSlot, NodeView, PendingJob
+from fleet.scheduler.snapshot import UNSIZED
 
 #: CPUs granted to a CPU-only job that names none (as Slurm grants one per task); GPU jobs get none
 DEFAULT_CPUS = 1.0
-#: why an elastic job that fleet has not sized yet waits (the elastic step sizes it, then it is placed)
-UNSIZED = "waiting for the elastic step to choose its size"
 
 
 def pending(job: Job) -> PendingJob:

@@ -1,6 +1,6 @@
 """The leader's view of tenants: policies, what each tenant's jobs hold, decayed usage, and the GPUs
-held for jobs that preempted others. The decisions are the scheduler's (``fairshare.py``,
-``preempt.py``); this keeps their inputs up to date between passes without scanning the jobs.
+held for jobs that preempted others. The decisions are the pass's (``fleet.scheduler.passes``);
+this keeps their inputs up to date between passes without scanning the jobs.
 
 What runs is learnt from the jobs the controller reads anyway: those it places, those messages
 name (started, exited), and every job on a node at each full reconcile (``resync_interval_s``),
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from fleet.config import ControllerSettings
 from fleet.controller import snapshot
@@ -27,21 +27,10 @@ from fleet.scheduler import (
     RunningJob,
     Use,
     fleet_size,
-    preemptions,
 )
+from fleet.scheduler.passes import HOLD_SLACK_S, Hold
+from fleet.scheduler.passes import holdings as held_by
 from fleet.state.tenants import TenantStore
-
-#: how long past its victims' grace a hold lasts (their agents report the exit, GPUs are released)
-HOLD_SLACK_S = 60.0
-#: waiting jobs considered for preemption per pass (the first the pass could not place)
-MAX_BLOCKED = 16
-
-
-@dataclass(frozen=True)
-class Hold:
-    gpus: frozenset[str]
-    victims: frozenset[str]
-    until: float
 
 
 class Tenancy:
@@ -82,11 +71,7 @@ class Tenancy:
                                           job.cpus, job.memory)  # fmt: skip
 
     def holdings(self) -> dict[str, Use]:
-        held: dict[str, Use] = {}
-        for r in self.running.values():
-            members = len(r.members)
-            held[r.tenant] = held.get(r.tenant, Use()).plus(r.gpus, r.cpus * members, r.memory * members)
-        return held
+        return held_by(self.running.values())
 
     def fair(self, views: Iterable[NodeView]) -> FairShare:
         """A pass's fair-share state (a fresh one: the pass adds its placements to it)."""
@@ -94,29 +79,6 @@ class Tenancy:
                          self.cfg.fair_share_half_life_s)  # fmt: skip
 
     # -- preemption -------------------------------------------------------------------
-
-    def held(self, queue: PendingQueue, now: float) -> dict[str, set[str]]:
-        """GPUs being freed for each waiting job that preempted others; holds of jobs no longer
-        queued (placed, cancelled) or past their time are let go."""
-        for job_id, hold in list(self.holds.items()):
-            if job_id not in queue or now > hold.until:
-                del self.holds[job_id]
-        return {job_id: set(hold.gpus) for job_id, hold in self.holds.items()}
-
-    def decide(
-        self, blocked: list[str], queue: PendingQueue, views: list[NodeView], now: float
-    ) -> list[Preemption]:
-        """Preemptions for the jobs the last pass could not place (none already preempted for)."""
-        waiting = [queue.jobs[j] for j in blocked if j in queue.jobs and j not in self.holds][:MAX_BLOCKED]
-        if not waiting or not self.cfg.preemption:
-            return []
-        fair = self.fair(views)
-        for job_id in self.holds:  # GPUs on their way to a job count as its tenant's already: a
-            if job_id in queue.jobs:  # tenant below its guarantee is not preempted for twice over
-                fair.add(queue.jobs[job_id])
-        demand = Counter({t: u.gpus for t, u in fair.held.items()})
-        demand.update(queue.demand)
-        return preemptions(waiting, list(self.running.values()), views, fair, demand, now)
 
     def hold(self, preemption: Preemption, stopped: list[RunningJob], now: float) -> None:
         grace = max((self.policy(v.tenant).preempt_grace_s for v in stopped), default=0.0)

@@ -12,12 +12,13 @@ resize, a drain, a preemption, a cancel under way) is left alone and its GPUs co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet.models import Job, Range
 from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import ElasticJob, allocate, sizes
+from fleet.scheduler.elastic import SPEEDUP, ElasticJob, allocate, sizes
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, LearnedProfile, Profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
@@ -46,6 +47,10 @@ class Elastic:
     fixed_batch: bool = False
     #: stopping for a resize: the GPUs it comes back with (held for it meanwhile)
     resize_to: int | None = None
+    #: samples it still has to process (inf: unknown, as live) and whether it may accumulate gradients
+    #: past what fits a GPU (the simulator's baselines); see ``ElasticJob``
+    remaining: float = math.inf
+    accumulate: bool = False
 
     @classmethod
     def of(cls, job: Job, profile: Profile) -> Elastic:
@@ -114,7 +119,8 @@ def largest_node(views: Iterable[NodeView]) -> int:
 
 def decide(
     jobs: Sequence[Elastic], gpus: int, now: float, *, resize_cost_s: float, min_interval_s: float,
-    gpus_per_node: int, tenant_gpus: Mapping[str, int] | None = None,
+    gpus_per_node: int, tenant_gpus: Mapping[str, int] | None = None, objective: str = SPEEDUP,
+    horizon_s: float | None = None,
 ) -> list[Resize]:  # fmt: skip
     """The resizes that put every elastic job (in queue order: running first, then by rank) at the
     size the allocator chooses for it, with ``gpus`` GPUs among them."""
@@ -126,7 +132,8 @@ def decide(
             caps[j.tenant] -= j.held
     targets = allocate(
         [_job(j) for j in moving], max(gpus - held, 0), now, resize_cost_s=resize_cost_s,
-        min_interval_s=min_interval_s, gpus_per_node=gpus_per_node, tenant_gpus=caps,
+        min_interval_s=min_interval_s, gpus_per_node=gpus_per_node, tenant_gpus=caps, objective=objective,
+        horizon_s=horizon_s,
     )  # fmt: skip
     out = []
     for j in moving:
@@ -182,6 +189,6 @@ def _job(j: Elastic) -> ElasticJob:
     job = ElasticJob(
         j.id, j.tenant, j.min_gpus, j.max_gpus, j.min_batch, j.max_batch, j.profile,
         gpus=running.gpus, batch=running.batch or j.min_batch, fixed_batch=j.fixed_batch,
-        changed_at=j.changed_at,
+        changed_at=j.changed_at, accumulate=j.accumulate, remaining=j.remaining,
     )  # fmt: skip
     return replace(job, batch=running.batch) if running.gpus else job

@@ -46,6 +46,10 @@ class NodeView:
     group: str = ""
 
 
+#: why an elastic job that fleet has not sized yet waits (the elastic step sizes it, then it is placed)
+UNSIZED = "waiting for the elastic step to choose its size"
+
+
 @dataclass(frozen=True)
 class PendingJob:
     id: str

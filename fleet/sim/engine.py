@@ -1,21 +1,21 @@
-"""The simulator: a trace on a virtual clock, scheduled by the controller's own pure code.
+"""The simulator: a trace on a virtual clock, scheduled by the controller's own pass.
 
-Every pass is what the leader does, with simulated nodes instead of Redis: waiting jobs sit in a
-:class:`~fleet.scheduler.queue.PendingQueue` and are placed by its ``schedule`` on a
-:class:`~fleet.scheduler.capacity.Capacity` built from the nodes' GPUs (gangs span nodes, large jobs
-reserve nodes), in the order :class:`~fleet.scheduler.fairshare.FairShare` gives (tenants' weights,
-guarantees and limits, decayed usage folded by :func:`~fleet.scheduler.usage.accrue`), with
-:func:`~fleet.scheduler.preempt.preemptions` for tenants below their guarantee. The elastic
-policies add :func:`~fleet.scheduler.elastic.allocate` before each pass: it chooses every elastic
-job's size; running jobs are resized (their GPUs placed again by ``Capacity``), waiting jobs it
-admits enter the queue at the size it chose.
+Every pass is :func:`~fleet.scheduler.passes.run_pass`, the function the leader runs, over simulated
+nodes instead of Redis: the elastic step (``resizing.decide``, each tenant's ``max_gpus`` respected)
+sizes waiting elastic jobs and chooses new sizes for running ones; the
+:class:`~fleet.scheduler.queue.PendingQueue` places waiting jobs on the nodes' GPUs (gangs span
+nodes, large jobs reserve nodes) in the order :class:`~fleet.scheduler.fairshare.FairShare` gives
+(tenants' weights, guarantees and limits, decayed usage folded by :func:`~fleet.scheduler.usage.accrue`);
+:func:`~fleet.scheduler.preempt.preemptions` stops jobs for tenants below their guarantee, and the
+GPUs they free are held for the job they were stopped for. This module only carries the plan out.
 
 Time moves from event to event (arrivals, completions, a resized job's minimum interval ending), and
-a pass runs after each instant's events. A job's progress is piecewise linear: samples/s from its
-profile at its size and batch (a workload job) or 1 s/s (a Philly job, which runs its duration). A
-resize or a restart after preemption stops progress for ``resize_cost_s`` (checkpoint + restart);
-a preempted job gives its GPUs back at once (its checkpoint time is that restart cost) and keeps
-its progress. Tenants' ``min_run_s`` holds as in the controller.
+a pass runs after each instant's events. A job the plan stops (a resize: the controller stops it and
+its agent requeues it at the new size; a preemption) gives its GPUs back at once and is queued
+again; the pass then runs again at the same instant, as the controller's does on the exits. A job's
+progress is piecewise linear: samples/s from its profile at its size and batch (a workload job) or
+1 s/s (a Philly job, which runs its duration). A restart after a resize or a preemption stops
+progress for ``resize_cost_s`` (checkpoint + restart); it keeps its progress.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleet.models import Tenant
-from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S, ElasticJob, allocate, sizes
-from fleet.scheduler.fairshare import WEEK, FairShare, Use, fair_gpus
-from fleet.scheduler.preempt import RunningJob, preemptions
+from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S
+from fleet.scheduler.fairshare import WEEK, fair_gpus
+from fleet.scheduler.passes import HOLD_SLACK_S, Hold, PassInput, PassSettings, run_pass
+from fleet.scheduler.preempt import Preemption, RunningJob
 from fleet.scheduler.profiles import LearnedProfile, Profile, named_profile
 from fleet.scheduler.queue import PendingQueue
-from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
+from fleet.scheduler.resizing import Elastic, Resize
+from fleet.scheduler.sizing import Size
+from fleet.scheduler.snapshot import UNSIZED, GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue
 from fleet.sim.metrics import Recorder, SimResult
 from fleet.sim.traces import TraceJob
@@ -44,6 +46,8 @@ ELASTIC = ("elastic-fixed-batch", "elastic")
 GPUS_PER_NODE = 4
 GiB = 1 << 30
 ARRIVE, FINISH, WAKE = 0, 1, 2
+#: passes run at one instant at most (each after the last one stopped jobs: their GPUs are free)
+PASSES_PER_INSTANT = 4
 
 
 @dataclass(frozen=True)
@@ -154,9 +158,25 @@ class Simulation:
         self._views: dict[str, NodeView] = {}
         self.jobs: dict[str, SimJob] = {}
         self.queue = PendingQueue()
-        #: elastic jobs waiting to be admitted (in arrival order)
-        self.waiting: dict[str, SimJob] = {}
         self.running: dict[str, SimJob] = {}
+        #: the elastic jobs that arrived and have not ended (waiting or running)
+        self.elastic: dict[str, SimJob] = {}
+        #: the running jobs as the pass sees them (kept along, not built again each pass)
+        self.running_jobs: dict[str, RunningJob] = {}
+        #: the tenants' policies (weights, guarantees, limits) as the pass sees them: none under fifo
+        self.policies: Mapping[str, Tenant] = {} if config.policy == "fifo" else config.tenants
+        guarantees = any(t.guaranteed_gpus for t in self.policies.values())
+        #: preemption as live; it is left off when no tenant has a guarantee: every trace job has the
+        #: same priority, so it could only ever stop jobs for a guarantee
+        self.settings = PassSettings(
+            preemption=guarantees, resize_cost_s=config.resize_cost_s, min_interval_s=config.min_interval_s,
+            half_life_s=config.half_life_s, objective=config.objective, horizon_s=config.horizon_s,
+        )  # fmt: skip
+        self.holds: dict[str, Hold] = {}
+        self._blocked: list[str] = []
+        #: what the passes decided, and jobs' ends, in order: (time, "placed" | "resized" | "preempted" |
+        #: "ended", job, GPUs placed at or resized to)
+        self.decisions: list[tuple[float, str, str, int]] = []
         self.usage: dict[str, float] = {}
         #: GPUs each tenant's jobs hold, and GPUs its rigid jobs wait for
         self.held: Counter[str] = Counter()
@@ -167,11 +187,6 @@ class Simulation:
         self.now = 0.0
         self.recorder = Recorder(config.gpus)
         self.fallbacks = 0
-        #: resizes the policy chose that found no room in the shape they needed
-        self.misfits = 0
-        self.moves = 0
-        #: the elastic policy's last decision: (GPUs, batch) by job
-        self._targets: dict[str, tuple[int, int]] = {}
         horizon = max((j.arrival for j in jobs), default=0.0)
         self.recorder.start(horizon)
         for seq, trace in enumerate(jobs):
@@ -186,28 +201,34 @@ class Simulation:
         profile = named_profile(trace.model)
         return SimJob(trace, seq, profile, work=float(profile.samples), elastic=self.cfg.policy in ELASTIC)
 
-    def _pending(self, job: SimJob, gpus: int) -> PendingJob:
-        tenant = "default" if self.cfg.policy == "fifo" else job.tenant
-        return PendingJob(id=job.id, priority=0, seq=job.seq, gpus=gpus, tenant=tenant)
+    def _tenant(self, job: SimJob) -> str:
+        return "default" if self.cfg.policy == "fifo" else job.tenant
 
-    def _elastic(self, job: SimJob) -> ElasticJob:
+    def _pending(self, job: SimJob, gpus: int) -> PendingJob:
+        hold = UNSIZED if job.elastic and not gpus else ""
+        return PendingJob(id=job.id, priority=0, seq=job.seq, gpus=gpus, tenant=self._tenant(job),
+                          elastic=job.elastic, hold=hold)  # fmt: skip
+
+    def _elastic(self, job: SimJob) -> Elastic:
+        """``job`` as the elastic step sees it (as ``Elastic.of`` a stored job, live)."""
         assert job.profile is not None
         fixed = self.cfg.policy == "elastic-fixed-batch"
         lo, hi = (
             (job.trace.batch, job.trace.batch) if fixed else (job.profile.min_batch, job.profile.max_batch)
         )
         most = min(self.cfg.max_gpus or job.profile.max_gpus, self.cfg.gpus)
-        batch = job.batch or (job.trace.batch if fixed else 0)
         profile = job.profile
         if self.cfg.learn:
             declared = _largest_local(job.profile) if self.cfg.learn_max_local else None
             profile = LearnedProfile(name="learn", min_batch=lo, max_batch=hi, least=self.cfg.min_gpus,
                                      max_local=declared, observed=job.observed)  # fmt: skip
-        return ElasticJob(
-            id=job.id, tenant=job.tenant, min_gpus=self.cfg.min_gpus, max_gpus=most, min_batch=lo,
-            max_batch=hi, profile=profile, gpus=job.gpus, batch=batch, fixed_batch=fixed,
-            changed_at=job.changed_at, accumulate=fixed and self.cfg.accumulate,
-            remaining=max(job.work - job.done, 0.0),
+        running = job.id in self.running
+        gpus = job.gpus if running else self.queue.jobs[job.id].gpus
+        return Elastic(
+            id=job.id, tenant=self._tenant(job), min_gpus=self.cfg.min_gpus, max_gpus=most, min_batch=lo,
+            max_batch=hi, profile=profile, size=Size(gpus, job.batch if gpus else 0), running=running,
+            changed_at=job.changed_at, fixed_batch=fixed, remaining=max(job.work - job.done, 0.0),
+            accumulate=fixed and self.cfg.accumulate,
         )  # fmt: skip
 
     def _rate(self, job: SimJob) -> float:
@@ -287,21 +308,21 @@ class Simulation:
         held = self.held
         dt = now - self.now
         if dt > 0:
-            self.recorder.span(self.now, now, held, len(self.queue) + len(self.waiting))
+            self.recorder.span(self.now, now, held, len(self.queue))
             if any(gpus > 0 for gpus in self.queued_gpus.values()):  # contended: compare with fair share
                 demand = {t: held[t] + self.queued_gpus[t] for t in set(held) | set(self.queued_gpus)}
                 self.recorder.contended(dt, held, fair_gpus(self.cfg.gpus, demand, self._policy))
-            if self.cfg.policy == "fair":
+            if self.cfg.policy != "fifo":  # as live: every tenant's use decays into its fair share
                 self.usage = accrue(self.usage, dict(held), dt, self.cfg.half_life_s)
         self.now = max(self.now, now)
 
     def _event(self, kind: int, job: SimJob, version: int) -> bool:
         """Apply one event; False when it is stale (a finish or wake-up of a job since changed)."""
         if kind == ARRIVE:
+            self.queue.add(self._pending(job, 0 if job.elastic else job.trace.gpus))
             if job.elastic:
-                self.waiting[job.id] = job
+                self.elastic[job.id] = job
             else:
-                self.queue.add(self._pending(job, job.trace.gpus))
                 self.queued_gpus[job.tenant] += job.trace.gpus
             return True
         if version != job.version or job.id not in self.running:
@@ -314,35 +335,43 @@ class Simulation:
     def _end(self, job: SimJob) -> None:
         self._release(job)
         del self.running[job.id]
+        del self.running_jobs[job.id]
+        self.elastic.pop(job.id, None)
+        self.decisions.append((self.now, "ended", job.id, 0))
         job.ended, job.done, job.rate, job.gpus = self.now, job.work, 0.0, 0
         self.unfinished -= 1
 
     # -- a pass -------------------------------------------------------------------------
 
     def _pass(self) -> None:
-        if self.cfg.policy in ELASTIC:
-            self._resize()
-        if not len(self.queue) or (not self.free_gpus() and not self._guarantees()):
-            return  # nothing could be placed (the controller's pass would place nothing)
-        fair = self._fair()
-        plan = self.queue.schedule(Capacity(self.views()), self.now, fair=fair)
+        """Passes until nothing is stopped (a stopped job's GPUs are free at once: as the controller
+        runs a pass on the exits, this runs the next one at the same instant)."""
+        for _ in range(PASSES_PER_INSTANT):
+            if not self._one_pass():
+                return
+
+    def _one_pass(self) -> bool:
+        elastic = sorted(self.elastic.values(), key=lambda j: (j.id not in self.running, j.seq))
+        place = bool(len(self.queue)) and (self.free_gpus() > 0 or self.settings.preemption)
+        if not elastic and not place:
+            return False  # nothing could be placed (the controller's pass would place nothing)
+        for job in elastic:
+            job.advance(self.now)
+        inp = PassInput(
+            self.queue, self.views(), self.policies, self.running_jobs, self.usage, self.holds, self.settings,
+            elastic=[self._elastic(j) for j in elastic], resize=bool(elastic), place=place,
+            blocked=self._blocked,
+        )  # fmt: skip
+        plan = run_pass(inp, self.now)
+        self.holds, self._blocked = plan.holds, plan.blocked
+        stopped = False
+        for change in plan.resizes:
+            stopped |= self._resize(change)
         self._start(plan.placements)
-        if plan.blocked and self._guarantees():
-            self._preempt(plan.blocked)
-
-    def _fair(self) -> FairShare:
-        if self.cfg.policy == "fifo":
-            held = {"default": Use(gpus=sum(self.held.values()))}
-        else:
-            held = {tenant: Use(gpus=gpus) for tenant, gpus in self.held.items() if gpus}
-        policies = {} if self.cfg.policy == "fifo" else self.cfg.tenants
-        return FairShare(policies, held, self.usage, Use(gpus=self.cfg.gpus), self.cfg.half_life_s)
-
-    def _policy(self, tenant: str) -> Tenant:
-        return self.cfg.tenants.get(tenant) or Tenant(name=tenant)
-
-    def _guarantees(self) -> bool:
-        return self.cfg.policy == "fair" and any(t.guaranteed_gpus for t in self.cfg.tenants.values())
+        for preemption in plan.preemptions:
+            self._preempt(preemption)
+            stopped = True
+        return stopped
 
     def _start(self, placements: list[Placement]) -> None:
         grouped: dict[str, list[Placement]] = {}
@@ -350,14 +379,19 @@ class Simulation:
             grouped.setdefault(p.job_id, []).append(p)
         for job_id, members in grouped.items():
             job = self.jobs[job_id]
-            self.waiting.pop(job_id, None)
             if not job.elastic:
                 self.queued_gpus[job.tenant] -= job.trace.gpus
             gpus = sum(len(p.gpus) for p in members)
             job.gpus = gpus
-            job.batch = self._targets.get(job_id, (gpus, job.batch))[1] if job.elastic else job.trace.batch
+            if not job.elastic:
+                job.batch = job.trace.batch
             self._take(job, members)
             self.running[job_id] = job
+            self.running_jobs[job_id] = RunningJob(
+                job_id, 1, self._tenant(job), 0, gpus, tuple((p.node, p.gpus) for p in members),
+                started_at=self.now,
+            )  # fmt: skip
+            self.decisions.append((self.now, "placed", job_id, gpus))
             if job.started is None:
                 job.started = self.now
             job.running_since = job.changed_at = self.now
@@ -376,109 +410,48 @@ class Simulation:
         if job.elastic:
             self._push(self.now + self.cfg.min_interval_s, WAKE, job.id, job.version)
 
-    # -- elastic ------------------------------------------------------------------------
-
-    def _resize(self) -> None:
-        """The elastic policy's decision, applied: stops, shrinks, then grows; admitted jobs enter
-        the queue at their size (the pass that follows places them)."""
-        elastic = sorted(
-            [j for j in self.running.values() if j.elastic] + list(self.waiting.values()), key=lambda j: j.seq
-        )  # fmt: skip
-        if not elastic:
-            return
-        rigid_held = sum(j.gpus for j in self.running.values() if not j.elastic)
-        rigid_waiting = sum(p.gpus for p in self.queue.jobs.values() if p.id not in self.waiting)
-        budget = max(self.cfg.gpus - rigid_held - rigid_waiting, 0)
-        for job in elastic:
-            job.advance(self.now)
-        self._targets = targets = allocate(
-            [self._elastic(j) for j in elastic], budget, self.now, resize_cost_s=self.cfg.resize_cost_s,
-            min_interval_s=self.cfg.min_interval_s, gpus_per_node=self.per_node, objective=self.cfg.objective,
-            horizon_s=self.cfg.horizon_s,
-        )  # fmt: skip
-        running = [j for j in elastic if j.id in self.running]
-        for job in running:
-            if targets[job.id][0] == 0:
-                self._stop(job)
-        moving = [j for j in running if j.id in self.running and targets[j.id] != (j.gpus, j.batch)]
-        self._move(moving, targets)
-        for job in self.waiting.values():
-            gpus, _ = targets.get(job.id, (0, 0))
-            if gpus:
-                self.queue.add(self._pending(job, gpus))
-            else:
-                self.queue.discard(job.id)
-
-    def _stop(self, job: SimJob) -> None:
+    def _stop(self, job: SimJob, gpus: int) -> None:
+        """``job`` leaves its GPUs (at once: its checkpoint is its restart's cost) and waits again for
+        ``gpus`` GPUs (an elastic job: 0, its size not chosen yet)."""
+        job.advance(self.now)
         self._release(job)
         del self.running[job.id]
+        del self.running_jobs[job.id]
         job.gpus, job.rate, job.version = 0, 0.0, job.version + 1
-        job.preemptions += 1
         job.restarting = True
-        self.waiting[job.id] = job
+        self.queue.add(self._pending(job, gpus))
+        if not job.elastic:
+            self.queued_gpus[job.tenant] += gpus
 
-    def _move(self, jobs: list[SimJob], targets: Mapping[str, tuple[int, int]]) -> None:
-        """Resize ``jobs``: each restarts anyway, so all of them give back their GPUs and are
-        placed again, the largest first (best fit, gangs on whole nodes); where the GPUs free are
-        not in the shape one needs, it takes the largest of its sizes that places (the policy is
-        asked again after the minimum interval)."""
-        old = {job.id: (job.gpus, job.batch, job.members) for job in jobs}
-        for job in jobs:
-            self._release(job)
-        capacity = Capacity(self.views())
-        for job in sorted(jobs, key=lambda j: (-targets[j.id][0], j.seq)):
-            gpus, batch = targets[job.id]
-            placed = capacity.place(PendingJob(job.id, 0, job.seq, gpus))
-            if placed is None:
-                self.misfits += 1
-                self._push(self.now + self.cfg.min_interval_s, WAKE, job.id, job.version + 1)
-                for g, b, _ in reversed(sizes(self._elastic(job), self.per_node)):
-                    if g < gpus and (placed := capacity.place(PendingJob(job.id, 0, job.seq, g))):
-                        gpus, batch = g, b
-                        break
-            if placed is None:  # not even one GPU: it waits to be admitted again
-                self.running[job.id] = job
-                self._stop(job)
-                continue
-            self._take(job, placed)
-            if (gpus, batch) == old[job.id][:2]:
-                self.moves += 1  # back at its size (maybe on other GPUs: a move, not counted as a resize)
-                continue
-            job.gpus, job.batch = gpus, batch
-            job.changed_at = self.now
-            job.paused_until = max(job.paused_until, self.now) + self.cfg.resize_cost_s
+    def _resize(self, change: Resize) -> bool:
+        """A waiting job was sized (the pass placed it, or it waits at that size); a running one
+        restarts at its new size (it is stopped, and queued at it). True when a job was stopped."""
+        job = self.jobs[change.job_id]
+        job.batch = change.new.batch
+        if not change.running:
+            return False
+        self.decisions.append((self.now, "resized", job.id, change.new.gpus))
+        if change.new.gpus:
             job.resizes += 1
-            self._rerate(job)
+        else:
+            job.preemptions += 1  # even its smallest size no longer fits: it waits to be admitted again
+        job.changed_at = self.now
+        self._stop(job, change.new.gpus)
+        return True
 
-    # -- preemption (fair share with guarantees) ------------------------------------------
+    def _preempt(self, preemption: Preemption) -> None:
+        for victim in preemption.victims:
+            job = self.jobs[victim.id]
+            self.decisions.append((self.now, "preempted", job.id, job.gpus))
+            job.preemptions += 1
+            self._stop(job, job.gpus if job.elastic else job.trace.gpus)
+        grace = max(self._policy(v.tenant).preempt_grace_s for v in preemption.victims)
+        self.holds[preemption.job.id] = Hold(
+            preemption.gpus, frozenset(v.id for v in preemption.victims), self.now + grace + HOLD_SLACK_S
+        )
 
-    def _preempt(self, blocked: list[str]) -> None:
-        waiting = [self.queue.jobs[j] for j in blocked if j in self.queue.jobs][:16]
-        running = [
-            RunningJob(j.id, 1, j.tenant, 0, j.gpus, tuple((p.node, p.gpus) for p in j.members),
-                       started_at=j.running_since)
-            for j in self.running.values()
-        ]  # fmt: skip
-        fair = self._fair()
-        demand = Counter({t: u.gpus for t, u in fair.held.items()})
-        demand.update(self.queue.demand)
-        found = preemptions(waiting, running, self.views(), fair, demand, self.now)
-        held: dict[str, set[str]] = {}
-        for p in found:
-            for victim in p.victims:
-                job = self.jobs[victim.id]
-                job.advance(self.now)
-                self._release(job)
-                del self.running[job.id]
-                job.gpus, job.rate, job.version = 0, 0.0, job.version + 1
-                job.preemptions += 1
-                job.restarting = True
-                self.queue.add(self._pending(job, job.trace.gpus))
-                self.queued_gpus[job.tenant] += job.trace.gpus
-            held[p.job.id] = set(p.gpus)
-        if held:
-            plan = self.queue.schedule(Capacity(self.views()), self.now, fair=self._fair(), held=held)
-            self._start(plan.placements)
+    def _policy(self, tenant: str) -> Tenant:
+        return self.policies.get(tenant) or Tenant(name=tenant)
 
 
 def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:

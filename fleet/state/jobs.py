@@ -398,9 +398,24 @@ class JobStore:
             fields: dict[str, Any] = {"num_gpus": gpus, "batch_size": batch, "sized_at": now}
             return self.transition(job.id, attempt=job.attempt, to=None, allowed=[JobState.QUEUED], now=now,
                                    reason=reason, fields=fields, leader=leader)  # fmt: skip
-        fields = {"preempt": reason, "resize_gpus": gpus, "resize_batch": batch}
+        return self.ask_to_leave(job, reason, grace_s, now, leader, resize_to=(gpus, batch))
+
+    def ask_to_leave(
+        self, job: Job, reason: str, grace_s: float, now: float, leader: str = "", *,
+        allowed: Iterable[JobState] = ON_NODE_STATES, preempted_for: str = "",
+        resize_to: tuple[int, int] | None = None,
+    ) -> bool:  # fmt: skip
+        """Mark ``job``'s attempt to leave its nodes (a drain, a preemption for ``preempted_for``, a
+        resize to ``resize_to`` = (GPUs, batch)): its end then requeues it without spending a retry
+        (see ``end_attempt``). The caller sends the Stop (``fleet.bus.stop_attempt``) with ``grace_s``
+        to checkpoint. False when the attempt moved on meanwhile (or is not in ``allowed``)."""
+        fields: dict[str, Any] = {"preempt": reason}
+        if preempted_for:
+            fields["preempted_for"] = preempted_for
+        if resize_to is not None:
+            fields["resize_gpus"], fields["resize_batch"] = resize_to
         return self.transition(
-            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES, now=now, fields=fields,
+            job.id, attempt=job.attempt, to=None, allowed=allowed, now=now, fields=fields,
             reason=f"{reason}: stopping with {grace_s:g}s to checkpoint", leader=leader,
         )  # fmt: skip
 

@@ -16,6 +16,7 @@ from fleet.lifecycle import RetryPolicy, decide
 from fleet.models import PROFILES, Exit, ExitKind, Fault, Job, JobSpec, JobState, Range
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue
 from fleet.scheduler import profiles as policy
+from fleet.scheduler.passes import PassInput, PassPlan, PassSettings, run_pass
 from fleet.scheduler.resizing import Elastic, Resize, elastic_gpus
 from fleet.scheduler.resizing import decide as decide_sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
@@ -204,5 +205,17 @@ def test_with_the_step_off_a_queued_job_starts_at_its_smallest_and_keeps_it() ->
     running = queued.model_copy(update=update)
     steps.observe([queued, running])
     queue = PendingQueue([PendingJob("q", 0, 1, gpus=0, elastic=True, hold="unsized")])
-    plan = steps.plan(queue, [node("a", ["r:1", "", "", ""])], {}, {}, 0.0)
-    assert plan == [Resize("q", Size(0, 0), Size(1, 128), False)]
+    views = [node("a", ["r:1", "", "", ""])]
+
+    def step() -> PassPlan:
+        inp = PassInput(queue, views, {}, {}, {}, {}, PassSettings(elastic=False), steps.step_jobs(queue),
+                        resize=True, place=False)  # fmt: skip
+        return run_pass(inp, 0.0)
+
+    plan = step()
+    assert plan.resizes == [Resize("q", Size(0, 0), Size(1, 128), False)]
+    assert [(p.job_id, len(p.gpus)) for p in plan.placements] == [("q", 1)]  # this pass places it so
+    # sized, it keeps that size (the running one too): a later step leaves both be
+    steps.jobs["q"] = queued.model_copy(update={"num_gpus": 1, "batch_size": 128})
+    queue.add(PendingJob("q", 0, 1, gpus=1, elastic=True))
+    assert step().resizes == []

@@ -1,0 +1,146 @@
+"""One pass (``run_pass``), as the controller and the simulator both run it: the cases the simulator's
+own pass used to get wrong (tenant caps on elastic jobs, holds, how many victims one job may have)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fleet.models import Tenant
+from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue, RunningJob
+from fleet.scheduler import profiles as policy
+from fleet.scheduler.passes import MAX_BLOCKED, Hold, PassInput, PassSettings, run_pass
+from fleet.scheduler.resizing import Elastic
+from fleet.scheduler.sizing import Size
+from fleet.scheduler.snapshot import UNSIZED
+from fleet.sim import SimConfig, Simulation
+from fleet.sim.traces import TraceJob
+
+NOW = 10_000.0
+
+
+def nodes(count: int, per_node: int = 4, holders: dict[str, str] | None = None) -> list[NodeView]:
+    """``count`` nodes n0.. of ``per_node`` GPUs ``n<i>-g<j>``; ``holders``: GPU -> job holding it."""
+    held = holders or {}
+    return [
+        NodeView(f"n{i}", True, gpus=tuple(
+            GpuSlot(f"n{i}-g{j}", j, "A100", 80 << 30, free=f"n{i}-g{j}" not in held,
+                    holder=f"{held[f'n{i}-g{j}']}:1" if f"n{i}-g{j}" in held else "")
+            for j in range(per_node)))
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def on(job_id: str, tenant: str, gpus: list[str], ran_s: float = 3600.0) -> RunningJob:
+    by_node: dict[str, list[str]] = {}
+    for g in gpus:
+        by_node.setdefault(g.split("-")[0], []).append(g)
+    members = tuple((n, tuple(gs)) for n, gs in by_node.items())
+    return RunningJob(job_id, 1, tenant, 0, len(gpus), members, started_at=NOW - ran_s)
+
+
+def elastic(job_id: str, tenant: str, most: int = 16) -> Elastic:
+    cifar10 = policy.named_profile("cifar10")
+    return Elastic(job_id, tenant, 1, most, 128, 1024, cifar10, Size(0, 0), running=False)
+
+
+def test_a_tenants_max_gpus_caps_its_elastic_jobs_beside_its_other_jobs() -> None:
+    # 16 free GPUs, tenant t may hold 6 and already runs a 2-GPU job: its elastic job gets at most 4
+    views = nodes(5, holders={"n4-g0": "fixed", "n4-g1": "fixed"})
+    queue = PendingQueue([PendingJob("e", 0, 1, gpus=0, tenant="t", elastic=True, hold=UNSIZED)])
+    fixed = {"fixed": on("fixed", "t", ["n4-g0", "n4-g1"])}
+    inp = PassInput(queue, views, {"t": Tenant(name="t", max_gpus=6)}, fixed, {}, {},
+                    elastic=[elastic("e", "t")], resize=True)  # fmt: skip
+    plan = run_pass(inp, NOW)
+    assert [(r.job_id, r.new.gpus) for r in plan.resizes] == [("e", 4)]
+    assert sum(len(p.gpus) for p in plan.placements) == 4
+    # without the cap it takes what the fleet has free for it
+    queue = PendingQueue([PendingJob("e", 0, 1, gpus=0, tenant="t", elastic=True, hold=UNSIZED)])
+    uncapped = run_pass(
+        PassInput(queue, views, {}, inp.running, {}, {}, elastic=[elastic("e", "t")], resize=True), NOW
+    )
+    assert uncapped.resizes[0].new.gpus > 4
+
+
+def test_the_simulator_keeps_a_tenant_within_its_max_gpus() -> None:
+    jobs = [TraceJob(f"e{i}", "t", 0.0, gpus=4, batch=512, model="cifar10") for i in range(3)]
+    sim = Simulation(jobs, SimConfig("elastic", gpus=16, tenants={"t": Tenant(name="t", max_gpus=5)}))
+    result = sim.run()
+    assert result.completed == 3
+    holding: dict[str, int] = {}
+    for _, what, job, gpus in sim.decisions:  # what the tenant holds after each decision
+        holding.pop(job, None)
+        if what == "placed":
+            holding[job] = gpus
+        assert sum(holding.values()) <= 5, sim.decisions
+    uncapped = Simulation(jobs, SimConfig("elastic", gpus=16))  # the cap is what held them back
+    uncapped.run()
+    assert max(gpus for _, what, _, gpus in uncapped.decisions if what == "placed") > 5
+
+
+def test_gpus_held_for_a_preempting_job_go_to_it_and_to_nobody_else() -> None:
+    # w preempted v (n0-g0, n0-g1); v has left: w gets those GPUs although x ranks before it
+    views = nodes(1)
+    queue = PendingQueue(
+        [PendingJob("x", 0, 1, gpus=2, tenant="a"), PendingJob("w", 0, 2, gpus=2, tenant="b")]
+    )
+    hold = Hold(frozenset({"n0-g0", "n0-g1"}), frozenset({"v"}), NOW + 60)
+    plan = run_pass(PassInput(queue, views, {}, {}, {}, {"w": hold}), NOW)
+    assert {p.job_id: set(p.gpus) for p in plan.placements}["w"] == {"n0-g0", "n0-g1"}
+    assert plan.holds == {}  # placed: its hold is let go
+
+
+def test_a_job_with_a_hold_is_not_preempted_for_again_nor_its_gpus_taken() -> None:
+    # v is still stopping on n0-g0..1 (held for w, which needs all 4 of n0); n1 has 2 free GPUs and x
+    # (tenant a) waits for 2: x goes to n1, nobody takes the held GPUs, w preempts nobody more
+    n0 = nodes(1, holders={"n0-g0": "v", "n0-g1": "v", "n0-g2": "a2", "n0-g3": "a2"})[0]
+    views = [n0, nodes(2, per_node=2)[1]]
+    stopping = on("v", "a", ["n0-g0", "n0-g1"])
+    a_more = on("a2", "a", ["n0-g2", "n0-g3"])
+    queue = PendingQueue(
+        [PendingJob("w", 0, 1, gpus=4, tenant="b"), PendingJob("x", 0, 2, gpus=2, tenant="a")]
+    )
+    hold = Hold(frozenset({"n0-g0", "n0-g1"}), frozenset({"v"}), NOW + 60)
+    policies = {"b": Tenant(name="b", guaranteed_gpus=4)}
+    running = {"v": replace(stopping, stopping=True, preempted_for="w"), "a2": a_more}
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {"w": hold}), NOW)
+    assert [(p.job_id, p.node) for p in plan.placements] == [("x", "n1")]
+    assert plan.preemptions == [] and set(plan.holds) == {"w"} and plan.blocked == ["w"]
+    # a hold past its time is let go
+    queue = PendingQueue([PendingJob("w", 0, 1, gpus=4, tenant="b")])
+    assert run_pass(PassInput(queue, views, policies, running, {}, {"w": hold}), NOW + 61).holds == {}
+
+
+def test_one_job_may_preempt_more_than_16_victims_and_16_blocked_jobs_are_considered() -> None:
+    # a holds all 20 GPUs of 5 nodes with 1-GPU jobs; b, guaranteed 20, asks for 20 at once
+    views = nodes(5, holders={f"n{i}-g{j}": f"a{i}{j}" for i in range(5) for j in range(4)})
+    running = {f"a{i}{j}": on(f"a{i}{j}", "a", [f"n{i}-g{j}"]) for i in range(5) for j in range(4)}
+    queue = PendingQueue([PendingJob("big", 0, 1, gpus=20, tenant="b")])
+    policies = {"b": Tenant(name="b", guaranteed_gpus=20)}
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {}), NOW)
+    assert plan.blocked == ["big"]
+    (preemption,) = plan.preemptions
+    assert preemption.job.id == "big" and len(preemption.victims) == 20
+    # with preemption off, nobody is stopped
+    off = PassInput(queue, views, policies, running, {}, {}, PassSettings(preemption=False))
+    assert run_pass(off, NOW).preemptions == []
+    # the first MAX_BLOCKED jobs it could not place are considered: one victim each, no more (each asks
+    # its own memory: 20 shapes, all blocked)
+    queue = PendingQueue([PendingJob(f"b{i}", 0, i, gpus=1, tenant="b", memory=i + 1) for i in range(20)])
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {}), NOW)
+    assert len(plan.blocked) == 20 and len(plan.preemptions) == MAX_BLOCKED
+    assert [p.job.id for p in plan.preemptions] == [f"b{i}" for i in range(MAX_BLOCKED)]
+
+
+def test_preemption_plans_on_the_nodes_as_this_pass_left_them() -> None:
+    # one free GPU, taken by x in this pass: w (b, guaranteed 2) then needs both of a's GPUs, not one
+    views = nodes(1, per_node=3, holders={"n0-g0": "a1", "n0-g1": "a2"})
+    running = {"a1": on("a1", "a", ["n0-g0"]), "a2": on("a2", "a", ["n0-g1"])}
+    queue = PendingQueue(
+        [PendingJob("x", 0, 1, gpus=1, tenant="aa"), PendingJob("w", 0, 2, gpus=2, tenant="b")]
+    )
+    policies = {"b": Tenant(name="b", guaranteed_gpus=2), "aa": Tenant(name="aa", guaranteed_gpus=1)}
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {}), NOW)
+    assert [p.job_id for p in plan.placements] == ["x"]  # aa goes first (as far below its guarantee)
+    (preemption,) = plan.preemptions
+    assert {v.id for v in preemption.victims} == {"a1", "a2"}
+    assert preemption.gpus == {"n0-g0", "n0-g1"}
