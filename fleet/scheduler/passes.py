@@ -122,6 +122,9 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
                 queue.add(pending_elastic(queue.jobs[change.job_id], change.new.gpus))
                 place = True
     running = dict(inp.running)
+    for change in plan.resizes:  # asked to leave for a resize: its GPUs come free anyway, not a victim
+        if change.running and change.job_id in running:
+            running[change.job_id] = dataclasses.replace(running[change.job_id], stopping=True)
     views = list(inp.views)
     if place:
         fair = _fair(inp.policies, running.values(), inp.usage, views, settings)

@@ -440,6 +440,9 @@ class Simulation:
         return True
 
     def _preempt(self, preemption: Preemption) -> None:
+        """All the victims or none (as the controller's applier: each must still be running)."""
+        if not all(v.id in self.running for v in preemption.victims):
+            return
         for victim in preemption.victims:
             job = self.jobs[victim.id]
             self.decisions.append((self.now, "preempted", job.id, job.gpus))

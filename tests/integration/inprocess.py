@@ -23,13 +23,19 @@ def info(node: str, gpus: int = 1) -> NodeInfo:
 
 class Harness:
     def __init__(self, redis_url: str, clock: Callable[[], float] = time.time, **settings: Any) -> None:
-        self.settings = load_settings(redis_url=redis_url, controller={"metrics_port": 0}, **settings)
+        controller = {"metrics_port": 0, **settings.pop("controller", {})}
+        self.settings = load_settings(redis_url=redis_url, controller=controller, **settings)
         self.client = connect(self.settings)
         self.jobs, self.nodes = JobStore(self.client, Keys()), NodeStore(self.client, Keys())
         self.bus = Bus(self.settings)
         self.controller = Controller(
             self.settings, self.jobs, self.nodes, self.bus, clock=clock, controller_id="c1"
         )
+
+    def lead(self) -> None:
+        """Take the lease as the controller's renewal thread does (its passes then act)."""
+        self.controller._lead()
+        assert self.controller.leading()
 
     def node(self, name: str, ttl_s: float = 60, gpus: int = 1) -> None:
         """A live node, as its agent's heartbeat registers it."""
@@ -62,5 +68,6 @@ class Harness:
                                  reason="", now=time.time())  # fmt: skip
 
     def close(self) -> None:
+        self.controller._follow()
         self.bus.close()
         self.client.close()

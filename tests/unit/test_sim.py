@@ -134,10 +134,10 @@ def test_a_lone_elastic_job_starts_at_its_fastest_size() -> None:
     sim = Simulation([job], SimConfig("elastic", gpus=64))
     r = sim.run()
     cifar = named_profile("cifar10")
-    _, batch, gpus = max(cifar.best(g) + (g,) for g in range(1, 65) if g <= 4 or g % 4 == 0)  # whole nodes
+    _, batch, gpus = max((*cifar.best(g), g) for g in range(1, 65) if g <= 4 or g % 4 == 0)  # whole nodes
     batch = fit_batch(batch, gpus, cifar.min_batch, cifar.max_batch)  # beyond one; an even split, as live
     assert r.jct.mean == pytest.approx(cifar.samples / cifar.throughput(gpus, batch)) and r.resizes == 0
-    assert sim.decisions == [(0.0, "placed", "c", gpus)]
+    assert sim.decisions == [(0.0, "placed", "c", gpus), (r.jct.mean, "ended", "c", 0)]
 
 
 def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> None:
