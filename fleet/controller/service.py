@@ -1,15 +1,13 @@
 """The controller service: the only place that decides placement.
 
 One controller holds the leader lease and runs a scheduling pass on every relevant message
-(submit, exit, node joined) and periodically; the others wait to take over. The periodic
-reconcile (``reconcile.py``, pure) sorts jobs on nodes, nodes and claims into buckets that this
-service executes: requeue jobs of lost nodes and launches past their deadline (without spending
-retries), stop drained jobs, mark nodes DRAINED, free orphan claims. Retention (``retention.py``,
-pure) deletes jobs ``job_retention_s`` after they ended and nodes gone for ``node_retention_s``.
-A pass is ``fleet.scheduler.passes.run_pass`` (pure: elastic step, placement, preemption, as
-``fleet sim`` runs it too) over the inputs kept in memory here and in ``tenancy.py`` (the tenants'
-policies, holdings, decayed usage, holds) and ``elasticity.py`` (the elastic jobs and their profiles);
-``apply.py`` carries its plan out.
+(submit, exit, node joined) and periodically; the others wait to take over. This module keeps the
+leader's state in memory (the queue, the node views) and runs the steps. A pass is
+``fleet.scheduler.passes.run_pass`` (pure: elastic step, placement, preemption, as ``fleet sim``
+runs it too) over those and what ``tenancy.py`` (the tenants' policies, holdings, decayed usage,
+holds) and ``elasticity.py`` (the elastic jobs and their profiles) keep; ``apply.py`` carries its
+plan out. ``upkeep.py`` carries out the periodic reconcile (``reconcile.py``, pure: lost nodes,
+launch deadlines, drains, orphan claims) and retention (``retention.py``, pure).
 Every write is fenced by the leader token; a refused one makes this controller step down at once.
 """
 
@@ -30,21 +28,20 @@ from fleet.bus import (
     JobSubmitted,
     NodeChanged,
     QueueLeft,
-    node_queue,
-    stop_attempt,
 )
 from fleet.config import Settings
-from fleet.controller import retention, snapshot
+from fleet.controller import snapshot
 from fleet.controller.apply import Applier
 from fleet.controller.elasticity import Elasticity
 from fleet.controller.leader import LeaderLease
-from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
+from fleet.controller.reconcile import Buckets
 from fleet.controller.tenancy import Tenancy
+from fleet.controller.upkeep import Upkeep
 from fleet.controller.webhooks import WebhookSender
 from fleet.errors import FleetError, NotLeader
-from fleet.lifecycle import RetryPolicy, decide
+from fleet.lifecycle import RetryPolicy
 from fleet.log import StepHealth, event
-from fleet.models import Job, JobState, Node, NodeState
+from fleet.models import Job, JobState, Node
 from fleet.scheduler import NodeView, PendingQueue, Plan
 from fleet.scheduler.passes import PassInput, PassSettings, run_pass
 from fleet.sdnotify import Notifier
@@ -59,8 +56,6 @@ from fleet.versions import VERSION
 from fleet.webhooks import networks
 
 log = logging.getLogger("fleet.controller")
-#: batches of ``retention_batch`` jobs one retention pass deletes at most (the rest: next pass)
-RETENTION_BATCHES = 20
 
 
 class Controller:
@@ -125,7 +120,7 @@ class Controller:
             min_interval_s=self.cfg.elastic_min_interval_s,
             half_life_s=self.cfg.fair_share_half_life_s,
         )
-        self.applier = Applier(self)
+        self.applier, self.upkeep = Applier(self), Upkeep(self)
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = WebhookStore(jobs.redis, jobs.keys)
         allowed = networks(settings.webhook_allowed_networks)  # besides public addresses
@@ -419,86 +414,10 @@ class Controller:
     def reconcile(self) -> Buckets:
         """Requeue lost and stuck jobs, move drains along, free orphan claims (see reconcile.py)."""
         try:
-            return self._reconcile()
+            return self.upkeep.reconcile()
         except NotLeader:
             self._deposed()
             return Buckets()
-
-    def _reconcile(self) -> Buckets:
-        now = self.clock()
-        if time.monotonic() >= self._next_full_reconcile:
-            self._next_full_reconcile = time.monotonic() + self.cfg.resync_interval_s
-            nodes = self._read_nodes()
-            jobs = self.readable(self.jobs.read_on_nodes(), now)
-            self._install(nodes, now)  # the scheduler's safety net too: every view read again
-            self.tenancy.resync(jobs, now)
-            self.elasticity.resync(jobs, self.queue.jobs)
-        else:
-            nodes, jobs = self._watched(now)
-        # a node whose record cannot be read but whose agent holds its lease keeps its jobs
-        unreadable = [Node(name=n, state=NodeState.READY, alive=True) for n in nodes.corrupt_alive]
-        buckets = reconcile([*nodes.nodes, *unreadable], jobs, nodes.claims, now, self.cfg)
-        for requeue in (*buckets.requeue_lost, *buckets.timeouts):
-            self._requeue(requeue, now)
-        for stop in buckets.drain_stops:
-            self._drain_stop(stop, now)
-        operators = {n.name: n.changed_by for n in nodes.nodes}
-        for name in buckets.drained:
-            if self.nodes.set_state(name, NodeState.DRAINED, "drained", now, operators.get(name, ""),
-                                    leader=self.token(), only_from=[NodeState.DRAINING]):  # fmt: skip
-                event(log, "node_drained", node=name)
-        if buckets.orphan_claims and self.jobs.release_orphan_claims(buckets.orphan_claims, self.token()):
-            event(log, "orphan_claims_released", logging.WARNING,
-                  claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims))  # fmt: skip
-        return buckets
-
-    def _watched(self, now: float) -> tuple[NodeBatch, list[Job]]:
-        """Between full reconciles (every ``resync_interval_s``), what can need the controller within
-        seconds: nodes whose lease came or went (one MGET over every lease), nodes down or draining,
-        and jobs being launched (deadlines) with their nodes. Claims are left to the full pass, so
-        the batch holds only these nodes' claims and finds no orphan."""
-        alive = self.nodes.alive(sorted(self._nodes))
-        flipped = {name for name, up in alive.items() if up != self._nodes[name].alive}
-        launching = self.readable(self.jobs.read_launching(), now)
-        watched = flipped | {node for j in launching for node in j.nodes_held}
-        watched |= {
-            n.name for n in self._nodes.values() if not n.alive or n.admin_state == NodeState.DRAINING
-        }
-        if not watched:
-            return NodeBatch(), launching
-        nodes = self._read_nodes(sorted(watched), all_claims=False)
-        on_watched = {job_id for n in nodes.nodes for job_id in n.jobs} - {j.id for j in launching}
-        jobs = [*launching, *self.readable(self.jobs.read_many(on_watched), now)]
-        # a multi-node job on a watched node has members on other nodes: read those too, or reconcile
-        # takes a node it was not given for one without a record, and requeues a running job
-        peers = {node for j in jobs for node in j.nodes_held} - watched
-        if peers:
-            nodes = nodes.merged(self._read_nodes(sorted(peers), all_claims=False))
-            watched |= peers
-        self._install(nodes, now, watched)
-        return nodes, jobs
-
-    def _requeue(self, requeue: Requeue, now: float) -> None:
-        """Requeue without spending retries, if the job is still where the snapshot saw it."""
-        job, exit = requeue.job, requeue.exit
-        decision = decide(job, exit, self.policy)
-        if not self.jobs.end_attempt(job, exit, decision, now, leader=self.token(), allowed=[job.state]):
-            return
-        with self._lock:  # back in the queue: the next pass reads it (no agent message will come)
-            self._touched_jobs.add(job.id)
-            self._touched_nodes.update(job.nodes_held)
-        event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
-              state=decision.state, reason=exit.reason)  # fmt: skip
-        if requeue.stop or len(job.members) > 1:  # a gang's live members too, whichever node was lost
-            stop_attempt(
-                self.bus, job.id, job.attempt, job.nodes_held, exit.reason, self.settings.agent.stop_grace_s
-            )
-
-    def _drain_stop(self, drain: DrainStop, now: float) -> None:
-        """SIGTERM with a grace period to checkpoint; the agent requeues it without spending retries."""
-        job = drain.job
-        if self.jobs.ask_to_leave(job, drain.reason, drain.grace_s, now, self.token()):
-            stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, drain.reason, drain.grace_s)
 
     # -- retention ---------------------------------------------------------------------
 
@@ -507,43 +426,10 @@ class Controller:
         retention.py); the number of jobs deleted."""
         try:
             if not self._tracked:
-                self._track_ended()
-            deleted = self._expire_jobs()
-            self._remove_gone_nodes()
+                self.upkeep.track_ended()
+            deleted = self.upkeep.expire_jobs()
+            self.upkeep.remove_gone_nodes()
             return deleted
         except NotLeader:
             self._deposed()
             return 0
-
-    def _track_ended(self) -> None:
-        added = self.retention.track_ended(self.clock(), self.token())
-        if added:
-            event(log, "ended_jobs_tracked", count=added, why="ended before fleet had retention")
-        self._tracked = True
-
-    def _expire_jobs(self) -> int:
-        now, batch, keep = self.clock(), self.cfg.retention_batch, self.settings.job_retention_s
-        deleted = 0
-        for _ in range(RETENTION_BATCHES):
-            due = retention.due_jobs(self.retention.oldest_ended(batch), now, keep)
-            deleted += self.retention.expire_jobs(
-                due, now - keep, now, self.settings.tombstone_retention_s, self.token()
-            )
-            if len(due) < batch:
-                break
-        if deleted:
-            event(log, "jobs_expired", count=deleted, retention_s=f"{keep:g}")
-        return deleted
-
-    def _remove_gone_nodes(self) -> None:
-        now, keep = self.clock(), self.settings.node_retention_s
-        # only nodes without a lease are read (one MGET tells which); the removal script checks
-        # lease, jobs and last heartbeat again
-        down = [name for name, up in self.nodes.alive(self.nodes.names()).items() if not up]
-        for name in retention.gone_nodes(
-            self._read_nodes(down, all_claims=False).nodes if down else [], now, keep
-        ):
-            if self.retention.remove_node(name, now - keep, self.token()):
-                self._install(NodeBatch(), now, {name})
-                keys = self.bus.delete_queue(node_queue(name))
-                event(log, "node_removed", node=name, bus_keys=keys, retention_s=f"{keep:g}")
