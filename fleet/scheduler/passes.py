@@ -11,7 +11,10 @@ It composes the scheduler's policies in this order:
    jobs): queued elastic jobs are sized (they take that size in the queue at once, so this pass
    places them), running ones are to stop and restart at a new size.
 3. Placement (``PendingQueue.schedule``): tenants in fair-share order, held GPUs first for the job
-   they are held for.
+   they are held for. The step sizes by GPU count, not by the shape the free GPUs are in: a queued
+   elastic job that found no room at its size takes the largest of its smaller sizes that places
+   now (a gang of whole nodes while the running jobs are spread over them would otherwise wait,
+   and reserve the nodes, until they end; the next step may grow it again).
 4. Preemption (``preempt.preemptions``) for the first ``MAX_BLOCKED`` jobs placement could not place
    (none that already has a hold), against what runs plus what this pass placed.
 
@@ -32,7 +35,15 @@ from fleet.scheduler.elastic import MIN_INTERVAL_S, RESIZE_COST_S, SPEEDUP
 from fleet.scheduler.fairshare import WEEK, FairShare, Use, fleet_size
 from fleet.scheduler.preempt import Preemption, RunningJob, preemptions
 from fleet.scheduler.queue import PendingQueue
-from fleet.scheduler.resizing import Elastic, Resize, decide, elastic_gpus, largest_node, starting_sizes
+from fleet.scheduler.resizing import (
+    Elastic,
+    Resize,
+    decide,
+    elastic_gpus,
+    largest_node,
+    smaller_sizes,
+    starting_sizes,
+)
 from fleet.scheduler.snapshot import UNSIZED, NodeView, PendingJob, Placement, Plan
 
 #: how long past its victims' grace a hold lasts (their agents report the exit, GPUs are released)
@@ -134,11 +145,45 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
         plan.holds = {j: h for j, h in plan.holds.items() if j in queue}
         running.update(_placed(plan.placed))
         views = _taken(views, plan.placed.placements)
+        if inp.elastic and plan.blocked:
+            fitted = _fit_misfits(inp, plan, views)
+            running.update(_placed(fitted))
+            views = _taken(views, fitted.placements)
     else:
         plan.blocked = list(inp.blocked)
     if settings.preemption and plan.blocked:
         plan.preemptions = _preemptions(inp, plan, running, views, now)
     return plan
+
+
+def _fit_misfits(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> Plan:
+    """Queued elastic jobs placement could not place at their size, placed at a smaller one that fits
+    now (added to ``plan``: a queued resize, then the placement); the placements made."""
+    elastic = {e.id: e for e in inp.elastic if not e.running}
+    capacity, per_node, fitted = Capacity(views), largest_node(views), Plan()
+    for job_id in list(plan.blocked):
+        job, step = inp.queue.jobs.get(job_id), elastic.get(job_id)
+        if job is None or step is None or not job.gpus:
+            continue
+        for size in smaller_sizes(step, job.gpus, per_node):
+            smaller = dataclasses.replace(job, gpus=size.gpus)
+            placements = capacity.place(smaller)
+            if placements is None:
+                continue
+            sized = [r for r in plan.resizes if r.job_id == job_id]
+            old = sized[0].old if sized else step.size
+            plan.resizes = [r for r in plan.resizes if r.job_id != job_id] + [
+                Resize(job_id, old, size, False)
+            ]
+            for p in placements:
+                plan.placed.placements.append(p)
+                fitted.placements.append(p)
+            plan.placed.jobs[job_id] = fitted.jobs[job_id] = smaller
+            plan.placed.waiting.pop(job_id, None)
+            plan.blocked.remove(job_id)
+            inp.queue.discard(job_id)
+            break
+    return fitted
 
 
 def _resizes(inp: PassInput, now: float) -> list[Resize]:

@@ -144,6 +144,11 @@ def decide(
     return out
 
 
+def smaller_sizes(job: Elastic, below: int, gpus_per_node: int) -> list[Size]:
+    """``job``'s sizes worth running at on fewer than ``below`` GPUs, the largest first."""
+    return [Size(g, _batch(job, g, b)) for g, b, _ in reversed(sizes(_job(job), gpus_per_node)) if g < below]
+
+
 def unrunnable(job: Elastic) -> str:
     """Why the profile gives ``job`` no size to run at within its ranges ('' when it has one): such a
     job would never be sized, so a submit refuses it."""

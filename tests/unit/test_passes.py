@@ -144,3 +144,15 @@ def test_preemption_plans_on_the_nodes_as_this_pass_left_them() -> None:
     (preemption,) = plan.preemptions
     assert {v.id for v in preemption.victims} == {"a1", "a2"}
     assert preemption.gpus == {"n0-g0", "n0-g1"}
+
+
+def test_a_sized_elastic_job_the_free_gpus_cannot_hold_starts_smaller_instead_of_waiting() -> None:
+    # 4 GPUs sized for e, 6 free, but a fixed job on each node: no node has 4 free; it starts on 3
+    views = nodes(2, holders={"n0-g0": "f0", "n1-g0": "f1"})
+    running = {"f0": on("f0", "a", ["n0-g0"]), "f1": on("f1", "a", ["n1-g0"])}
+    queue = PendingQueue([PendingJob("e", 0, 1, gpus=4, tenant="t", elastic=True)])
+    sized = replace(elastic("e", "t"), size=Size(4, 2904))
+    plan = run_pass(PassInput(queue, views, {}, running, {}, {}, elastic=[sized]), NOW)
+    assert [(r.job_id, r.old.gpus, r.new.gpus, r.running) for r in plan.resizes] == [("e", 4, 3, False)]
+    assert [(p.job_id, len(p.gpus)) for p in plan.placements] == [("e", 3)]
+    assert "e" not in queue and plan.blocked == [] and "e" not in plan.placed.waiting
