@@ -454,7 +454,8 @@ class Simulation:
         )
 
     def _policy(self, tenant: str) -> Tenant:
-        return self.policies.get(tenant) or Tenant(name=tenant)
+        """The tenant's configured policy (what fair share would give it, under any policy)."""
+        return self.cfg.tenants.get(tenant) or Tenant(name=tenant)
 
 
 def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
