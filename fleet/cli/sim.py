@@ -53,11 +53,11 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 @click.option("--plot", metavar="PNG", help="also draw utilisation, shares and completion times")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def sim(trace: str, **args: Any) -> int:
-    """Run a trace through the controller's own scheduling code (the queue, gangs, fair share,
-    preemption, the elastic policy) with simulated time: a workload (jobs training profiled models)
-    or a Philly trace (jobs running a duration, one tenant per virtual cluster). TRACE: a CSV file, or
-    a bundled one: workload-1 .. workload-4, philly. Prints completion times, queueing, utilisation,
-    tenants' shares, resizes and preemptions."""
+    """Run a trace through the controller's own scheduling pass (the elastic policy within tenants'
+    limits, the queue, gangs, fair share, preemption) with simulated time: a workload (jobs training
+    profiled models) or a Philly trace (jobs running a duration, one tenant per virtual cluster).
+    TRACE: a CSV file, or a bundled one: workload-1 .. workload-4, philly. Prints completion times,
+    queueing, utilisation, tenants' shares, resizes and preemptions."""
     return _run(trace, args)
 
 

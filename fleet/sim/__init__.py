@@ -1,5 +1,6 @@
-"""``fleet sim``: a trace on a virtual clock, scheduled by the controller's own pure code (the
-queue, capacity and gangs, fair share, preemption, the elastic policy). No Redis, no services."""
+"""``fleet sim``: a trace on a virtual clock, scheduled by the controller's own pass
+(``fleet.scheduler.passes.run_pass``: the elastic policy, the queue, capacity and gangs, fair share,
+preemption). No Redis, no services."""
 
 from __future__ import annotations
 
