@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,3 +131,10 @@ class Runtime(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def exit_reason(code: int) -> str:
+    """What an exit code says, with the signal's name where it is 128 + a signal."""
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"exited with code {code} ({signal.Signals(code - 128).name})"
+    return f"exited with code {code}"

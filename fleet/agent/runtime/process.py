@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from fleet.agent.cgroups import Cgroups, Layout, Limits
-from fleet.agent.runtime.base import AttemptStatus, LaunchSpec
+from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
 from fleet.agent.supervision import SupervisorClient
 from fleet.checkpoints import traversable
 from fleet.errors import LaunchError
@@ -96,7 +95,7 @@ class ProcessRuntime:
             if (limit := self.cgroups.oom_limit(key)) is not None:
                 reason = f"OOMKilled (memory limit {limit // MiB} MiB)"
                 return AttemptStatus(job_id, attempt, False, Exit(code=code, oom=True, reason=reason))
-            return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=_describe(code)))
+            return AttemptStatus(job_id, attempt, False, Exit(code=code, reason=exit_reason(code)))
         if leader != "gone":  # running, or exited and about to be reaped by the supervisor
             return AttemptStatus(job_id, attempt, True)
         self.cgroups.kill(key)  # what its leader started outlives the parent-death signal
@@ -199,9 +198,3 @@ def _group(pid: int) -> list[int]:
         except (ProcessLookupError, PermissionError):
             continue
     return members
-
-
-def _describe(code: int) -> str:
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:
-        return f"exited with code {code} ({signal.Signals(code - 128).name})"
-    return f"exited with code {code}"

@@ -1,0 +1,259 @@
+"""Attempts that run in memory: the runtime of tests and simulations, never of a node.
+
+``FakeRuntime`` keeps the :class:`~fleet.agent.runtime.base.Runtime` contract that the process and
+Docker runtimes keep (``tests/integration/test_runtime_contract.py`` holds all three to it) without
+starting anything: an attempt is a record, and time is whatever ``clock`` says, so a test (or a
+benchmark) decides exactly when an attempt ends and how.
+
+What an attempt does comes from its command, read as a tiny shell script (``sh -c "..."`` or the
+command itself), one statement after another, each ``;``-separated statement one of:
+
+- ``echo WORDS`` / ``printf WORDS``: a line of output (``printf``'s stays open, without its newline);
+- ``sleep N``: N seconds pass, by ``clock``;
+- ``exit N``, ``true``, ``false``: the attempt ends with N, 0, 1;
+- ``trap '' TERM``: SIGTERM is ignored (only the SIGKILL after the grace ends it);
+  ``trap 'exit N' TERM``: SIGTERM ends it with N (a job that checkpoints and exits), as sh does:
+  once the foreground ``sleep`` it is in has ended (``sleep N & wait`` waits for nothing).
+
+Anything else runs until the test ends it (:meth:`FakeRuntime.exit`) or it is stopped. A script
+that reaches its end exits 0. Exits are seen by :meth:`FakeRuntime.poll`, which ``watch``'s thread
+calls every ``poll_s`` (real time): a test with a manual clock advances it and calls ``poll``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
+from fleet.errors import LaunchError
+from fleet.models import Exit
+
+Key = tuple[str, int]
+#: fake pids start here, far above any real pid (``/proc/sys/kernel/pid_max`` is at most 2**22)
+_FIRST_PID = 1 << 30
+
+
+@dataclass
+class _Attempt:
+    spec: LaunchSpec
+    started: float
+    pid: int
+    #: (seconds after the start, text, whether the line ended) of every line the script writes
+    output: list[tuple[float, str, bool]] = field(default_factory=list)
+    #: seconds after the start when the script ends by itself, and with what; None: it never does
+    ends_after: float | None = None
+    code: int = 0
+    #: what SIGTERM does: None ends it (143), -1 is ignored, else the code it exits with
+    on_term: int | None = None
+    #: (from, to) seconds after the start of each foreground ``sleep``: a trap waits for its end
+    sleeps: list[tuple[float, float]] = field(default_factory=list)
+    exit: Exit | None = None
+    ended_at: float | None = None
+    #: (signal name, clock) of every signal it was sent
+    signals: list[tuple[str, float]] = field(default_factory=list)
+    seen: bool = False
+
+
+class FakeRuntime:
+    """In-memory attempts on one node; see the module's docstring for what their commands mean.
+
+    ``clock`` is the time the attempts live by (inject the one the agent and controller use);
+    ``sleep`` is how ``stop`` waits out a grace (a manual clock's own ``sleep`` advances it)."""
+
+    name = "fake"
+
+    def __init__(
+        self, node: str = "fake", clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.02,
+    ) -> None:  # fmt: skip
+        self.node, self.clock, self.sleep, self.poll_s = node, clock, sleep, poll_s
+        self._lock = threading.RLock()
+        self._held: dict[Key, _Attempt] = {}
+        self._pids = itertools.count(_FIRST_PID)
+        self._watchers: list[Callable[[str, int], None]] = []
+        #: what ``start`` raises for an image, as a node missing it would (e.g. ``ImageNotFound``)
+        self.refuse: dict[str, LaunchError] = {}
+        #: every spec started, in order (what ran where, with which environment)
+        self.started: list[LaunchSpec] = []
+
+    # -- the Runtime contract ----------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> None:
+        if spec.image in self.refuse:
+            raise self.refuse[spec.image]
+        with self._lock:
+            if (spec.job_id, spec.attempt) in self._held:
+                return
+            run = _Attempt(spec, self.clock(), next(self._pids))
+            _interpret(run, spec.command)
+            self._held[(spec.job_id, spec.attempt)] = run
+            self.started.append(spec)
+
+    def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL once ``grace_s`` passed by ``clock`` (waited in ``sleep`` steps)."""
+        self.poll()
+        with self._lock:
+            run = self._held.get((job_id, attempt))
+            if run is None or run.exit is not None:
+                return
+            run.signals.append(("SIGTERM", self.clock()))
+            if run.on_term is None:
+                self._end(run, 128 + signal.SIGTERM)
+            elif run.on_term >= 0:  # as sh: once the foreground command it is in has ended
+                into = self.clock() - run.started
+                run.ends_after = next((to for start, to in run.sleeps if start <= into < to), into)
+                run.code = run.on_term
+            deadline = self.clock() + grace_s
+        self.poll()
+        while self.clock() < deadline and self._running(run):
+            self.sleep(min(self.poll_s, max(deadline - self.clock(), 0.0)))
+            self.poll()
+        with self._lock:
+            if run.exit is None:
+                run.signals.append(("SIGKILL", self.clock()))
+                self._end(run, 128 + signal.SIGKILL)
+        self.poll()
+
+    def attempts(self) -> list[AttemptStatus]:
+        self.poll()
+        with self._lock:
+            return [AttemptStatus(k[0], k[1], r.exit is None, r.exit) for k, r in sorted(self._held.items())]
+
+    def remove(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            run = self._held.get((job_id, attempt))
+            if run is not None and run.exit is None:
+                run.signals.append(("SIGKILL", self.clock()))
+                self._end(run, 128 + signal.SIGKILL)
+            self._held.pop((job_id, attempt), None)
+
+    def supervise(self, job_id: str, attempt: int) -> None:
+        """Nothing to do: no supervisor fences an attempt that runs nowhere."""
+
+    def pids(self) -> set[int]:
+        """A made-up pid per running attempt, far above any real one."""
+        self.poll()
+        with self._lock:
+            return {r.pid for r in self._held.values() if r.exit is None}
+
+    def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
+        """The cursor is the number of lines read; a line without its newline comes once ``ended``."""
+        self.poll()
+        with self._lock:
+            run = self._held.get((job_id, attempt))
+            if run is None:
+                return []
+            upto = (run.ended_at if run.ended_at is not None else self.clock()) - run.started
+            written = [(text, whole) for at, text, whole in run.output if at <= upto]
+        found = []
+        for index, (text, whole) in enumerate(written[int(cursor or 0) :], start=int(cursor or 0)):
+            if whole or ended:
+                found.append((str(index + 1), text))
+        return found
+
+    def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
+        with self._lock:
+            self._watchers.append(on_exit)
+
+        def loop() -> None:
+            while not stop.wait(self.poll_s):
+                self.poll()
+            with self._lock:
+                self._watchers.remove(on_exit)
+
+        threading.Thread(target=loop, name="fake-runtime-watch", daemon=True).start()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    # -- what the test (or the simulation) does to attempts ----------------------------
+
+    def poll(self) -> None:
+        """End the attempts whose scripts ran to their end by ``clock``, and tell the watchers."""
+        now, ended = self.clock(), []
+        with self._lock:
+            for run in self._held.values():
+                if run.exit is None and run.ends_after is not None and now - run.started >= run.ends_after:
+                    self._end(run, run.code, at=run.started + run.ends_after)
+                if run.exit is not None and not run.seen:
+                    run.seen = True
+                    ended.append((run.spec.job_id, run.spec.attempt))
+            watchers = list(self._watchers)
+        for job_id, attempt in ended:
+            for on_exit in watchers:
+                on_exit(job_id, attempt)
+
+    def exit(self, job_id: str, attempt: int, code: int = 0, *, oom: bool = False) -> None:
+        """End a running attempt now with ``code`` (an OOM kill: ``oom``, as the kernel's is 137)."""
+        with self._lock:
+            self._end(self._held[(job_id, attempt)], code, oom=oom)
+        self.poll()
+
+    def write(self, job_id: str, attempt: int, text: str) -> None:
+        """Output written by the attempt now: lines, the last one open unless ``text`` ends a line."""
+        with self._lock:
+            run = self._held[(job_id, attempt)]
+            at = self.clock() - run.started
+            *lines, rest = text.split("\n")
+            run.output.extend((at, line, True) for line in lines)
+            if rest:
+                run.output.append((at, rest, False))
+
+    def signals(self, job_id: str, attempt: int) -> list[str]:
+        """The signals sent to an attempt still held, in order."""
+        with self._lock:
+            return [name for name, _ in self._held[(job_id, attempt)].signals]
+
+    # -- inside ------------------------------------------------------------------------
+
+    def _running(self, run: _Attempt) -> bool:
+        with self._lock:
+            return run.exit is None
+
+    def _end(self, run: _Attempt, code: int, *, oom: bool = False, at: float | None = None) -> None:
+        if run.exit is not None:
+            return
+        reason = "OOMKilled" if oom else exit_reason(code)
+        run.exit, run.ended_at = (
+            Exit(code=code, oom=oom, reason=reason),
+            at if at is not None else self.clock(),
+        )
+
+
+def _interpret(run: _Attempt, command: tuple[str, ...]) -> None:
+    """Lay out what the script writes, when, and how it ends (see the module's docstring)."""
+    script = command[2] if len(command) == 3 and command[0].endswith("sh") and command[1] == "-c" else None
+    statements = [shlex.split(s) for s in script.split(";")] if script is not None else [list(command)]
+    at = 0.0
+    for words in filter(None, statements):
+        program, args = words[0].rsplit("/", 1)[-1], words[1:]
+        if program == "echo":
+            run.output.append((at, " ".join(args), True))
+        elif program == "printf":
+            run.output.append((at, " ".join(args), False))
+        elif program == "sleep" and len(args) == 1 and _number(args[0]) is not None:
+            run.sleeps.append((at, at + (_number(args[0]) or 0.0)))
+            at = run.sleeps[-1][1]
+        elif program in ("exit", "true", "false"):
+            run.code = int(args[0]) if program == "exit" and args else int(program == "false")
+            run.ends_after = at
+            return
+        elif program == "trap" and args[-1:] == ["TERM"]:
+            action = args[0].split() if len(args) == 2 else []
+            run.on_term = -1 if not action else int(action[1]) if action[:1] == ["exit"] else None
+        else:  # a program the fake cannot run: until the test ends it
+            return
+    run.ends_after, run.code = at, 0
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
