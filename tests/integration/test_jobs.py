@@ -1,4 +1,5 @@
-"""A job's life on one node, on both runtimes: success, failure, bad image, cancel."""
+"""A job's life on one node, on both runtimes: success, failure, bad image, cancel (retries: on the
+in-memory harness, test_memfleet.py)."""
 
 from __future__ import annotations
 
@@ -47,15 +48,6 @@ def test_nonzero_exit_fails_with_code_and_reason(one_node: FleetProcs, client: C
     assert status.exit_code == 3
     assert "exited with code 3" in status.reason and "1 of 1 attempts used" in status.reason
     assert job.logs() == "boom"
-
-
-def test_failed_attempts_are_retried_until_the_budget_is_spent(one_node: FleetProcs, client: Client) -> None:
-    job = client.submit(sh('echo "attempt $FLEET_ATTEMPT"; exit 1', max_attempts=2))
-    status = job.wait(timeout=60)
-    assert status.state == JobState.FAILED and status.attempt == 2 and status.failures == 2
-    assert job.logs(attempt=1) == "attempt 1" and job.logs(attempt=2) == "attempt 2"
-    requeue = [e for e in job.history() if e.state == "QUEUED" and e.attempt == 1]
-    assert requeue and "retry 2 of 2" in requeue[0].reason
 
 
 def test_cancel_stops_a_running_job_and_frees_its_gpus(

@@ -20,6 +20,8 @@ from fleet.agent.runtime.fake import FakeRuntime
 from fleet.agent.supervision import SupervisorClient
 from tests.conftest import TEST_IMAGE, remove_containers
 
+pytestmark = pytest.mark.integration
+
 
 def wait_for(check: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout

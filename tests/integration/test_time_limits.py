@@ -41,13 +41,6 @@ def fleet(procs: FleetProcs, client: Client) -> Client:
     return client
 
 
-def test_a_job_past_its_time_limit_fails_without_a_retry(fleet: Client) -> None:
-    job = fleet.submit(JobSpec.parse({"name": "slow", "command": ["sleep", "600"], "timeout": "2s"}))
-    status = job.wait(timeout=60)
-    assert status.state == JobState.FAILED and status.attempt == 1
-    assert status.reason.startswith("time limit of 2s reached: ") and status.reason.endswith("not retryable")
-
-
 def test_signal_before_gives_the_job_time_to_checkpoint_before_the_limit(fleet: Client) -> None:
     spec = {"name": "ckpt", "command": [sys.executable, "-c", TRAP], "timeout": "6s", "signal_before": "4s"}
     job = fleet.submit(JobSpec.parse(spec))

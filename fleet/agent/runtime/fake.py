@@ -17,7 +17,8 @@ command itself), one statement after another, each ``;``-separated statement one
 
 Anything else runs until the test ends it (:meth:`FakeRuntime.exit`) or it is stopped. A script
 that reaches its end exits 0. Exits are seen by :meth:`FakeRuntime.poll`, which ``watch``'s thread
-calls every ``poll_s`` (real time): a test with a manual clock advances it and calls ``poll``.
+calls every ``watch_s`` (real time); with ``watch_s`` None there is no thread, and the caller (a
+test stepping a :class:`ManualClock`) calls ``poll`` itself.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from fleet.models import Exit
 Key = tuple[str, int]
 #: fake pids start here, far above any real pid (``/proc/sys/kernel/pid_max`` is at most 2**22)
 _FIRST_PID = 1 << 30
+#: how long ``stop`` sleeps between looks while a grace runs
+_STEP_S = 0.02
 
 
 @dataclass
@@ -70,9 +73,9 @@ class FakeRuntime:
 
     def __init__(
         self, node: str = "fake", clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.02,
+        sleep: Callable[[float], None] = time.sleep, watch_s: float | None = 0.02,
     ) -> None:  # fmt: skip
-        self.node, self.clock, self.sleep, self.poll_s = node, clock, sleep, poll_s
+        self.node, self.clock, self.sleep, self.watch_s = node, clock, sleep, watch_s
         self._lock = threading.RLock()
         self._held: dict[Key, _Attempt] = {}
         self._pids = itertools.count(_FIRST_PID)
@@ -112,7 +115,7 @@ class FakeRuntime:
             deadline = self.clock() + grace_s
         self.poll()
         while self.clock() < deadline and self._running(run):
-            self.sleep(min(self.poll_s, max(deadline - self.clock(), 0.0)))
+            self.sleep(min(_STEP_S, max(deadline - self.clock(), 0.0)))
             self.poll()
         with self._lock:
             if run.exit is None:
@@ -160,9 +163,12 @@ class FakeRuntime:
     def watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         with self._lock:
             self._watchers.append(on_exit)
+        if self.watch_s is None:
+            return
+        every = self.watch_s
 
         def loop() -> None:
-            while not stop.wait(self.poll_s):
+            while not stop.wait(every):
                 self.poll()
             with self._lock:
                 self._watchers.remove(on_exit)
@@ -257,3 +263,49 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+class ManualClock:
+    """A clock that moves only when told: one for the controller, the agents and their runtimes.
+    Starts at the wall clock's now (stores keep wall-clock times); ``sleep`` moves it on."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(seconds, 0.0))
+
+
+class FakeSupervisor:
+    """The node supervisor's side the agent calls, for attempts that run nowhere: it holds the
+    lease it is told, and never fences an attempt."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+
+    def ensure(self) -> None:
+        """Always there."""
+
+    def lease(self, until_monotonic: float) -> None:
+        self.until = until_monotonic
+
+    def fenced(self, key: str) -> str | None:
+        return None
+
+    def forget_fence(self, key: str) -> None:
+        """Nothing was fenced."""
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
+
+    def close(self) -> None:
+        """Nothing to release."""
