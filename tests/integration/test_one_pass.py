@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleet.lifecycle import INFRA, RESIZE
-from fleet.models import Exit, JobSpec, JobState, Tenant
+from fleet.lifecycle import decide
+from fleet.models import Exit, ExitKind, Fault, JobSpec, JobState, Tenant
 from fleet.scheduler.profiles import named_profile
 from fleet.sim import SimConfig, Simulation
 from fleet.sim.engine import PASSES_PER_INSTANT
@@ -116,9 +116,10 @@ def agents(h: Harness, now: float, started: list[str], leaving: set[str]) -> Non
                                      allowed=[JobState.SCHEDULED, JobState.STARTING])  # fmt: skip
     for job_id in leaving:
         job = h.jobs.get(job_id)
-        kind = RESIZE if job.resize_gpus is not None else "preempted"
-        exit = Exit(code=143, fault=INFRA, kind=kind, reason=f"{job.preempt}: exited with code 143 (SIGTERM)")
-        assert h.jobs.end_attempt(job, exit, h.controller.policy, now) is not None
+        kind = ExitKind.RESIZE if job.resize_gpus is not None else ExitKind.PREEMPTED
+        reason = f"{job.preempt}: exited with code 143 (SIGTERM)"
+        exit = Exit(code=143, fault=Fault.INFRA, kind=kind, reason=reason)
+        assert h.jobs.end_attempt(job, exit, decide(job, exit, h.controller.policy), now)
     h.controller.touch(jobs=[*started, *leaving], nodes=NODES)
 
 
