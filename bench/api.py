@@ -34,11 +34,11 @@ import redis
 from bench.dispatch import machine_line, redis_server
 from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
 from bench.scale import DEFAULTS
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.client import Client
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import JobSpec, JobState, Role
+from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs
 

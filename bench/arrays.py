@@ -16,7 +16,7 @@ import time
 import redis
 
 from bench.dispatch import redis_server
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.models import JobSpec
 
 SPEC = JobSpec(name="sweep", command=["python3", "train.py", "--lr", "0.1"], gpus=1)

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 
 from bench.dispatch import redis_server
-from fleet.local import free_port
+from fleet.ops.local import free_port
 
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
@@ -40,7 +40,7 @@ def seeded_fleet(pythonpath: str, array: bool) -> Iterator[tuple[dict[str, str],
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-cli-") as cwd:
         server_env = {**os.environ, "PYTHONPATH": pythonpath, "FLEET_REDIS_URL": url}
         code = (
-            "from fleet.backend import Backend\nfrom fleet.keys import Keys\n"
+            "from fleet.api.backend import Backend\nfrom fleet.keys import Keys\n"
             "from fleet.models import JobSpec, Role\nfrom fleet.state.tokens import TokenStore\n"
             f"c = Backend({url!r})\nspec = JobSpec(name='seed', command=['true'], gpus=1)\n"
             "for _ in range(1000): c.submit(spec)\n" + ("c.submit_array(spec, '0-9999')\n" if array else "")

@@ -36,11 +36,11 @@ from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 from bench.inprocess import in_process_fleet
 from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.client import JobHandle
 from fleet.config import load_settings
-from fleet.local import free_port
 from fleet.models import JobSpec, JobState
+from fleet.ops.local import free_port
 from tests.conftest import FleetProcs
 
 #: what tests/conftest.py's FleetProcs speeds up; the idle services run with the defaults instead

@@ -12,7 +12,7 @@ from fleet.agent.gpus import SimulatedGpus
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.service import Agent
 from fleet.agent.supervision import SupervisorClient
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.bus import Bus
 from fleet.config import Settings
 from fleet.controller.service import Controller

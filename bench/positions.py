@@ -17,7 +17,7 @@ import time
 import redis
 
 from bench.dispatch import redis_server
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.keys import Keys
 from fleet.models import JobSpec
 from fleet.state import JobStore

@@ -68,7 +68,7 @@ from bench.harness import (
 )
 from bench.profile import summarise
 from bench.simfleet import SECONDS_LABEL
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted
 from fleet.config import Settings, load_settings
 from fleet.keys import Keys

@@ -28,10 +28,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.inprocess import in_process_fleet
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.config import Settings, load_settings
-from fleet.local import free_port
 from fleet.models import JobSpec, JobState
+from fleet.ops.local import free_port
 
 
 @contextmanager

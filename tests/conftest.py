@@ -26,12 +26,12 @@ import redis
 
 from fleet.agent.cgroups import detect
 from fleet.agent.supervisor import kill_leftovers
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.client import Client, JobHandle
 from fleet.config import Settings, load_settings
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import JobSpec, Role
+from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"

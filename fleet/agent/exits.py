@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from fleet import checkpoints
+from fleet.agent import checkpoints
 from fleet.agent import reconcile as plan
 from fleet.agent.gpucheck import await_released
 from fleet.agent.members import member_failed

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from fleet import checkpoints
+from fleet.agent import checkpoints
 from fleet.agent.exits import ExitPath
 from fleet.agent.gpucheck import check_assigned
 from fleet.agent.parts import Parts

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psutil
 
-from fleet import checkpoints, metrics
+from fleet import metrics
+from fleet.agent import checkpoints
 from fleet.agent import reconcile as plan
 from fleet.agent.exits import ExitPath
 from fleet.agent.gpus import GpuInventory, busy_reason

@@ -17,7 +17,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from fleet import checkpoints
+from fleet.agent import checkpoints
 from fleet.errors import SpecError
 from fleet.log import event
 from fleet.models import check_job_id

@@ -1,5 +1,5 @@
 """``fleet api``: the front door. Every call names a bearer token; the API checks who it is, what
-its role allows and which tenant it acts for, then calls :class:`fleet.backend.Backend`.
+its role allows and which tenant it acts for, then calls :class:`fleet.api.backend.Backend`.
 
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
 One router per resource, each a module (``jobs``, ``blobs``, ``nodes``, ``tenants``, ``tokens``,
@@ -25,10 +25,10 @@ from fleet.api import blobs as blob_routes
 from fleet.api import jobs, nodes, pages, webhooks
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
+from fleet.api.backend import Backend
 from fleet.api.guard import Guard
 from fleet.api.limits import PerToken
 from fleet.api.waiting import Waiting
-from fleet.backend import Backend
 from fleet.config import Settings
 from fleet.errors import (
     CorruptRecord,

@@ -13,10 +13,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from fleet.api.backend import Backend
 from fleet.api.deps import User, bearer, own, whom
 from fleet.api.limits import PerToken
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
-from fleet.backend import Backend
 from fleet.errors import Forbidden, SpecError, at_index
 from fleet.log import event
 from fleet.models import CancelReport, Event, Identity, Job, JobArray, JobSpec, LogLine, QueuePosition, Role

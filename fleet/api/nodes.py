@@ -10,8 +10,8 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, Field
 
 from fleet import __version__
+from fleet.api.backend import Backend
 from fleet.api.deps import Operator, User, sees_all
-from fleet.backend import Backend
 from fleet.models import FleetVersions, Identity, Node, Role
 
 #: what a user reads in place of another tenant's claim on a GPU: held, by whom not said

@@ -21,8 +21,8 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from fleet.api import views
+from fleet.api.backend import Backend
 from fleet.api.deps import COOKIE, Reader, identify, own, sees_all
-from fleet.backend import Backend
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
 from fleet.state.tenants import TenantStore

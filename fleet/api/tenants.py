@@ -14,7 +14,7 @@ from fleet.state.tenants import TenantStore
 from fleet.webhooks import shown_url
 
 if TYPE_CHECKING:
-    from fleet.backend import Backend
+    from fleet.api.backend import Backend
 
 log = logging.getLogger("fleet.api")
 

@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 from starlette.types import Receive
 
-from fleet.backend import Backend, attempt_over
+from fleet.api.backend import Backend, attempt_over
 from fleet.models import Job, LogLine
 from fleet.state.watch import Interest, StreamWatch
 

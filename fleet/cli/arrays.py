@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from fleet.arrays import parse_indices
 from fleet.cli.output import emit_json
 from fleet.client import Client
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import CancelReport, Job, JobArray, JobState
+from fleet.models.arrays import parse_indices
 from fleet.text import size, stamp, took
 
 #: exit codes of a finished array (see fleet.cli.main): a FAILED task wins over a CANCELLED one

@@ -37,8 +37,8 @@ def doctor(
     from pydantic import ValidationError
 
     from fleet.config import AgentSettings, load_settings
-    from fleet.doctor import diagnose, exit_code
     from fleet.errors import ConfigError
+    from fleet.ops.doctor import diagnose, exit_code
 
     settings = load_settings(globals_.config, redis_url=globals_.redis_url)
     overrides = {"node_name": node_name, "runtime": runtime, "gpus": gpus}

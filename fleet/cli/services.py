@@ -158,7 +158,7 @@ def up(globals_: Globals, gpus: int, runtime: str, state_dir: str | None, demo: 
     """Run Redis, a controller, an agent and the API in the foreground, and print the API's URL and
     an admin token. Jobs run as you (under sudo: as SUDO_USER). Ctrl-C, SIGTERM or SIGHUP stops them
     all; should `fleet up` be killed, its children stop too (Linux)."""
-    from fleet.local import LocalFleet
+    from fleet.ops.local import LocalFleet
 
     with LocalFleet(gpus=gpus, runtime=runtime, state_dir=state_dir, redis_url=globals_.redis_url) as fleet:
         if demo:
@@ -193,8 +193,8 @@ def install(globals_: Globals, service: str, root: str, service_redis_url: str |
             redis_password_file: str | None, redis_username: str | None) -> int:  # fmt: skip
     """Write SERVICE's config and systemd unit, enable and start it (bare metal). redis: write
     /etc/fleet/redis.conf, users.acl and each service's password."""
-    from fleet.install import install as do_install
-    from fleet.install import read_password
+    from fleet.ops.install import install as do_install
+    from fleet.ops.install import read_password
 
     if service == "redis":
         return _install_redis(Path(root))
@@ -209,7 +209,7 @@ def install(globals_: Globals, service: str, root: str, service_redis_url: str |
 
 
 def _install_redis(root: Path) -> int:
-    from fleet.install import install_redis
+    from fleet.ops.install import install_redis
 
     acl, passwords, unit = install_redis(root)
     print(f"wrote {acl.parent / 'redis.conf'} (bind the address agents reach; see its comments)")
@@ -236,7 +236,7 @@ def uninstall(service: str, root: str) -> int:
     """Stop, disable and remove SERVICE's systemd unit (bare metal; its config is kept). agent: then
     stop the node's supervisor and any job it still holds, and remove the rules and the Docker
     network that keep jobs off the node's services."""
-    from fleet.install import uninstall as do_uninstall
+    from fleet.ops.install import uninstall as do_uninstall
 
     done = do_uninstall(service, Path(root))
     print(f"removed {done.unit}")

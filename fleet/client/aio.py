@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from fleet import checks
+from fleet.client import checks
 from fleet.client import endpoints as api
 from fleet.client.endpoints import Call
 from fleet.client.handles import ALL_COMPLETED, FIRST_COMPLETED
@@ -305,7 +305,7 @@ class AsyncArrayHandle:
         return await self.client.array(self.id)
 
     def task(self, index: int) -> AsyncJobHandle:
-        from fleet.arrays import task_id
+        from fleet.models.arrays import task_id
 
         return AsyncJobHandle(self.client, task_id(self.id, checks.count(index, "index", 0, 10**9)))
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from fleet import checks
+from fleet.client import checks
 from fleet.errors import SpecError
 from fleet.models import (
     FROM_FLEET,

@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Literal, Protocol, overload
 
-from fleet import checks
-from fleet.arrays import task_id
+from fleet.client import checks
 from fleet.errors import JobCancelled, JobFailed, JobTimeout, SpecError
 from fleet.models import FINAL_STATES, CancelReport, Event, Job, JobArray, JobState, LogLine, Progress
+from fleet.models.arrays import task_id
 
 
 class Source(Protocol):

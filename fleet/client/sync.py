@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fleet import checks
+from fleet.client import checks
 from fleet.client import endpoints as api
 from fleet.client.credentials import resolve
 from fleet.client.endpoints import Call

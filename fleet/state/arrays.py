@@ -11,9 +11,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from fleet.arrays import ARRAY_BATCH, normal_form, task_ids
 from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import ON_NODE_STATES, Job, JobArray, JobSpec, JobState, check_job_id
+from fleet.models.arrays import ARRAY_BATCH, normal_form, task_ids
 from fleet.state.connection import load_scripts, translated
 from fleet.state.jobs import JobStore
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import redis
 
-from fleet.arrays import ARRAY_BATCH
 from fleet.errors import CorruptRecord, IdInUse, NotFound, NotLeader
 from fleet.keys import Keys
 from fleet.models import (
@@ -27,6 +26,7 @@ from fleet.models import (
     Progress,
     check_job_id,
 )
+from fleet.models.arrays import ARRAY_BATCH
 from fleet.state.connection import load_scripts, translated
 from fleet.state.records import JobBatch, parse_array, parse_job, parse_tombstone
 

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from fleet.arrays import ARRAY_LABEL, INDEX_LABEL
 from fleet.errors import CorruptRecord, JobExpired
 from fleet.models import (
     SPEED_KEY,
@@ -30,6 +29,7 @@ from fleet.models import (
     NodeState,
     Progress,
 )
+from fleet.models.arrays import ARRAY_LABEL, INDEX_LABEL
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Each service logs in to Redis as its own ACL user (config/users.acl), limited to fleet's keys and
 to the commands fleet sends; the default user is off; no password shows in argv, environment or logs.
 
-A real redis-server loads the shipped ACL file (passwords set by fleet.install.render_acl, as
+A real redis-server loads the shipped ACL file (passwords set by fleet.ops.install.render_acl, as
 ``fleet install redis`` does); the controller and agent are real child processes.
 """
 
@@ -20,10 +20,10 @@ import redis
 
 from fleet import Client, JobSpec, JobState
 from fleet.errors import ApiUnavailable
-from fleet.install import ACL_USERS, render_acl
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import Role
+from fleet.ops.install import ACL_USERS, render_acl
+from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
 from tests.integration.test_dependability import wait_for

@@ -25,8 +25,8 @@ import redis
 from fleet import Client, JobSpec, JobState
 from fleet.errors import ConfigError, Forbidden, NotFound, SpecError, Unauthorized
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import QueuePosition
+from fleet.ops.local import free_port
 from fleet.state import NodeStore
 from fleet.state.nodes import NodeInfo
 from tests.conftest import Api, FleetProcs, self_signed_cert

@@ -23,8 +23,8 @@ from fleet import Client, JobSpec
 from fleet.config import load_settings
 from fleet.errors import JobTimeout, SpecError, TooManyRequests
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import Role
+from fleet.ops.local import free_port
 from fleet.state import connect
 from fleet.state.tokens import TokenStore
 from tests.integration.test_dependability import wait_for

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_dependability import wait_for
 

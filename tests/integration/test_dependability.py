@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import Client, JobSpec, JobState, checkpoints
+from fleet import Client, JobSpec, JobState
+from fleet.agent import checkpoints
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, node_queue
 from tests.conftest import FleetProcs, need, need_torch
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from fleet import Client, JobSpec, JobState
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from tests.conftest import FleetProcs
 from tests.integration.test_dependability import wait_for
 

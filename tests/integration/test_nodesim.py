@@ -14,7 +14,7 @@ import pytest
 
 from bench.nodesim import NodeSim
 from bench.simfleet import SECONDS_LABEL, Group
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.bus import Bus
 from fleet.config import load_settings
 from fleet.controller.service import Controller

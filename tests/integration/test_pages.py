@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fleet import Client, JobSpec, JobState
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs, need, self_signed_cert
 
 try:

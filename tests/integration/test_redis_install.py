@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
-from fleet.install import install_redis
 from fleet.keys import Keys
-from fleet.local import free_port
 from fleet.models import Role
+from fleet.ops.install import install_redis
+from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
 from tests.integration.test_acl import _answers

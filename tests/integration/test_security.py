@@ -21,7 +21,7 @@ import redis
 from fleet import Client, JobSpec, JobState
 from fleet.errors import SpecError
 from fleet.keys import Keys
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from fleet.state import JobStore, connect
 from tests.conftest import DirectClient, FleetProcs, need
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import fleet.backend
+import fleet.api.backend
 from fleet import JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_control_plane import _pings
 from tests.integration.test_dependability import wait_for
@@ -80,7 +80,7 @@ def test_a_submit_whose_notify_fails_succeeds_and_the_job_still_runs(
         procs.agent("t-a", gpus=1)
         procs.wait_nodes(client, 1)
         # When a job is submitted
-        with caplog.at_level(logging.WARNING, logger="fleet.backend"):
+        with caplog.at_level(logging.WARNING, logger="fleet.api.backend"):
             handle = client.submit(spec())
         # Then the submit succeeds with a warning, the job exists once, and the periodic pass runs it
         assert [r.getMessage().split()[0] for r in caplog.records] == ["submit_notify_failed"]
@@ -110,8 +110,8 @@ def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
     wait_for(lambda: running.status().state == JobState.RUNNING, timeout=30, what="long job running")
     # And a generator of job ids that repeats itself once, as 32 random bits did about once in a
     # 10,000-job submit loop (and every other time in a 50,000-job one)
-    draws, generated = iter(["q-twice", "q-twice"]), fleet.backend.new_id
-    monkeypatch.setattr(fleet.backend, "new_id", lambda name: next(draws, None) or generated(name))
+    draws, generated = iter(["q-twice", "q-twice"]), fleet.api.backend.new_id
+    monkeypatch.setattr(fleet.api.backend, "new_id", lambda name: next(draws, None) or generated(name))
 
     # When 2,000 jobs are submitted one after another
     spec = JobSpec.parse({"name": "q", "command": ["true"], "gpus": 1})

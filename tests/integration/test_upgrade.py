@@ -34,7 +34,7 @@ from fleet import Client, JobState, __version__
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.supervisor import PROTOCOL, SOCKET
 from fleet.errors import Unauthorized
-from fleet.local import free_port
+from fleet.ops.local import free_port
 from fleet.versions import HEADER, OLDEST
 from tests.conftest import FleetProcs, need
 from tests.fixtures.make_release_dump import (

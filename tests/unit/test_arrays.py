@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.arrays import ARRAY_TASKS_MAX, normal_form, parse_indices, task_ids
 from fleet.cli.main import main
 from fleet.errors import SpecError
 from fleet.models import JobSpec
+from fleet.models.arrays import ARRAY_TASKS_MAX, normal_form, parse_indices, task_ids
 
 
 @pytest.mark.parametrize(

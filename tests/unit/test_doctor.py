@@ -17,7 +17,7 @@ import pytest
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from fleet.config import AgentSettings, Settings
-from fleet.doctor import (
+from fleet.ops.doctor import (
     FAIL,
     MARKER_DIR,
     OK,
@@ -38,8 +38,8 @@ from fleet.doctor import (
     runtime_checks,
     with_installed_credentials,
 )
-from fleet.install import install, installed_credentials
-from fleet.local import free_port
+from fleet.ops.install import install, installed_credentials
+from fleet.ops.local import free_port
 from tests.unit.test_nvml import FakeNvml
 
 GiB = 1 << 30

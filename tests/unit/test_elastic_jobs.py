@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fleet.backend import check_elastic
+from fleet.api.backend import check_elastic
 from fleet.config import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.errors import SpecError

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from fleet.api.hints import Hints
 from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, Message, QueueLeft
-from fleet.hints import Hints
 
 
 class Recorded:

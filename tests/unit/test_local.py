@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from fleet.errors import ConfigError
-from fleet.local import die_with_parent, jobs_run_as
+from fleet.ops.local import die_with_parent, jobs_run_as
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 PR_GET_PDEATHSIG = 2
@@ -65,12 +65,12 @@ def test_fleet_ups_jobs_run_as_a_job_user_given_in_the_environment() -> None:
 
 
 def test_a_sudo_user_that_is_no_user_of_the_machine_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleet.local.os.geteuid", lambda: 0)
+    monkeypatch.setattr("fleet.ops.local.os.geteuid", lambda: 0)
     with pytest.raises(ConfigError, match=r"SUDO_USER='no-such-user-x' names no user of this machine"):
         jobs_run_as({"SUDO_USER": "no-such-user-x"})
 
 
 def test_an_unprivileged_start_runs_jobs_as_itself_and_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("geteuid", 1000), ("getuid", 1000), ("getgid", 1001)):
-        monkeypatch.setattr(f"fleet.local.os.{name}", lambda value=value: value)
+        monkeypatch.setattr(f"fleet.ops.local.os.{name}", lambda value=value: value)
     assert jobs_run_as({"SUDO_USER": "nobody"}) == ({"FLEET_AGENT__JOB_USER": "1000:1001"}, "")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import fleet_worker as fw
-from fleet import checkpoints
+from fleet.agent import checkpoints
 
 
 @pytest.fixture(autouse=True)

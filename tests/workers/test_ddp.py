@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fleet import checkpoints
-from fleet.local import free_port
+from fleet.agent import checkpoints
+from fleet.ops.local import free_port
 from tests.conftest import need_torch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_ddp.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import checkpoints
+from fleet.agent import checkpoints
 from tests.conftest import need
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py"

@@ -25,9 +25,9 @@ from pathlib import Path
 import psutil
 
 from fleet.agent.cgroups import Cgroups, Layout, Limits
+from fleet.agent.checkpoints import traversable
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
 from fleet.agent.supervision import SupervisorClient
-from fleet.checkpoints import traversable
 from fleet.errors import LaunchError
 from fleet.models import Exit
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet import webhooks
-from fleet.arrays import check_indices, parse_indices, task_id
+from fleet.api.hints import Hints
 from fleet.bus import stop_attempt
 from fleet.bus.messages import (
     CONTROLLER_QUEUE,
@@ -30,7 +30,6 @@ from fleet.bus.messages import (
 )
 from fleet.config import Settings, load_settings
 from fleet.errors import FleetError, IdInUse, JobTimeout, NotFound, SpecError, StoreUnavailable, at_index
-from fleet.hints import Hints
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.models import (
@@ -50,6 +49,7 @@ from fleet.models import (
     Webhook,
     check_job_id,
 )
+from fleet.models.arrays import check_indices, parse_indices, task_id
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
 from fleet.scheduler.sizing import Size, change, scaled_batch
@@ -63,7 +63,7 @@ from fleet.versions import API, CONTROLLER, VERSION, mixed
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
 
-log = logging.getLogger("fleet.backend")
+log = logging.getLogger("fleet.api.backend")
 #: a submit retries a Redis outage this many times, after 0.25, 0.5, 1, 2 s (each try may also wait
 #: out the 5 s socket timeout), always with the same job id
 SUBMIT_RETRIES = 4
@@ -206,7 +206,7 @@ class Backend:
         return True
 
     def _notify_submitted(self, job_id: str) -> None:
-        """Wake the controller (:mod:`fleet.hints`: a hint, never failing the submit)."""
+        """Wake the controller (:mod:`fleet.api.hints`: a hint, never failing the submit)."""
         self._hints.name([job_id])
 
     def submit_many(

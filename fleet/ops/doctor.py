@@ -232,7 +232,7 @@ def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: 
                              f"docker pull {image} (or set default_image)")  # fmt: skip
             client.images.pull(image)
         container = client.containers.run(
-            image, ["nvidia-smi", "-L"], detach=True, labels={"fleet.doctor": "gpus"},
+            image, ["nvidia-smi", "-L"], detach=True, labels={"fleet.ops.doctor": "gpus"},
             device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
             environment={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
         )  # fmt: skip
@@ -641,7 +641,7 @@ def address_check(cfg: AgentSettings) -> Check:
 def with_installed_credentials(settings: Settings, root: Path = Path("/")) -> tuple[Settings, str]:
     """``settings`` with the Redis user and password file ``fleet install agent`` gave the agent's
     unit, when neither the file nor the environment gives any; and a note saying so, or ''."""
-    from fleet.install import installed_credentials
+    from fleet.ops.install import installed_credentials
 
     given = (settings.redis_username, settings.redis_password, settings.redis_password_file)
     if any(v is not None for v in given):

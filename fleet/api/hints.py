@@ -20,7 +20,7 @@ from fleet.log import event
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
 
-log = logging.getLogger("fleet.backend")
+log = logging.getLogger("fleet.api.backend")
 #: QueueLeft messages naming jobs one hint sends at most; more jobs ask for a resync instead
 MOST_MESSAGES = 10
 

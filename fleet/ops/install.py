@@ -48,7 +48,7 @@ Environment=FLEET_REDIS_PASSWORD_FILE=%d/redis-password
 
 
 def _template(name: str) -> str:
-    repo = Path(__file__).resolve().parents[1] / "config"
+    repo = Path(__file__).resolve().parents[2] / "config"
     for base in (repo, Path(sys.prefix) / "share" / "fleet"):
         path = base / "systemd" / name if name.endswith(".service") else base / name
         if path.is_file():

@@ -1,0 +1,1 @@
+"""What operators run on a machine: `fleet up` (local), `fleet install`, `fleet doctor`."""
