@@ -38,7 +38,8 @@ def doctor(
 
     from fleet.config import AgentSettings, load_settings
     from fleet.errors import ConfigError
-    from fleet.ops.doctor import diagnose, exit_code
+    from fleet.ops.doctor.report import exit_code
+    from fleet.ops.doctor.run import diagnose
 
     settings = load_settings(globals_.config, redis_url=globals_.redis_url)
     overrides = {"node_name": node_name, "runtime": runtime, "gpus": gpus}

@@ -175,7 +175,7 @@ def test_markers_are_forgotten_after_a_week_and_a_name_that_is_no_node_is_never_
     redis: redis.Redis, roots: Path
 ) -> None:
     from fleet.keys import Keys
-    from fleet.ops.doctor import MARKER_TTL_S, new_marker, shared_check
+    from fleet.ops.doctor.storage import MARKER_TTL_S, new_marker, shared_check
 
     now, key = 1_800_000_000.0, "fleet:doctor:markers"
     (roots / "secret").write_text("x")

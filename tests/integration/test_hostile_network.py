@@ -25,7 +25,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.agent import netguard
 from fleet.config import AgentSettings
-from fleet.ops.doctor import network_guard_check
+from fleet.ops.doctor.host import network_guard_check
 from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs, need
 from tests.integration.test_arrays import until

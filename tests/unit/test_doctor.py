@@ -17,27 +17,13 @@ import pytest
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from fleet.config import AgentSettings, Settings
-from fleet.ops.doctor import (
-    FAIL,
-    MARKER_DIR,
-    OK,
-    SKIP,
-    WARN,
-    Check,
-    address_check,
-    cgroup_check,
-    checkpoint_check,
-    clock_check,
-    exit_code,
-    gpu_checks,
-    job_identity,
-    mount_of,
-    new_marker,
-    port_check,
-    redis_check,
-    runtime_checks,
-    with_installed_credentials,
-)
+from fleet.ops.doctor.connection import clock_check, redis_check
+from fleet.ops.doctor.gpus import gpu_checks
+from fleet.ops.doctor.host import address_check, cgroup_check, port_check
+from fleet.ops.doctor.report import FAIL, OK, SKIP, WARN, Check, exit_code
+from fleet.ops.doctor.run import with_installed_credentials
+from fleet.ops.doctor.runtime import runtime_checks
+from fleet.ops.doctor.storage import MARKER_DIR, checkpoint_check, job_identity, mount_of, new_marker
 from fleet.ops.install import install, installed_credentials
 from fleet.ops.local import free_port
 from tests.unit.test_nvml import FakeNvml

@@ -8,7 +8,7 @@ import pytest
 from fleet.agent.netguard import BRIDGE, CHAIN_FORWARD, CHAIN_INPUT, CHAIN_OUTPUT, guarded_uids, plan
 from fleet.config import AgentSettings, load_settings
 from fleet.errors import ConfigError
-from fleet.ops.doctor import network_guard_check
+from fleet.ops.doctor.host import network_guard_check
 
 REPLIES = ("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN")
 BLOCKED = ["169.254.0.0/16", "fe80::/10", "10.20.0.0/16"]
