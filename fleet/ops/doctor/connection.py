@@ -21,9 +21,11 @@ def redis_check(settings: Settings, source: str = "") -> tuple[Check, redis.Redi
     where = settings.redis_display
     user = settings.redis_username or urlsplit(settings.redis_url).username or "default"
     as_user = f"{user}{source}"
-    password = ("the password must be the one users.acl holds for the user: give the agent its file "
-                "with fleet install agent --redis-password-file FILE (or FLEET_REDIS_USERNAME and "
-                "FLEET_REDIS_PASSWORD_FILE)")  # fmt: skip
+    password = (
+        "the password must be the one users.acl holds for the user: give the agent its file "
+        "with fleet install agent --redis-password-file FILE (or FLEET_REDIS_USERNAME and "
+        "FLEET_REDIS_PASSWORD_FILE)"
+    )
     try:
         client = connect(settings)
         hello = client.execute_command("HELLO")  # type: ignore[no-untyped-call]
@@ -32,12 +34,19 @@ def redis_check(settings: Settings, source: str = "") -> tuple[Check, redis.Redi
     except redis.AuthenticationError as exc:
         return Check("redis", FAIL, f"{where} refused user {as_user}: {exc}", password), None
     except redis.exceptions.NoPermissionError as exc:
-        return Check("redis", FAIL, f"{where}: user {as_user} may not connect: {exc}",
-                     "give the user config/users.acl's fleet-agent line (ACL LOAD)"), None  # fmt: skip
+        return Check(
+            "redis",
+            FAIL,
+            f"{where}: user {as_user} may not connect: {exc}",
+            "give the user config/users.acl's fleet-agent line (ACL LOAD)",
+        ), None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        return Check("redis", FAIL, f"cannot reach Redis at {where}: {exc}",
-                     "start Redis (7.0 or newer); check redis_url and that this node may reach its port"
-                     ), None  # fmt: skip
+        return Check(
+            "redis",
+            FAIL,
+            f"cannot reach Redis at {where}: {exc}",
+            "start Redis (7.0 or newer); check redis_url and that this node may reach its port",
+        ), None
     except redis.RedisError as exc:
         return Check("redis", FAIL, f"{where} as {as_user}: {exc}", "fleet needs Redis 7.0 or newer"), None
     info = hello if isinstance(hello, dict) else dict(zip(hello[::2], hello[1::2], strict=True))
@@ -77,8 +86,10 @@ def clock_check(before: float, redis_now: float, after: float, fence_margin_s: f
     certain = max(0.0, abs(skew) - slack)
     way = "ahead of" if skew > 0 else "behind"
     found = f"this node's clock is {abs(skew):.3f} s {way} Redis' (±{slack:.3f} s)"
-    ntp = ("sync the clocks: run NTP (chrony or systemd-timesyncd) here and on Redis' host; "
-           "timedatectl says whether a clock is synchronised")  # fmt: skip
+    ntp = (
+        "sync the clocks: run NTP (chrony or systemd-timesyncd) here and on Redis' host; "
+        "timedatectl says whether a clock is synchronised"
+    )
     if certain > fence_margin_s:
         return Check("clock", FAIL, f"{found}, over agent.fence_margin_s ({fence_margin_s:g} s)", ntp)
     if certain > SKEW_WARN_S:

@@ -13,6 +13,11 @@ from fleet.ops.doctor.report import FAIL, OK, SKIP, WARN, Check
 if TYPE_CHECKING:  # NVML is imported by the checks that use it
     from fleet.agent.gpus.nvml import NvmlGpus
 
+_BUSY_FIX = (
+    "fleet places no job on a busy GPU: end that process "
+    "(an agent running here shows its own jobs' processes too)"
+)
+
 
 def gpu_checks(cfg: AgentSettings) -> tuple[list[Check], int]:
     """NVML, the driver, and a line per GPU; with the number of real GPUs that answered."""
@@ -25,10 +30,8 @@ def gpu_checks(cfg: AgentSettings) -> tuple[list[Check], int]:
         gpus = nvml.NvmlGpus()
     except GpuError as exc:
         if cfg.gpus == "auto" and exc.code == nvml.LIBRARY_NOT_FOUND:
-            return [Check(
-                "nvml", WARN, f"no NVML library (libnvidia-ml.so): the agent will offer {simulated}",
-                nvml.fix(exc.code),
-            )], 0  # fmt: skip
+            found = f"no NVML library (libnvidia-ml.so): the agent will offer {simulated}"
+            return [Check("nvml", WARN, found, nvml.fix(exc.code))], 0
         then = f"the agent would offer {simulated} instead" if cfg.gpus == "auto" else "the agent won't start"
         return [Check("nvml", FAIL, f"{exc}: {then}", nvml.fix(exc.code))], 0
     try:
@@ -37,8 +40,9 @@ def gpu_checks(cfg: AgentSettings) -> tuple[list[Check], int]:
         gpus.close()
 
 
-def _each_gpu(cfg: AgentSettings, gpus: NvmlGpus, simulated: str, fix: Callable[[int | None], str]
-              ) -> tuple[list[Check], int]:  # fmt: skip
+def _each_gpu(
+    cfg: AgentSettings, gpus: NvmlGpus, simulated: str, fix: Callable[[int | None], str]
+) -> tuple[list[Check], int]:
     about = ", ".join(f"{name} {version}" for name, version in gpus.versions().items()) or "versions unknown"
     try:
         count = gpus.count()
@@ -46,10 +50,8 @@ def _each_gpu(cfg: AgentSettings, gpus: NvmlGpus, simulated: str, fix: Callable[
         return [Check("nvml", FAIL, f"{about}: {exc}", fix(exc.code))], 0
     if not count:
         then = f"the agent will offer {simulated}" if cfg.gpus == "auto" else "this node offers no GPU"
-        return [Check(
-            "nvml", WARN, f"{about}; NVML finds no GPU: {then}",
-            "see nvidia-smi; on a node without GPUs set agent.gpus = 'simulated'",
-        )], 0  # fmt: skip
+        no_gpu = "see nvidia-smi; on a node without GPUs set agent.gpus = 'simulated'"
+        return [Check("nvml", WARN, f"{about}; NVML finds no GPU: {then}", no_gpu)], 0
     checks, answered = [Check("nvml", OK, f"{about}; {count} GPU{'s' * (count > 1)}")], 0
     for index in range(count):
         gpu, code = gpus.probe(index)
@@ -60,11 +62,7 @@ def _each_gpu(cfg: AgentSettings, gpus: NvmlGpus, simulated: str, fix: Callable[
         answered += 1
         found = f"{gpu.model}, {gpu.memory_total / (1 << 30):.0f} GiB, {gpu.uuid}"
         if why := busy_reason(gpu, (), cfg.gpu_busy_memory):
-            checks.append(Check(
-                name, WARN, f"{found}: {why}",
-                "fleet places no job on a busy GPU: end that process (an agent running here shows its "
-                "own jobs' processes too)",
-            ))  # fmt: skip
+            checks.append(Check(name, WARN, f"{found}: {why}", _BUSY_FIX))
         else:
             checks.append(Check(name, OK, found))
     return checks, answered

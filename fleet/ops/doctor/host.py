@@ -27,20 +27,31 @@ def network_guard_check(cfg: AgentSettings, runtime: str | None, client: Any = N
     if runtime != "docker":
         return Check(name, SKIP, "not used by the process runtime (its jobs share the node's network)")
     if not cfg.job_network_guard:
-        return Check(name, WARN, "off (agent.job_network_guard = false): Docker jobs reach this node's "
-                     f"services, each other and {blocked}", "set agent.job_network_guard = true")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"off (agent.job_network_guard = false): Docker jobs reach this node's services, each other "
+            f"and {blocked}",
+            "set agent.job_network_guard = true",
+        )
     if os.geteuid() != 0:
         return Check(name, WARN, "cannot read the firewall: not root", "run fleet doctor as root")
     found = netguard.families()
     if 4 not in found:
-        return Check(name, WARN, f"iptables not found: Docker jobs reach this node's services and {blocked}",
-                     "install iptables and restart the agent")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"iptables not found: Docker jobs reach this node's services and {blocked}",
+            "install iptables and restart the agent",
+        )
     try:
         uids = netguard.guarded_uids(cfg)
     except ConfigError as exc:
         return Check(name, FAIL, str(exc), "fix agent.job_uid_range")
-    missing = [m for f in found for m in netguard.installed(
-        netguard.plan(f, uids, cfg.job_blocked_networks, netguard.forward_chain(f)))]  # fmt: skip
+    missing = []
+    for family in found:
+        rules = netguard.plan(family, uids, cfg.job_blocked_networks, netguard.forward_chain(family))
+        missing += netguard.installed(rules)
     import docker
     from docker.errors import DockerException
 
@@ -51,12 +62,21 @@ def network_guard_check(cfg: AgentSettings, runtime: str | None, client: Any = N
     except DockerException as exc:
         missing.append(f"Docker network {netguard.NETWORK} ({exc})")
     if missing:
-        return Check(name, WARN, f"not in place: {', '.join(missing)}", "start (or restart) the agent as "
-                     "root: it installs them when it starts and checks them again at launches")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"not in place: {', '.join(missing)}",
+            "start (or restart) the agent as root: it installs them when it starts and checks them "
+            "again at launches",
+        )
     families = " and ".join(netguard.TOOLS[f] for f in found)
     network = f"{netguard.NETWORK} (bridge {netguard.BRIDGE})"
-    return Check(name, OK, f"jobs on {network} reach neither this node nor each other; uids {uids} "
-                 f"kept off loopback; {blocked} blocked ({families})")  # fmt: skip
+    return Check(
+        name,
+        OK,
+        f"jobs on {network} reach neither this node nor each other; uids {uids} "
+        f"kept off loopback; {blocked} blocked ({families})",
+    )
 
 
 def cgroup_check(
@@ -72,19 +92,23 @@ def cgroup_check(
         found = set((root / "cgroup.controllers").read_text().split())
     except FileNotFoundError:
         return Check(
-            "cgroups", WARN, f"cgroup v1 ({root}/cgroup.controllers is missing): Docker limits jobs with "
+            "cgroups",
+            WARN,
+            f"cgroup v1 ({root}/cgroup.controllers is missing): Docker limits jobs with "
             "v1 controllers, which Docker and systemd are dropping",
             "boot with systemd.unified_cgroup_hierarchy=1 (the default of current distributions)",
-        )  # fmt: skip
+        )
     except OSError as exc:
         return Check("cgroups", WARN, f"cannot read {root}/cgroup.controllers: {exc.strerror}")
     limits = {"memory": "memory", "cpu": "cpus", "pids": "pids_limit"}
     missing = [f"{c} ({what})" for c, what in limits.items() if c not in found]
     if missing:
         return Check(
-            "cgroups", WARN, f"cgroup v2 without {', '.join(missing)}: those limits are not enforced",
+            "cgroups",
+            WARN,
+            f"cgroup v2 without {', '.join(missing)}: those limits are not enforced",
             "enable the controllers (a kernel booted with cgroup_disable=...? see /proc/cmdline)",
-        )  # fmt: skip
+        )
     return Check("cgroups", OK, f"cgroup v2: {' '.join(sorted(found))}")
 
 
@@ -93,10 +117,12 @@ def process_cgroup_check(layout: cgroups.Layout) -> Check:
     every process of a job (without, a child in a session of its own outlives its job)."""
     if layout.kind == "none":
         return Check(
-            "cgroups", WARN, f"{layout.describe()}: process-runtime jobs are not limited (memory, CPUs, "
+            "cgroups",
+            WARN,
+            f"{layout.describe()}: process-runtime jobs are not limited (memory, CPUs, "
             "processes) and are killed by process group, which a child in a session of its own escapes",
             "run the agent as root on a host with /sys/fs/cgroup mounted read-write (cgroup v2 or hybrid)",
-        )  # fmt: skip
+        )
     if layout.kind == "v2" and layout.unified is not None:
         try:
             offered = set((layout.unified / "cgroup.controllers").read_text().split())
@@ -107,21 +133,27 @@ def process_cgroup_check(layout: cgroups.Layout) -> Check:
     missing = [c for c in cgroups.CONTROLLERS if c not in offered]
     if missing:
         return Check(
-            "cgroups", WARN,
+            "cgroups",
+            WARN,
             f"{layout.describe()}, without {', '.join(missing)}: those limits are not enforced",
             "enable the controllers (a kernel booted with cgroup_disable=...? see /proc/cmdline)",
-        )  # fmt: skip
+        )
     if layout.kind == "v1":
         return Check(
-            "cgroups", WARN,
+            "cgroups",
+            WARN,
             f"{layout.describe()}: limits hold, but a job is killed pid by pid (no cgroup.kill)",
             "mount cgroup2 (boot with systemd.unified_cgroup_hierarchy=1)",
-        )  # fmt: skip
+        )
     return Check("cgroups", OK, f"{layout.describe()}: each attempt in a cgroup; memory, cpu, pids limited")
 
 
-def port_check(base: int, count: int, local_range: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"),
-               bindable: Callable[[int], bool] | None = None) -> Check:  # fmt: skip
+def port_check(
+    base: int,
+    count: int,
+    local_range: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"),
+    bindable: Callable[[int], bool] | None = None,
+) -> Check:
     """The ports a multi-node job's rank 0 may listen on (controller.rendezvous_port_base and
     rendezvous_ports) can be bound here, and the kernel does not hand them to outgoing connections."""
     last = base + count - 1
@@ -170,6 +202,10 @@ def address_check(cfg: AgentSettings) -> Check:
         address = ipaddress.ip_address(address_of(cfg.node_name))
         given = f"{cfg.node_name} does not resolve; the host name's address"
     if address.is_loopback:
-        return Check(name, WARN, f"{address} ({given}): members of a multi-node job on other nodes cannot "
-                     "reach a rank 0 here", f"{fix} (or make {cfg.node_name} resolve to it)")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"{address} ({given}): members of a multi-node job on other nodes cannot reach a rank 0 here",
+            f"{fix} (or make {cfg.node_name} resolve to it)",
+        )
     return Check(name, OK, f"{address} ({given})")

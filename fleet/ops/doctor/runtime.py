@@ -34,20 +34,23 @@ def runtime_checks(
         client.ping()
         version, info = client.version(), client.info()
     except DockerException as exc:
-        return [Check(
-            "docker", FAIL, f"Docker daemon not reachable ({why}): {exc}",
+        start = (
             "start dockerd (systemctl start docker), or set agent.runtime = 'process' on a node "
-            "without Docker",
-        )], None  # fmt: skip
+            "without Docker"
+        )
+        return [Check("docker", FAIL, f"Docker daemon not reachable ({why}): {exc}", start)], None
     runtimes = sorted(info.get("Runtimes") or {})
-    checks = [Check("runtime", OK, f"docker ({why})"), Check(
-        "docker", OK, f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}), "
-        f"cgroup v{info.get('CgroupVersion', '?')}, runtimes {', '.join(runtimes) or 'none'}",
-    )]  # fmt: skip
+    found = (
+        f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}), "
+        f"cgroup v{info.get('CgroupVersion', '?')}, runtimes {', '.join(runtimes) or 'none'}"
+    )
+    checks = [Check("runtime", OK, f"docker ({why})"), Check("docker", OK, found)]
     if not gpus:
         return [*checks, Check("docker --gpus", SKIP, "no GPU here: no --gpus container to try")], name
-    toolkit = ("install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker "
-               "and restart dockerd")  # fmt: skip
+    toolkit = (
+        "install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker "
+        "and restart dockerd"
+    )
     if "nvidia" not in runtimes:
         checks.append(Check("nvidia runtime", WARN, "Docker has no nvidia runtime registered", toolkit))
     else:
@@ -66,14 +69,21 @@ def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: 
             client.images.get(image)
         except ImageNotFound:
             if pull == "never":
-                return Check(name, WARN, f"{image} is not here and agent.docker_pull = never",
-                             f"docker pull {image} (or set default_image)")  # fmt: skip
+                return Check(
+                    name,
+                    WARN,
+                    f"{image} is not here and agent.docker_pull = never",
+                    f"docker pull {image} (or set default_image)",
+                )
             client.images.pull(image)
         container = client.containers.run(
-            image, ["nvidia-smi", "-L"], detach=True, labels={"fleet.ops.doctor": "gpus"},
+            image,
+            ["nvidia-smi", "-L"],
+            detach=True,
+            labels={"fleet.ops.doctor": "gpus"},
             device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
             environment={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
-        )  # fmt: skip
+        )
         try:
             code = int(container.wait(timeout=120).get("StatusCode", -1))
             output = container.logs().decode(errors="replace")
@@ -86,6 +96,10 @@ def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: 
         tail = output.strip().splitlines()[-1:] or ["no output"]
         return Check(name, FAIL, f"nvidia-smi -L in {image} exited {code}: {tail[0]}", toolkit)
     if len(listed) < gpus:
-        return Check(name, WARN, f"a container sees {len(listed)} of the {gpus} GPUs NVML finds",
-                     "check NVIDIA_VISIBLE_DEVICES in /etc/nvidia-container-runtime/config.toml")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"a container sees {len(listed)} of the {gpus} GPUs NVML finds",
+            "check NVIDIA_VISIBLE_DEVICES in /etc/nvidia-container-runtime/config.toml",
+        )
     return Check(name, OK, f"a container with --gpus all sees {len(listed)} GPUs ({image})")

@@ -41,27 +41,38 @@ def job_identity(cfg: AgentSettings) -> tuple[tuple[int, int], str]:
 
 
 def checkpoint_check(
-    root: Path, node: str, marker: str, job_user: tuple[int, int], setting: str = "agent.job_user",
-    euid: int | None = None, mounts: Path = Path("/proc/self/mounts"),
-) -> Check:  # fmt: skip
+    root: Path,
+    node: str,
+    marker: str,
+    job_user: tuple[int, int],
+    setting: str = "agent.job_user",
+    euid: int | None = None,
+    mounts: Path = Path("/proc/self/mounts"),
+) -> Check:
     """``checkpoint_root`` is there, takes this node's marker, lets root give a job's directory to
     the job's user (as the agent does: NFS' root_squash forbids it), and the job's user (``job_user``,
     from ``setting``) can reach it."""
     euid = os.geteuid() if euid is None else euid
     name = "checkpoint root"
     if not root.is_dir():
-        return Check(name, FAIL, f"checkpoint_root {root} does not exist (or is not a directory)",
-                     f"mount the shared storage (e.g. NFS) at {root} on every node, or set checkpoint_root"
-                     )  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"checkpoint_root {root} does not exist (or is not a directory)",
+            f"mount the shared storage (e.g. NFS) at {root} on every node, or set checkpoint_root",
+        )
     where = f"{root} on {mount_of(root, mounts)}"
     folder = root / MARKER_DIR
     try:
         folder.mkdir(mode=0o755, exist_ok=True)
         _write_marker(folder, node, marker)
     except OSError as exc:
-        return Check(name, FAIL, f"{where}: cannot write {folder / node}: {exc.strerror}",
-                     "make checkpoint_root writable by root (a read-only mount? on NFS: no_root_squash)"
-                     )  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"{where}: cannot write {folder / node}: {exc.strerror}",
+            "make checkpoint_root writable by root (a read-only mount? on NFS: no_root_squash)",
+        )
     job_uid, job_gid = job_user
     done = [f"{where}: writable"]
     if euid == 0:
@@ -70,10 +81,14 @@ def checkpoint_check(
             probe.mkdir(mode=0o700)
             os.chown(probe, job_uid, job_gid)
         except OSError as exc:
-            return Check(name, FAIL, f"{where}: root cannot give a job's directory to its user "
-                         f"({job_uid}:{job_gid}): {exc.strerror}",
-                         "export the storage to the GPU nodes with no_root_squash: the agent (root) "
-                         "makes each job a directory owned by the job's user")  # fmt: skip
+            return Check(
+                name,
+                FAIL,
+                f"{where}: root cannot give a job's directory to its user "
+                f"({job_uid}:{job_gid}): {exc.strerror}",
+                "export the storage to the GPU nodes with no_root_squash: the agent (root) "
+                "makes each job a directory owned by the job's user",
+            )
         finally:
             with contextlib.suppress(OSError):
                 probe.rmdir()
@@ -83,9 +98,13 @@ def checkpoint_check(
         job_uid, job_gid = euid, os.getegid()
     if blocked := unreachable(root, job_uid, job_gid):
         path, mode = blocked
-        return Check(name, FAIL, f"{where}: uid {job_uid} ({setting}) cannot enter {path} "
-                     f"(mode {mode:04o}): its jobs cannot reach their checkpoints",
-                     f"chmod o+x {path}")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"{where}: uid {job_uid} ({setting}) cannot enter {path} "
+            f"(mode {mode:04o}): its jobs cannot reach their checkpoints",
+            f"chmod o+x {path}",
+        )
     return Check(name, OK, ", ".join(done))
 
 
@@ -143,8 +162,12 @@ def shared_check(client: redis.Redis, keys: Keys, root: Path, node: str, marker:
     try:
         markers = publish_marker(client, keys, node, marker, now)
     except redis.exceptions.NoPermissionError as exc:
-        return Check(name, FAIL, f"cannot write {keys.doctor('markers')}: {exc}",
-                     f"the user's users.acl line must grant ~{keys.prefix}:* (key_prefix)")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"cannot write {keys.doctor('markers')}: {exc}",
+            f"the user's users.acl line must grant ~{keys.prefix}:* (key_prefix)",
+        )
     except redis.RedisError as exc:
         return Check(name, FAIL, f"cannot publish this node's marker in Redis: {exc}", "see the redis line")
     same, problems = [], []
@@ -159,13 +182,19 @@ def shared_check(client: redis.Redis, keys: Keys, root: Path, node: str, marker:
     also = f" (same storage as {_nodes(same)})" if same else ""
     if problems:
         return Check(
-            name, FAIL, f"{'; '.join(problems)}: checkpoint_root is not shared storage{also}",
+            name,
+            FAIL,
+            f"{'; '.join(problems)}: checkpoint_root is not shared storage{also}",
             "mount the same shared storage (e.g. NFS) on every node as its checkpoint_root, then run "
             "fleet doctor again on each (over NFS a marker written in the last minute may not show yet)",
-        )  # fmt: skip
+        )
     if not same:
-        return Check(name, OK, "no other node has left a marker yet: run fleet doctor on each node; "
-                     "each checks the nodes that ran it before")  # fmt: skip
+        return Check(
+            name,
+            OK,
+            "no other node has left a marker yet: run fleet doctor on each node; "
+            "each checks the nodes that ran it before",
+        )
     return Check(name, OK, f"same storage as {_nodes(same)}")
 
 
