@@ -22,7 +22,7 @@ from fleet.agent.gpucheck import check_assigned
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import LaunchSpec
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.log import event
 from fleet.models import Exit, ExitKind, Fault, Job, JobSpec, JobState, MemberPhase, NodeState

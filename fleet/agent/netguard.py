@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError
 from fleet.log import event
 

@@ -19,7 +19,8 @@ from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import Runtime
 from fleet.agent.supervision import SupervisorClient
 from fleet.bus import Bus
-from fleet.config import AgentSettings, Settings
+from fleet.config import Settings
+from fleet.config_sections import AgentSettings
 from fleet.lifecycle import RetryPolicy
 from fleet.state import JobStore, NodeStore
 

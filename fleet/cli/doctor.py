@@ -36,7 +36,8 @@ def doctor(
     Exit code: 0 when no check failed (warnings do not fail), 1 when one did, 2 bad config."""
     from pydantic import ValidationError
 
-    from fleet.config import AgentSettings, load_settings
+    from fleet.config import load_settings
+    from fleet.config_sections import AgentSettings
     from fleet.errors import ConfigError
     from fleet.ops.doctor.report import exit_code
     from fleet.ops.doctor.run import diagnose

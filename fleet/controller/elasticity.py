@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.errors import SpecError
 from fleet.log import event
 from fleet.models import Job, JobState, uploaded_profile

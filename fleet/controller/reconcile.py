@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.models import Exit, ExitKind, Fault, Job, JobState, Node, NodeState
 
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.controller import snapshot
 from fleet.models import Job, JobState, Tenant, TenantStatus
 from fleet.scheduler import (

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from fleet import __version__
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.log import StepHealth, event
 from fleet.models import Job, Tenant, Webhook, WebhookOutcome
 from fleet.state import JobStore, NodeStore

@@ -24,7 +24,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.agent import netguard
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.ops.doctor.host import network_guard_check
 from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs, need

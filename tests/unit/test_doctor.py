@@ -16,7 +16,8 @@ import pynvml
 import pytest
 from docker.errors import APIError, DockerException, ImageNotFound
 
-from fleet.config import AgentSettings, Settings
+from fleet.config import Settings
+from fleet.config_sections import AgentSettings
 from fleet.ops.doctor.connection import clock_check, redis_check
 from fleet.ops.doctor.gpus import gpu_checks
 from fleet.ops.doctor.host import address_check, cgroup_check, port_check

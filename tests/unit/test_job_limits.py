@@ -4,7 +4,7 @@ CPU-only jobs, the share of the node its GPUs are for GPU jobs."""
 from __future__ import annotations
 
 from fleet.agent.launcher import job_limits
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 
 GiB = 1 << 30
 #: a node of 64 CPUs, 512 GiB and 8 GPUs

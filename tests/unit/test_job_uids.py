@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from fleet.agent.launcher import job_user
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import LaunchError, SpecError
 from fleet.keys import Keys
 from fleet.state.uids import JobUids

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.agent.netguard import BRIDGE, CHAIN_FORWARD, CHAIN_INPUT, CHAIN_OUTPUT, guarded_uids, plan
-from fleet.config import AgentSettings, load_settings
+from fleet.config import load_settings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError
 from fleet.ops.doctor.host import network_guard_check
 

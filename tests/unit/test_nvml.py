@@ -10,7 +10,7 @@ import pytest
 
 from fleet.agent.gpus import SimulatedGpus, busy_reason, leftovers, open_inventory
 from fleet.agent.gpus.nvml import NvmlGpus
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import GpuError
 from fleet.models import Gpu
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.controller.reconcile import Buckets, reconcile
 from fleet.models import ExitKind, Job, JobSpec, JobState, Node, NodeState
 

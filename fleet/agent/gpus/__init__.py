@@ -6,7 +6,7 @@ import logging
 
 from fleet.agent.gpus.base import GpuInventory, busy_reason, leftovers
 from fleet.agent.gpus.simulated import SimulatedGpus
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import GpuError
 from fleet.log import event
 

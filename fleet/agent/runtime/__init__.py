@@ -9,7 +9,7 @@ from pathlib import Path
 from fleet.agent.cgroups import Cgroups, log_layout
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, Runtime
 from fleet.agent.supervision import SupervisorClient
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, RuntimeUnavailable
 from fleet.log import event
 

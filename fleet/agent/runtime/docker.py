@@ -39,7 +39,7 @@ from fleet.agent.runtime.base import (
     LaunchSpec,
 )  # fmt: skip
 from fleet.agent.supervision import SupervisorClient
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
 from fleet.log import event
 from fleet.models import Exit

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fleet.agent.gpus import busy_reason
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import GpuError
 from fleet.ops.doctor.report import FAIL, OK, SKIP, WARN, Check
 

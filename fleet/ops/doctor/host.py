@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.agent import cgroups
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError
 from fleet.ops.doctor.report import FAIL, OK, SKIP, WARN, Check
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.config import AgentSettings
+from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError
 from fleet.ops.doctor.report import FAIL, OK, SKIP, WARN, Check
 

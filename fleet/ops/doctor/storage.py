@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from fleet.config import DAY, AgentSettings
+from fleet.config_sections import DAY, AgentSettings
 from fleet.keys import Keys
 from fleet.ops.doctor.report import FAIL, OK, Check
 
