@@ -87,7 +87,7 @@ The bus DB holds dramatiq's own keys under ``fleet:`` (documented in dramatiq's
 ``<queue>.XQ`` and ``<queue>.XQ.msgs`` (dead letters), ``__acks__.<broker id>.<queue>`` (fetched,
 not yet acked) and ``__heartbeats__``. fleet changes them through dramatiq's dispatch script, except
 that it trims a queue's dead letters to the newest ``bus_dead_letters_max`` and deletes every key of
-a removed node's queue (``fleet.bus.broker``); ``fleet.bus.broker.dramatiq_keys`` reads two of them
+a removed node's queue (``fleet.bus.broker``); ``fleet.bus.deadletters.dramatiq_keys`` reads two of them
 to find the id of bytes it cannot decode.
 
 Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the sets above are
