@@ -35,9 +35,6 @@ from pydantic import (
 from fleet.config_sections import DAY, AgentSettings, ApiSettings, ControllerSettings
 from fleet.errors import ConfigError
 
-#: the registries a job's image may come from unless the operator says otherwise
-REGISTRIES = ("localhost", "docker.io", "nvcr.io", "ghcr.io")
-
 
 class Settings(BaseModel):
     # defaults validated too (a host name may not be a node name); validators built on first load
