@@ -2,7 +2,8 @@
 the in-memory fake the harness tests run on, plain processes, and Docker containers.
 
 The fake is held to what the process and Docker runtimes do, so a test on the fake shows what a
-node would do. Where those two differ, the test says so (a marked, strict ``xfail``).
+node would do. Stopping an attempt is one contract for all three: SIGTERM to every process of its
+process group at once, then SIGKILL once the grace (never rounded down) is over.
 """
 
 from __future__ import annotations
@@ -157,20 +158,46 @@ def test_an_attempt_that_exits_on_sigterm_ends_with_its_own_code(runtime: Runtim
     assert final.exit.code == 7
 
 
-def test_a_trapped_sigterm_waits_for_the_foreground_command_and_the_grace_runs_out(
-    runtime: Runtime, request: pytest.FixtureRequest
-) -> None:
-    if runtime.name == "process":
-        # Docker's init signals the job's main process only; the supervisor signals the attempt's
-        # whole process group, so the foreground ``sleep`` may die of it and the trap run at once
-        request.applymarker(pytest.mark.xfail(reason="process runtime: SIGTERM goes to the whole group"))
-    # sh runs a trap once its foreground command ends: here, after the grace
-    spec = launch(runtime, "trap 'exit 7' TERM; echo ready; sleep 30")
-    wait_for(lambda: lines(runtime, spec, done=False) == ["ready"], what="the trap to be set")
-    runtime.stop(spec.job_id, 1, grace_s=1)
+def test_sigterm_reaches_the_foreground_command_too_so_a_trap_runs_at_once(runtime: Runtime) -> None:
+    # Given a shell that traps SIGTERM while a command runs in its foreground (sh runs a trap only
+    # once that command has ended); the command itself says it runs, so the SIGTERM cannot come
+    # before it exists (a shell's ``echo ready; sleep 30`` is not yet sleeping when it has echoed)
+    spec = launch(runtime, "trap 'exit 7' TERM; sh -c 'echo ready; exec sleep 30'")
+    wait_for(lambda: lines(runtime, spec, done=False) == ["ready"], what="the foreground command to run")
+    # When it is stopped with a long grace
+    runtime.stop(spec.job_id, 1, grace_s=20)
+    # Then the foreground command got the SIGTERM as well, ended on it, and the trap ran at once
     final = status(runtime, spec)
     assert final is not None and final.exit is not None
-    assert final.exit.code == 137
+    assert final.exit.code == 7
+
+
+def test_a_process_behind_a_wrapper_shell_gets_sigterm_and_checkpoints(runtime: Runtime) -> None:
+    # Given a job whose checkpointing process runs behind a wrapper shell (a launcher script) that
+    # waits for it on SIGTERM and then exits with a code of its own
+    inner = 'trap "echo checkpointed; exit 0" TERM; echo ready; sleep 30 & wait'
+    spec = launch(runtime, f"trap 'exit 5' TERM; sh -c '{inner}'")
+    wait_for(lambda: lines(runtime, spec, done=False) == ["ready"], what="the inner process to run")
+    # When it is stopped
+    runtime.stop(spec.job_id, 1, grace_s=20)
+    # Then the inner process got the SIGTERM and checkpointed, and the wrapper exited after it
+    final = status(runtime, spec)
+    assert final is not None and final.exit is not None
+    assert final.exit.code == 5
+    assert lines(runtime, spec) == ["ready", "checkpointed"]
+
+
+def test_a_grace_under_a_second_is_honoured_not_rounded_down(runtime: Runtime) -> None:
+    # Given a job that needs a fraction of a second to checkpoint on SIGTERM
+    spec = launch(runtime, "trap 'sleep 0.2; echo checkpointed; exit 5' TERM; echo ready; sleep 30 & wait")
+    wait_for(lambda: lines(runtime, spec, done=False) == ["ready"], what="the job to run")
+    # When it is stopped with a grace of under a second, more than the checkpoint takes
+    runtime.stop(spec.job_id, 1, grace_s=0.9)
+    # Then it checkpointed and exited with its own code: it was not SIGKILLed at once
+    final = status(runtime, spec)
+    assert final is not None and final.exit is not None
+    assert final.exit.code == 5
+    assert lines(runtime, spec) == ["ready", "checkpointed"]
 
 
 def test_starting_an_attempt_again_neither_restarts_nor_duplicates_it(runtime: Runtime) -> None:

@@ -3,8 +3,11 @@
 Containers are named ``fleet-<job>-<attempt>`` and labelled with job, attempt and node, so a
 restarted agent finds its own by label. Never privileged: every capability dropped,
 ``no-new-privileges``, the job's user (never root unless the operator allows it), a pids limit;
-``init=True`` so signals reach the job and zombies are reaped. Each started container's init is
-handed to the node supervisor, which kills it if the node's lease lapses, agent or no agent.
+``init=True`` so zombies are reaped and signals reach the job: docker-init (tini) is told
+(``TINI_KILL_PROCESS_GROUP``) to pass a stop's SIGTERM to the job's whole process group, as the
+process runtime sends it, so a training process behind a wrapper shell gets it too. Each started
+container's init is handed to the node supervisor, which kills it if the node's lease lapses, agent
+or no agent.
 Images named ``localhost/...`` are built on the node and never pulled. Exits are seen through
 Docker events, and the agent's periodic reconcile lists containers by label in case one was missed.
 Single-node jobs run on fleet's guarded network, multi-node members on the host's (see
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +52,8 @@ log = logging.getLogger("fleet.agent.docker")
 MiB = 1 << 20
 #: images under this name exist only where they were built (``make images``): never pulled
 LOCAL_REGISTRY = "localhost/"
+#: makes docker-init (tini) signal the job's process group, as ``tini -g`` does, not its main process
+KILL_PROCESS_GROUP = "TINI_KILL_PROCESS_GROUP"
 #: lines asked for per log read: enough for a round's output, few enough to find from the log's end
 _TAIL = 1000
 
@@ -152,7 +158,7 @@ class DockerRuntime:
             list(spec.command),
             name=spec.name,
             labels={LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(spec.attempt), LABEL_NODE: self.node},
-            environment=spec.fleet_env(checkpoint),
+            environment={**spec.fleet_env(checkpoint), KILL_PROCESS_GROUP: "1"},
             init=True,
             privileged=False,
             cap_drop=["ALL"],
@@ -262,7 +268,8 @@ class DockerRuntime:
         container = self._container(job_id, attempt)
         if container is not None and container.status in ("running", "created", "restarting"):
             with contextlib.suppress(NotFound):
-                container.stop(timeout=max(int(grace_s), 0))
+                # Docker counts the grace in whole seconds: rounded up, a grace is never cut short
+                container.stop(timeout=max(math.ceil(grace_s), 0))
 
     def remove(self, job_id: str, attempt: int) -> None:
         self._names.pop((job_id, attempt), None)

@@ -9,22 +9,28 @@ What an attempt does comes from its command, read as a tiny shell script (``sh -
 command itself), one statement after another, each ``;``-separated statement one of:
 
 - ``echo WORDS`` / ``printf WORDS``: a line of output (``printf``'s stays open, without its newline);
-- ``sleep N``: N seconds pass, by ``clock``;
+- ``sleep N`` (or ``sleep N & wait``): N seconds pass, by ``clock``; ``:`` does nothing;
 - ``exit N``, ``true``, ``false``: the attempt ends with N, 0, 1;
-- ``trap '' TERM``: SIGTERM is ignored (only the SIGKILL after the grace ends it);
-  ``trap 'exit N' TERM``: SIGTERM ends it with N (a job that checkpoints and exits), as sh does:
-  once the foreground ``sleep`` it is in has ended (``sleep N & wait`` waits for nothing).
+- ``sh -c 'SCRIPT'``: a shell in the foreground running SCRIPT, read the same way; ``exec X``: the
+  shell becomes X (its trap is gone), and ends with X;
+- ``trap '' TERM``: SIGTERM is ignored, by the shell and what it starts (only the SIGKILL after the
+  grace ends it); ``trap 'ACTION' TERM``: on SIGTERM, once its foreground command has ended, the
+  shell runs ACTION (``echo``, ``sleep``, ending in ``exit N``: a job that checkpoints and exits).
+
+SIGTERM reaches every process of the attempt at once, as the process and Docker runtimes send it
+(to the attempt's process group): a foreground ``sleep`` ends on it (143), a foreground shell
+reacts as its own trap says, and a shell without a trap ends at once (143).
 
 Anything else runs until the test ends it (:meth:`FakeRuntime.exit`) or it is stopped. A script
-that reaches its end exits 0. Exits are seen by :meth:`FakeRuntime.poll`, which ``watch``'s thread
-calls every ``watch_s`` (real time); with ``watch_s`` None there is no thread, and the caller (a
-test stepping a :class:`ManualClock`) calls ``poll`` itself.
+that reaches its end exits with its last command's status. Exits are seen by
+:meth:`FakeRuntime.poll`, which ``watch``'s thread calls every ``watch_s`` (real time); with
+``watch_s`` None there is no thread, and the caller (a test stepping a :class:`ManualClock`) calls
+``poll`` itself.
 """
 
 from __future__ import annotations
 
 import itertools
-import shlex
 import signal
 import threading
 import time
@@ -32,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
+from fleet.agent.runtime.script import Script, interpret, term, written
 from fleet.errors import LaunchError
 from fleet.models import Exit
 
@@ -47,15 +54,7 @@ class _Attempt:
     spec: LaunchSpec
     started: float
     pid: int
-    #: (seconds after the start, text, whether the line ended) of every line the script writes
-    output: list[tuple[float, str, bool]] = field(default_factory=list)
-    #: seconds after the start when the script ends by itself, and with what; None: it never does
-    ends_after: float | None = None
-    code: int = 0
-    #: what SIGTERM does: None ends it (143), -1 is ignored, else the code it exits with
-    on_term: int | None = None
-    #: (from, to) seconds after the start of each foreground ``sleep``: a trap waits for its end
-    sleeps: list[tuple[float, float]] = field(default_factory=list)
+    script: Script
     exit: Exit | None = None
     ended_at: float | None = None
     #: (signal name, clock) of every signal it was sent
@@ -93,8 +92,7 @@ class FakeRuntime:
         with self._lock:
             if (spec.job_id, spec.attempt) in self._held:
                 return
-            run = _Attempt(spec, self.clock(), next(self._pids))
-            _interpret(run, spec.command)
+            run = _Attempt(spec, self.clock(), next(self._pids), interpret(spec.command))
             self._held[(spec.job_id, spec.attempt)] = run
             self.started.append(spec)
 
@@ -106,12 +104,7 @@ class FakeRuntime:
             if run is None or run.exit is not None:
                 return
             run.signals.append(("SIGTERM", self.clock()))
-            if run.on_term is None:
-                self._end(run, 128 + signal.SIGTERM)
-            elif run.on_term >= 0:  # as sh: once the foreground command it is in has ended
-                into = self.clock() - run.started
-                run.ends_after = next((to for start, to in run.sleeps if start <= into < to), into)
-                run.code = run.on_term
+            term(run.script, self.clock() - run.started)
             deadline = self.clock() + grace_s
         self.poll()
         while self.clock() < deadline and self._running(run):
@@ -153,9 +146,9 @@ class FakeRuntime:
             if run is None:
                 return []
             upto = (run.ended_at if run.ended_at is not None else self.clock()) - run.started
-            written = [(text, whole) for at, text, whole in run.output if at <= upto]
+            lines = [(text, whole) for _, text, whole in written(run.script, upto)]
         found = []
-        for index, (text, whole) in enumerate(written[int(cursor or 0) :], start=int(cursor or 0)):
+        for index, (text, whole) in enumerate(lines[int(cursor or 0) :], start=int(cursor or 0)):
             if whole or ended:
                 found.append((str(index + 1), text))
         return found
@@ -185,8 +178,9 @@ class FakeRuntime:
         now, ended = self.clock(), []
         with self._lock:
             for run in self._held.values():
-                if run.exit is None and run.ends_after is not None and now - run.started >= run.ends_after:
-                    self._end(run, run.code, at=run.started + run.ends_after)
+                ends_after = run.script.ends_after
+                if run.exit is None and ends_after is not None and now - run.started >= ends_after:
+                    self._end(run, run.script.code, at=run.started + ends_after)
                 if run.exit is not None and not run.seen:
                     run.seen = True
                     ended.append((run.spec.job_id, run.spec.attempt))
@@ -205,11 +199,12 @@ class FakeRuntime:
         """Output written by the attempt now: lines, the last one open unless ``text`` ends a line."""
         with self._lock:
             run = self._held[(job_id, attempt)]
-            at = self.clock() - run.started
+            at, output = self.clock() - run.started, run.script.output
             *lines, rest = text.split("\n")
-            run.output.extend((at, line, True) for line in lines)
+            output.extend((at, line, True) for line in lines)
             if rest:
-                run.output.append((at, rest, False))
+                output.append((at, rest, False))
+            output.sort(key=lambda line: line[0])
 
     def signals(self, job_id: str, attempt: int) -> list[str]:
         """The signals sent to an attempt still held, in order."""
@@ -230,39 +225,6 @@ class FakeRuntime:
             Exit(code=code, oom=oom, reason=reason),
             at if at is not None else self.clock(),
         )
-
-
-def _interpret(run: _Attempt, command: tuple[str, ...]) -> None:
-    """Lay out what the script writes, when, and how it ends (see the module's docstring)."""
-    script = command[2] if len(command) == 3 and command[0].endswith("sh") and command[1] == "-c" else None
-    statements = [shlex.split(s) for s in script.split(";")] if script is not None else [list(command)]
-    at = 0.0
-    for words in filter(None, statements):
-        program, args = words[0].rsplit("/", 1)[-1], words[1:]
-        if program == "echo":
-            run.output.append((at, " ".join(args), True))
-        elif program == "printf":
-            run.output.append((at, " ".join(args), False))
-        elif program == "sleep" and len(args) == 1 and _number(args[0]) is not None:
-            run.sleeps.append((at, at + (_number(args[0]) or 0.0)))
-            at = run.sleeps[-1][1]
-        elif program in ("exit", "true", "false"):
-            run.code = int(args[0]) if program == "exit" and args else int(program == "false")
-            run.ends_after = at
-            return
-        elif program == "trap" and args[-1:] == ["TERM"]:
-            action = args[0].split() if len(args) == 2 else []
-            run.on_term = -1 if not action else int(action[1]) if action[:1] == ["exit"] else None
-        else:  # a program the fake cannot run: until the test ends it
-            return
-    run.ends_after, run.code = at, 0
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 class ManualClock:
