@@ -141,8 +141,9 @@ def test_drain_with_docker_containers_moves_jobs_and_removes_their_containers(
     docker_procs.controller()
     docker_procs.agent("t-da", gpus=1)
     docker_procs.wait_nodes(client, 1)
-    script = 'trap "echo checkpointed; exit 143" TERM; echo "attempt $FLEET_ATTEMPT"; ' \
-             "while :; do sleep 0.1; done"  # fmt: skip
+    # waiting in the background: SIGTERM reaches the whole group, and a shell whose foreground
+    # command it kills prints "Terminated" to the log
+    script = 'trap "echo checkpointed; exit 143" TERM; echo "attempt $FLEET_ATTEMPT"; sleep 300 & wait'
     job = client.submit(JobSpec(name="svc", gpus=1, command=["sh", "-c", script]))
     wait_for(lambda: "attempt 1" in job.logs(), what="running in a container on t-da")
     docker_procs.agent("t-db", gpus=1)
