@@ -103,7 +103,8 @@ class Runtime(Protocol):
         ...
 
     def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
-        """SIGTERM, then SIGKILL after ``grace_s``. Returns once the attempt no longer runs."""
+        """SIGTERM to every process of the attempt's process group at once, then SIGKILL once
+        ``grace_s`` (never rounded down) is over. Returns once the attempt no longer runs."""
         ...
 
     def attempts(self) -> list[AttemptStatus]:
