@@ -29,10 +29,7 @@ from fleet.models import Exit, ExitKind, Fault, Job, JobSpec, JobState, MemberPh
 from fleet.models.spec import MEMORY_MIN
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
-from fleet.state.blobs import BlobStore
-from fleet.state.connection import connect_binary
-from fleet.state.tenants import TenantStore
-from fleet.state.uids import JobUids
+from fleet.state import Stores
 from fleet.workdir import MAX_BYTES, check_digest, unpack
 
 log = logging.getLogger("fleet.agent")
@@ -41,9 +38,8 @@ log = logging.getLogger("fleet.agent")
 class Launcher:
     def __init__(self, parts: Parts, exits: ExitPath) -> None:
         self.p, self.exits, self.node = parts, exits, parts.node
-        redis, keys = parts.jobs.redis, parts.jobs.keys
-        self.tenants, self.uids = TenantStore(redis, keys), JobUids(redis, keys)
-        self.blobs = BlobStore(connect_binary(parts.settings), keys, parts.settings.workdir_retention_s)
+        stores = Stores.of(parts.settings, parts.jobs, parts.nodes)
+        self.tenants, self.uids, self.blobs = stores.tenants, stores.uids, stores.blobs
         self._lock = threading.Lock()  # launches run on the bus worker's threads
         self._prepare_failures = 0  # attempts in a row this node could not prepare
 

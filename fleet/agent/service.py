@@ -38,9 +38,8 @@ from fleet.config import Settings
 from fleet.errors import FleetError, LaunchError
 from fleet.log import StepHealth, event
 from fleet.sdnotify import Notifier
-from fleet.state import JobStore, NodeStore
+from fleet.state import JobStore, NodeStore, Stores
 from fleet.state.nodes import NodeInfo
-from fleet.state.retention import RetentionStore
 from fleet.versions import VERSION
 from fleet.workdir import clean_temp
 
@@ -63,7 +62,7 @@ class Agent:
         self.address = self.cfg.address or address_of(self.cfg.node_name)
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
-        self.retention = RetentionStore(jobs.redis, jobs.keys)
+        self.retention = Stores.of(settings, jobs, nodes).retention
         self.inventory, self.runtime, self.supervisor, self.clock = inventory, runtime, supervisor, clock
         self.agent_id = _agent_id(self.cfg.state_dir)
         self.renewed_at = 0.0  # wall clock of the last renewal (heartbeat lag metric)

@@ -1,5 +1,6 @@
 """``fleet api``: the front door. Every call names a bearer token; the API checks who it is, what
-its role allows and which tenant it acts for, then calls :class:`fleet.api.backend.Backend`.
+its role allows and which tenant it acts for, then calls :class:`fleet.api.backend.Backend`
+(its reads, :mod:`fleet.api.queries`, and writes, :mod:`fleet.api.commands`).
 
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
 One router per resource, each a module (``jobs``, ``blobs``, ``nodes``, ``tenants``, ``tokens``,
@@ -43,13 +44,7 @@ from fleet.errors import (
     Unauthorized,
     error_body,
 )
-from fleet.keys import Keys
-from fleet.state.blobs import BlobStore
-from fleet.state.connection import connect_binary
-from fleet.state.tenants import TenantStore
-from fleet.state.tokens import TokenStore
 from fleet.state.watch import StreamWatch
-from fleet.state.webhooks import WebhookStore
 from fleet.versions import HEADER
 
 STATUS: dict[type[FleetError], int] = {
@@ -74,11 +69,9 @@ def status_of(exc: FleetError) -> int:
 
 def create_app(settings: Settings) -> FastAPI:
     backend = Backend(settings=settings, connections=settings.api.redis_connections, background_hints=True)
-    tokens = TokenStore(backend.redis, Keys(settings.key_prefix))
-    tenants = TenantStore(backend.redis, Keys(settings.key_prefix))
-    blobs = BlobStore(connect_binary(settings), Keys(settings.key_prefix), settings.workdir_retention_s)
-    hooks = WebhookStore(backend.redis, Keys(settings.key_prefix))
-    watch = StreamWatch(settings, Keys(settings.key_prefix), backend.redis)
+    stores = backend.stores
+    tokens, tenants, blobs, hooks = stores.tokens, stores.tenants, stores.blobs, stores.webhooks
+    watch = StreamWatch(settings, stores.keys, stores.redis)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

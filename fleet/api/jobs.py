@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from fleet.api.backend import Backend
+from fleet.api.commands import Commands
 from fleet.api.deps import User, bearer, own, whom
 from fleet.api.limits import PerToken
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
@@ -64,7 +64,7 @@ class CancelLabels(BaseModel):
     labels: dict[str, str]
 
 
-def routes(backend: Backend, blobs: BlobStore, waits: PerToken, waiting: Waiting) -> APIRouter:  # noqa: C901 - one route per nested def
+def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waiting) -> APIRouter:  # noqa: C901 - one route per nested def
     router = APIRouter()
 
     def job_of(who: Identity, job_id: str) -> Job:

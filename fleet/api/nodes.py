@@ -10,8 +10,9 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, Field
 
 from fleet import __version__
-from fleet.api.backend import Backend
+from fleet.api.commands import Commands
 from fleet.api.deps import Operator, User, sees_all
+from fleet.api.queries import Queries
 from fleet.models import FleetVersions, Identity, Node, Role
 
 #: what a user reads in place of another tenant's claim on a GPU: held, by whom not said
@@ -40,7 +41,7 @@ class FleetInfo(BaseModel):
     most_gpus: int
 
 
-def seen_by(backend: Backend, who: Identity, nodes: list[Node]) -> list[Node]:
+def seen_by(backend: Queries, who: Identity, nodes: list[Node]) -> list[Node]:
     """``nodes`` as ``who`` may see them: a user sees its own tenant's jobs on them by name and
     another tenant's as a GPU held (``claims`` say OTHERS), never which job holds it."""
     if sees_all(who):
@@ -52,7 +53,7 @@ def seen_by(backend: Backend, who: Identity, nodes: list[Node]) -> list[Node]:
     }) for node in nodes]  # fmt: skip
 
 
-def routes(backend: Backend) -> APIRouter:
+def routes(backend: Commands) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/nodes")

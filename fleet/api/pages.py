@@ -1,4 +1,4 @@
-"""The status pages under ``/ui``: read-only HTML, rendered on the server from the same Backend calls
+"""The status pages under ``/ui``: read-only HTML, rendered on the server from the same Queries calls
 the API makes, scoped to the caller's tenant exactly as the API scopes it.
 
 A reader logs in by posting a token; the answer sets it in an HttpOnly, SameSite=Strict cookie for
@@ -21,8 +21,8 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from fleet.api import views
-from fleet.api.backend import Backend
 from fleet.api.deps import COOKIE, Reader, identify, own, sees_all
+from fleet.api.queries import Queries
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
 from fleet.state.tenants import TenantStore
@@ -104,7 +104,7 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
 
 
-def page_routes(backend: Backend, tenants: TenantStore) -> APIRouter:  # noqa: C901 - one page per nested def
+def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C901 - one page per nested def
     router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
     def page(

@@ -14,12 +14,12 @@ from fleet.state.tenants import TenantStore
 from fleet.webhooks import shown_url
 
 if TYPE_CHECKING:
-    from fleet.api.backend import Backend
+    from fleet.api.commands import Commands
 
 log = logging.getLogger("fleet.api")
 
 
-def routes(tenants: TenantStore, backend: Backend) -> APIRouter:
+def routes(tenants: TenantStore, backend: Commands) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/tenants")

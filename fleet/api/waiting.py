@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 from starlette.types import Receive
 
-from fleet.api.backend import Backend, attempt_over
+from fleet.api.queries import Queries, attempt_over
 from fleet.models import Job, LogLine
 from fleet.state.watch import Interest, StreamWatch
 
@@ -53,7 +53,7 @@ class Waiter:
 
 
 class Waiting:
-    def __init__(self, backend: Backend, watch: StreamWatch) -> None:
+    def __init__(self, backend: Queries, watch: StreamWatch) -> None:
         self.backend, self.watch = backend, watch
         self._limiter: anyio.CapacityLimiter | None = None
 

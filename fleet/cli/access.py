@@ -117,14 +117,11 @@ def _create_direct(
     globals_: Globals, user: str, tenant: str, role: str, expires: float | None
 ) -> tuple[str, TokenInfo]:
     from fleet.config import load_settings
-    from fleet.keys import Keys
-    from fleet.state import connect
-    from fleet.state.tokens import TokenStore
+    from fleet.state import Stores
 
     settings = load_settings(globals_.config, redis_url=globals_.redis_url)
-    store = TokenStore(connect(settings), Keys(settings.key_prefix))
-    return store.create(user, tenant, Role(role), expires_in_s=expires,
-                        created_by=f"{_local_user()} (direct)")  # fmt: skip
+    return Stores.open(settings).tokens.create(user, tenant, Role(role), expires_in_s=expires,
+                                                created_by=f"{_local_user()} (direct)")  # fmt: skip
 
 
 def _local_user() -> str:

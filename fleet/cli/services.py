@@ -38,11 +38,10 @@ RUNTIMES = click.Choice(["auto", "docker", "process"])
 
 def _stores(settings: Settings) -> tuple[JobStore, NodeStore, Bus]:
     from fleet.bus import Bus
-    from fleet.keys import Keys
-    from fleet.state import JobStore, NodeStore, connect
+    from fleet.state import Stores
 
-    client, keys = connect(settings), Keys(settings.key_prefix)
-    return JobStore(client, keys), NodeStore(client, keys), Bus(settings)
+    stores = Stores.open(settings)
+    return stores.jobs, stores.nodes, Bus(settings)
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

@@ -45,13 +45,8 @@ from fleet.models import Job, JobState, Node
 from fleet.scheduler import NodeView, PendingQueue, Plan
 from fleet.scheduler.passes import PassInput, PassSettings, run_pass
 from fleet.sdnotify import Notifier
-from fleet.state import JobStore, NodeStore
-from fleet.state.profiles import ProfileStore
-from fleet.state.ranked import RankIndex
+from fleet.state import JobStore, NodeStore, Stores
 from fleet.state.records import JobBatch, NodeBatch
-from fleet.state.retention import RetentionStore
-from fleet.state.tenants import TenantStore
-from fleet.state.webhooks import WebhookStore
 from fleet.versions import VERSION
 from fleet.webhooks import networks
 
@@ -72,8 +67,8 @@ class Controller:
         self.jobs, self.nodes, self.bus, self.clock = jobs, nodes, bus, clock
         self.id = controller_id or uuid.uuid4().hex[:8]
         self.lease = LeaderLease(jobs.redis, jobs.keys, self.id, self.cfg.leader_lease_s)
-        self.retention = RetentionStore(jobs.redis, jobs.keys)
-        self.ranked = RankIndex(jobs.redis, jobs.keys)
+        stores = Stores.of(settings, jobs, nodes)
+        self.retention, self.ranked = stores.retention, stores.ranked
         #: jobs that ended before fleet had retention are tracked once per leadership
         self._tracked = False
         self.policy = RetryPolicy(
@@ -103,14 +98,12 @@ class Controller:
         self._next_resync = 0.0
         self._reload = False
         self._next_count = 0.0
-        self.tenants = TenantStore(jobs.redis, jobs.keys)
+        self.tenants = stores.tenants
         self.tenancy = Tenancy(self.tenants, self.cfg)
         #: the jobs the last pass could not place (what a preemption could be for)
         self._blocked: list[str] = []
         self._tenants_changed = False
-        self.elasticity = Elasticity(
-            self.cfg, ProfileStore(jobs.redis, jobs.keys, settings.workdir_retention_s)
-        )
+        self.elasticity = Elasticity(self.cfg, stores.profiles)
         self._elastic_changed = False
         self._next_elastic = 0.0
         self._settings = PassSettings(
@@ -122,7 +115,7 @@ class Controller:
         )
         self.applier, self.upkeep = Applier(self), Upkeep(self)
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
-        store = WebhookStore(jobs.redis, jobs.keys)
+        store = stores.webhooks
         allowed = networks(settings.webhook_allowed_networks)  # besides public addresses
         self.webhooks = WebhookSender(
             jobs, nodes, self.tenants, store, self.cfg, clock, self.leading, allowed

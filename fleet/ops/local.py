@@ -160,17 +160,14 @@ class LocalFleet:
     def _admin_token(self) -> str:
         """A token for whoever ran ``fleet up``: admin of this fleet, jobs in tenant ``default``."""
         from fleet.config import load_settings
-        from fleet.keys import Keys
         from fleet.models import Role
-        from fleet.state import connect
-        from fleet.state.tokens import TokenStore
+        from fleet.state import Stores
 
         settings = load_settings(redis_url=self.redis_url, redis_password_file=self.redis_password_file)
-        client = connect(settings)
+        stores = Stores.open(settings)
         user = os.environ.get("USER") or "admin"
-        token, _ = TokenStore(client, Keys(settings.key_prefix)).create(user, "default", Role.ADMIN,
-                                                                        created_by="fleet up")  # fmt: skip
-        client.close()
+        token, _ = stores.tokens.create(user, "default", Role.ADMIN, created_by="fleet up")
+        stores.close()
         return token
 
     def _spawn_redis(self) -> str:

@@ -3,5 +3,6 @@
 from fleet.state.connection import connect
 from fleet.state.jobs import JobStore
 from fleet.state.nodes import NodeStore
+from fleet.state.stores import Stores
 
-__all__ = ["JobStore", "NodeStore", "connect"]
+__all__ = ["JobStore", "NodeStore", "Stores", "connect"]

@@ -71,8 +71,17 @@ def used_memory(client: redis.Redis) -> int:
 
 
 def load_scripts(client: redis.Redis) -> dict[str, Any]:
-    """Register every Lua script in ``fleet/state/lua`` on ``client``, by file stem."""
-    return {name: client.register_script(text) for name, text in _script_texts().items()}
+    """Every Lua script in ``fleet/state/lua`` registered on ``client``, by file stem: registered once
+    per client and kept on it, so each store built on that client shares them."""
+    scripts: dict[str, Any] | None = getattr(client, _SCRIPTS, None)
+    if scripts is None:
+        scripts = {name: client.register_script(text) for name, text in _script_texts().items()}
+        setattr(client, _SCRIPTS, scripts)
+    return scripts
+
+
+#: the attribute of a client that holds its registered scripts
+_SCRIPTS = "_fleet_scripts"
 
 
 @functools.cache

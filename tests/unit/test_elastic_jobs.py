@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fleet.api.backend import check_elastic
+from fleet.api.admission import check_elastic
 from fleet.config_sections import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.errors import SpecError

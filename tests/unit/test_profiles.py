@@ -97,7 +97,7 @@ def test_a_declared_largest_batch_per_gpu_lets_a_learning_job_try_larger_ones() 
 
 
 def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
-    from fleet.api.backend import check_elastic
+    from fleet.api.admission import check_elastic
     from fleet.errors import SpecError
     from fleet.keys import Keys
     from fleet.models import JobSpec

@@ -1,0 +1,77 @@
+"""What this fleet admits: a spec's mounts, image, webhook, user and elastic profile, and the size a
+resize asks for. Each refusal is a :class:`SpecError` naming the field and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet import webhooks
+from fleet.config import Settings
+from fleet.errors import SpecError
+from fleet.models import Job, JobSpec, JobState, Range, Webhook
+from fleet.mounts import check_mounts
+from fleet.registries import check_image
+from fleet.scheduler.sizing import Size, scaled_batch
+from fleet.state.profiles import ProfileStore
+from fleet.state.tenants import TenantStore
+
+
+def admit(
+    spec: JobSpec | dict[str, Any], settings: Settings, tenants: TenantStore, profiles: ProfileStore
+) -> JobSpec:
+    """The spec, if this fleet runs it: mounts, image registry, webhook address, the tenant's
+    allowed users and an elastic job's profile checked; :class:`SpecError` naming what is not."""
+    if isinstance(spec, dict):
+        spec = JobSpec.parse(spec)
+    check_mounts(spec.mounts, settings.allowed_mounts)
+    check_image(spec.image or settings.default_image, settings.allowed_registries)
+    check_webhook(spec.notify, settings)
+    check_user(spec, tenants)
+    check_elastic(spec, profiles)
+    return spec
+
+
+def check_webhook(hook: Webhook | None, settings: Settings) -> None:
+    """:class:`SpecError` for a webhook whose host is written as an address fleet never sends to."""
+    if hook is None:
+        return
+    try:
+        webhooks.check_url(hook.url, webhooks.networks(settings.webhook_allowed_networks))
+    except webhooks.AddressRefused as exc:
+        raise SpecError(str(exc)) from None
+
+
+def check_user(spec: JobSpec, tenants: TenantStore) -> None:
+    """:class:`SpecError` for a spec's ``user`` its tenant's ``allowed_users`` does not hold."""
+    if spec.user is not None:
+        tenants.policy(spec.tenant).check_user(spec.user)
+
+
+def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:
+    """An elastic job its profile gives no size to run at would wait forever: refused at submit, as is
+    one whose uploaded profile is not stored or not a profile."""
+    if not isinstance(spec.gpus, Range) or spec.batch_size is None or spec.profile is None:
+        return
+    from fleet.scheduler.resizing import Elastic, unrunnable  # numpy: only for elastic jobs
+
+    job = Job(id="", spec=spec, state=JobState.QUEUED)
+    if why := unrunnable(Elastic.of(job, profiles.profile_of(spec, touch=True))):
+        raise SpecError(f"invalid job spec:\n  spec: {why}")
+
+
+def resize_target(job: Job, gpus: int, batch: int | None) -> Size:
+    """The size a resize asks for, checked against the job's ranges (a :class:`SpecError` names the
+    field and what is allowed)."""
+    spec = job.spec
+    if not isinstance(spec.gpus, Range):
+        raise SpecError(f"job {job.id} is not elastic: only a job submitted with a range of GPUs "
+                        "(gpus: {min, max}, fleet submit --gpus 1-4) can be resized")  # fmt: skip
+    if not spec.gpus.min <= gpus <= spec.gpus.max:
+        raise SpecError(f"gpus: {gpus} is outside job {job.id}'s range {spec.gpus}")
+    low, high = (spec.batch_size.min, spec.batch_size.max) if isinstance(spec.batch_size, Range) else (
+        (spec.batch_size, spec.batch_size) if spec.batch_size else (1, 1 << 24))  # fmt: skip
+    if batch is None:
+        return Size(gpus, scaled_batch(job.global_batch or 0, job.gpu_count, gpus, low, high))
+    if not low <= batch <= high:
+        raise SpecError(f"batch size: {batch} is outside job {job.id}'s range {low}-{high}")
+    return Size(gpus, batch)
