@@ -34,16 +34,16 @@ import redis
 from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
 from bench.inprocess import in_process_fleet
+from bench.procs import FleetProcs
 from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.api.backend import Backend
 from fleet.client import JobHandle
 from fleet.config import load_settings
-from fleet.models import JobSpec, JobState
 from fleet.ops.local import free_port
-from tests.conftest import FleetProcs
+from fleet.models import JobSpec, JobState
 
-#: what tests/conftest.py's FleetProcs speeds up; the idle services run with the defaults instead
+#: what bench/procs.py's FleetProcs speeds up; the idle services run with the defaults instead
 TEST_TIMINGS = (
     "FLEET_BUS_POLL_MS", "FLEET_RETRY_BACKOFF_S", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S",
     "FLEET_CONTROLLER__LEADER_LEASE_S", "FLEET_AGENT__HEARTBEAT_INTERVAL_S",

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from bench.dispatch import machine_line, redis_server
+from bench.procs import DirectClient
 from bench.recovery import fleet, until
 from fleet import JobSpec, JobState
-from tests.conftest import DirectClient
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "workers" / "examples" / "train_elastic.py")
 SIZES = (2, 4, 2, 1)

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from bench.dispatch import machine_line
+from bench.procs import DirectClient, FleetProcs
 from fleet import JobSpec, JobState
-from tests.conftest import DirectClient, FleetProcs
 
 DEFAULTS = {
     "FLEET_RETRY_BACKOFF_S": "5", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",

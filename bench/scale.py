@@ -66,6 +66,7 @@ from bench.harness import (
     redis_pid,
     until,
 )
+from bench.procs import FleetProcs
 from bench.profile import summarise
 from bench.simfleet import SECONDS_LABEL
 from fleet.api.backend import Backend
@@ -74,7 +75,6 @@ from fleet.config import Settings, load_settings
 from fleet.keys import Keys
 from fleet.models import JobSpec, JobState
 from fleet.state import JobStore, connect
-from tests.conftest import FleetProcs
 
 DAY = "86400"
 PROBE_MODEL = "L4"

@@ -6,11 +6,8 @@ Integration tests skip when redis-server or Docker is missing locally and fail u
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,29 +16,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
-from fleet.agent.cgroups import detect
-from fleet.agent.supervisor import kill_leftovers
-from fleet.api.backend import Backend
-from fleet.client import Client, JobHandle
-from fleet.config import Settings, load_settings
+from bench.procs import OPERATOR_ALLOWS, TEST_IMAGE, FleetProcs
+from fleet.client import Client
 from fleet.keys import Keys
-from fleet.models import JobSpec, Role
 from fleet.ops.local import free_port
+from fleet.models import Role
 from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"
-#: the tests' webhook receivers listen on 127.0.0.1, which an operator must allow (loopback is refused)
-OPERATOR_ALLOWS = {
-    "FLEET_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.1/32"]',
-    # and the registries fleet ships with, plus the tests' own on 127.0.0.1 (any port)
-    "FLEET_ALLOWED_REGISTRIES": '["localhost", "docker.io", "nvcr.io", "ghcr.io", "127.0.0.1"]',
-}
-TEST_IMAGE = "localhost/fleet/busybox:latest"
 
 
 def need_torch() -> None:
@@ -140,143 +126,6 @@ def docker_ready() -> bool:
 @pytest.fixture
 def docker_runtime(docker_ready: bool) -> None:
     need(docker_ready, f"Docker daemon or the {TEST_IMAGE} image missing (make images-test)")
-
-
-class FleetProcs:
-    """Controllers and agents as real child processes, with fast test timings."""
-
-    def __init__(self, redis_url: str, root: Path, runtime: str, api: Api | None = None) -> None:
-        self.redis_url, self.root, self.runtime, self.api = redis_url, root, runtime, api
-        self.cgroup_parent = f"fleet-test/{hashlib.sha256(str(root).encode()).hexdigest()[:16]}"
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.nodes: set[str] = set()
-        self.env = dict(os.environ)
-        self.env.update(
-            FLEET_REDIS_URL=redis_url,
-            FLEET_CHECKPOINT_ROOT=str(root / "checkpoints"),
-            FLEET_DEFAULT_IMAGE=TEST_IMAGE,
-            FLEET_RETRY_BACKOFF_S="0.5",
-            FLEET_CONTROLLER__SCHEDULE_INTERVAL_S="0.5",
-            FLEET_CONTROLLER__LEADER_LEASE_S="2",
-            FLEET_AGENT__HEARTBEAT_INTERVAL_S="0.25",
-            FLEET_AGENT__NODE_LEASE_TTL_S="3",
-            FLEET_AGENT__FENCE_MARGIN_S="0.5",
-            # CPUs are scheduled (1 per CPU-only job by default): let a 2-core test machine's
-            # simulated nodes take as many jobs as the tests give them
-            FLEET_AGENT__CPUS="64",
-            FLEET_AGENT__RECONCILE_INTERVAL_S="0.5",
-            FLEET_AGENT__STOP_GRACE_S="2",
-            FLEET_AGENT__DOCKER_PULL="never",
-            FLEET_AGENT__GPUS="simulated",
-            FLEET_AGENT__RUNTIME=runtime,
-            # attempt cgroups of this fleet's own (node names repeat across tests run side by side),
-            # and a default memory limit that does not shrink with the 64 CPUs above
-            FLEET_AGENT__CGROUP_PARENT=self.cgroup_parent,
-            FLEET_AGENT__DEFAULT_MEMORY="4g",
-            FLEET_CONTROLLER__METRICS_PORT="0",
-            FLEET_AGENT__METRICS_PORT="0",
-            # the network guard changes the host's firewall for every job uid, and its rules outlive
-            # the agent: tests/integration/test_hostile_network.py turns it on and removes it after
-            FLEET_AGENT__JOB_NETWORK_GUARD="false",
-            **OPERATOR_ALLOWS,
-        )
-        if runtime == "process" and not world_reachable(Path(sys.executable)):
-            # jobs run this interpreter (torch is installed there); where it sits in a private home
-            # the tenants' unprivileged uids cannot exec it. tests/integration/test_security.py and
-            # test_hostile_node.py check the per-tenant uids with programs every user can run.
-            self.env.update(FLEET_AGENT__JOB_USER="0:0", FLEET_AGENT__ALLOW_ROOT_JOBS="true")
-
-    def settings(self) -> Settings:
-        return load_settings(redis_url=self.redis_url)
-
-    def cli_env(self, **extra: str) -> dict[str, str]:
-        """Environment for a ``fleet`` command: the API and an admin token, no Redis credentials."""
-        assert self.api is not None, "this fleet runs on a Redis of its own, with no API"
-        return {**self.api.env(), **extra}
-
-    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "fleet.cli.main", *argv], env={**self.env, **env},
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def controller(self, name: str = "controller") -> subprocess.Popen[bytes]:
-        return self.start(name, ["controller"])
-
-    def agent(self, node: str, gpus: int = 2, **env: str) -> subprocess.Popen[bytes]:
-        self.nodes.add(node)
-        return self.start(
-            node, ["agent", "--node-name", node],
-            FLEET_AGENT__SIMULATED_GPUS=str(gpus), FLEET_AGENT__STATE_DIR=str(self.root / node), **env,
-        )  # fmt: skip
-
-    def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sum(n.alive for n in client.nodes()) >= count:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
-
-    def kill_node(self, node: str) -> None:
-        """A machine losing power: the agent, its supervisor and every job process, SIGKILLed at once."""
-        self.procs[node].send_signal(signal.SIGKILL)
-        kill_supervisor(self.root / node)
-        for meta in (self.root / node / "attempts").glob("*/meta.json"):
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
-        self.procs[node].wait()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        for state in self.root.glob("*/"):  # supervisors outlive agents on purpose
-            kill_supervisor(state)
-        for meta in self.root.glob("*/attempts/*/meta.json"):  # process-runtime jobs run in own sessions
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
-        remove_cgroups(self.cgroup_parent)
-
-
-def remove_cgroups(parent: str) -> None:
-    """Kill what runs in the attempt cgroups under ``parent`` and remove them (a test's fleet)."""
-    layout = detect()
-    if layout.kind == "none":
-        return
-    tops = [m / parent for m in {*([layout.unified] if layout.unified else []), *layout.v1.values()}]
-    nodes = [node for top in tops if top.is_dir() for node in top.iterdir() if node.is_dir()]
-    kill_leftovers(nodes)
-    for folder in sorted((p for top in tops if top.is_dir() for p in top.rglob("*") if p.is_dir()),
-                         key=lambda p: -len(p.parts)):  # fmt: skip
-        for _ in range(100):
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.02)
-    for top in tops:
-        with contextlib.suppress(OSError):
-            top.rmdir()
-
-
-def world_reachable(path: Path) -> bool:
-    """Whether any user may execute ``path``: every directory above it, and above what it links to
-    (a venv's ``python`` links to the system's), searchable."""
-    real = path.resolve()
-    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents, *path.absolute().parents])
-
-
-def kill_supervisor(state_dir: Path) -> None:
-    """SIGKILL the node supervisor whose pid file is in ``state_dir`` (its jobs die with it)."""
-    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-        os.kill(int((state_dir / "supervisor.pid").read_text()), signal.SIGKILL)
 
 
 def remove_containers(*nodes: str) -> None:
@@ -392,14 +241,6 @@ def api(redis_url: str, api_server: str) -> Iterator[Api]:
     yield api
     for client in api.clients:
         client.close()
-
-
-class DirectClient(Backend):
-    """The backend on a Redis of the test's own (no API server there), handing out the Client's
-    job handles: for tests of a fleet that runs on its own Redis (restarts, outages, chaos)."""
-
-    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:  # type: ignore[override]
-        return JobHandle(self, super().submit(spec, job_id=job_id).id)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.procs import DirectClient, FleetProcs
 from fleet import Client, JobSpec, JobState
 from fleet.ops.local import free_port
-from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_dependability import wait_for
 
 pytestmark = pytest.mark.integration

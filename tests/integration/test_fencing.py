@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import FleetProcs, kill_supervisor
 from fleet import Client, JobSpec, JobState
-from tests.conftest import FleetProcs, kill_supervisor
 
 pytestmark = pytest.mark.integration
 TICKER = (

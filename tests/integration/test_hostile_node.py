@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import DirectClient, FleetProcs
 from fleet import Client, JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import SpecError
-from tests.conftest import Api, DirectClient, FleetProcs, need, remove_containers
+from tests.conftest import Api, need, remove_containers
 from tests.integration.test_up import Up
 
 pytestmark = pytest.mark.integration

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.procs import DirectClient, FleetProcs
 from fleet import Client, JobSpec, JobState
 from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.ops.local import free_port
 from fleet.state import JobStore, connect
-from tests.conftest import DirectClient, FleetProcs, need
+from tests.conftest import need
 
 pytestmark = pytest.mark.integration
 #: the default: each tenant's jobs run as a uid of its own (agent.job_uid_range), never root
