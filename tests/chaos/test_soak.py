@@ -23,7 +23,7 @@ import pytest
 from fleet import JobSpec, JobState
 from tests.conftest import DirectClient, FleetProcs
 from tests.integration.test_control_plane import OwnRedis
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 SOAK_SECONDS = float(os.environ.get("FLEET_SOAK_SECONDS", "25"))

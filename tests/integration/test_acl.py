@@ -26,7 +26,7 @@ from fleet.ops.install import ACL_USERS, render_acl
 from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from fleet.models import Role
 from fleet.ops.local import free_port
 from fleet.state import connect
 from fleet.state.tokens import TokenStore
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 MB = 1 << 20

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import dramatiq
 import pytest
@@ -18,6 +17,7 @@ from fleet.bus import CONTROLLER_QUEUE, Bus, JobSubmitted, NodeChanged, node_que
 from fleet.bus.wake import wake_list
 from fleet.config import load_settings
 from tests.conftest import FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -139,9 +139,9 @@ def test_a_queue_keeps_only_the_newest_dead_letters(redis_url: str, caplog: pyte
         sent.append(bus.broker.enqueue(message).options["redis_message_id"])
     worker = bus.worker(QUEUE, threads=1)
     try:
-        wait_until(lambda: len(dead_lettered_logs(caplog)) == 4)
+        wait_for(lambda: len(dead_lettered_logs(caplog)) == 4)
         bus.broker.do_enqueue(QUEUE, "garbage-1", b"\x00not a dramatiq message")
-        wait_until(lambda: len(dead_lettered_logs(caplog)) == 5)
+        wait_for(lambda: len(dead_lettered_logs(caplog)) == 5)
     finally:
         worker.stop(timeout=2000)
         bus.close()
@@ -150,13 +150,6 @@ def test_a_queue_keeps_only_the_newest_dead_letters(redis_url: str, caplog: pyte
     assert len(kept) == 2 and kept[-1] == "garbage-1" and kept[0] in sent
     with bus_db(redis_url) as db:
         assert sorted(db.hkeys(f"fleet:{QUEUE}.XQ.msgs")) == sorted(kept)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 8.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_leadership_changes_leave_the_process_as_one_does(

@@ -16,7 +16,7 @@ import redis
 from bench.procs import DirectClient, FleetProcs
 from fleet import Client, JobSpec, JobState
 from fleet.ops.local import free_port
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from fleet.keys import Keys
 from fleet.state import JobStore, NodeStore
 from tests.conftest import FleetProcs
 from tests.integration.inprocess import Harness, info
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 REQUEUED = "; requeued (retry budget not spent)"

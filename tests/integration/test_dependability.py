@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from fleet import Client, JobSpec, JobState
 from fleet.agent import checkpoints
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, node_queue
 from tests.conftest import FleetProcs, need, need_torch
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py")
@@ -52,15 +53,6 @@ def digest(text: str) -> str:
     found = re.search(r"weights ([0-9a-f]{64})", text)
     assert found, text
     return found.group(1)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def progress(client: Client, job_id: str, attempt: int) -> list[int]:

@@ -11,7 +11,8 @@ import pytest
 
 from fleet import Client, JobSpec, JobState, NodeState
 from tests.conftest import FleetProcs, need_torch
-from tests.integration.test_dependability import EXAMPLE, progress, wait_for
+from tests.integration.test_dependability import EXAMPLE, progress
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

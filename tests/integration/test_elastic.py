@@ -20,7 +20,7 @@ from fleet import Client, JobSpec, JobState
 from fleet.client import JobHandle
 from fleet.errors import Forbidden, SpecError
 from tests.conftest import Api, FleetProcs, need_torch
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_elastic.py")

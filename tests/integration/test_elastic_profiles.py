@@ -21,7 +21,7 @@ from fleet import Client, JobSpec, JobState
 from fleet.client import JobHandle
 from fleet.errors import SpecError
 from tests.conftest import Api, FleetProcs
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 BUNDLED = Path(fleet.__file__).parent / "traces" / "profiles"

@@ -16,6 +16,7 @@ import pytest
 
 from bench.procs import FleetProcs, kill_supervisor
 from fleet import Client, JobSpec, JobState
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 TICKER = (
@@ -29,15 +30,6 @@ def ticks(ckpt: Path, attempt: int) -> list[float]:
         return [float(t) for t in (ckpt / f"ticks-{attempt}").read_text().split()]
     except FileNotFoundError:
         return []
-
-
-def wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def test_a_killed_agent_never_leaves_its_attempt_running_past_the_lease(

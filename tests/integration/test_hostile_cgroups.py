@@ -15,7 +15,8 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.agent.cgroups import detect
 from tests.conftest import FleetProcs
-from tests.integration.test_supervisor_lifetime import running, wait_for
+from tests.integration.test_supervisor_lifetime import running
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20

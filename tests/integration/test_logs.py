@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 from redis import Redis
 
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +30,6 @@ def counting(lines: int, pause_every: int, pause_s: float) -> JobSpec:
         f"if [ $((i % {pause_every})) -eq 0 ]; then sleep {pause_s}; fi; done"
     )
     return sh(script, gpus=1)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not met in {timeout} s")
 
 
 def test_many_jobs_at_once_each_get_all_their_output_in_order(

@@ -12,7 +12,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.ops.local import free_port
 from tests.conftest import FleetProcs
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

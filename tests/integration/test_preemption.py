@@ -14,7 +14,8 @@ from fleet.keys import Keys
 from fleet.models import Tenant
 from fleet.state.tenants import TenantStore
 from tests.conftest import FleetProcs, need_torch
-from tests.integration.test_dependability import EXAMPLE, progress, wait_for
+from tests.integration.test_dependability import EXAMPLE, progress
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 GRACE_S = 20.0

@@ -27,7 +27,7 @@ from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
 from tests.integration.test_acl import _answers
 from tests.integration.test_control_plane import sleeper
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

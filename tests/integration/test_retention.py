@@ -25,7 +25,7 @@ from fleet.models import Exit
 from fleet.state.retention import RetentionStore
 from tests.conftest import Api, FleetProcs
 from tests.integration.inprocess import Harness, info
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 DAY = 86400.0

@@ -20,7 +20,7 @@ from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
 from fleet.ops.local import free_port
 from tests.integration.test_control_plane import _pings
-from tests.integration.test_dependability import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

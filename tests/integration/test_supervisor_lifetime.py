@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +29,6 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, procs: FleetProcs) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s\n{procs.logs()}")
 
 
 def supervisor_of(procs: FleetProcs, node: str) -> tuple[int, Path]:
