@@ -7,6 +7,9 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 STAMP := .build
+# pytest-xdist workers for `make test`: most tests wait on services' timings rather than compute,
+# so more workers than cores pay (measured on a 2-core machine)
+TEST_WORKERS ?= 3
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python images-test bench clean
@@ -40,7 +43,8 @@ up: install  ## a local fleet in the foreground (Ctrl-C stops it)
 	$(VENV)/bin/fleet up
 
 test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs), then the built wheel
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone"
+	$(PYTHON) -m pytest -m alone
 	$(MAKE) --no-print-directory test-installed
 
 test-installed: install  ## build the wheel and sdist, install each into a fresh venv, run the smoke tests there

@@ -30,6 +30,35 @@ from fleet.state.tokens import TokenStore
 IN_CI = os.environ.get("CI") == "true"
 
 
+#: modules whose services run under fleet's default cgroup parent (``fleet up``; the hosts' units):
+#: a supervisor starting there kills what another left in it, so they run one after another
+DEFAULT_CGROUP_PARENT = {"test_up.py", "test_hosts.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``), tests that share something host-wide run on one worker,
+    one after another (``--dist loadgroup``); the rest spread over the workers, each of which has
+    a Redis, an API and temp dirs (so cgroup parents) of its own. Tests marked ``alone`` change
+    the host for everyone and run in a pytest of their own (``-m alone``)."""
+    for item in items:
+        if group := _shared(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    docker = {"docker_runtime", "docker_procs", "docker_ready"} & set(getattr(item, "fixturenames", ()))
+    if (
+        docker
+        or item.get_closest_marker("docker")
+        or (callspec and callspec.params.get("runtime") == "docker")
+    ):
+        return "docker"  # one daemon; containers are found by node names that every test repeats
+    if item.path.name in DEFAULT_CGROUP_PARENT:
+        return "default-cgroup-parent"
+    return None
+
+
 def need_torch() -> None:
     try:
         import torch  # noqa: F401

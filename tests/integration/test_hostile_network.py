@@ -30,7 +30,9 @@ from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs, need
 from tests.integration.test_arrays import until
 
-pytestmark = pytest.mark.integration
+#: the network guard's rules reject every job uid's traffic to loopback host-wide, and its network
+#: and chains are the host's: nothing may run beside this module
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 #: a uid of the default job_uid_range, kept for this test: no other process of the host runs as it
 JOB_USER = "1000999999:1000999999"
 NODE_ADDRESS, OUTSIDE = "198.51.100.1", "198.51.100.2"  # a veth pair, the node's end and the outside's
