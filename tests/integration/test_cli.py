@@ -30,6 +30,8 @@ def runtime() -> str:
 
 @pytest.fixture
 def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def]
+    # the leader publishes the tenants' queues (`fleet top`) every usage interval: 10 s by default
+    procs.env["FLEET_CONTROLLER__USAGE_INTERVAL_S"] = "1"
     procs.controller()
     procs.agent("t-cli", gpus=2)
     procs.wait_nodes(client, 1)
@@ -217,20 +219,22 @@ def test_logs_carry_their_times_and_json_has_iso_timestamps(fleet_cli) -> None: 
     assert shown["created_at_iso"].endswith("Z") and abs(shown["created_at"] - time.time()) < 120
 
 
-def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_after: float = 0) -> str:
+def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_on: str = "") -> str:
     """What ``fleet ARGV`` writes to a terminal ``columns`` wide (a pseudo-terminal: isatty is true);
-    with ``ctrl_c_after``, interrupted (SIGINT, as Ctrl-C) after so many seconds."""
+    with ``ctrl_c_on``, interrupted (SIGINT, as Ctrl-C) once that text is on the screen (not after a
+    fixed time: on a busy machine the program may not have drawn anything yet)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdin=subprocess.DEVNULL, stdout=slave,
                             stderr=slave, env={k: v for k, v in env.items() if k != "COLUMNS"})  # fmt: skip
     os.close(slave)
     out = b""
-    interrupt_at = time.monotonic() + ctrl_c_after if ctrl_c_after else None
+    interrupt_on, deadline = ctrl_c_on.encode(), time.monotonic() + 60
     while True:
-        if interrupt_at is not None and time.monotonic() > interrupt_at:
+        if interrupt_on and interrupt_on in out:
             proc.send_signal(signal.SIGINT)
-            interrupt_at = None
+            interrupt_on = b""
+        assert time.monotonic() < deadline, out
         if not select.select([master], [], [], 0.1)[0]:
             continue
         try:
@@ -283,10 +287,11 @@ def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_c
 def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  # type: ignore[no-untyped-def]
     job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
     # When `fleet jobs --watch` runs on a terminal for a while, then Ctrl-C
-    screen = in_terminal(["jobs", "--watch", "0.3"], fleet_cli.env, ctrl_c_after=3)  # asserts exit 0
+    redrawn = "\x1b[1A\x1b[2K"  # cursor up, erase line
+    screen = in_terminal(["jobs", "--watch", "0.3"], fleet_cli.env, ctrl_c_on=redrawn)  # asserts exit 0
     # Then the table was drawn, then drawn again over itself (cursor up, erase line), no traceback
     assert job_id in screen and "Ctrl-C stops" in screen and "Traceback" not in screen
-    assert "\x1b[1A\x1b[2K" in screen, screen
+    assert redrawn in screen, screen
 
 
 def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  # type: ignore[no-untyped-def]
@@ -340,7 +345,7 @@ def test_top_once_shows_gpus_running_jobs_and_queues(fleet_cli, client: Client) 
     assert [j["id"] for j in as_json["running"]] == [running] and as_json["nodes"][0]["name"] == "t-cli"
     assert "\x1b" not in frame
     # And on a terminal it takes the screen (as top does) until Ctrl-C, then gives it back
-    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_after=3)
+    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_on=running)
     assert "\x1b[?1049h" in screen and screen.rstrip().endswith("\x1b[?1049l") and running in screen
     fleet_cli("cancel", running)
 
