@@ -28,9 +28,12 @@ def runtime() -> str:
 
 
 def ddp(*args: str, **fields: object) -> JobSpec:
-    """The README's torchrun command, this interpreter's torch; a 5 s collective timeout."""
+    """The README's torchrun command, this interpreter's torch; a 30 s collective timeout: the
+    members' rendezvous waits that long for the slower one (importing torch can take many seconds
+    on a busy machine), and a member whose peer's node died waits that long for fleet, which stops
+    it within the node lease (3 s here). At 5 s either could fail first: a retry spent."""
     command = ["sh", "-c", TORCHRUN, "ddp", "--steps", str(STEPS), "--every", str(EVERY),
-               "--global-batch", str(BATCH), "--dist-timeout", "5", *args]  # fmt: skip
+               "--global-batch", str(BATCH), "--dist-timeout", "30", *args]  # fmt: skip
     env = {"PY": sys.executable, "EXAMPLE": str(EXAMPLE)}
     return JobSpec.parse({"name": "ddp", "command": command, "env": env, "nodes": 2, **fields})
 
