@@ -19,9 +19,11 @@ echo "installed: installing $(basename "$wheel") into a venv of $("$python" --ve
 "$work/venv/bin/python" -m pip install -q "$wheel[dev,torch]" 2>&1 | grep -v "is ignored" || true
 "$work/venv/bin/python" -m pip check
 
-# the tests and the files they read from a checkout (the README's example); no fleet/, no workers/fleet_worker
-mkdir -p "$work/suite/workers"
+# the tests, the harness they start services with (bench/procs.py) and the files they read from a
+# checkout (the README's example); no fleet/, no workers/fleet_worker
+mkdir -p "$work/suite/workers" "$work/suite/bench"
 cp -r "$repo/tests" "$repo/pyproject.toml" "$work/suite/"
+cp "$repo/bench/__init__.py" "$repo/bench/procs.py" "$work/suite/bench/"
 cp -r "$repo/workers/examples" "$work/suite/workers/"
 cd "$work/suite"
 "$work/venv/bin/python" - "$repo" <<'EOF'
