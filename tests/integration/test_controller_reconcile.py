@@ -96,6 +96,8 @@ def bus_messages(procs: FleetProcs, node: str) -> list[dict[str, Any]]:
 def test_a_claim_no_attempt_holds_is_released_and_its_gpu_used_again(
     procs: FleetProcs, client: Client, redis: redis_py.Redis
 ) -> None:
+    # orphan claims are found by the full reconcile, every resync interval (30 s by default)
+    procs.env["FLEET_CONTROLLER__RESYNC_INTERVAL_S"] = "2"
     procs.controller()
     procs.agent("t-a", gpus=1)
     procs.wait_nodes(client, 1)
