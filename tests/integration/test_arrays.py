@@ -38,6 +38,7 @@ def until(what: Callable[[], bool], timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(600)  # 2,000 processes: its own wait allows that long, the suite's 120 s guard not
 def test_each_task_of_a_2000_task_array_runs_once_with_its_own_index(
     procs: FleetProcs, client: Client
 ) -> None:
