@@ -35,6 +35,16 @@ IN_CI = os.environ.get("CI") == "true"
 DEFAULT_CGROUP_PARENT = {"test_up.py", "test_hosts.py"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker's fleets give their gangs' rank 0 ports (``MASTER_PORT``, bound on
+    this host) from a range of the worker's own, so that two workers' gangs never meet."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):  # 50 ports each, below the kernel's ephemeral ones (from 32768)
+        os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORTS"] = "50"
+        os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29400 + 50 * int(worker[2:]))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``), tests that share something host-wide run on one worker,
     one after another (``--dist loadgroup``); the rest spread over the workers, each of which has
