@@ -27,6 +27,7 @@ def runtime() -> str:
     return "process"
 
 
+@pytest.mark.timeout(600)  # 124 jobs; its own waits allow that long, the suite's 120 s guard not
 def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victims_resume(
     procs: FleetProcs, client: Client, redis: redis.Redis
 ) -> None:
