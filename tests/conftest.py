@@ -39,9 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker's fleets give their gangs' rank 0 ports (``MASTER_PORT``, bound on
     this host) from a range of the worker's own, so that two workers' gangs never meet."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw"):  # 50 ports each, below the kernel's ephemeral ones (from 32768)
+    if worker.startswith("gw"):  # 50 ports each, past the default 29400-29899 (a serial run's) and
+        # below the kernel's ephemeral ports (from 32768)
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORTS"] = "50"
-        os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29400 + 50 * int(worker[2:]))
+        os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29900 + 50 * int(worker[2:]))
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselected, and after xdist's own hook
