@@ -219,10 +219,12 @@ def test_logs_carry_their_times_and_json_has_iso_timestamps(fleet_cli) -> None: 
     assert shown["created_at_iso"].endswith("Z") and abs(shown["created_at"] - time.time()) < 120
 
 
-def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_on: str = "") -> str:
+def in_terminal(
+    argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c_on: str = "", seen: int = 1
+) -> str:
     """What ``fleet ARGV`` writes to a terminal ``columns`` wide (a pseudo-terminal: isatty is true);
-    with ``ctrl_c_on``, interrupted (SIGINT, as Ctrl-C) once that text is on the screen (not after a
-    fixed time: on a busy machine the program may not have drawn anything yet)."""
+    with ``ctrl_c_on``, interrupted (SIGINT, as Ctrl-C) once that text was on the screen ``seen``
+    times (not after a fixed time: on a busy machine the program may not have drawn anything yet)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdin=subprocess.DEVNULL, stdout=slave,
@@ -231,7 +233,7 @@ def in_terminal(argv: list[str], env: dict[str, str], columns: int = 100, ctrl_c
     out = b""
     interrupt_on, deadline = ctrl_c_on.encode(), time.monotonic() + 60
     while True:
-        if interrupt_on and interrupt_on in out:
+        if interrupt_on and out.count(interrupt_on) >= seen:
             proc.send_signal(signal.SIGINT)
             interrupt_on = b""
         assert time.monotonic() < deadline, out
@@ -345,7 +347,8 @@ def test_top_once_shows_gpus_running_jobs_and_queues(fleet_cli, client: Client) 
     assert [j["id"] for j in as_json["running"]] == [running] and as_json["nodes"][0]["name"] == "t-cli"
     assert "\x1b" not in frame
     # And on a terminal it takes the screen (as top does) until Ctrl-C, then gives it back
-    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_on=running)
+    # (once it has drawn twice: it is redrawing, the screen taken)
+    screen = in_terminal(["top", "-n", "0.3"], fleet_cli.env, ctrl_c_on="Ctrl-C stops", seen=2)
     assert "\x1b[?1049h" in screen and screen.rstrip().endswith("\x1b[?1049l") and running in screen
     fleet_cli("cancel", running)
 
