@@ -224,9 +224,20 @@ def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
         return
     path = request.getfixturevalue("tmp_path")
     path.chmod(0o755)
-    for parent in list(path.parents)[:2]:
+    for parent in _made_by_pytest(path, request.getfixturevalue("tmp_path_factory").getbasetemp()):
         with contextlib.suppress(PermissionError):
             parent.chmod(0o711)
+
+
+def _made_by_pytest(path: Path, base: Path) -> Iterator[Path]:
+    """The directories above ``path`` that pytest made: up to its base temp dir (``--basetemp``,
+    or ``pytest-N``), the xdist controller's one above a worker's ``popen-gwN``, and
+    ``pytest-of-USER``; never a directory of the system's (``/tmp`` itself, a home)."""
+    own = [base, *([base.parent] if base.name.startswith("popen-") else [])]
+    for parent in path.parents:
+        if not (parent in own or base in parent.parents or parent.name.startswith("pytest-")):
+            return
+        yield parent
 
 
 @pytest.fixture
