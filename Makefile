@@ -10,6 +10,9 @@ STAMP := .build
 # pytest-xdist workers for `make test`: most tests wait on services' timings rather than compute,
 # so more workers than cores pay (measured on a 2-core machine)
 TEST_WORKERS ?= 3
+# their temp root, short: a worker's tests sit a level deeper (popen-gwN), and a test fleet's node
+# supervisor listens on a Unix socket in the test's directory (at most 107 bytes of path)
+TEST_TMP ?= /tmp/fleet-test
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python images-test bench clean
@@ -43,7 +46,7 @@ up: install  ## a local fleet in the foreground (Ctrl-C stops it)
 	$(VENV)/bin/fleet up
 
 test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs), then the built wheel
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone"
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --basetemp=$(TEST_TMP)
 	$(PYTHON) -m pytest -m alone
 	$(MAKE) --no-print-directory test-installed
 
