@@ -40,8 +40,8 @@ from fleet.agent.runtime.process import ProcessRuntime
 from fleet.api.backend import Backend
 from fleet.client import JobHandle
 from fleet.config import load_settings
-from fleet.ops.local import free_port
 from fleet.models import JobSpec, JobState
+from fleet.ops.local import free_port
 
 #: what bench/procs.py's FleetProcs speeds up; the idle services run with the defaults instead
 TEST_TIMINGS = (

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from fleet.agent.cgroups import detect
 from fleet.agent.supervisor import kill_leftovers
-from fleet.backend import Backend
+from fleet.api.backend import Backend
 from fleet.client import Client, JobHandle
 from fleet.config import Settings, load_settings
 from fleet.models import JobSpec

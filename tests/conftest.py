@@ -23,8 +23,8 @@ import redis
 from bench.procs import OPERATOR_ALLOWS, TEST_IMAGE, FleetProcs
 from fleet.client import Client
 from fleet.keys import Keys
-from fleet.ops.local import free_port
 from fleet.models import Role
+from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"

@@ -11,25 +11,19 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.procs import TEST_IMAGE
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, Runtime
 from fleet.agent.runtime.fake import FakeRuntime
 from fleet.agent.supervision import SupervisorClient
-from tests.conftest import TEST_IMAGE, remove_containers
+from tests.conftest import remove_containers
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(check: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture(params=["fake", "process", "docker"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import fleet.api.backend
+import fleet.api.commands
 from bench.procs import DirectClient, FleetProcs
 from fleet import JobSpec, JobState
 from fleet.config import load_settings
@@ -110,8 +110,8 @@ def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
     wait_for(lambda: running.status().state == JobState.RUNNING, timeout=30, what="long job running")
     # And a generator of job ids that repeats itself once, as 32 random bits did about once in a
     # 10,000-job submit loop (and every other time in a 50,000-job one)
-    draws, generated = iter(["q-twice", "q-twice"]), fleet.api.backend.new_id
-    monkeypatch.setattr(fleet.api.backend, "new_id", lambda name: next(draws, None) or generated(name))
+    draws, generated = iter(["q-twice", "q-twice"]), fleet.api.commands.new_id
+    monkeypatch.setattr(fleet.api.commands, "new_id", lambda name: next(draws, None) or generated(name))
 
     # When 2,000 jobs are submitted one after another
     spec = JobSpec.parse({"name": "q", "command": ["true"], "gpus": 1})
