@@ -336,7 +336,7 @@ TICKER = (
 
 
 def _ticks(fleet: Fleet, job: str, attempt: int) -> list[float]:
-    path = fleet.agent.checkpoints / job / f"ticks-{attempt}"
+    path = fleet.checkpoints / job / f"ticks-{attempt}"
     return [float(t) for t in path.read_text().split()] if path.exists() else []
 
 

@@ -80,7 +80,7 @@ def gpu_container_check(client: Any, image: str, gpus: int, pull: str, toolkit: 
             image,
             ["nvidia-smi", "-L"],
             detach=True,
-            labels={"fleet.ops.doctor": "gpus"},
+            labels={"fleet.doctor": "gpus"},
             device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
             environment={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
         )
