@@ -12,24 +12,37 @@ the controller steps down.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from fleet.bus import Launch, node_queue, stop_attempt
+from fleet.bus import Bus, Launch, node_queue, stop_attempt
+from fleet.config import ControllerSettings
+from fleet.controller.elasticity import Elasticity
+from fleet.controller.tenancy import Tenancy
+from fleet.controller.views import ViewCache
 from fleet.log import event
 from fleet.models import Job, JobState
 from fleet.scheduler import Placement, Plan, Preemption, sizing
 from fleet.scheduler.passes import PassPlan
 from fleet.scheduler.resizing import Resize
-
-if TYPE_CHECKING:
-    from fleet.controller.service import Controller
+from fleet.state import JobStore
 
 log = logging.getLogger("fleet.controller")
 
 
 class Applier:
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(
+        self,
+        jobs: JobStore,
+        bus: Bus,
+        views: ViewCache,
+        tenancy: Tenancy,
+        elasticity: Elasticity,
+        cfg: ControllerSettings,
+        token: Callable[[], str],
+    ) -> None:
+        self.jobs, self.bus, self.views, self.cfg, self.token = jobs, bus, views, cfg, token
+        self.tenancy, self.elasticity = tenancy, elasticity
 
     def apply(self, plan: PassPlan, now: float) -> None:
         refused = {
@@ -44,43 +57,41 @@ class Applier:
     def _resize(self, change: Resize, now: float) -> bool:
         """A queued job gets its size; a running one SIGTERM with its tenant's grace to checkpoint, and
         its agent requeues it at the new size. False when the job moved on meanwhile."""
-        c = self.c
-        job, new = c.elasticity.jobs[change.job_id], change.new
+        job, new = self.elasticity.jobs[change.job_id], change.new
         what = f"resized {sizing.change(change.old, new)}" if change.old.gpus else f"sized {new}"
         reason = f"{what} by the elastic step"
-        grace = c.tenancy.policy(job.spec.tenant).preempt_grace_s
-        if not c.jobs.resize(job, new.gpus, new.batch, reason, grace, now, c.token()):
-            c.touch(jobs=[job.id])  # read it again
+        grace = self.tenancy.policy(job.spec.tenant).preempt_grace_s
+        if not self.jobs.resize(job, new.gpus, new.batch, reason, grace, now, self.token()):
+            self.views.touch(jobs=[job.id])  # read it again
             return False
-        job = c.elasticity.resized(job, change, now)
+        job = self.elasticity.resized(job, change, now)
         event(log, "job_resized", job=job.id, attempt=job.attempt, old=str(change.old), new=str(new),
               running=change.running)  # fmt: skip
         if change.running:
-            stop_attempt(c.bus, job.id, job.attempt, job.nodes_held, reason, grace)
+            stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
         return True
 
     # -- placements --------------------------------------------------------------------
 
     def _place(self, plan: Plan, now: float, refused: set[str]) -> None:
-        c = self.c
         jobs: dict[str, list[Placement]] = {}
         for p in plan.placements:  # a multi-node job has one placement per member, rank 0 first
             jobs.setdefault(p.job_id, []).append(p)
         if refused & jobs.keys():  # its size was not written: it is read again, placed next pass
             jobs = {job_id: members for job_id, members in jobs.items() if job_id not in refused}
         batch = [self._entry(members) for members in jobs.values()]
-        ports = (c.cfg.rendezvous_port_base, c.cfg.rendezvous_ports)
-        attempts = c.jobs.place_many(batch, c.token(), now, ports) if batch else []
+        ports = (self.cfg.rendezvous_port_base, self.cfg.rendezvous_ports)
+        attempts = self.jobs.place_many(batch, self.token(), now, ports) if batch else []
         for (job_id, members), attempt in zip(jobs.items(), attempts, strict=True):
             # their claims changed: read again; refused: see where the job stands now
-            c.touch(jobs=[] if attempt else [job_id], nodes=[p.node for p in members])
+            self.views.touch(jobs=[] if attempt else [job_id], nodes=[p.node for p in members])
             if attempt:
-                c.tenancy.placed(plan.jobs[job_id], members, attempt)
-                c.elasticity.placed(job_id, attempt)
+                self.tenancy.placed(plan.jobs[job_id], members, attempt)
+                self.elasticity.placed(job_id, attempt)
             for p in members if attempt else ():
-                c.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
+                self.bus.send(node_queue(p.node), Launch(job_id=job_id, attempt=attempt, gpus=list(p.gpus)))
         if plan.waiting:
-            c.jobs.set_reasons(plan.waiting, c.token(), now)
+            self.jobs.set_reasons(plan.waiting, self.token(), now)
 
     def _entry(self, members: list[Placement]) -> dict[str, Any]:
         """One place_many entry: a job's one node, or every member of a multi-node job."""
@@ -89,7 +100,7 @@ class Applier:
         entry = {"job": first.job_id, "node": first.node, "gpus": list(first.gpus), "cpus": first.cpus,
                  "memory": first.memory, "reason": "placed on " + "; ".join(where)}  # fmt: skip
         if len(members) > 1:
-            node = self.c.known_node(first.node)
+            node = self.views.known.get(first.node)
             entry["master_addr"] = node.address if node and node.address else first.node
             entry["members"] = [{"node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory}
                                 for p in members]  # fmt: skip
@@ -101,25 +112,25 @@ class Applier:
         """All the victims or none: each is read again first (it may have ended, or be younger than
         the snapshot said); then SIGTERM with its tenant's grace to checkpoint, and the agent
         requeues it without spending a retry, as for a drain."""
-        c = self.c
-        current = {j.id: j for j in c.readable(c.jobs.read_many([v.id for v in preemption.victims]), now)}
-        c.tenancy.observe(current.values())
+        batch = self.jobs.read_many([v.id for v in preemption.victims])
+        current = {j.id: j for j in self.views.readable(batch, now)}
+        self.tenancy.observe(current.values())
         if not all(self._still_victim(current.get(v.id), v.attempt, now) for v in preemption.victims):
             return
         stopped = []
         for victim in preemption.victims:
             job, reason = current[victim.id], preemption.reasons[victim.id]
-            grace = c.tenancy.policy(victim.tenant).preempt_grace_s
-            if not c.jobs.ask_to_leave(job, reason, grace, now, c.token(), allowed=[JobState.RUNNING],
+            grace = self.tenancy.policy(victim.tenant).preempt_grace_s
+            if not self.jobs.ask_to_leave(job, reason, grace, now, self.token(), allowed=[JobState.RUNNING],
                                        preempted_for=preemption.job.id):  # fmt: skip
                 continue
-            stop_attempt(c.bus, job.id, job.attempt, job.nodes_held, reason, grace)
-            c.tenants.count_preemption(victim.tenant)
+            stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
+            self.tenancy.store.count_preemption(victim.tenant)
             stopped.append(victim)
             event(log, "job_preempted", job=job.id, attempt=job.attempt, tenant=victim.tenant,
                   grace_s=f"{grace:g}", reason=reason)  # fmt: skip
         if stopped:
-            c.tenancy.hold(preemption, stopped, now)
+            self.tenancy.hold(preemption, stopped, now)
 
     def _still_victim(self, job: Job | None, attempt: int, now: float) -> bool:
         if job is None or job.attempt != attempt or job.state != JobState.RUNNING or job.started_at is None:
@@ -128,5 +139,5 @@ class Applier:
         return (
             not job.preempt
             and not job.cancel_requested
-            and ran >= self.c.tenancy.policy(job.spec.tenant).min_run_s
+            and ran >= self.tenancy.policy(job.spec.tenant).min_run_s
         )

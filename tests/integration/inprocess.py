@@ -34,8 +34,8 @@ class Harness:
 
     def lead(self) -> None:
         """Take the lease as the controller's renewal thread does (its passes then act)."""
-        self.controller._lead()
-        assert self.controller.leading()
+        self.controller.leadership.renew()
+        assert self.controller.leadership.leading()
 
     def node(self, name: str, ttl_s: float = 60, gpus: int = 1) -> None:
         """A live node, as its agent's heartbeat registers it."""
@@ -68,6 +68,6 @@ class Harness:
                                  reason="", now=time.time())  # fmt: skip
 
     def close(self) -> None:
-        self.controller._follow()
+        self.controller.leadership.follow()
         self.bus.close()
         self.client.close()

@@ -63,7 +63,7 @@ class MemFleet:
             self._agent(redis_url, name, gpus, settings)
         self._ids = itertools.count(1)
         assert self.controller.lease.renew()
-        self.controller._lead()  # leading, as its lease loop would make it
+        self.controller.leadership.renew()  # leading, as its lease loop would make it
         self.settle()
 
     def _settings(self, redis_url: str, node: str, overrides: dict[str, Any]) -> Settings:

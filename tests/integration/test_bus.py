@@ -160,10 +160,10 @@ def test_leadership_changes_leave_the_process_as_one_does(
     threads = threading.active_count()
 
     def lead(job_id: str) -> None:
-        worker = rec.bus.worker(QUEUE, threads=1)  # what Controller._lead does on leadership_acquired
+        worker = rec.bus.worker(QUEUE, threads=1)  # what Leadership.renew does on leadership_acquired
         rec.send(job_id)
         rec.wait_seen(len(rec.seen) + 1)
-        worker.stop(timeout=2000)  # what Controller._follow does on leadership_lost
+        worker.stop(timeout=2000)  # what Leadership.follow does on leadership_lost
 
     lead("j0")
     middleware = list(rec.bus.broker.middleware)
