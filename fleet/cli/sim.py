@@ -12,7 +12,7 @@ import click
 from fleet.cli.common import CONTEXT, pairs
 from fleet.errors import SpecError
 
-#: the policies fleet.sim.engine runs (kept here too, so that --help does not import the simulator)
+#: the policies fleet.sim.model names (kept here too, so that --help does not import the simulator)
 POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 
 

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.models import Tenant
-from fleet.sim.engine import ELASTIC, POLICIES, SimConfig, Simulation, simulate
+from fleet.sim.engine import Simulation, simulate
 from fleet.sim.metrics import SimResult, Stats
+from fleet.sim.model import ELASTIC, POLICIES, SimConfig
 from fleet.sim.traces import BUNDLED, TraceJob, read_trace, resolve
 
 __all__ = [

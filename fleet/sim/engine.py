@@ -24,126 +24,26 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from fleet.models import Tenant
-from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S
-from fleet.scheduler.fairshare import WEEK, fair_gpus
+from fleet.scheduler.fairshare import fair_gpus
+from fleet.scheduler.learned import LearnedProfile
 from fleet.scheduler.passes import HOLD_SLACK_S, Hold, PassInput, PassSettings, run_pass
 from fleet.scheduler.preempt import Preemption, RunningJob
-from fleet.scheduler.profiles import LearnedProfile, Profile, named_profile
+from fleet.scheduler.profiles import Profile, named_profile
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.resizing import Elastic, Resize
 from fleet.scheduler.sizing import Size
 from fleet.scheduler.snapshot import UNSIZED, GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue
 from fleet.sim.metrics import Recorder, SimResult
+from fleet.sim.model import ELASTIC, SimConfig, SimJob
 from fleet.sim.traces import TraceJob
 
-POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
-ELASTIC = ("elastic-fixed-batch", "elastic")
-#: profiles were measured on nodes of 4 GPUs: the default node size
-GPUS_PER_NODE = 4
 GiB = 1 << 30
 ARRIVE, FINISH, WAKE = 0, 1, 2
 #: passes run at one instant at most (each after the last one stopped jobs: their GPUs are free)
 PASSES_PER_INSTANT = 4
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    policy: str = "fifo"
-    gpus: int = 64
-    #: nodes the GPUs are spread over (equal); default: nodes of 4 GPUs
-    nodes: int | None = None
-    #: stop the clock here (seconds); None: when every job has ended or can never start
-    until: float | None = None
-    resize_cost_s: float = RESIZE_COST_S
-    min_interval_s: float = MIN_INTERVAL_S
-    #: tenants' policies (weight, guarantee, max) for ``fair``; absent tenants get the default
-    tenants: Mapping[str, Tenant] = field(default_factory=dict)
-    half_life_s: float = WEEK
-    #: elastic-fixed-batch: may a job reach its batch on few GPUs by gradient accumulation
-    #: (the paper's baseline may not: its per-GPU batch must fit a GPU)
-    accumulate: bool = False
-    #: elastic jobs' GPU range (max: None = the profile's measured maximum)
-    min_gpus: int = 1
-    max_gpus: int | None = None
-    #: what the elastic policy maximises (``elastic.SPEEDUP`` or ``elastic.COMPLETION``)
-    objective: str = COMPLETION
-    #: the horizon a resize's cost is spread over (None: the policy's default)
-    horizon_s: float | None = None
-    #: elastic jobs sized by what they ran at, as ``profile: learn`` live (``LearnedProfile``), not by
-    #: the measured profile their throughput comes from: what knowing a job's scaling is worth
-    learn: bool = False
-    #: learning jobs declare the largest per-GPU batch that fits (``max_batch_per_gpu``: their
-    #: profile's largest on one GPU); else they never exceed the largest they ran at
-    learn_max_local: bool = True
-
-    def check(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}: one of {', '.join(POLICIES)}")
-        nodes = self.node_count
-        if self.gpus < 1 or nodes < 1 or self.gpus % nodes:
-            raise ValueError(f"{self.gpus} GPUs cannot be spread evenly over {nodes} nodes")
-
-    @property
-    def node_count(self) -> int:
-        return self.nodes if self.nodes is not None else max(self.gpus // GPUS_PER_NODE, 1)
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.gpus // self.node_count
-
-
-@dataclass
-class SimJob:
-    trace: TraceJob
-    seq: int
-    profile: Profile | None
-    #: samples (a workload job) or seconds (a duration job) to process
-    work: float
-    elastic: bool
-    done: float = 0.0
-    rate: float = 0.0
-    since: float = 0.0
-    #: no progress until then (a resize or restart under way)
-    paused_until: float = 0.0
-    gpus: int = 0
-    batch: int = 0
-    members: list[Placement] = field(default_factory=list)
-    started: float | None = None
-    #: when it last started (for preemption's min_run_s)
-    running_since: float | None = None
-    ended: float | None = None
-    changed_at: float = 0.0
-    resizes: int = 0
-    preemptions: int = 0
-    #: it ran before: its next start restores a checkpoint (costs resize_cost_s)
-    restarting: bool = False
-    version: int = 0
-    #: samples/s at each (GPUs, batch) it ran at (a job reports them live; here, known at once: a
-    #: report comes well within the minimum interval before its next resize)
-    observed: dict[tuple[int, int], float] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        return self.trace.id
-
-    @property
-    def tenant(self) -> str:
-        return self.trace.tenant
-
-    def advance(self, now: float) -> None:
-        start = max(self.since, self.paused_until)
-        if self.rate > 0 and now > start:
-            self.done = min(self.work, self.done + self.rate * (now - start))
-        self.since = now
-
-    def finish_at(self, now: float) -> float:
-        if self.rate <= 0:
-            return math.inf
-        return max(now, self.paused_until) + max(self.work - self.done, 0.0) / self.rate
 
 
 class Simulation:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from fleet.sim.engine import SimConfig, SimJob
+from fleet.sim.model import SimConfig, SimJob
 
 #: the times "jobs completed by" is reported at (the paper compares the first 8 hours)
 CHECKPOINTS = (3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 86400, 2 * 86400, 4 * 86400, 7 * 86400,
