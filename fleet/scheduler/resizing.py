@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from fleet.models import Job, Range
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import SPEEDUP, ElasticJob, allocate, sizes
-from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, LearnedProfile, Profile
+from fleet.scheduler.learned import LearnedProfile
+from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob
 

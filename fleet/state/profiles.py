@@ -15,7 +15,8 @@ from typing import Any
 from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.models import LEARN, PROFILES, JobSpec, Range, uploaded_profile
-from fleet.scheduler.profiles import LearnedProfile, Profile, from_data, named_profile
+from fleet.scheduler.learned import LearnedProfile
+from fleet.scheduler.profiles import Profile, from_data, named_profile
 from fleet.state.blobs import BlobStore
 from fleet.state.connection import translated
 from fleet.workdir import check_digest

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fleet.scheduler.elastic import ElasticJob, allocate, sizes
-from fleet.scheduler.profiles import PROFILES, LearnedProfile, from_data, named_profile, profile_data
+from fleet.scheduler.learned import LearnedProfile
+from fleet.scheduler.profiles import PROFILES, from_data, named_profile, profile_data
 
 
 @pytest.mark.parametrize("name", PROFILES)
