@@ -16,7 +16,8 @@ It composes the scheduler's policies in this order:
    now (a gang of whole nodes while the running jobs are spread over them would otherwise wait,
    and reserve the nodes, until they end; the next step may grow it again).
 4. Preemption (``preempt.preemptions``) for the first ``MAX_BLOCKED`` jobs placement could not place
-   (none that already has a hold), against what runs plus what this pass placed.
+   (none that already has a hold, nor one that fits once this pass's running resizes gave their
+   GPUs back), against what runs plus what this pass placed.
 
 The queue is the caller's working state: sized jobs take their size there and placed jobs leave it,
 as ``PendingQueue.schedule`` always did. Nothing else is changed; no I/O, no clock (``now`` is given).
@@ -33,7 +34,7 @@ from fleet.models import Tenant
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import MIN_INTERVAL_S, RESIZE_COST_S, SPEEDUP
 from fleet.scheduler.fairshare import WEEK, FairShare, Use, fleet_size
-from fleet.scheduler.preempt import Preemption, RunningJob, preemptions
+from fleet.scheduler.preempt import Preemption, RunningJob, preemptions, without
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.resizing import (
     Elastic,
@@ -270,6 +271,12 @@ def _preemptions(
     """Preemptions for the jobs placement could not place (none already preempted for)."""
     queue = inp.queue
     waiting = [queue.jobs[j] for j in plan.blocked if j in queue.jobs and j not in plan.holds][:MAX_BLOCKED]
+    # a job that fits once this pass's running resizes gave their GPUs back waits for those: the
+    # elastic step shrank them to make room, a victim stopped too would be placed again at once
+    resized = [running[r.job_id] for r in plan.resizes if r.running and r.job_id in running]
+    if resized:
+        freed = without(views, resized)
+        waiting = [j for j in waiting if Capacity(freed).place(j) is None]
     if not waiting:
         return []
     fair = _fair(inp.policies, running.values(), inp.usage, views, inp.settings)

@@ -175,10 +175,10 @@ def _fits(job: PendingJob, victims: list[RunningJob], nodes: Sequence[NodeView],
             fair.without(v.tenant, v.gpus, v.cpus * len(v.members), v.memory * len(v.members))
     if fair.limit(job):
         return False
-    return Capacity(_without(nodes, victims)).place(job) is not None
+    return Capacity(without(nodes, victims)).place(job) is not None
 
 
-def _without(nodes: Sequence[NodeView], victims: list[RunningJob]) -> list[NodeView]:
+def without(nodes: Sequence[NodeView], victims: list[RunningJob]) -> list[NodeView]:
     freed = {u for v in victims for u in v.uuids}
     cpus: dict[str, float] = {}
     memory: dict[str, int] = {}

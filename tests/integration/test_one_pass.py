@@ -21,10 +21,10 @@ from tests.integration.inprocess import Harness
 
 pytestmark = pytest.mark.integration
 NODES, PER_NODE = ("n000", "n001"), 4
-#: a and b share 2 nodes of 4 GPUs; b is guaranteed 4 GPUs, a may hold 6
+#: a and b share 2 nodes of 4 GPUs; b is guaranteed 6 GPUs, a may hold 6
 TENANTS = {
     "a": Tenant(name="a", max_gpus=6, min_run_s=60),
-    "b": Tenant(name="b", guaranteed_gpus=4, min_run_s=60),
+    "b": Tenant(name="b", guaranteed_gpus=6, min_run_s=60),
 }
 #: elastic jobs train imagenet (hours: none ends within the trace); fixed ones run for days
 LONG_S = 10 * 86_400.0
@@ -34,6 +34,7 @@ TRACE = [
     TraceJob("g1", "b", 300.0, gpus=4, batch=0, duration=LONG_S),
     TraceJob("e2", "b", 450.0, gpus=0, batch=0, model="imagenet"),
     TraceJob("f2", "a", 700.0, gpus=1, batch=0, duration=LONG_S),
+    TraceJob("g2", "b", 800.0, gpus=2, batch=0, duration=LONG_S),
 ]
 UNTIL = 1000.0
 Decision = tuple[float, str, str, int]

@@ -156,3 +156,27 @@ def test_a_sized_elastic_job_the_free_gpus_cannot_hold_starts_smaller_instead_of
     assert [(r.job_id, r.old.gpus, r.new.gpus, r.running) for r in plan.resizes] == [("e", 4, 3, False)]
     assert [(p.job_id, len(p.gpus)) for p in plan.placements] == [("e", 3)]
     assert "e" not in queue and plan.blocked == [] and "e" not in plan.placed.waiting
+
+
+def test_a_job_the_elastic_step_makes_room_for_stops_nobody_else() -> None:
+    # e1 (a, elastic) holds n000 and f1 (a) 2 GPUs of n001; g1 (b, guaranteed 4) arrives for 4 GPUs.
+    # The elastic step shrinks e1, whose node comes free for g1: f1 is not stopped as well (it would
+    # be placed again at the same instant, restarted for nothing)
+    long_s = 10 * 86_400.0
+    jobs = [
+        TraceJob("e1", "a", 0.0, gpus=0, batch=0, model="imagenet"),
+        TraceJob("f1", "a", 0.0, gpus=2, batch=0, duration=long_s),
+        TraceJob("g1", "b", 300.0, gpus=4, batch=0, duration=long_s),
+    ]
+    tenants = {
+        "a": Tenant(name="a", max_gpus=6, min_run_s=60),
+        "b": Tenant(name="b", guaranteed_gpus=4, min_run_s=60),
+    }
+    config = SimConfig("elastic", gpus=8, nodes=2, until=1000.0, tenants=tenants, max_gpus=8,
+                       objective="speedup", resize_cost_s=30, min_interval_s=120)  # fmt: skip
+    sim = Simulation(jobs, config)
+    sim.run()
+    at_300 = [(what, job) for at, what, job, _ in sim.decisions if at == 300.0]
+    assert ("resized", "e1") in at_300 and ("placed", "g1") in at_300, sim.decisions
+    assert [d for d in sim.decisions if d[1] == "preempted"] == []
+    assert [job for at, what, job, _ in sim.decisions if what == "placed" and at > 0].count("f1") == 0
