@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet.bus import Bus, Launch, node_queue, stop_attempt
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.controller.tenancy import Tenancy
 from fleet.controller.views import ViewCache

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from fleet.bus import Bus, stop_attempt
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.controller.reconcile import Buckets, DrainStop, Requeue, reconcile
 from fleet.controller.tenancy import Tenancy

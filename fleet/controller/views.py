@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from fleet.config import ControllerSettings
+from fleet.config_sections import ControllerSettings
 from fleet.controller import snapshot
 from fleet.log import event
 from fleet.models import Job, JobState, Node
