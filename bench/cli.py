@@ -43,13 +43,15 @@ def seeded_fleet(pythonpath: str, array: bool) -> Iterator[tuple[dict[str, str],
             "from fleet.api.backend import Backend\nfrom fleet.keys import Keys\n"
             "from fleet.models import JobSpec, Role\nfrom fleet.state.tokens import TokenStore\n"
             f"c = Backend({url!r})\nspec = JobSpec(name='seed', command=['true'], gpus=1)\n"
-            "for _ in range(1000): c.submit(spec)\n" + ("c.submit_array(spec, '0-9999')\n" if array else "")
+            "for _ in range(1000): c.submit(spec)\n"
+            + ("c.submit_array(spec, '0-9999')\n" if array else "")
             + "print(TokenStore(c.redis, Keys()).create('bench', 'default', Role.ADMIN)[0])\n"
-        )  # fmt: skip
+        )
         # run from a directory holding no fleet package: `python -m` puts the working directory first
         # on sys.path, where a checkout would shadow the one --pythonpath names
-        token = subprocess.run([sys.executable, "-c", code], env=server_env, cwd=cwd, check=True,
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        token = subprocess.run(
+            [sys.executable, "-c", code], env=server_env, cwd=cwd, check=True, capture_output=True, text=True
+        ).stdout.strip()
         port = free_port()
         argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
         api = subprocess.Popen(argv, env=server_env, cwd=cwd)
@@ -99,13 +101,17 @@ def main() -> None:
                     elapsed = run_once(argv, env, cwd)
                     if i >= args.warmup:
                         times[checkout, name].append(elapsed)
-    print(f"{args.runs} runs after {args.warmup} warm-up runs, checkouts alternating" + (
-        "; a 10,000-task array queued too" if args.array else ""))  # fmt: skip
+    print(
+        f"{args.runs} runs after {args.warmup} warm-up runs, checkouts alternating"
+        + ("; a 10,000-task array queued too" if args.array else "")
+    )
     print("| checkout | command | mean ms | median ms | min ms | max ms |")
     print("|---|---|---|---|---|---|")
     for (checkout, name), t in times.items():
-        print(f"| {checkout} | `{name}` | {statistics.mean(t):.0f} | {statistics.median(t):.0f} | "
-              f"{min(t):.0f} | {max(t):.0f} |")  # fmt: skip
+        print(
+            f"| {checkout} | `{name}` | {statistics.mean(t):.0f} | {statistics.median(t):.0f} | "
+            f"{min(t):.0f} | {max(t):.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -45,11 +45,16 @@ from fleet.ops.local import free_port
 
 #: what bench/procs.py's FleetProcs speeds up; the idle services run with the defaults instead
 TEST_TIMINGS = (
-    "FLEET_BUS_POLL_MS", "FLEET_RETRY_BACKOFF_S", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S",
-    "FLEET_CONTROLLER__LEADER_LEASE_S", "FLEET_AGENT__HEARTBEAT_INTERVAL_S",
-    "FLEET_AGENT__NODE_LEASE_TTL_S", "FLEET_AGENT__FENCE_MARGIN_S", "FLEET_AGENT__RECONCILE_INTERVAL_S",
+    "FLEET_BUS_POLL_MS",
+    "FLEET_RETRY_BACKOFF_S",
+    "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S",
+    "FLEET_CONTROLLER__LEADER_LEASE_S",
+    "FLEET_AGENT__HEARTBEAT_INTERVAL_S",
+    "FLEET_AGENT__NODE_LEASE_TTL_S",
+    "FLEET_AGENT__FENCE_MARGIN_S",
+    "FLEET_AGENT__RECONCILE_INTERVAL_S",
     "FLEET_AGENT__STOP_GRACE_S",
-)  # fmt: skip
+)
 
 
 class TimedRuntime(ProcessRuntime):
@@ -120,8 +125,11 @@ def idle(url: str, seconds: float, root: Path, poll_ms: int | None) -> dict[str,
     finally:
         procs.stop()
         client.close()
-    return {s: summary(commands, {p for p, o in ports.items() if o == s}, wall) | {"cpu": used[s] * 100,
-            "rss": rss[s]} for s in services}  # fmt: skip
+    return {
+        s: summary(commands, {p for p, o in ports.items() if o == s}, wall)
+        | {"cpu": used[s] * 100, "rss": rss[s]}
+        for s in services
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -197,8 +205,10 @@ def machine_line(what: str) -> str:
 def redis_server(*options: str) -> Iterator[str]:
     binary = shutil.which("redis-server") or "redis-server"
     port = free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", *options], stdout=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *options],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:

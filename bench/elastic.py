@@ -28,10 +28,27 @@ SIZES = (2, 4, 2, 1)
 
 
 def spec(done: Path) -> JobSpec:
-    command = [sys.executable, EXAMPLE, "--steps", "1000000", "--every", "5", "--sleep", "0.05",
-               "--done-file", str(done)]  # fmt: skip
-    return JobSpec.parse({"name": "bench-elastic", "command": command, "gpus": {"min": 1, "max": 4},
-                          "batch_size": {"min": 128, "max": 1024}, "profile": "cifar10"})  # fmt: skip
+    command = [
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        "1000000",
+        "--every",
+        "5",
+        "--sleep",
+        "0.05",
+        "--done-file",
+        str(done),
+    ]
+    return JobSpec.parse(
+        {
+            "name": "bench-elastic",
+            "command": command,
+            "gpus": {"min": 1, "max": 4},
+            "batch_size": {"min": 128, "max": 1024},
+            "profile": "cifar10",
+        }
+    )
 
 
 def first_step(client: DirectClient, job_id: str, attempt: int) -> float | None:

@@ -39,16 +39,23 @@ from fleet.state.tenants import TenantStore
 def fleet(url: str, nodes: int) -> Iterator[tuple[Settings, JobStore, TenantStore]]:
     """A controller (in a thread) and ``nodes`` simulated 8-GPU nodes on the Redis at ``url``."""
     settings = load_settings(
-        redis_url=url, bus_poll_ms=50, retry_backoff_s=0.5,
-        controller={"schedule_interval_s": 0.5, "metrics_port": 0, "usage_interval_s": 1.0,
-                    "fair_share_half_life_s": 600.0},
-    )  # fmt: skip
+        redis_url=url,
+        bus_poll_ms=50,
+        retry_backoff_s=0.5,
+        controller={
+            "schedule_interval_s": 0.5,
+            "metrics_port": 0,
+            "usage_interval_s": 1.0,
+            "fair_share_half_life_s": 600.0,
+        },
+    )
     client = connect(settings)
     client.flushall()
     keys = Keys(settings.key_prefix)
     store, tenants = JobStore(client, keys), TenantStore(client, keys)
-    controller = Controller(settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys),
-                            Bus(settings))  # fmt: skip
+    controller = Controller(
+        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
+    )
     thread = threading.Thread(target=controller.run, daemon=True)
     with NodeSim(settings, [Group(nodes, 8)], reconcile_s=1.0):
         thread.start()
@@ -60,8 +67,9 @@ def fleet(url: str, nodes: int) -> Iterator[tuple[Settings, JobStore, TenantStor
 
 
 def jobs(prefix: str, tenant: str, count: int, seconds: float) -> Iterator[tuple[str, JobSpec]]:
-    spec = JobSpec(name=prefix, command=["true"], gpus=1, tenant=tenant,
-                   labels={SECONDS_LABEL: f"{seconds:g}"})  # fmt: skip
+    spec = JobSpec(
+        name=prefix, command=["true"], gpus=1, tenant=tenant, labels={SECONDS_LABEL: f"{seconds:g}"}
+    )
     for i in range(count):
         yield f"{prefix}-{i}", spec
 
@@ -97,8 +105,12 @@ def shares(url: str, nodes: int, seconds: float, job_s: float, windows: int) -> 
         rows.append((w, a, b, b / (a + b) if a + b else 0.0, (a + b) / (gpus * per_window)))
     settled_a = gpu_seconds(found["a"], start + per_window, end)
     settled_b = gpu_seconds(found["b"], start + per_window, end)
-    return {"windows": rows, "b_share": settled_b / (settled_a + settled_b), "per_window_s": per_window,
-            "jobs_done": sum(j.state == JobState.SUCCEEDED for f in found.values() for j in f)}  # fmt: skip
+    return {
+        "windows": rows,
+        "b_share": settled_b / (settled_a + settled_b),
+        "per_window_s": per_window,
+        "jobs_done": sum(j.state == JobState.SUCCEEDED for f in found.values() for j in f),
+    }
 
 
 def guarantee(url: str, nodes: int, grace_s: float, min_run_s: float) -> dict[str, Any]:
@@ -155,11 +167,15 @@ def main() -> None:
     for w, a, b, share, busy in s["windows"]:
         lo = w * s["per_window_s"]
         print(f"| {lo:.0f}-{lo + s['per_window_s']:.0f} s | {a:.0f} | {b:.0f} | {share:.1%} | {busy:.0%} |")
-    print(f"\nb's share after the first window: **{s['b_share']:.1%}** (weights say 75.0%); "
-          f"{s['jobs_done']} jobs done")  # fmt: skip
+    print(
+        f"\nb's share after the first window: **{s['b_share']:.1%}** (weights say 75.0%); "
+        f"{s['jobs_done']} jobs done"
+    )
     print(f"\n## guarantee: b guaranteed {g['guarantee']} GPUs, a holding all {args.nodes * 8}\n")
-    print(f"b ran its guarantee **{g['seconds']:.1f} s** after submitting (a's grace {g['grace_s']:g} s); "
-          f"{g['preempted']} of a's jobs preempted; retries spent: {g['retries_spent']}")  # fmt: skip
+    print(
+        f"b ran its guarantee **{g['seconds']:.1f} s** after submitting (a's grace {g['grace_s']:g} s); "
+        f"{g['preempted']} of a's jobs preempted; retries spent: {g['retries_spent']}"
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ class Services:
 
     def start(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
         with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", *argv], env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         self.procs[name] = proc
         return proc
 

@@ -30,9 +30,14 @@ def in_process_fleet(
     supervisor = SupervisorClient(settings.agent.state_dir, settings.agent.fence_margin_s)
     runtime = runtime_class("bench", settings.agent.state_dir / "attempts", supervisor)
     agent = Agent(
-        settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings),
-        SimulatedGpus("bench", 4, "sim", 1 << 30), runtime, supervisor,
-    )  # fmt: skip
+        settings,
+        JobStore(connect(settings), keys),
+        NodeStore(connect(settings), keys),
+        Bus(settings),
+        SimulatedGpus("bench", 4, "sim", 1 << 30),
+        runtime,
+        supervisor,
+    )
     controller = Controller(
         settings, JobStore(connect(settings), keys), NodeStore(connect(settings), keys), Bus(settings)
     )

@@ -54,9 +54,17 @@ ACTORS = {m: m.model_fields["actor"].default for m in (Launch, Stop)}
 
 
 class NodeSim:
-    def __init__(self, settings: Settings, groups: list[Group], *, consumer: str = "shared",
-                 threads: int = 8, default_s: float = 0.0, reconcile_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        groups: list[Group],
+        *,
+        consumer: str = "shared",
+        threads: int = 8,
+        default_s: float = 0.0,
+        reconcile_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings, self.cfg, self.clock = settings, settings.agent, clock
         keys = Keys(settings.key_prefix)
         self.jobs, self.nodes = JobStore(connect(settings), keys), NodeStore(connect(settings), keys)
@@ -68,8 +76,17 @@ class NodeSim:
         self.stats = Stats()
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="sim")
-        self.agent = SimAgent(settings, self.jobs, self.nodes, self.bus, stats=self.stats, pool=self.pool,
-                              stop_event=self.stop_event, default_s=default_s, clock=clock)  # fmt: skip
+        self.agent = SimAgent(
+            settings,
+            self.jobs,
+            self.nodes,
+            self.bus,
+            stats=self.stats,
+            pool=self.pool,
+            stop_event=self.stop_event,
+            default_s=default_s,
+            clock=clock,
+        )
         self._threads: list[threading.Thread] = []
         queues = [n.queue for n in self.sim_nodes]
         self.consumer: SharedConsumer | DramatiqConsumer = (
@@ -117,8 +134,11 @@ class NodeSim:
         ttl_ms = int(self.cfg.node_lease_ttl_s * 1000)
         pipe = self.nodes.redis.pipeline(transaction=False)
         for node in self.sim_nodes:
-            self._heartbeat(keys=self.nodes.heartbeat_keys(node.name),
-                            args=[AGENT_ID, ttl_ms, now, node.name, node.fields], client=pipe)  # fmt: skip
+            self._heartbeat(
+                keys=self.nodes.heartbeat_keys(node.name),
+                args=[AGENT_ID, ttl_ms, now, node.name, node.fields],
+                client=pipe,
+            )
         for node, (code, holder) in zip(self.sim_nodes, pipe.execute(), strict=True):
             if code == -1:
                 event(log, "lease_conflict", logging.WARNING, node=node.name, holder=holder)
@@ -180,16 +200,25 @@ class NodeSim:
         s = self.stats
         running, held = self.agent.running(), sum(len(n.held) for n in self.sim_nodes)
         return {
-            "nodes": len(self.sim_nodes), "gpus": sum(len(n.gpus) for n in self.sim_nodes),
-            "running": running, "gpus_held": held, "launched": s.launched, "finished": s.finished,
-            "succeeded_jobs": len(s.succeeded), "succeeded_twice": sum(c > 1 for c in s.succeeded.values()),
-            "members_done": s.members_done, "ignored": s.ignored, "conflicts": len(s.conflicts),
+            "nodes": len(self.sim_nodes),
+            "gpus": sum(len(n.gpus) for n in self.sim_nodes),
+            "running": running,
+            "gpus_held": held,
+            "launched": s.launched,
+            "finished": s.finished,
+            "succeeded_jobs": len(s.succeeded),
+            "succeeded_twice": sum(c > 1 for c in s.succeeded.values()),
+            "members_done": s.members_done,
+            "ignored": s.ignored,
+            "conflicts": len(s.conflicts),
             "conflict_examples": s.conflicts[:5],
-            "joined": s.joined, "heartbeat_rounds": s.heartbeat_rounds,
+            "joined": s.joined,
+            "heartbeat_rounds": s.heartbeat_rounds,
             "heartbeat_last_ms": round(s.heartbeat_last_s * 1000, 1),
-            "heartbeat_max_ms": round(s.heartbeat_max_s * 1000, 1), "errors": s.errors,
+            "heartbeat_max_ms": round(s.heartbeat_max_s * 1000, 1),
+            "errors": s.errors,
             "consumer_rounds": getattr(self.consumer, "rounds", None),
-        }  # fmt: skip
+        }
 
 
 def main() -> None:
@@ -199,8 +228,13 @@ def main() -> None:
     parser.add_argument("--redis-url", help="default: $FLEET_REDIS_URL")
     parser.add_argument("--nodes", type=int, default=100, help="nodes of --gpus GPUs (unless --group)")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--group", action="append", type=Group.parse, default=[],
-                        help="COUNT[:GPUS[:MODEL[:PREFIX]]], repeatable; replaces --nodes")  # fmt: skip
+    parser.add_argument(
+        "--group",
+        action="append",
+        type=Group.parse,
+        default=[],
+        help="COUNT[:GPUS[:MODEL[:PREFIX]]], repeatable; replaces --nodes",
+    )
     parser.add_argument("--consumer", choices=["shared", "dramatiq"], default="shared")
     parser.add_argument("--threads", type=int, default=8, help="launch/finish threads")
     parser.add_argument("--default-seconds", type=float, default=0.0)
@@ -220,8 +254,12 @@ def main() -> None:
     sim.start()
     event(log, "nodesim_start", nodes=len(sim.sim_nodes), consumer=args.consumer)
     while not sim.stop_event.wait(1.0):
-        summary = {**sim.summary(), "cpu_percent": round(meter.percent(), 1),
-                   "cpu_seconds": round(meter.last[1], 2), "at": time.time()}  # fmt: skip
+        summary = {
+            **sim.summary(),
+            "cpu_percent": round(meter.percent(), 1),
+            "cpu_seconds": round(meter.last[1], 2),
+            "at": time.time(),
+        }
         if args.stats:
             tmp = args.stats.with_suffix(".tmp")
             tmp.write_text(json.dumps(summary))

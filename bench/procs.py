@@ -90,8 +90,12 @@ class FleetProcs:
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "fleet.cli.main", *argv], env={**self.env, **env},
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet.cli.main", *argv],
+            env={**self.env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.procs[name] = proc
         return proc
@@ -102,9 +106,12 @@ class FleetProcs:
     def agent(self, node: str, gpus: int = 2, **env: str) -> subprocess.Popen[bytes]:
         self.nodes.add(node)
         return self.start(
-            node, ["agent", "--node-name", node],
-            FLEET_AGENT__SIMULATED_GPUS=str(gpus), FLEET_AGENT__STATE_DIR=str(self.root / node), **env,
-        )  # fmt: skip
+            node,
+            ["agent", "--node-name", node],
+            FLEET_AGENT__SIMULATED_GPUS=str(gpus),
+            FLEET_AGENT__STATE_DIR=str(self.root / node),
+            **env,
+        )
 
     def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
@@ -147,8 +154,9 @@ def remove_cgroups(parent: str) -> None:
     tops = [m / parent for m in {*([layout.unified] if layout.unified else []), *layout.v1.values()}]
     nodes = [node for top in tops if top.is_dir() for node in top.iterdir() if node.is_dir()]
     kill_leftovers(nodes)
-    for folder in sorted((p for top in tops if top.is_dir() for p in top.rglob("*") if p.is_dir()),
-                         key=lambda p: -len(p.parts)):  # fmt: skip
+    for folder in sorted(
+        (p for top in tops if top.is_dir() for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+    ):
         for _ in range(100):
             try:
                 folder.rmdir()

@@ -18,9 +18,17 @@ from pathlib import Path
 _NESTED = re.compile(r"\.<locals>\.<(listcomp|dictcomp|setcomp|genexpr|lambda)>")
 _SITE = re.compile(r".*/(site-packages|lib/python3\.\d+)/")
 #: frames on (nearly) every stack that say nothing about where the time goes
-WRAPPERS = ("<module> ", "_run_code ", "_run_module_as_main ", "main (bench/", "Thread.run ",
-            "Thread._bootstrap", "translated.<locals>.wrapper ", "Retry.call_with_retry ",
-            "StepHealth.guard ")  # fmt: skip
+WRAPPERS = (
+    "<module> ",
+    "_run_code ",
+    "_run_module_as_main ",
+    "main (bench/",
+    "Thread.run ",
+    "Thread._bootstrap",
+    "translated.<locals>.wrapper ",
+    "Retry.call_with_retry ",
+    "StepHealth.guard ",
+)
 
 
 def frame(text: str) -> str:

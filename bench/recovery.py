@@ -22,14 +22,20 @@ from bench.procs import DirectClient, FleetProcs
 from fleet import JobSpec, JobState
 
 DEFAULTS = {
-    "FLEET_RETRY_BACKOFF_S": "5", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",
+    "FLEET_RETRY_BACKOFF_S": "5",
+    "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",
     "FLEET_CONTROLLER__LEADER_LEASE_S": "5",
-    "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "1", "FLEET_AGENT__NODE_LEASE_TTL_S": "10",
+    "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "1",
+    "FLEET_AGENT__NODE_LEASE_TTL_S": "10",
     "FLEET_AGENT__RECONCILE_INTERVAL_S": "2",
-}  # fmt: skip
-AGGRESSIVE = {**DEFAULTS, "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "0.5", "FLEET_AGENT__NODE_LEASE_TTL_S": "3",
-              "FLEET_AGENT__FENCE_MARGIN_S": "1",
-              "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "0.5"}  # fmt: skip
+}
+AGGRESSIVE = {
+    **DEFAULTS,
+    "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "0.5",
+    "FLEET_AGENT__NODE_LEASE_TTL_S": "3",
+    "FLEET_AGENT__FENCE_MARGIN_S": "1",
+    "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "0.5",
+}
 
 
 def sleeper(seconds: float, **fields: object) -> JobSpec:
@@ -144,18 +150,28 @@ def main() -> None:
         print(machine_line("recovery"))
         print("| what | settings | runs | median s | max s | target |")
         print("|---|---|---|---|---|---|")
-        for name, env, target in (("defaults (1 s heartbeat, 10 s lease)", DEFAULTS, 15.0),
-                                  ("aggressive (0.5 s heartbeat, 3 s lease)", AGGRESSIVE, 5.0)):  # fmt: skip
+        for name, env, target in (
+            ("defaults (1 s heartbeat, 10 s lease)", DEFAULTS, 15.0),
+            ("aggressive (0.5 s heartbeat, 3 s lease)", AGGRESSIVE, 5.0),
+        ):
             times = [node_death(url, env) for _ in range(3)]
-            print(f"| node death -> 2 jobs running elsewhere | {name} | 3 | {statistics.median(times):.1f} "
-                  f"| {max(times):.1f} | <= {target:g} s |", flush=True)  # fmt: skip
+            print(
+                f"| node death -> 2 jobs running elsewhere | {name} | 3 | {statistics.median(times):.1f} "
+                f"| {max(times):.1f} | <= {target:g} s |",
+                flush=True,
+            )
             times = [gang_node_death(url, env) for _ in range(3)]
-            print(f"| a 2-node job's member node death -> running again, whole | {name} | 3 "
-                  f"| {statistics.median(times):.1f} | {max(times):.1f} | <= {target:g} s |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| a 2-node job's member node death -> running again, whole | {name} | 3 "
+                f"| {statistics.median(times):.1f} | {max(times):.1f} | <= {target:g} s |",
+                flush=True,
+            )
         times = [crash_to_next_attempt(url) for _ in range(3)]
-        print(f"| container crash -> next attempt running | backoff 5 s | 3 | {statistics.median(times):.2f} "
-              f"| {max(times):.2f} | <= 6 s |", flush=True)  # fmt: skip
+        print(
+            f"| container crash -> next attempt running | backoff 5 s | 3 | {statistics.median(times):.2f} "
+            f"| {max(times):.2f} | <= 6 s |",
+            flush=True,
+        )
         results = [agent_restart(url) for _ in range(3)]
         times = [r[0] for r in results]
         requeues = sum(r[1] for r in results)

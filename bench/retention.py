@@ -60,8 +60,9 @@ def memory_options(overrides: dict[str, str]) -> list[str]:
 
 
 def log_lines(count: int) -> list[tuple[str, str]]:
-    return [(f"c{i}", f"step {i:05d} loss 0.{i:04d} lr 0.001 throughput 1234.5 samples/s")
-            for i in range(count)]  # fmt: skip
+    return [
+        (f"c{i}", f"step {i:05d} loss 0.{i:04d} lr 0.001 throughput 1234.5 samples/s") for i in range(count)
+    ]
 
 
 @dataclass
@@ -84,14 +85,20 @@ class Fleet:
         self.redis = connect(self.settings)
         self.jobs = JobStore(connect(self.settings), keys)
         self.nodes = NodeStore(connect(self.settings), keys)
-        self.controller = Controller(self.settings, JobStore(connect(self.settings), keys),
-                                     NodeStore(connect(self.settings), keys), Bus(self.settings),
-                                     clock=self.clock)  # fmt: skip
+        self.controller = Controller(
+            self.settings,
+            JobStore(connect(self.settings), keys),
+            NodeStore(connect(self.settings), keys),
+            Bus(self.settings),
+            clock=self.clock,
+        )
         self.stop = threading.Event()
         gpus = [Gpu(uuid=f"{NODE}-g{i}", index=i, model="sim", memory_total=1 << 30) for i in range(GPUS)]
         self.info = NodeInfo(gpus=gpus, cpus=2, memory=1 << 30, runtime="process", gpu_backend="simulated")
-        self.threads = [threading.Thread(target=self.controller.run, daemon=True),
-                        threading.Thread(target=self._heartbeat, daemon=True)]  # fmt: skip
+        self.threads = [
+            threading.Thread(target=self.controller.run, daemon=True),
+            threading.Thread(target=self._heartbeat, daemon=True),
+        ]
 
     def __enter__(self) -> Fleet:
         for t in self.threads:
@@ -121,10 +128,23 @@ class Fleet:
         gpu = f"{NODE}-g{hash(job_id) % GPUS}"
         attempt = jobs.place(job_id, NODE, [gpu], self.controller.lease.value, now, f"placed on {NODE}")
         assert attempt, f"placement of {job_id} refused"
-        jobs.transition(job_id, attempt=attempt, allowed=[JobState.SCHEDULED], to=JobState.STARTING,
-                        reason=f"starting on {NODE}", now=now)  # fmt: skip
-        jobs.transition(job_id, attempt=attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
-                        reason=f"running on {NODE}", now=now, fields={"started_at": now})  # fmt: skip
+        jobs.transition(
+            job_id,
+            attempt=attempt,
+            allowed=[JobState.SCHEDULED],
+            to=JobState.STARTING,
+            reason=f"starting on {NODE}",
+            now=now,
+        )
+        jobs.transition(
+            job_id,
+            attempt=attempt,
+            allowed=[JobState.STARTING],
+            to=JobState.RUNNING,
+            reason=f"running on {NODE}",
+            now=now,
+            fields={"started_at": now},
+        )
         if lines:
             jobs.append_logs(job_id, attempt, lines, self.settings.log_max_lines)
         job, exit = jobs.get(job_id), Exit(code=0, reason="exited 0")
@@ -147,9 +167,11 @@ def settled(fleet: Fleet, seconds: float = 3.0) -> int:
 
 def settings(url: str, retention: float, tombstone: float) -> Settings:
     return load_settings(
-        redis_url=url, job_retention_s=retention, tombstone_retention_s=tombstone,
+        redis_url=url,
+        job_retention_s=retention,
+        tombstone_retention_s=tombstone,
         controller={"metrics_port": 0, "retention_interval_s": 1.0},
-    )  # fmt: skip
+    )
 
 
 def cost(url: str, count: int, lines: int) -> dict[str, float]:
@@ -204,8 +226,14 @@ def flow(url: str, count: int, lines: int, retention: float) -> dict[str, float]
         drained = time.monotonic() - start
         after = settled(fleet, 5.0)
         sampler.stop.set()
-    return {"empty": empty, "peak": sampler.peak, "after": after, "rate": count / elapsed, "drained": drained,
-            "elapsed": elapsed}  # fmt: skip
+    return {
+        "empty": empty,
+        "peak": sampler.peak,
+        "after": after,
+        "rate": count / elapsed,
+        "drained": drained,
+        "elapsed": elapsed,
+    }
 
 
 def main() -> None:
@@ -228,11 +256,15 @@ def main() -> None:
         if not args.jobs:
             return
         f = flow(url, args.jobs, args.log_lines, args.retention)
-        print(f"| flow: jobs | {args.jobs} in {f['elapsed']:.0f} s ({f['rate']:.0f} jobs/s), all deleted "
-              f"and tombstones expired after {f['drained']:.0f} s |")  # fmt: skip
+        print(
+            f"| flow: jobs | {args.jobs} in {f['elapsed']:.0f} s ({f['rate']:.0f} jobs/s), all deleted "
+            f"and tombstones expired after {f['drained']:.0f} s |"
+        )
         change = (f["after"] - f["empty"]) / f["empty"]
-        print(f"| flow: memory empty / peak / after | {f['empty'] / 1e6:.2f} / {f['peak'] / 1e6:.1f} / "
-              f"{f['after'] / 1e6:.2f} MB ({change:+.1%} vs empty) |")  # fmt: skip
+        print(
+            f"| flow: memory empty / peak / after | {f['empty'] / 1e6:.2f} / {f['peak'] / 1e6:.1f} / "
+            f"{f['after'] / 1e6:.2f} MB ({change:+.1%} vs empty) |"
+        )
 
 
 if __name__ == "__main__":

@@ -138,8 +138,13 @@ def bulk_create(settings: Settings, jobs: Iterator[tuple[str, JobSpec]], chunk: 
 class ScaleRun:
     def __init__(self, args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         self.args, self.url, self.root, self.out = args, url, root, out
-        self.env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_CONTROLLER__METRICS_PORT": "0",
-                    "FLEET_AGENT__METRICS_PORT": "0", "PYTHONPATH": pythonpath()}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "FLEET_REDIS_URL": url,
+            "FLEET_CONTROLLER__METRICS_PORT": "0",
+            "FLEET_AGENT__METRICS_PORT": "0",
+            "PYTHONPATH": pythonpath(),
+        }
         if args.leader_lease_s:
             self.env["FLEET_CONTROLLER__LEADER_LEASE_S"] = str(args.leader_lease_s)
         self.settings = load_settings(redis_url=url)
@@ -173,8 +178,11 @@ class ScaleRun:
 
     def start_nodes(self) -> bool:
         half = self.args.nodes // 2
-        groups = [f"{self.args.nodes - half}:8:Sim A100 80GB:a100", f"{half}:8:Sim H100 80GB:h100",
-                  f"1:8:Sim {PROBE_MODEL} 24GB:l4"]  # fmt: skip
+        groups = [
+            f"{self.args.nodes - half}:8:Sim A100 80GB:a100",
+            f"{half}:8:Sim H100 80GB:h100",
+            f"1:8:Sim {PROBE_MODEL} 24GB:l4",
+        ]
         argv = [f"--group={g}" for g in groups if not g.startswith("0:")]
         self.services.start("nodesim", "bench.nodesim", *argv, f"--stats={self.root / 'sim.json'}")
         started = time.monotonic()
@@ -182,9 +190,12 @@ class ScaleRun:
             self.out.add("simulated nodes up", f"did not finish in {self.args.timeout:.0f} s")
             return False
         stats = self.sim_stats()
-        self.out.add("simulated nodes up", f"{time.monotonic() - started:.1f} s",
-                     f"{stats['nodes']} nodes, {stats['gpus']} GPUs; heartbeat round "
-                     f"{stats['heartbeat_last_ms']} ms for all nodes")  # fmt: skip
+        self.out.add(
+            "simulated nodes up",
+            f"{time.monotonic() - started:.1f} s",
+            f"{stats['nodes']} nodes, {stats['gpus']} GPUs; heartbeat round "
+            f"{stats['heartbeat_last_ms']} ms for all nodes",
+        )
         return True
 
     def load_queue(self) -> None:
@@ -200,8 +211,11 @@ class ScaleRun:
         started = time.time()
         self.services.start("controller", "bench.controller", str(self.tap))
         if not until(lambda: passes(self.tap), self.args.timeout, every=0.5):
-            self.out.add("first pass", f"did not finish in {self.args.timeout:.0f} s",
-                         f"{self.args.queued} queued, {self.args.nodes} nodes")  # fmt: skip
+            self.out.add(
+                "first pass",
+                f"did not finish in {self.args.timeout:.0f} s",
+                f"{self.args.queued} queued, {self.args.nodes} nodes",
+            )
             return None
         first = passes(self.tap)[0][1]
         placed = self.args.queued + 2 - self.store.count_by_state()[JobState.QUEUED]
@@ -211,14 +225,20 @@ class ScaleRun:
             self.out.add("every placed job running", f"did not finish in {self.args.timeout:.0f} s")
             return None
         if not self.placed():
-            self.out.add("every placed job running", "never: nothing placed",
-                         f"in {len(passes(self.tap))} passes" + self.fenced_off())  # fmt: skip
+            self.out.add(
+                "every placed job running",
+                "never: nothing placed",
+                f"in {len(passes(self.tap))} passes" + self.fenced_off(),
+            )
             return None
         at = time.time()
         claimed = self.store.redis.hlen(Keys(self.settings.key_prefix).claims)
-        self.out.add("every placed job running", f"{at - started:.1f} s after the controller started",
-                     f"{claimed} of {self.sim_stats().get('gpus')} GPUs claimed; {self.gangs()}",
-                     claimed_gpus=claimed)  # fmt: skip
+        self.out.add(
+            "every placed job running",
+            f"{at - started:.1f} s after the controller started",
+            f"{claimed} of {self.sim_stats().get('gpus')} GPUs claimed; {self.gangs()}",
+            claimed_gpus=claimed,
+        )
         return at
 
     def gangs(self) -> str:
@@ -248,8 +268,10 @@ class ScaleRun:
         if not lost:
             return ""
         lease = self.settings.controller.leader_lease_s
-        return (f"; leadership lost {lost} times: the lease ({lease:g} s) is renewed between passes, so a "
-                "longer pass has its writes fenced off")  # fmt: skip
+        return (
+            f"; leadership lost {lost} times: the lease ({lease:g} s) is renewed between passes, so a "
+            "longer pass has its writes fenced off"
+        )
 
     def steady_passes(self, settled: float | None) -> None:
         if settled is None:
@@ -268,9 +290,13 @@ class ScaleRun:
         note = f"{len(seen)} passes" + (
             "" if finished else f" (wanted {minimum} in {self.args.timeout:.0f} s)"
         )
-        self.out.add("pass, nothing changing: median / p99",
-                     f"{statistics.median(seen):.3f} s / {quantile(seen, 0.99):.3f} s", note,
-                     pass_median_s=statistics.median(seen), pass_p99_s=quantile(seen, 0.99))  # fmt: skip
+        self.out.add(
+            "pass, nothing changing: median / p99",
+            f"{statistics.median(seen):.3f} s / {quantile(seen, 0.99):.3f} s",
+            note,
+            pass_median_s=statistics.median(seen),
+            pass_p99_s=quantile(seen, 0.99),
+        )
 
     def idle_cpu(self, settled: float | None) -> None:
         pids = {name: p.pid for name, p in self.services.procs.items()}
@@ -281,8 +307,12 @@ class ScaleRun:
         if settled is None:
             note += "; the fleet never settled (above): this is the controller's steady state"
         window = f"{self.settings.controller.resync_interval_s:g} s"
-        self.out.add(f"controller CPU, nothing changing ({window})", f"{used['controller']:.1f} % of a core",
-                     note, idle_cpu_percent=used)  # fmt: skip
+        self.out.add(
+            f"controller CPU, nothing changing ({window})",
+            f"{used['controller']:.1f} % of a core",
+            note,
+            idle_cpu_percent=used,
+        )
 
     def profile(self) -> None:
         spy = shutil.which("py-spy")
@@ -292,9 +322,27 @@ class ScaleRun:
             return
         raw = self.root / "controller.pyspy.txt"
         pid = str(self.services.procs["controller"].pid)
-        subprocess.run([spy, "record", "--pid", pid, "--duration", str(self.args.profile_s), "--rate", "50",
-                        "--nonblocking", "--function", "--format", "raw", "--output", str(raw)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)  # fmt: skip
+        subprocess.run(
+            [
+                spy,
+                "record",
+                "--pid",
+                pid,
+                "--duration",
+                str(self.args.profile_s),
+                "--rate",
+                "50",
+                "--nonblocking",
+                "--function",
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
         if not raw.exists():
             self.out.add("where the time goes", "py-spy failed", f"see {raw}")
             return
@@ -316,15 +364,21 @@ class ScaleRun:
                 break
             wait = self._probe(client)
             if wait is None:
-                self.out.add("high-priority job -> RUNNING", f"did not finish in {self.args.timeout:.0f} s",
-                             f"{len(waits)} probes done before")  # fmt: skip
+                self.out.add(
+                    "high-priority job -> RUNNING",
+                    f"did not finish in {self.args.timeout:.0f} s",
+                    f"{len(waits)} probes done before",
+                )
                 break
             waits.append(wait)
         client.close()
         if waits:
-            self.out.add("high-priority job -> RUNNING, p50 / max", f"{statistics.median(waits):.3f} s / "
-                         f"{max(waits):.3f} s", f"{len(waits)} probes into a queue of {self.args.queued}",
-                         probe_s=waits)  # fmt: skip
+            self.out.add(
+                "high-priority job -> RUNNING, p50 / max",
+                f"{statistics.median(waits):.3f} s / {max(waits):.3f} s",
+                f"{len(waits)} probes into a queue of {self.args.queued}",
+                probe_s=waits,
+            )
 
     def churn(self, settled: float | None) -> None:
         """With ``--churn-s``: passes while the first placed jobs end and queued ones take their GPUs."""
@@ -339,17 +393,26 @@ class ScaleRun:
         if not seen:
             self.out.add("pass under churn", "no pass finished", f"{done} jobs ended in {took:.0f} s")
             return
-        self.out.add("pass under churn: median / p99",
-                     f"{statistics.median(seen):.3f} s / {quantile(seen, 0.99):.3f} s",
-                     f"{len(seen)} passes in {took:.0f} s while {done / took:.1f} jobs/s ended and as many "
-                     f"queued ones were placed (durations {low:g}-{low * 3:g} s)",
-                     churn_pass_median_s=statistics.median(seen), churn_pass_p99_s=quantile(seen, 0.99),
-                     churn_ended_per_s=done / took)  # fmt: skip
+        self.out.add(
+            "pass under churn: median / p99",
+            f"{statistics.median(seen):.3f} s / {quantile(seen, 0.99):.3f} s",
+            f"{len(seen)} passes in {took:.0f} s while {done / took:.1f} jobs/s ended and as many "
+            f"queued ones were placed (durations {low:g}-{low * 3:g} s)",
+            churn_pass_median_s=statistics.median(seen),
+            churn_pass_p99_s=quantile(seen, 0.99),
+            churn_ended_per_s=done / took,
+        )
 
     def _probe(self, client: Backend) -> float | None:
         """Seconds from ``submit()`` to RUNNING of one high-priority job, once it has ended; None: timeout."""
-        spec = JobSpec(name="probe", command=["true"], gpus=1, gpu_model=PROBE_MODEL, priority=1000,
-                       labels={SECONDS_LABEL: "0"})  # fmt: skip
+        spec = JobSpec(
+            name="probe",
+            command=["true"],
+            gpus=1,
+            gpu_model=PROBE_MODEL,
+            priority=1000,
+            labels={SECONDS_LABEL: "0"},
+        )
         submitted = time.time()
         job_id = client.submit(spec).id
         if not until(lambda: client.get(job_id).started_at, self.args.timeout, every=0.05):
@@ -376,8 +439,13 @@ def sim_cost(args: argparse.Namespace, url: str, root: Path, out: Result) -> Non
     for consumer in ("shared", "dramatiq"):
         connect(load_settings(redis_url=url)).flushall()
         services, stats = Services(root, env), root / f"sim-{consumer}.json"
-        proc = services.start(f"nodesim-{consumer}", "bench.nodesim", f"--nodes={args.nodes}",
-                              f"--consumer={consumer}", f"--stats={stats}")  # fmt: skip
+        proc = services.start(
+            f"nodesim-{consumer}",
+            "bench.nodesim",
+            f"--nodes={args.nodes}",
+            f"--consumer={consumer}",
+            f"--stats={stats}",
+        )
         what = f"simulator idle, {args.nodes} nodes, {consumer} consumer"
         try:
             if not until(functools.partial(joined, stats, args.nodes), 120):
@@ -388,8 +456,10 @@ def sim_cost(args: argparse.Namespace, url: str, root: Path, out: Result) -> Non
             used = cpu_over({"sim": proc.pid, "redis": redis_pid(url)}, 10)
             calls = (redis_counts(url)[1] - before) / 10
             last = json.loads(stats.read_text())
-            note = (f"Redis {used['redis']:.0f} %, {calls:.0f} script calls/s; heartbeat round for all nodes "
-                    f"{last['heartbeat_last_ms']} ms (max {last['heartbeat_max_ms']} ms)")  # fmt: skip
+            note = (
+                f"Redis {used['redis']:.0f} %, {calls:.0f} script calls/s; heartbeat round for all nodes "
+                f"{last['heartbeat_last_ms']} ms (max {last['heartbeat_max_ms']} ms)"
+            )
             out.add(what, f"{used['sim']:.0f} % of a core", note, **{f"sim_idle_{consumer}": used})
         finally:
             services.stop()
@@ -397,10 +467,16 @@ def sim_cost(args: argparse.Namespace, url: str, root: Path, out: Result) -> Non
 
 # -- scenario 5 -----------------------------------------------------------------------------
 
-DEFAULTS = {"FLEET_BUS_POLL_MS": "20", "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",
-            "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "1", "FLEET_AGENT__NODE_LEASE_TTL_S": "10",
-            "FLEET_AGENT__FENCE_MARGIN_S": "2", "FLEET_AGENT__RECONCILE_INTERVAL_S": "2",
-            "FLEET_RETRY_BACKOFF_S": "5", "FLEET_CONTROLLER__LEADER_LEASE_S": "5"}  # fmt: skip
+DEFAULTS = {
+    "FLEET_BUS_POLL_MS": "20",
+    "FLEET_CONTROLLER__SCHEDULE_INTERVAL_S": "2",
+    "FLEET_AGENT__HEARTBEAT_INTERVAL_S": "1",
+    "FLEET_AGENT__NODE_LEASE_TTL_S": "10",
+    "FLEET_AGENT__FENCE_MARGIN_S": "2",
+    "FLEET_AGENT__RECONCILE_INTERVAL_S": "2",
+    "FLEET_RETRY_BACKOFF_S": "5",
+    "FLEET_CONTROLLER__LEADER_LEASE_S": "5",
+}
 
 
 def throughput(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
@@ -428,14 +504,19 @@ def throughput(args: argparse.Namespace, url: str, root: Path, out: Result) -> N
         cpu = {"controller": cpu_seconds(controller.pid), "agent": cpu_seconds(agent.pid)}
         per_job = ", ".join(f"{k} {(cpu[k] - before[k]) / max(len(ok), 1) * 1000:.0f} ms" for k in cpu)
         if not finished:
-            out.add(f"{args.jobs} `true` jobs, one real agent", f"did not finish in {args.timeout:.0f} s",
-                    f"{len(ok)} SUCCEEDED by then")  # fmt: skip
+            out.add(
+                f"{args.jobs} `true` jobs, one real agent",
+                f"did not finish in {args.timeout:.0f} s",
+                f"{len(ok)} SUCCEEDED by then",
+            )
             return
         last = max(j.finished_at or 0 for j in jobs)
-        out.add(f"{args.jobs} `true` jobs, one real agent (16 GPUs): first submit -> last SUCCEEDED",
-                f"{last - first:.1f} s = {len(ids) / (last - first):.1f} jobs/s",
-                f"{len(ok)} SUCCEEDED; submitting took {submitted:.1f} s; CPU per job: {per_job}",
-                throughput_jobs_s=len(ids) / (last - first))  # fmt: skip
+        out.add(
+            f"{args.jobs} `true` jobs, one real agent (16 GPUs): first submit -> last SUCCEEDED",
+            f"{last - first:.1f} s = {len(ids) / (last - first):.1f} jobs/s",
+            f"{len(ok)} SUCCEEDED; submitting took {submitted:.1f} s; CPU per job: {per_job}",
+            throughput_jobs_s=len(ids) / (last - first),
+        )
     finally:
         procs.stop()
         client.close()

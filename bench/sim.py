@@ -45,8 +45,11 @@ def _jobs(n: int, seed: int) -> list[ElasticJob]:
         trace = rng.choice(pool)
         assert trace.model is not None
         p = named_profile(trace.model)
-        out.append(ElasticJob(f"j{i}", trace.tenant, 1, 64, p.min_batch, p.max_batch, p,
-                              remaining=p.samples * rng.random()))  # fmt: skip
+        out.append(
+            ElasticJob(
+                f"j{i}", trace.tenant, 1, 64, p.min_batch, p.max_batch, p, remaining=p.samples * rng.random()
+            )
+        )
     return out
 
 
@@ -145,8 +148,10 @@ def sustained(figures: Path = FIGURES) -> None:
     the same 8 h), where "jobs completed within 8 h" can tell policies apart: compressed, every job has
     arrived by 4-5.3 h and the baseline ends 131-152 of 160 by 8 h."""
     print()
-    print("| trace | load (sustained) | jobs | done by 8 h: fixed-batch / elastic | ratio | "
-          "JCT avg (s): fixed-batch / elastic | ratio |")  # fmt: skip
+    print(
+        "| trace | load (sustained) | jobs | done by 8 h: fixed-batch / elastic | ratio | "
+        "JCT avg (s): fixed-batch / elastic | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     at2: dict[str, list[SimResult]] = {"elastic-fixed-batch": [], "elastic": []}
     for w in range(1, 5):
@@ -189,8 +194,10 @@ def learned() -> None:
         undeclared = run(trace, "elastic", load=2.0, learn=True, learn_max_local=False)
         fixed = run(trace, "elastic-fixed-batch", load=2.0)
         k, d, u, f = (r.jct.mean or 1.0 for r in (known, declared, undeclared, fixed))
-        print(f"| {trace} | 2 | {k:,.0f} | {d:,.0f} | {u:,.0f} | {f:,.0f} | {d / k:.2f}x | {u / k:.2f}x | "
-              f"**{f / d:.2f}x** |")  # fmt: skip
+        print(
+            f"| {trace} | 2 | {k:,.0f} | {d:,.0f} | {u:,.0f} | {f:,.0f} | {d / k:.2f}x | {u / k:.2f}x | "
+            f"**{f / d:.2f}x** |"
+        )
 
 
 def philly() -> None:

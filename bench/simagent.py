@@ -43,12 +43,23 @@ def launchable(job: Job) -> tuple[JobState, ...]:
 class SimAgent:
     """Every simulated node's attempts, on one thread pool; timers end them."""
 
-    def __init__(self, settings: Settings, jobs: JobStore, nodes: NodeStore, bus: Bus, *, stats: Stats,
-                 pool: ThreadPoolExecutor, stop_event: threading.Event, default_s: float = 0.0,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: JobStore,
+        nodes: NodeStore,
+        bus: Bus,
+        *,
+        stats: Stats,
+        pool: ThreadPoolExecutor,
+        stop_event: threading.Event,
+        default_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.cfg, self.jobs, self.nodes, self.bus, self.clock = settings.agent, jobs, nodes, bus, clock
-        self.policy = RetryPolicy(settings.retry_backoff_s, settings.retry_backoff_max_s,
-                                  settings.max_infra_requeues)  # fmt: skip
+        self.policy = RetryPolicy(
+            settings.retry_backoff_s, settings.retry_backoff_max_s, settings.max_infra_requeues
+        )
         self.stats, self.pool, self.stop_event, self.default_s = stats, pool, stop_event, default_s
         self._lock = threading.Lock()
         self._busy: set[Key] = set()
@@ -98,8 +109,14 @@ class SimAgent:
             return None
         rank, gang = job.rank_on(node.name) or 0, len(job.members) > 1
         member = f" (member {rank} of {len(job.members)})" if gang else ""
-        if not self.jobs.transition(job_id, attempt=attempt, allowed=launchable(job), to=JobState.STARTING,
-                                    reason=f"starting on {node.name}{member}", now=self.clock()):  # fmt: skip
+        if not self.jobs.transition(
+            job_id,
+            attempt=attempt,
+            allowed=launchable(job),
+            to=JobState.STARTING,
+            reason=f"starting on {node.name}{member}",
+            now=self.clock(),
+        ):
             return None
         seconds, code = run_for(job.spec, self.default_s)
         run = Attempt(job_id, attempt, node, job.gpus_on(node.name), code, rank)
@@ -146,9 +163,15 @@ class SimAgent:
             if running < len(job.members):
                 return True
         where = f"{len(job.members)} nodes" if len(job.members) > 1 else job.nodes_held[rank]
-        return self.jobs.transition(job.id, attempt=job.attempt, allowed=[JobState.STARTING],
-                                    to=JobState.RUNNING, reason=f"running on {where}", now=self.clock(),
-                                    fields={"started_at": self.clock()})  # fmt: skip
+        return self.jobs.transition(
+            job.id,
+            attempt=job.attempt,
+            allowed=[JobState.STARTING],
+            to=JobState.RUNNING,
+            reason=f"running on {where}",
+            now=self.clock(),
+            fields={"started_at": self.clock()},
+        )
 
     def _hold(self, run: Attempt) -> str:
         """Take the attempt's GPUs on its node; why not, if one is unknown there or held by another
@@ -263,10 +286,18 @@ class SimAgent:
         self.stats.finished += 1
         if decision.state == JobState.SUCCEEDED:
             self.stats.succeeded[job.id] += 1
-        self.bus.send(CONTROLLER_QUEUE, AttemptUpdate(
-            job_id=job.id, attempt=job.attempt, node=run.node.name, phase="exited", exit_code=exit.code,
-            oom=exit.oom, reason=exit.reason,
-        ))  # fmt: skip
+        self.bus.send(
+            CONTROLLER_QUEUE,
+            AttemptUpdate(
+                job_id=job.id,
+                attempt=job.attempt,
+                node=run.node.name,
+                phase="exited",
+                exit_code=exit.code,
+                oom=exit.oom,
+                reason=exit.reason,
+            ),
+        )
 
     def lost(self, node: SimNode, job: Job) -> None:
         """As the agent's ``ExitPath.lost``: the end recorded before the removal, if any (a multi-node job's

@@ -46,8 +46,15 @@ return found
 class SharedConsumer:
     """One polling thread for every queue; handlers run on ``pool``, each message acked after."""
 
-    def __init__(self, bus: Bus, queues: list[str], handler: Handler, pool: ThreadPoolExecutor,
-                 prefetch: int = 64, poll_s: float = 0.02) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bus: Bus,
+        queues: list[str],
+        handler: Handler,
+        pool: ThreadPoolExecutor,
+        prefetch: int = 64,
+        poll_s: float = 0.02,
+    ) -> None:
         self.broker, self.queues, self.handler, self.pool = bus.broker, queues, handler, pool
         self.poll_s, self.prefetch = poll_s, prefetch
         self._keys = [f"{self.broker.namespace}:{q}" for q in queues]
@@ -105,8 +112,14 @@ class DramatiqConsumer:
         for queue in queues:
             broker.declare_queue(queue)
         for name in actors:
-            dramatiq.Actor(self._actor(handler), broker=broker, actor_name=name, queue_name=queues[0],
-                           priority=0, options={})  # fmt: skip
+            dramatiq.Actor(
+                self._actor(handler),
+                broker=broker,
+                actor_name=name,
+                queue_name=queues[0],
+                priority=0,
+                options={},
+            )
         self.worker: dramatiq.Worker | None = None
 
     @staticmethod
@@ -119,8 +132,12 @@ class DramatiqConsumer:
         return actor
 
     def start(self) -> None:
-        self.worker = dramatiq.Worker(self.bus.broker, queues=set(self.queues), worker_threads=self.threads,
-                                      worker_timeout=WORKER_TIMEOUT_MS)  # fmt: skip
+        self.worker = dramatiq.Worker(
+            self.bus.broker,
+            queues=set(self.queues),
+            worker_threads=self.threads,
+            worker_timeout=WORKER_TIMEOUT_MS,
+        )
         self.worker.start()
 
     def stop(self) -> None:

@@ -119,8 +119,10 @@ def make_nodes(groups: list[Group]) -> list[SimNode]:
     for group in groups:
         for i in range(group.count):
             name = f"{group.prefix}-{i:04d}"
-            gpus = [Gpu(uuid=f"GPU-{name}-{g}", index=g, model=group.model, memory_total=group.memory)
-                    for g in range(group.gpus)]  # fmt: skip
+            gpus = [
+                Gpu(uuid=f"GPU-{name}-{g}", index=g, model=group.model, memory_total=group.memory)
+                for g in range(group.gpus)
+            ]
             info = NodeInfo(gpus=gpus, cpus=64, memory=512 * GiB, runtime="sim", gpu_backend="simulated")
             nodes.append(SimNode(name, node_queue(name), gpus, json.dumps(info.fields())))
     return nodes

@@ -57,11 +57,12 @@ def run(jobs: int) -> dict[str, float]:
         stop.set()
         sup.shutdown()
     return {
-        "jobs": jobs, "spawn_p50_ms": statistics.median(spawn_ms),
+        "jobs": jobs,
+        "spawn_p50_ms": statistics.median(spawn_ms),
         "spawn_p99_ms": statistics.quantiles(spawn_ms, n=100)[98],
         "start_to_exit_seen_p50_ms": statistics.median(cycle_ms),
         "supervisor_cpu_ms_per_job": cpu / jobs * 1000,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

@@ -62,10 +62,11 @@ def receiver(delay_s: float) -> Iterator[tuple[str, dict[str, float]]]:
 @contextmanager
 def fleet(url: str, root: Path) -> Iterator[Backend]:
     settings: Settings = load_settings(
-        redis_url=url, checkpoint_root=root / "ckpt",
+        redis_url=url,
+        checkpoint_root=root / "ckpt",
         agent={"node_name": "bench", "state_dir": root / "agent", "metrics_port": 0, "cpus": 64},
         controller={"metrics_port": 0},
-    )  # fmt: skip
+    )
     with in_process_fleet(settings) as (client, _):
         yield client
 
@@ -103,8 +104,9 @@ def main() -> None:
     binary = shutil.which("redis-server")
     assert binary, "redis-server not installed"
     port, root = free_port(), Path(tempfile.mkdtemp(prefix="fleet-bench-webhooks-"))
-    redis_proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-                                  stdout=subprocess.DEVNULL)  # fmt: skip
+    redis_proc = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
+    )
     url = f"redis://127.0.0.1:{port}/0"
     time.sleep(0.5)
     try:
@@ -122,8 +124,10 @@ def main() -> None:
         redis_proc.wait()
         shutil.rmtree(root, ignore_errors=True)
     print(f"# webhooks ({platform.python_version()}, {platform.machine()})")
-    print(f"job end -> POST received (20 jobs, webhook_interval_s 1): p50 {lag['p50']:.0f} ms, "
-          f"p90 {lag['p90']:.0f} ms, max {lag['max']:.0f} ms")  # fmt: skip
+    print(
+        f"job end -> POST received (20 jobs, webhook_interval_s 1): p50 {lag['p50']:.0f} ms, "
+        f"p90 {lag['p90']:.0f} ms, max {lag['max']:.0f} ms"
+    )
     print(
         f"{args.jobs} jobs submitted at once, until all SUCCEEDED, {args.runs} runs each: without webhooks "
         f"median {statistics.median(bare):.1f} s ({', '.join(f'{t:.1f}' for t in bare)}); each job notifying "

@@ -4,6 +4,11 @@ from fleet.client.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle, as_c
 from fleet.client.handles import ALL_COMPLETED, FIRST_COMPLETED
 
 __all__ = [
-    "ALL_COMPLETED", "FIRST_COMPLETED", "AsyncArrayHandle", "AsyncClient", "AsyncJobHandle", "as_completed",
+    "ALL_COMPLETED",
+    "FIRST_COMPLETED",
+    "AsyncArrayHandle",
+    "AsyncClient",
+    "AsyncJobHandle",
+    "as_completed",
     "wait",
-]  # fmt: skip
+]

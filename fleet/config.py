@@ -154,8 +154,10 @@ ENV_PREFIX = "FLEET_"
 
 #: settings that hold a whole section, and lists: from the environment they are JSON
 _SECTIONS: dict[str, type[BaseModel]] = {
-    "controller": ControllerSettings, "agent": AgentSettings, "api": ApiSettings,
-}  # fmt: skip
+    "controller": ControllerSettings,
+    "agent": AgentSettings,
+    "api": ApiSettings,
+}
 _LISTS = frozenset({"allowed_mounts", "webhook_allowed_networks", "allowed_registries"})
 
 

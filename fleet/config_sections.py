@@ -33,9 +33,10 @@ class ControllerSettings(_Section):
     metrics_address: str = Field(default="127.0.0.1", max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
     scheduled_timeout_s: float = Field(default=60.0, gt=0, description="SCHEDULED longer: launch lost")
     starting_timeout_s: float = Field(
-        default=1800.0, gt=0,
+        default=1800.0,
+        gt=0,
         description="STARTING longer: launch hung (a multi-node job is STARTING until every member runs)",
-    )  # fmt: skip
+    )
     #: the ports a multi-node job's rank 0 may listen on (MASTER_PORT), one per gang on a node
     rendezvous_port_base: int = Field(default=29400, ge=1024, le=65535)
     rendezvous_ports: int = Field(default=500, ge=1, le=10_000)

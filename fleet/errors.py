@@ -175,8 +175,12 @@ def error_body(exc: FleetError) -> dict[str, Any]:
     message and exit code)."""
     body: dict[str, Any] = {"error": type(exc).__name__, "detail": str(exc), "exit_code": exc.exit_code}
     if isinstance(exc, JobExpired):
-        body["expired"] = {"job_id": exc.job_id, "state": exc.state, "ended_at": exc.ended_at,
-                           "expired_at": exc.expired_at}  # fmt: skip
+        body["expired"] = {
+            "job_id": exc.job_id,
+            "state": exc.state,
+            "ended_at": exc.ended_at,
+            "expired_at": exc.expired_at,
+        }
     return body
 
 

@@ -47,8 +47,10 @@ def explain(exit: Exit, tail: Sequence[str]) -> Exit:
     said = next((line.strip() for line in reversed(tail) if _NO_SCRIPT.search(line)), None)
     if said is None:
         return exit
-    why = (f"{exit.reason}: {said[-300:]}: the script is not in the job's working directory (ship it "
-           "with --workdir, or give its path inside the image)")  # fmt: skip
+    why = (
+        f"{exit.reason}: {said[-300:]}: the script is not in the job's working directory (ship it "
+        "with --workdir, or give its path inside the image)"
+    )
     return Exit(code=exit.code, fault=Fault.FATAL, reason=why)
 
 
@@ -94,8 +96,12 @@ def _job_fault(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
 
 def _infra(job: Job, exit: Exit, policy: RetryPolicy) -> Decision:
     if exit.kind == ExitKind.RESIZE:
-        return Decision(JobState.QUEUED, 0.0, f"{exit.reason}; requeued at its new size (retry budget not "
-                        "spent)", {"resizes": 1})  # fmt: skip
+        return Decision(
+            JobState.QUEUED,
+            0.0,
+            f"{exit.reason}; requeued at its new size (retry budget not spent)",
+            {"resizes": 1},
+        )
     requeues = job.infra_requeues + 1
     if requeues > policy.max_infra_requeues:
         cap = policy.max_infra_requeues

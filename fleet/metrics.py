@@ -48,8 +48,9 @@ class ControllerCollector(Collector):
         for state, count in self.jobs.count_by_state().items():
             by_state.add_metric([state.value], count)
         yield by_state
-        queued = GaugeMetricFamily("fleet_jobs_queued", "Queued jobs by tenant and priority",
-                                   labels=["tenant", "priority"])  # fmt: skip
+        queued = GaugeMetricFamily(
+            "fleet_jobs_queued", "Queued jobs by tenant and priority", labels=["tenant", "priority"]
+        )
         for (tenant, priority), count in Counter(
             (j.spec.tenant, str(j.spec.priority)) for j in self.jobs.queued()
         ).items():
@@ -98,8 +99,12 @@ def controller_registry(
 ) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry()
     registry.register(ControllerCollector(jobs, nodes, tenants))
-    latency = Histogram("fleet_schedule_pass_seconds", "Duration of a scheduling pass", registry=registry,
-                        buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))  # fmt: skip
+    latency = Histogram(
+        "fleet_schedule_pass_seconds",
+        "Duration of a scheduling pass",
+        registry=registry,
+        buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    )
     return registry, latency
 
 
@@ -134,8 +139,9 @@ class AgentCollector(Collector):
         running = GaugeMetricFamily("fleet_agent_attempts_running", "Job attempts running", labels=["node"])
         running.add_metric([node], sum(1 for a in self.agent.runtime.attempts() if a.running))
         yield running
-        lag = GaugeMetricFamily("fleet_agent_heartbeat_lag_seconds", "Seconds since the lease was renewed",
-                                labels=["node"])  # fmt: skip
+        lag = GaugeMetricFamily(
+            "fleet_agent_heartbeat_lag_seconds", "Seconds since the lease was renewed", labels=["node"]
+        )
         lag.add_metric([node], self.clock() - self.agent.renewed_at)
         yield lag
 

@@ -51,13 +51,24 @@ def job_payload(job: Any, delivery: str, now: float) -> dict[str, Any]:
     """The JSON body for a job's end (``job`` a :class:`fleet.models.Job`)."""
     spec = job.spec
     return {
-        "event": "job.ended", "delivery": delivery, "at": now, "tenant": spec.tenant,
+        "event": "job.ended",
+        "delivery": delivery,
+        "at": now,
+        "tenant": spec.tenant,
         "job": {
-            "id": job.id, "name": spec.name, "state": str(job.state), "reason": job.reason[:REASON_MAX],
-            "exit_code": job.exit_code, "attempt": job.attempt, "node": job.node, "owner": job.owner,
-            "labels": spec.labels, "started_at": job.started_at, "finished_at": job.finished_at,
+            "id": job.id,
+            "name": spec.name,
+            "state": str(job.state),
+            "reason": job.reason[:REASON_MAX],
+            "exit_code": job.exit_code,
+            "attempt": job.attempt,
+            "node": job.node,
+            "owner": job.owner,
+            "labels": spec.labels,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
         },
-    }  # fmt: skip
+    }
 
 
 def node_payload(
@@ -65,9 +76,11 @@ def node_payload(
 ) -> dict[str, Any]:
     """The JSON body for a node's change of state (``removed`` once retention forgot it)."""
     return {
-        "event": "node.changed", "delivery": delivery, "at": now,
+        "event": "node.changed",
+        "delivery": delivery,
+        "at": now,
         "node": {"name": name, "state": state, "previous": previous, "reason": reason[:REASON_MAX]},
-    }  # fmt: skip
+    }
 
 
 def slack_text(payload: dict[str, Any]) -> str:

@@ -58,8 +58,10 @@ def check_digest(value: str) -> str:
     """The hex of a ``sha256:<hex>`` digest; :class:`SpecError` otherwise."""
     match = DIGEST.match(value)
     if match is None:
-        raise SpecError(f"workdir {value!r}: expected sha256:<64 hex digits> (the CLI and Client upload a "
-                        "directory and send its digest)")  # fmt: skip
+        raise SpecError(
+            f"workdir {value!r}: expected sha256:<64 hex digits> (the CLI and Client upload a "
+            "directory and send its digest)"
+        )
     return match.group(1)
 
 
@@ -137,11 +139,15 @@ def check_archive(data: bytes, max_bytes: int = MAX_BYTES) -> None:
                 count += 1
                 content += member.size if member.isreg() else 0
                 if count > MAX_MEMBERS:
-                    raise SpecError(f"workdir: more than {MAX_MEMBERS} files and folders; leave some out "
-                                    "with a .fleetignore, or ship them as one archive")  # fmt: skip
+                    raise SpecError(
+                        f"workdir: more than {MAX_MEMBERS} files and folders; leave some out "
+                        "with a .fleetignore, or ship them as one archive"
+                    )
                 if content > max_bytes:
-                    raise SpecError(f"workdir: more than workdir_max_bytes ({max_bytes}) unpacked; leave "
-                                    "data, checkpoints and environments out with a .fleetignore")  # fmt: skip
+                    raise SpecError(
+                        f"workdir: more than workdir_max_bytes ({max_bytes}) unpacked; leave "
+                        "data, checkpoints and environments out with a .fleetignore"
+                    )
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise SpecError(f"workdir: not a packed directory (tar.gz): {exc}") from None
 
@@ -197,8 +203,10 @@ class _Extractor:
         elif member.islnk():
             source = _member_name(member.linkname)
             if source is None or source not in self.files:
-                raise _Unsafe(f"{member.name!r} is a hard link to {member.linkname!r}, which is not a file "
-                              "unpacked before it")  # fmt: skip
+                raise _Unsafe(
+                    f"{member.name!r} is a hard link to {member.linkname!r}, which is not a file "
+                    "unpacked before it"
+                )
             _exclusive(member, os.link, self.dest / source, path, follow_symlinks=False)
             self.files.add(name)
         else:

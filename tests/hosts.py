@@ -65,19 +65,28 @@ class Host:
 
     # every command runs in /, as systemd starts services: not in this checkout, whose fleet
     # package would shadow the wheel's for `python -c`
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120,
-            check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        done = subprocess.run(self.argv(argv), env=env, capture_output=True, text=True, timeout=timeout,
-                              cwd="/")  # fmt: skip
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            self.argv(argv), env=env, capture_output=True, text=True, timeout=timeout, cwd="/"
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"{self.name}: {shlex.join(argv)} exited {done.returncode}:\n"
-                                 f"{done.stdout}{done.stderr}")  # fmt: skip
+            raise AssertionError(
+                f"{self.name}: {shlex.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
         return done
 
     def start(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         with log.open("ab") as out:
-            proc = subprocess.Popen(self.argv(argv), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd="/")  # fmt: skip
+            proc = subprocess.Popen(
+                self.argv(argv),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+            )
         self.procs.append(proc)
         return proc
 
@@ -151,8 +160,12 @@ def build_wheel(dest: Path) -> Path:
     shutil.copytree(ROOT, source, ignore=skip)
     # with this interpreter's setuptools where it has one (no download), else pip fetches it
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(dest),
-                    str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(dest), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     shutil.rmtree(source)
     (wheel,) = dest.glob("fleet-*.whl")
     return wheel
@@ -168,10 +181,18 @@ def install_wheel(wheel: Path, venv: Path) -> Path:
     itself is the wheel's, imported from the venv's own site-packages first."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-                    str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # every site directory of the test's interpreter: a venv's, or a system Python's (Debian's
     # /usr/local/lib/.../dist-packages where pip installs, and /usr/lib/python3/dist-packages)
     shared = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
@@ -247,8 +268,10 @@ class Unit:
                     if b"READY=1" in sock.recv(4096):
                         break
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"{host.name}: fleet-{self.service} never said READY=1 "
-                                         f"(exit code {proc.poll()}):\n{self.log(state)}")  # fmt: skip
+                    raise AssertionError(
+                        f"{host.name}: fleet-{self.service} never said READY=1 "
+                        f"(exit code {proc.poll()}):\n{self.log(state)}"
+                    )
         finally:
             # closed once ready: the service's later pings are refused (it ignores that) rather
             # than filling a socket nobody reads

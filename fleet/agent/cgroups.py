@@ -268,8 +268,10 @@ def _settings(v2: bool, controllers: tuple[str, ...], limits: Limits) -> list[tu
         if v2:
             found += [("memory.max", str(limits.memory)), ("memory.swap.max", "0")]
         else:  # memsw (memory + swap) may not be set below memory
-            found += [("memory.limit_in_bytes", str(limits.memory)),
-                      ("memory.memsw.limit_in_bytes", str(limits.memory))]  # fmt: skip
+            found += [
+                ("memory.limit_in_bytes", str(limits.memory)),
+                ("memory.memsw.limit_in_bytes", str(limits.memory)),
+            ]
     if "cpu" in controllers and limits.cpus is not None:
         quota = max(int(limits.cpus * CPU_PERIOD_US), 1000)
         if v2:
@@ -297,7 +299,12 @@ def log_layout(cgroups: Cgroups) -> None:
     """Say once (at the agent's start) how process-runtime attempts are contained."""
     layout = cgroups.layout
     if layout.kind == "none":
-        event(log, "cgroups_unavailable", logging.WARNING, why=layout.why,
-              effect="attempts are killed by process group, and not limited")  # fmt: skip
+        event(
+            log,
+            "cgroups_unavailable",
+            logging.WARNING,
+            why=layout.why,
+            effect="attempts are killed by process group, and not limited",
+        )
     else:
         event(log, "cgroups", layout=layout.describe(), parent=f"{cgroups.parent}/{cgroups.node}")

@@ -38,9 +38,15 @@ def time_limit(job: Job) -> float | None:
 
 
 def settle(
-    job: Job, exit: Exit, node: str, *, fenced: str | None, timed_out: bool, now: float,
+    job: Job,
+    exit: Exit,
+    node: str,
+    *,
+    fenced: str | None,
+    timed_out: bool,
+    now: float,
     tail: Callable[[], Sequence[str]],
-) -> Exit:  # fmt: skip
+) -> Exit:
     """How ``job``'s current attempt on ``node`` ended, given what was seen (``exit``: the runtime's,
     or the launch's own), in this order:
 
@@ -53,16 +59,26 @@ def settle(
        unless it succeeded or was cancelled.
     """
     if fenced is not None:
-        exit = Exit(code=exit.code, fault=Fault.INFRA, kind=ExitKind.FENCED,
-                    reason=f"stopped by node {node}'s supervisor: {fenced}")  # fmt: skip
+        exit = Exit(
+            code=exit.code,
+            fault=Fault.INFRA,
+            kind=ExitKind.FENCED,
+            reason=f"stopped by node {node}'s supervisor: {fenced}",
+        )
     if exit.code == 2 and exit.fault == Fault.JOB:  # only a candidate costs a read
         exit = explain(exit, tail())
     exit = _timed_out(job, exit, timed_out, now)
     if job.preempt and not job.cancel_requested and not exit.succeeded:
-        kind = (ExitKind.RESIZE if job.resize_gpus is not None
-                else ExitKind.PREEMPTED if job.preempted_for else ExitKind.DRAIN)  # fmt: skip
-        exit = Exit(code=exit.code, oom=exit.oom, fault=Fault.INFRA, kind=kind,
-                    reason=f"{job.preempt}: {exit.reason}")  # fmt: skip
+        kind = (
+            ExitKind.RESIZE
+            if job.resize_gpus is not None
+            else ExitKind.PREEMPTED
+            if job.preempted_for
+            else ExitKind.DRAIN
+        )
+        exit = Exit(
+            code=exit.code, oom=exit.oom, fault=Fault.INFRA, kind=kind, reason=f"{job.preempt}: {exit.reason}"
+        )
     return exit
 
 
@@ -93,8 +109,11 @@ class ExitPath:
                 job = self.p.jobs.get(job_id)
             except NotFound:
                 job = None
-            if job is not None and job.attempt == attempt and job.state in (JobState.STARTING,
-                                                                            JobState.RUNNING):  # fmt: skip
+            if (
+                job is not None
+                and job.attempt == attempt
+                and job.state in (JobState.STARTING, JobState.RUNNING)
+            ):
                 self.end(job, exit)
             else:
                 self.remove(job_id, attempt)
@@ -120,8 +139,15 @@ class ExitPath:
             if recorded is not None:
                 self.end(now, recorded, recorded=True)
             else:
-                self.end(now, Exit(code=None, fault=Fault.INFRA, kind=ExitKind.LOST,
-                                   reason=f"attempt vanished from node {self.node}"))  # fmt: skip
+                self.end(
+                    now,
+                    Exit(
+                        code=None,
+                        fault=Fault.INFRA,
+                        kind=ExitKind.LOST,
+                        reason=f"attempt vanished from node {self.node}",
+                    ),
+                )
 
     def remove(self, job_id: str, attempt: int) -> None:
         """Remove an attempt whose output is not shipped any further (stale, or its job is gone)."""
@@ -146,10 +172,14 @@ class ExitPath:
             event(log, "last_logs_not_shipped", logging.WARNING, job=job.id, attempt=job.attempt)
         if not recorded:
             exit = settle(
-                job, exit, self.node, fenced=p.supervisor.fenced(f"{job.id}.{job.attempt}"),
-                timed_out=key in p.inflight.timed_out, now=p.clock(),
+                job,
+                exit,
+                self.node,
+                fenced=p.supervisor.fenced(f"{job.id}.{job.attempt}"),
+                timed_out=key in p.inflight.timed_out,
+                now=p.clock(),
                 tail=lambda: p.jobs.log_tail(job.id, job.attempt, TAIL_LINES, rank),
-            )  # fmt: skip
+            )
             p.jobs.record_exit(job, exit, p.clock())
         p.inflight.timed_out.discard(key)
         p.runtime.remove(job.id, job.attempt)
@@ -170,13 +200,27 @@ class ExitPath:
             stop = Stop(job_id=job.id, attempt=job.attempt, reason=decision.reason, grace_s=grace)
             for node in set(job.nodes_held) - {self.node}:
                 p.bus.send(node_queue(node), stop)
-        event(log, "attempt_exited", job=job.id, attempt=job.attempt, code=exit.code,
-              state=decision.state, reason=decision.reason)  # fmt: skip
+        event(
+            log,
+            "attempt_exited",
+            job=job.id,
+            attempt=job.attempt,
+            code=exit.code,
+            state=decision.state,
+            reason=decision.reason,
+        )
         p.bus.send(
             CONTROLLER_QUEUE,
-            AttemptUpdate(job_id=job.id, attempt=job.attempt, node=self.node, phase="exited",
-                          exit_code=exit.code, oom=exit.oom, reason=exit.reason),
-        )  # fmt: skip
+            AttemptUpdate(
+                job_id=job.id,
+                attempt=job.attempt,
+                node=self.node,
+                phase="exited",
+                exit_code=exit.code,
+                oom=exit.oom,
+                reason=exit.reason,
+            ),
+        )
 
     def _latest(self, job: Job) -> str | None:
         try:
@@ -190,8 +234,14 @@ class ExitPath:
         p = self.p
         stuck = await_released(p.inventory, p.runtime, job.gpus_on(self.node), p.cfg.gpu_release_timeout_s)
         if stuck:
-            event(log, "gpu_not_released", logging.WARNING, job=job.id, attempt=job.attempt,
-                  gpus=";".join(f"{u}:{','.join(map(str, pids))}" for u, pids in stuck.items()))  # fmt: skip
+            event(
+                log,
+                "gpu_not_released",
+                logging.WARNING,
+                job=job.id,
+                attempt=job.attempt,
+                gpus=";".join(f"{u}:{','.join(map(str, pids))}" for u, pids in stuck.items()),
+            )
             p.publish()
 
     # -- time limits -----------------------------------------------------------------

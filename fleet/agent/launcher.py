@@ -60,16 +60,25 @@ class Launcher:
         launchable = (JobState.SCHEDULED, JobState.STARTING) if gang else (JobState.SCHEDULED,)
         if rank is None or job.attempt != attempt or job.state not in launchable:
             where = ",".join(job.nodes_held) or "-"
-            event(log, "launch_ignored", job=job_id, attempt=attempt,
-                  why=f"job is {job.state} attempt {job.attempt} on {where}")  # fmt: skip
+            event(
+                log,
+                "launch_ignored",
+                job=job_id,
+                attempt=attempt,
+                why=f"job is {job.state} attempt {job.attempt} on {where}",
+            )
             return
         if gang and p.jobs.member(job, rank, MemberPhase.STARTING) < 0:
             event(log, "launch_ignored", job=job_id, attempt=attempt, why=f"member {rank} started already")
             return
         started = p.jobs.transition(
-            job_id, attempt=attempt, allowed=launchable, to=JobState.STARTING, now=p.clock(),
+            job_id,
+            attempt=attempt,
+            allowed=launchable,
+            to=JobState.STARTING,
+            now=p.clock(),
             reason=f"starting on {self.node}" + (f" (member {rank} of {len(job.members)})" if gang else ""),
-        )  # fmt: skip
+        )
         if not started:
             return
         if job.cancel_requested:
@@ -92,10 +101,18 @@ class Launcher:
             self.exits.remove(job_id, attempt)
             return
         p.logs.follow(job_id, attempt, rank)
-        event(log, "attempt_started", job=job_id, attempt=attempt, node=self.node, rank=rank,
-              gpus=",".join(job.gpus_on(self.node)) or "-")  # fmt: skip
-        p.bus.send(CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node,
-                                                   phase="started"))  # fmt: skip
+        event(
+            log,
+            "attempt_started",
+            job=job_id,
+            attempt=attempt,
+            node=self.node,
+            rank=rank,
+            gpus=",".join(job.gpus_on(self.node)) or "-",
+        )
+        p.bus.send(
+            CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
+        )
 
     def _launch_failed(self, job: Job, exc: LaunchError | SpecError | OSError) -> None:
         """End an attempt that could not start: the job's fault (a spec this node refuses) fails it;
@@ -123,11 +140,19 @@ class Launcher:
             if not limit or failures < limit:
                 return
             self._prepare_failures = 0
-        reason = (f"quarantined: {failures} attempts in a row could not be prepared on this node (last: "
-                  f"{why[:300]}); fix the node, then `fleet nodes uncordon {self.node}`")  # fmt: skip
+        reason = (
+            f"quarantined: {failures} attempts in a row could not be prepared on this node (last: "
+            f"{why[:300]}); fix the node, then `fleet nodes uncordon {self.node}`"
+        )
         try:
-            cordoned = self.p.nodes.set_state(self.node, NodeState.CORDONED, reason, self.p.clock(),
-                                              f"agent {self.node}", only_from=[NodeState.READY])  # fmt: skip
+            cordoned = self.p.nodes.set_state(
+                self.node,
+                NodeState.CORDONED,
+                reason,
+                self.p.clock(),
+                f"agent {self.node}",
+                only_from=[NodeState.READY],
+            )
         except FleetError as exc:
             event(log, "node_quarantine_failed", logging.WARNING, node=self.node, error=exc)
             return
@@ -145,9 +170,14 @@ class Launcher:
                 return True  # the last member to run moves the job to RUNNING
         where = f"{len(job.members)} nodes" if len(job.members) > 1 else self.node
         return self.p.jobs.transition(
-            job.id, attempt=job.attempt, allowed=[JobState.STARTING], to=JobState.RUNNING,
-            reason=f"running on {where}", now=self.p.clock(), fields={"started_at": self.p.clock()},
-        )  # fmt: skip
+            job.id,
+            attempt=job.attempt,
+            allowed=[JobState.STARTING],
+            to=JobState.RUNNING,
+            reason=f"running on {where}",
+            now=self.p.clock(),
+            fields={"started_at": self.p.clock()},
+        )
 
     # -- the launch ------------------------------------------------------------------
 
@@ -162,15 +192,29 @@ class Launcher:
         gpus = tuple(job.gpus_on(self.node))
         cpus, memory = job_limits(spec.cpus, spec.memory, len(gpus), cfg, self._capacity())
         return LaunchSpec(
-            job_id=job.id, attempt=job.attempt, image=image,
-            command=tuple(spec.command), env=dict(spec.env), gpus=gpus,
-            gpu_devices=self.p.inventory.backend == "nvml", cpus=cpus, memory=memory,
-            shm_size=spec.shm_size or cfg.default_shm_size, mounts=tuple(mounts), checkpoint_dir=ckpt,
-            resume_from=checkpoints.latest(ckpt), user=user, pids_limit=cfg.pids_limit,
-            array_index=job.array_index, rank=rank, members=max(len(job.members), 1),
-            master_addr=job.master_addr, master_port=job.master_port, workdir=self._workdir(job),
+            job_id=job.id,
+            attempt=job.attempt,
+            image=image,
+            command=tuple(spec.command),
+            env=dict(spec.env),
+            gpus=gpus,
+            gpu_devices=self.p.inventory.backend == "nvml",
+            cpus=cpus,
+            memory=memory,
+            shm_size=spec.shm_size or cfg.default_shm_size,
+            mounts=tuple(mounts),
+            checkpoint_dir=ckpt,
+            resume_from=checkpoints.latest(ckpt),
+            user=user,
+            pids_limit=cfg.pids_limit,
+            array_index=job.array_index,
+            rank=rank,
+            members=max(len(job.members), 1),
+            master_addr=job.master_addr,
+            master_port=job.master_port,
+            workdir=self._workdir(job),
             batch_size=job.global_batch,
-        )  # fmt: skip
+        )
 
     def _job_user(self, spec: JobSpec) -> tuple[int, int] | None:
         """Who the job runs as (``job_user``); its ``user`` checked against its tenant's record
@@ -201,8 +245,11 @@ class Launcher:
         checkpoints.traversable(folder)
         data = self.blobs.get(digest)
         if data is None:
-            raise LaunchError(f"workdir {digest} is no longer stored (kept workdir_retention_s after its "
-                              "last upload or submit): submit the job again", retryable=False)  # fmt: skip
+            raise LaunchError(
+                f"workdir {digest} is no longer stored (kept workdir_retention_s after its "
+                "last upload or submit): submit the job again",
+                retryable=False,
+            )
         return unpack(data, digest, folder, max(self.p.settings.workdir_max_bytes, MAX_BYTES))
 
 
@@ -214,13 +261,17 @@ def job_user(
     gid). Root only where the operator allows it. An agent that is not root cannot
     switch users: None (its own), and a job that asked for another user is refused."""
     if requested is not None and requested[0] == 0 and not cfg.allow_root_jobs:
-        raise SpecError(f"user: jobs may not run as root (uid 0) on node {cfg.node_name}; drop `user` to "
-                        "run as the tenant's own uid, or ask an operator to set allow_root_jobs")  # fmt: skip
+        raise SpecError(
+            f"user: jobs may not run as root (uid 0) on node {cfg.node_name}; drop `user` to "
+            "run as the tenant's own uid, or ask an operator to set allow_root_jobs"
+        )
     fixed = cfg.fixed_user  # root only with allow_root_jobs (checked with the config)
     if os.geteuid() != 0:
         if requested is not None and requested[0] != os.geteuid():
-            raise SpecError(f"user: node {cfg.node_name}'s agent is not root and runs jobs as uid "
-                            f"{os.geteuid()} only; drop `user`")  # fmt: skip
+            raise SpecError(
+                f"user: node {cfg.node_name}'s agent is not root and runs jobs as uid "
+                f"{os.geteuid()} only; drop `user`"
+            )
         return None
     if requested is not None or fixed is not None:
         return requested or fixed

@@ -65,9 +65,16 @@ class _Attempt:
 
 class LogShipper(threading.Thread):
     def __init__(
-        self, runtime: Runtime, jobs: JobStore, max_lines: int, interval_s: float, stop: threading.Event,
-        *, max_line_bytes: int = 16 << 10, max_bytes: int = 16 << 20,
-    ) -> None:  # fmt: skip
+        self,
+        runtime: Runtime,
+        jobs: JobStore,
+        max_lines: int,
+        interval_s: float,
+        stop: threading.Event,
+        *,
+        max_line_bytes: int = 16 << 10,
+        max_bytes: int = 16 << 20,
+    ) -> None:
         super().__init__(name="log-shipper", daemon=True)
         self.runtime, self.jobs, self.stop = runtime, jobs, stop
         self.max_lines, self.interval_s = max_lines, interval_s

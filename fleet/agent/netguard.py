@@ -46,10 +46,7 @@ log = logging.getLogger("fleet.agent.netguard")
 #: agent of a host shares them, and the rules name the interface)
 NETWORK = "fleet-jobs"
 BRIDGE = "fleet0"
-NETWORK_OPTIONS = {
-    "com.docker.network.bridge.name": BRIDGE,
-    "com.docker.network.bridge.enable_icc": "false",
-}
+NETWORK_OPTIONS = {"com.docker.network.bridge.name": BRIDGE, "com.docker.network.bridge.enable_icc": "false"}
 LABEL = "fleet.network"
 CHAIN_INPUT, CHAIN_FORWARD, CHAIN_OUTPUT = "FLEET-INPUT", "FLEET-FORWARD", "FLEET-OUTPUT"
 TOOLS = {4: "iptables", 6: "ip6tables"}
@@ -270,18 +267,29 @@ class NetGuard:
     def _rules(self) -> None:
         found = families() if os.geteuid() == 0 else []
         if os.geteuid() != 0:
-            self._once("not_root", "the agent is not root: it cannot install the rules that keep Docker jobs "
-                       "off this node's services and the blocked networks")  # fmt: skip
+            self._once(
+                "not_root",
+                "the agent is not root: it cannot install the rules that keep Docker jobs "
+                "off this node's services and the blocked networks",
+            )
         elif 4 not in found:
-            self._once("no_iptables", "iptables not found (or not working): Docker jobs can reach this "
-                       "node's services and the blocked networks; install iptables")  # fmt: skip
+            self._once(
+                "no_iptables",
+                "iptables not found (or not working): Docker jobs can reach this "
+                "node's services and the blocked networks; install iptables",
+            )
             found = []
         for family in found:
             try:
                 p = plan(family, self.uids, self.cfg.job_blocked_networks, forward_chain(family))
                 if install(p):
-                    event(log, "job_network_guarded", family=f"ipv{family}", uids=self.uids,
-                          blocked=",".join(self.cfg.job_blocked_networks))  # fmt: skip
+                    event(
+                        log,
+                        "job_network_guarded",
+                        family=f"ipv{family}",
+                        uids=self.uids,
+                        blocked=",".join(self.cfg.job_blocked_networks),
+                    )
             except (GuardError, OSError, subprocess.SubprocessError) as exc:
                 self._once(f"failed{family}", f"the rules of ipv{family} could not be installed: {exc}")
 

@@ -74,14 +74,17 @@ def still_lost(node: str, seen: Job, now: Job) -> bool:
     ``now``, once its end is claimed: it may have ended meanwhile, by this node (a member done, its
     exit recorded and its attempt removed between the reconcile's reads) or by the controller."""
     return (
-        now.attempt == seen.attempt and now.state in (JobState.STARTING, JobState.RUNNING)
-        and node in now.nodes_held and _phase(node, now) != MemberPhase.DONE
-    )  # fmt: skip
+        now.attempt == seen.attempt
+        and now.state in (JobState.STARTING, JobState.RUNNING)
+        and node in now.nodes_held
+        and _phase(node, now) != MemberPhase.DONE
+    )
 
 
 def _held(node: str, status: AttemptStatus, job: Job | None, shipping: bool, out: Buckets) -> None:
-    current = (job is not None and job.attempt == status.attempt and node in job.nodes_held
-               and job.state.on_node)  # fmt: skip
+    current = (
+        job is not None and job.attempt == status.attempt and node in job.nodes_held and job.state.on_node
+    )
     if status.running and not current:
         out.stale.append(status)
     elif status.running and job is not None:

@@ -70,15 +70,29 @@ class Agent:
         self._fleet_pids: set[int] = set()
         self.stop_event = threading.Event()
         self.logs = LogShipper(
-            runtime, jobs, settings.log_max_lines, self.cfg.log_ship_interval_s, self.stop_event,
-            max_line_bytes=settings.log_max_line_bytes, max_bytes=settings.log_max_bytes,
-        )  # fmt: skip
+            runtime,
+            jobs,
+            settings.log_max_lines,
+            self.cfg.log_ship_interval_s,
+            self.stop_event,
+            max_line_bytes=settings.log_max_line_bytes,
+            max_bytes=settings.log_max_bytes,
+        )
         self._health = StepHealth(log)
         self.notifier = Notifier()
         self.parts = Parts(
-            settings, jobs, nodes, bus, inventory, runtime, supervisor, self.logs, clock, self.stop_event,
+            settings,
+            jobs,
+            nodes,
+            bus,
+            inventory,
+            runtime,
+            supervisor,
+            self.logs,
+            clock,
+            self.stop_event,
             publish=lambda: self._guarded(self.heartbeat),
-        )  # fmt: skip
+        )
         self.inflight = self.parts.inflight
         self.exits = ExitPath(self.parts)
         self.launcher = Launcher(self.parts, self.exits)
@@ -89,8 +103,16 @@ class Agent:
         """The heartbeat loop runs here and waits on nothing but Redis and the local supervisor;
         launches (image pulls), exits and reconcile run on other threads."""
         jobs_as = f"job_user {self.cfg.job_user}" if self.cfg.job_user else f"uids {self.cfg.job_uid_range}"
-        event(log, "agent_start", node=self.node, runtime=self.runtime.name, gpus=self.inventory.backend,
-              redis=self.settings.redis_display, version=VERSION, jobs_as=jobs_as)  # fmt: skip
+        event(
+            log,
+            "agent_start",
+            node=self.node,
+            runtime=self.runtime.name,
+            gpus=self.inventory.backend,
+            redis=self.settings.redis_display,
+            version=VERSION,
+            jobs_as=jobs_as,
+        )
         self.clean_workdir_temp()
         self.supervisor.ensure()
         self.heartbeat()
@@ -150,8 +172,14 @@ class Agent:
             event(log, "workdir_temp_not_cleaned", logging.WARNING, node=self.node, dir=folder, error=exc)
             return
         if removed:
-            event(log, "workdir_temp_cleaned", node=self.node, dir=folder, removed=len(removed),
-                  names=",".join(removed))  # fmt: skip
+            event(
+                log,
+                "workdir_temp_cleaned",
+                node=self.node,
+                dir=folder,
+                removed=len(removed),
+                names=",".join(removed),
+            )
 
     def _guarded(self, step: Callable[[], object]) -> None:
         self._health.guard(step, node=self.node)
@@ -163,11 +191,14 @@ class Agent:
             g.model_copy(update={"busy": busy_reason(g, fleet_pids, self.cfg.gpu_busy_memory)}) for g in gpus
         ]
         info = NodeInfo(
-            gpus=gpus, cpus=self.cfg.cpus or os.cpu_count() or 0,
+            gpus=gpus,
+            cpus=self.cfg.cpus or os.cpu_count() or 0,
             memory=self.cfg.memory or psutil.virtual_memory().total,
-            runtime=self.runtime.name, gpu_backend=self.inventory.backend, address=self.address,
+            runtime=self.runtime.name,
+            gpu_backend=self.inventory.backend,
+            address=self.address,
             labels=self.cfg.labels,
-        )  # fmt: skip
+        )
         sent = time.monotonic()  # the lease runs from no later than this
         joined = self.nodes.heartbeat(self.node, self.agent_id, self.cfg.node_lease_ttl_s, self.clock(), info)
         self.renewed_at = self.clock()

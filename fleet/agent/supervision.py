@@ -31,9 +31,13 @@ log = logging.getLogger("fleet.agent.supervision")
 
 class SupervisorClient:
     def __init__(
-        self, state_dir: Path, margin_s: float, tick_s: float = 0.05, idle_exit_s: float = 300.0,
+        self,
+        state_dir: Path,
+        margin_s: float,
+        tick_s: float = 0.05,
+        idle_exit_s: float = 300.0,
         cgroup_dirs: list[Path] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.state_dir, self.margin_s, self.tick_s, self.idle_exit_s = (
             state_dir,
             margin_s,
@@ -65,9 +69,19 @@ class SupervisorClient:
             if self._current():
                 return
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-I", server.__file__, str(self.state_dir), "--margin", str(self.margin_s),
-                "--tick", str(self.tick_s), "--idle-exit", str(self.idle_exit_s),
-                *(a for d in self.cgroup_dirs for a in ("--cgroup", str(d)))]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-I",
+            server.__file__,
+            str(self.state_dir),
+            "--margin",
+            str(self.margin_s),
+            "--tick",
+            str(self.tick_s),
+            "--idle-exit",
+            str(self.idle_exit_s),
+            *(a for d in self.cgroup_dirs for a in ("--cgroup", str(d))),
+        ]
         with open(self.state_dir / "supervisor.log", "ab") as out:
             # kept: the supervisor outlives this client, and a Popen dropped while its child runs warns
             self._started = subprocess.Popen(
@@ -152,11 +166,28 @@ class SupervisorClient:
     def lease(self, until_monotonic: float) -> None:
         self.request("lease", until=until_monotonic)
 
-    def spawn(self, key: str, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,
-              gid: int | None, cgroup: Joined | None = None) -> int:  # fmt: skip
+    def spawn(
+        self,
+        key: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        uid: int | None,
+        gid: int | None,
+        cgroup: Joined | None = None,
+    ) -> int:
         joined = cgroup or Joined([], None)
-        reply = self.request("spawn", key=key, argv=argv, env=env, cwd=cwd, uid=uid, gid=gid,
-                             cgroup_procs=joined.procs, cgroup_kill=joined.kill)  # fmt: skip
+        reply = self.request(
+            "spawn",
+            key=key,
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            uid=uid,
+            gid=gid,
+            cgroup_procs=joined.procs,
+            cgroup_kill=joined.kill,
+        )
         if "error" in reply:
             raise LaunchError(f"supervisor refused to start the attempt: {reply['error']}", retryable=True)
         return int(reply["pid"])

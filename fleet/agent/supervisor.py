@@ -265,10 +265,16 @@ def _popen(req: dict[str, Any], out: Any, procs: list[str]) -> subprocess.Popen[
     if uid is None or os.geteuid() != 0:  # an agent that is not root runs jobs as itself
         uid, gid = None, None
     return subprocess.Popen(
-        [str(a) for a in req["argv"]], env={str(k): str(v) for k, v in req["env"].items()},
-        cwd=req.get("cwd"), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        start_new_session=True, close_fds=True, preexec_fn=lambda: _in_child(procs, uid, gid),
-    )  # fmt: skip
+        [str(a) for a in req["argv"]],
+        env={str(k): str(v) for k, v in req["env"].items()},
+        cwd=req.get("cwd"),
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=lambda: _in_child(procs, uid, gid),
+    )
 
 
 def _in_child(procs: list[str], uid: int | None, gid: int | None) -> None:
@@ -374,9 +380,12 @@ def _log(line: str) -> None:
 
 
 def serve(
-    state_dir: Path, margin: float, tick_s: float, idle_exit_s: float = 300.0,
+    state_dir: Path,
+    margin: float,
+    tick_s: float,
+    idle_exit_s: float = 300.0,
     cgroups: list[Path] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     sup = Supervisor(state_dir, margin, idle_exit_s)
     if cgroups and (killed := kill_leftovers(cgroups)):
         _log(f"killed_leftovers cgroups={killed} (attempts of a supervisor that died)")

@@ -18,6 +18,14 @@ def serve(
 
     from fleet.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=host, port=port, ssl_certfile=cert, ssl_keyfile=key,
-                log_level="warning", access_log=False, server_header=False,
-                timeout_graceful_shutdown=GRACE_S)  # fmt: skip
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACE_S,
+    )

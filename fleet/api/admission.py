@@ -64,12 +64,17 @@ def resize_target(job: Job, gpus: int, batch: int | None) -> Size:
     field and what is allowed)."""
     spec = job.spec
     if not isinstance(spec.gpus, Range):
-        raise SpecError(f"job {job.id} is not elastic: only a job submitted with a range of GPUs "
-                        "(gpus: {min, max}, fleet submit --gpus 1-4) can be resized")  # fmt: skip
+        raise SpecError(
+            f"job {job.id} is not elastic: only a job submitted with a range of GPUs "
+            "(gpus: {min, max}, fleet submit --gpus 1-4) can be resized"
+        )
     if not spec.gpus.min <= gpus <= spec.gpus.max:
         raise SpecError(f"gpus: {gpus} is outside job {job.id}'s range {spec.gpus}")
-    low, high = (spec.batch_size.min, spec.batch_size.max) if isinstance(spec.batch_size, Range) else (
-        (spec.batch_size, spec.batch_size) if spec.batch_size else (1, 1 << 24))  # fmt: skip
+    low, high = (
+        (spec.batch_size.min, spec.batch_size.max)
+        if isinstance(spec.batch_size, Range)
+        else ((spec.batch_size, spec.batch_size) if spec.batch_size else (1, 1 << 24))
+    )
     if batch is None:
         return Size(gpus, scaled_batch(job.global_batch or 0, job.gpu_count, gpus, low, high))
     if not low <= batch <= high:

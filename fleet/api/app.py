@@ -80,8 +80,12 @@ def create_app(settings: Settings) -> FastAPI:
         watch.close()
         backend.close()
 
-    app = FastAPI(title="fleet", version=__version__, lifespan=lifespan,
-                  description="A serverless-style job queue for your own GPU fleet.")  # fmt: skip
+    app = FastAPI(
+        title="fleet",
+        version=__version__,
+        lifespan=lifespan,
+        description="A serverless-style job queue for your own GPU fleet.",
+    )
     app.state.tokens = tokens
 
     @app.exception_handler(FleetError)
@@ -108,8 +112,9 @@ def create_app(settings: Settings) -> FastAPI:
         pages.page_routes(backend, tenants),
     ):
         app.include_router(router)
-    app.add_middleware(Guard, tokens=tokens, max_body=settings.api.max_body_bytes,
-                       max_blob=settings.workdir_max_bytes)  # fmt: skip
+    app.add_middleware(
+        Guard, tokens=tokens, max_body=settings.api.max_body_bytes, max_blob=settings.workdir_max_bytes
+    )
     return app
 
 

@@ -35,8 +35,10 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
         limit = settings.workdir_max_bytes
         declared = int(request.headers.get("content-length") or 0)
         if declared > limit:
-            raise SpecError(f"workdir: {declared} bytes packed, more than workdir_max_bytes ({limit}); leave "
-                            "data, checkpoints and environments out with a .fleetignore")  # fmt: skip
+            raise SpecError(
+                f"workdir: {declared} bytes packed, more than workdir_max_bytes ({limit}); leave "
+                "data, checkpoints and environments out with a .fleetignore"
+            )
         data = bytearray()
         async for chunk in request.stream():
             data += chunk

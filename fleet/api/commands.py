@@ -141,9 +141,12 @@ class Commands(Queries):
         self._hints.name([job_id])
 
     def submit_many(
-        self, specs: Sequence[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None,
+        self,
+        specs: Sequence[JobSpec | dict[str, Any]],
+        *,
+        job_ids: Sequence[str | None] | None = None,
         owner: str = "",
-    ) -> list[str]:  # fmt: skip
+    ) -> list[str]:
         """Queue many jobs in one round trip to Redis; their ids, in order. All or nothing up front:
         every spec (and every id given) is checked before any job is stored, and the first refusal
         names its index (``jobs[3]: gpus: ...``). ``job_ids[i]``, when given, makes job ``i``'s
@@ -198,16 +201,22 @@ class Commands(Queries):
         for i in mine:
             kind = held[ids[i]]
             if kind == "job" and ids[i] in existing and existing[ids[i]].spec != specs[i]:
-                raise SpecError(f"jobs[{i}]: job id {ids[i]!r} already exists with a different spec; "
-                                "choose another id")  # fmt: skip
+                raise SpecError(
+                    f"jobs[{i}]: job id {ids[i]!r} already exists with a different spec; choose another id"
+                )
             if kind in ("array", "expired"):
                 what = "a job array" if kind == "array" else "a job that ended and was deleted"
                 raise IdInUse(f"jobs[{i}]: job id {ids[i]!r} is the id of {what}; choose another id")
 
     def submit_array(
-        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
-        array_id: str | None = None, owner: str = "",
-    ) -> JobArray:  # fmt: skip
+        self,
+        spec: JobSpec | dict[str, Any],
+        indices: str | Iterable[int],
+        *,
+        max_running: int | None = None,
+        array_id: str | None = None,
+        owner: str = "",
+    ) -> JobArray:
         """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
         ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
 
@@ -260,16 +269,19 @@ class Commands(Queries):
         if job.state.final:
             raise SpecError(f"job {job_id} is {job.state.value}: only a queued or running job can be resized")
         if job.resize_gpus is not None or job.preempt or job.cancel_requested:
-            raise SpecError(f"job {job_id} is already leaving its node ({job.preempt or 'cancelled'}); "
-                            "resize it once it is queued again")  # fmt: skip
+            raise SpecError(
+                f"job {job_id} is already leaving its node ({job.preempt or 'cancelled'}); "
+                "resize it once it is queued again"
+            )
         old = Size(job.gpu_count, job.global_batch or 0)
         if new == old:
             return job
         reason = f"resized {change(old, new)}" + (f" by {who}" if who else "")
         grace = self._tenants.policy(job.spec.tenant).preempt_grace_s
         if not self._jobs.resize(job, new.gpus, new.batch, reason, grace, time.time()):
-            raise SpecError(f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); "
-                            "try again")  # fmt: skip
+            raise SpecError(
+                f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); try again"
+            )
         if job.state.on_node:
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
         else:
@@ -310,8 +322,14 @@ class Commands(Queries):
         try:
             self.bus.send(CONTROLLER_QUEUE, QueueLeft(job_ids=[] if many else job_ids, resync=many))
         except Exception as exc:
-            event(log, "cancel_notify_failed", logging.WARNING, jobs=len(job_ids), error=exc,
-                  effect="dropped from the controller's queue at its next full resync")  # fmt: skip
+            event(
+                log,
+                "cancel_notify_failed",
+                logging.WARNING,
+                jobs=len(job_ids),
+                error=exc,
+                effect="dropped from the controller's queue at its next full resync",
+            )
 
     def _stop(self, job_id: str, node: str, attempt: int) -> None:
         stop_attempt(self.bus, job_id, attempt, [node], "cancelled by user", self.settings.agent.stop_grace_s)
@@ -330,9 +348,15 @@ class Commands(Queries):
         return self._nodes.get(name)
 
     def drain(
-        self, names: Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0, force: bool = False,
-        reason: str = "", who: str = "",
-    ) -> list[Node]:  # fmt: skip
+        self,
+        names: Sequence[str],
+        *,
+        deadline_s: float = 3600.0,
+        grace_s: float = 60.0,
+        force: bool = False,
+        reason: str = "",
+        who: str = "",
+    ) -> list[Node]:
         """Cordon every node first (so work does not hop onto the next one), then drain them.
 
         Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
@@ -345,8 +369,15 @@ class Commands(Queries):
             self._nodes.set_state(name, NodeState.CORDONED, reason or "cordoned for drain", now, who)
         deadline = now if force else now + deadline_s
         for name in names:
-            self._nodes.set_state(name, NodeState.DRAINING, reason or "draining", now, who,
-                                  drain_deadline=deadline, drain_grace_s=grace_s)  # fmt: skip
+            self._nodes.set_state(
+                name,
+                NodeState.DRAINING,
+                reason or "draining",
+                now,
+                who,
+                drain_deadline=deadline,
+                drain_grace_s=grace_s,
+            )
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=name))
         return [self._nodes.get(name) for name in names]
 

@@ -105,8 +105,11 @@ def sees_all(who: Identity) -> bool:
     return who.role.allows(Role.OPERATOR)
 
 
-ACTS = {Role.USER: "use the fleet", Role.OPERATOR: "cordon, uncordon or drain nodes",
-        Role.ADMIN: "manage tokens or tenants"}  # fmt: skip
+ACTS = {
+    Role.USER: "use the fleet",
+    Role.OPERATOR: "cordon, uncordon or drain nodes",
+    Role.ADMIN: "manage tokens or tenants",
+}
 
 
 def whom(who: Identity) -> str:

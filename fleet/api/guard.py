@@ -121,8 +121,11 @@ def _replay(body: bytes, then: Message | None) -> Receive:
 
 async def _answer(send: Send, status: int, exc: FleetError, headers: dict[str, str] | None = None) -> None:
     payload = json.dumps(error_body(exc)).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-           (b"connection", b"close")]  # fmt: skip
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"),
+    ]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": payload})

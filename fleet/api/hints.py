@@ -91,5 +91,11 @@ class Hints:
                 self._bus().send(CONTROLLER_QUEUE, message)
         except Exception as exc:  # a hint that fails must not fail a submit whose job is stored
             named = {"job": job_ids[0]} if len(job_ids) == 1 else {"jobs": len(job_ids), "first": job_ids[0]}
-            event(log, "submit_notify_failed", logging.WARNING, **named, error=exc,
-                  effect="placed by the controller's next periodic pass")  # fmt: skip
+            event(
+                log,
+                "submit_notify_failed",
+                logging.WARNING,
+                **named,
+                error=exc,
+                effect="placed by the controller's next periodic pass",
+            )

@@ -77,11 +77,14 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
         its shipped directory uploaded already (and kept another ``workdir_retention_s``)."""
         spec = JobSpec.parse({**raw, "tenant": raw.get("tenant", who.tenant)})
         if spec.workdir is not None and not blobs.touch(spec.workdir):
-            raise SpecError(f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
-                            "as the CLI and Client do")  # fmt: skip
+            raise SpecError(
+                f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
+                "as the CLI and Client do"
+            )
         if spec.tenant != who.tenant and who.role != Role.ADMIN:
-            raise Forbidden(f"{whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for "
-                            f"tenant {who.tenant!r} only")  # fmt: skip
+            raise Forbidden(
+                f"{whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for tenant {who.tenant!r} only"
+            )
         return spec
 
     def tenant_filter(who: Identity, tenant: str | None) -> str | None:
@@ -109,14 +112,25 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
             )
         specs = [at_index(i, spec_for, who, item.spec) for i, item in enumerate(body.jobs)]
         ids = backend.submit_many(specs, job_ids=[item.id for item in body.jobs], owner=who.user)
-        event(log, "submitted_batch", jobs=len(ids), first=ids[0], user=who.user,
-              tenants=",".join(sorted({s.tenant for s in specs})))  # fmt: skip
+        event(
+            log,
+            "submitted_batch",
+            jobs=len(ids),
+            first=ids[0],
+            user=who.user,
+            tenants=",".join(sorted({s.tenant for s in specs})),
+        )
         return Submitted(ids=ids)
 
     @router.post("/v1/arrays", status_code=201)
     def submit_array(body: SubmitArray, who: User) -> JobArray:
-        array = backend.submit_array(spec_for(who, body.spec), body.indices, max_running=body.max_running,
-                                     array_id=body.id, owner=who.user)  # fmt: skip
+        array = backend.submit_array(
+            spec_for(who, body.spec),
+            body.indices,
+            max_running=body.max_running,
+            array_id=body.id,
+            owner=who.user,
+        )
         event(
             log, "submitted_array", array=array.id, size=array.size, user=who.user, tenant=array.spec.tenant
         )
@@ -124,11 +138,14 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     @router.get("/v1/jobs")
     def listing(
-        who: User, state: str | None = None, limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
-        tenant: str | None = None, user: str | None = None,
+        who: User,
+        state: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
+        tenant: str | None = None,
+        user: str | None = None,
         label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeated: all must match")] = None,
         flat: bool = False,
-    ) -> list[Job | JobArray]:  # fmt: skip
+    ) -> list[Job | JobArray]:
         """Newest first; each array one entry (``flat``: every job, tasks included)."""
         scope, labels = tenant_filter(who, tenant), _labels(label or [])
         if flat:
@@ -176,8 +193,10 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
         job checkpoints on SIGTERM and starts again at the new size, spending no retry."""
         job = job_of(who, job_id)
         if who.role == Role.USER and job.owner != who.user:
-            raise Forbidden(f"job {job_id} was submitted by {job.owner or 'another user'!r}; {whom(who)} may "
-                            "resize only its own jobs (an operator may resize any)")  # fmt: skip
+            raise Forbidden(
+                f"job {job_id} was submitted by {job.owner or 'another user'!r}; {whom(who)} may "
+                "resize only its own jobs (an operator may resize any)"
+            )
         resized = backend.resize(job_id, body.gpus, body.batch_size, who=who.user)
         event(log, "resize", job=job_id, user=who.user, gpus=body.gpus, batch_size=body.batch_size)
         return resized
@@ -189,9 +208,13 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     @router.get("/v1/jobs/{job_id}/logs", response_model=None)
     async def logs(
-        job_id: str, who: User, request: Request, attempt: Annotated[int | None, Query(ge=1)] = None,
-        rank: Annotated[int, Query(ge=0)] = 0, follow: bool = False,
-    ) -> list[LogLine] | StreamingResponse:  # fmt: skip
+        job_id: str,
+        who: User,
+        request: Request,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+        rank: Annotated[int, Query(ge=0)] = 0,
+        follow: bool = False,
+    ) -> list[LogLine] | StreamingResponse:
         """The attempt's lines (default: the latest attempt); ``follow``: a stream of JSON lines that
         ends when the attempt is over, or once the caller's token is revoked or expires."""
         await run_in_threadpool(job_of, who, job_id)

@@ -47,10 +47,17 @@ def seen_by(backend: Queries, who: Identity, nodes: list[Node]) -> list[Node]:
     if sees_all(who):
         return nodes
     own = {job.id for job in backend.on_nodes(who.tenant)}
-    return [node.model_copy(update={
-        "jobs": [j for j in node.jobs if j in own],
-        "claims": {gpu: c if c.rpartition(":")[0] in own else OTHERS for gpu, c in node.claims.items()},
-    }) for node in nodes]  # fmt: skip
+    return [
+        node.model_copy(
+            update={
+                "jobs": [j for j in node.jobs if j in own],
+                "claims": {
+                    gpu: c if c.rpartition(":")[0] in own else OTHERS for gpu, c in node.claims.items()
+                },
+            }
+        )
+        for node in nodes
+    ]
 
 
 def routes(backend: Commands) -> APIRouter:
@@ -74,8 +81,14 @@ def routes(backend: Commands) -> APIRouter:
 
     @router.post("/v1/drain")
     def drain(body: Drain, who: Operator) -> list[Node]:
-        return backend.drain(body.names, deadline_s=body.deadline_s, grace_s=body.grace_s, force=body.force,
-                             reason=body.reason, who=who.user)  # fmt: skip
+        return backend.drain(
+            body.names,
+            deadline_s=body.deadline_s,
+            grace_s=body.grace_s,
+            force=body.force,
+            reason=body.reason,
+            who=who.user,
+        )
 
     @router.get("/v1/quarantine")
     def quarantine(who: User) -> Quarantine:

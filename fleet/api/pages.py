@@ -46,8 +46,12 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 
-_env = Environment(loader=PackageLoader("fleet.api", "templates"), autoescape=select_autoescape(),
-                   trim_blocks=True, lstrip_blocks=True)  # fmt: skip
+_env = Environment(
+    loader=PackageLoader("fleet.api", "templates"),
+    autoescape=select_autoescape(),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
 _env.filters.update(ago=ago, stamp=stamp, size=size, duration=took, ordinal=ordinal)
 templates = Jinja2Templates(env=_env)
 
@@ -127,16 +131,18 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
         except Unauthorized as exc:
             return render(request, "login.html", 401, next=target, error=str(exc))
         answer = RedirectResponse(target, status_code=303, headers=HEADERS)
-        answer.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="strict",
-                          secure=request.url.scheme == "https")  # fmt: skip
+        answer.set_cookie(
+            COOKIE, token, path=PREFIX, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
         return answer
 
     @router.post("/logout")
     def logout(request: Request) -> Response:
         answer = RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
         if _same_origin(request):
-            answer.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict",
-                                 secure=request.url.scheme == "https")  # fmt: skip
+            answer.delete_cookie(
+                COOKIE, path=PREFIX, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+            )
         return answer
 
     @router.get("/refresh.js")
@@ -156,9 +162,17 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
         scope = _scope(who)
         queued = sum(t.jobs_pending for t in tenants.status() if scope in (None, t.tenant.name))
         running = sum(visible(j.id) for j in on_nodes)
-        return page(request, "overview.html", who, cards=views.node_cards(nodes, visible), queued=queued,
-                    running=running, quarantined=backend.quarantined_nodes(),
-                    mixed=backend.versions(VERSION).mixed, oldest=OLDEST)  # fmt: skip
+        return page(
+            request,
+            "overview.html",
+            who,
+            cards=views.node_cards(nodes, visible),
+            queued=queued,
+            running=running,
+            quarantined=backend.quarantined_nodes(),
+            mixed=backend.versions(VERSION).mixed,
+            oldest=OLDEST,
+        )
 
     @router.get("/queue")
     def queue(request: Request, who: Reader) -> HTMLResponse:
@@ -175,8 +189,9 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
         total = sum(len(n.gpus) for n in backend.nodes() if n.alive)
         statuses = tenants.status()
         as_of = max((s.as_of for s in statuses), default=0.0)
-        return page(request, "tenants.html", who, rows=views.tenant_rows(statuses, total), total=total,
-                    as_of=as_of)  # fmt: skip
+        return page(
+            request, "tenants.html", who, rows=views.tenant_rows(statuses, total), total=total, as_of=as_of
+        )
 
     @router.get("/jobs/{job_id}")
     def job(request: Request, job_id: str, who: Reader) -> HTMLResponse:
@@ -190,8 +205,18 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
         position = backend.position(job_id) if found.state == JobState.QUEUED else None
         lines = backend.logs(job_id)[-LOG_TAIL:] if found.attempt else []
         wait, refresh = countdown(found, time.time()), 0 if found.state.final else REFRESH_S
-        return page(request, "job.html", who, refresh, job=found, history=backend.history(job_id),
-                    lines=lines, position=position, countdown=wait, tail=LOG_TAIL)  # fmt: skip
+        return page(
+            request,
+            "job.html",
+            who,
+            refresh,
+            job=found,
+            history=backend.history(job_id),
+            lines=lines,
+            position=position,
+            countdown=wait,
+            tail=LOG_TAIL,
+        )
 
     def array(request: Request, array_id: str, who: Identity, missing: NotFound) -> HTMLResponse:
         try:

@@ -56,9 +56,13 @@ class Queries:
         return self._arrays.get(known_id(array_id))
 
     def listing(
-        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
-        owner: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job | JobArray]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 100,
+        tenant: str | None = None,
+        owner: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job | JobArray]:
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it; with
         ``tenant``, ``owner`` or ``labels``, only those that have them."""
@@ -68,9 +72,13 @@ class Queries:
         )
 
     def jobs(
-        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
-        owner: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 1000,
+        tenant: str | None = None,
+        owner: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job]:
         wanted = JobState.parse(state)
         return _matching(
             lambda n: self._jobs.list_jobs(wanted, n, tenant), limit, Filter(tenant, owner, labels)
@@ -138,9 +146,13 @@ class Queries:
         return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
 
     def follow_logs(
-        self, job_id: str, attempt: int | None = None, poll_s: float = 1.0, rank: int = 0,
+        self,
+        job_id: str,
+        attempt: int | None = None,
+        poll_s: float = 1.0,
+        rank: int = 0,
         allowed: Callable[[], bool] | None = None,
-    ) -> Iterator[LogLine]:  # fmt: skip
+    ) -> Iterator[LogLine]:
         """Yield log lines as they arrive until the attempt is over and its stream drained, or until
         ``allowed`` (asked before each read, at least every ``poll_s``) says the reader may no longer
         read them (its token was revoked)."""

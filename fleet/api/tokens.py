@@ -37,8 +37,9 @@ def routes(tokens: TokenStore) -> APIRouter:
 
     @router.post("/v1/tokens", status_code=201)
     def create_token(body: NewToken, who: Admin) -> IssuedToken:
-        token, info = tokens.create(body.user, body.tenant, body.role, expires_in_s=body.expires_in_s,
-                                    created_by=who.user)  # fmt: skip
+        token, info = tokens.create(
+            body.user, body.tenant, body.role, expires_in_s=body.expires_in_s, created_by=who.user
+        )
         event(
             log, "token_created", id=info.id, user=info.user, tenant=info.tenant, role=info.role, by=who.user
         )

@@ -30,8 +30,10 @@ def routes(hooks: WebhookStore) -> APIRouter:
         admin any tenant's. Made on first use."""
         name = tenant or who.tenant
         if who.role != Role.ADMIN and name != who.tenant:
-            raise Forbidden(f"the webhook secret of tenant {name!r}: {whom(who)} reads its own tenant's "
-                            f"({who.tenant!r}) only; an admin reads any")  # fmt: skip
+            raise Forbidden(
+                f"the webhook secret of tenant {name!r}: {whom(who)} reads its own tenant's "
+                f"({who.tenant!r}) only; an admin reads any"
+            )
         return WebhookSecret(tenant=name, secret=hooks.secret(name))
 
     @router.post("/secret/rotate")

@@ -130,9 +130,13 @@ class _Consumer(_RedisConsumer):
         except redis.ConnectionError as e:
             raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
         event(
-            log, "message_dead_lettered", logging.WARNING,
-            queue=self.queue_name, redis_message_id=message_id, error=undecodable(exc),
-        )  # fmt: skip
+            log,
+            "message_dead_lettered",
+            logging.WARNING,
+            queue=self.queue_name,
+            redis_message_id=message_id,
+            error=undecodable(exc),
+        )
         for middleware in self.broker.middleware:
             if isinstance(middleware, DeadLetterLog):
                 trim_dead_letters(self.broker, self.queue_name, middleware.keep)
@@ -275,9 +279,12 @@ class _Worker(dramatiq.Worker):
         if queue_name in self.consumers or (whitelist and queue_name not in whitelist):
             return
         thread = self.consumers[queue_name] = _ConsumerThread(
-            broker=self.broker, queue_name=queue_name, prefetch=self.queue_prefetch,
-            work_queue=self.work_queue, worker_timeout=self.worker_timeout,
-        )  # fmt: skip
+            broker=self.broker,
+            queue_name=queue_name,
+            prefetch=self.queue_prefetch,
+            work_queue=self.work_queue,
+            worker_timeout=self.worker_timeout,
+        )
         thread.start()
 
 
@@ -316,9 +323,13 @@ class Bus:
 
         name = schema.model_fields["actor"].default
         dramatiq.Actor(
-            actor, broker=self.broker, actor_name=name, queue_name=queue, priority=0,
+            actor,
+            broker=self.broker,
+            actor_name=name,
+            queue_name=queue,
+            priority=0,
             options={"throws": (MalformedMessage,)},
-        )  # fmt: skip
+        )
 
     def worker(self, queue: str, threads: int) -> dramatiq.Worker:
         """A started worker consuming only ``queue`` (no delay-queue consumer: fleet never delays)."""

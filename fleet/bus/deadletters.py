@@ -32,11 +32,15 @@ class DeadLetterLog(Middleware):
 
     def after_nack(self, broker: Any, message: Any) -> None:
         event(
-            log, "message_dead_lettered", logging.WARNING,
-            queue=message.queue_name, actor=message.actor_name, message_id=message.message_id,
+            log,
+            "message_dead_lettered",
+            logging.WARNING,
+            queue=message.queue_name,
+            actor=message.actor_name,
+            message_id=message.message_id,
             redis_message_id=message.options.get("redis_message_id"),
             error=message.options.get("fleet_error", "see previous log line"),
-        )  # fmt: skip
+        )
         trim_dead_letters(broker, message.queue_name, self.keep)
 
 

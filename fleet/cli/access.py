@@ -86,14 +86,20 @@ def token() -> None:
 )
 @click.option("--user", required=True, help="who it is for")
 @click.option("--tenant", required=True, help="the tenant whose jobs it may submit and see")
-@click.option("--role", type=click.Choice([r.value for r in Role]), default="user", show_default=True,
-              help="user, operator or admin")  # fmt: skip
+@click.option(
+    "--role",
+    type=click.Choice([r.value for r in Role]),
+    default="user",
+    show_default=True,
+    help="user, operator or admin",
+)
 @click.option("--expires", metavar="DURATION", help="lifetime, e.g. 90d, 12h, 30m (default: until revoked)")
 @click.option("--direct", is_flag=True, help="write to the fleet's Redis, not through the API")
 @output_option
 @pass_globals
-def create_token(globals_: Globals, user: str, tenant: str, role: str, expires: str | None, direct: bool,
-                 output: str) -> int:  # fmt: skip
+def create_token(
+    globals_: Globals, user: str, tenant: str, role: str, expires: str | None, direct: bool, output: str
+) -> int:
     """Issue a token for USER in TENANT with ROLE: user (its tenant's jobs), operator (also
     cordon/drain, every tenant's jobs), admin (also tokens and tenants). Through the API with an
     admin token; on a server that holds the Redis credentials (fleet.toml / FLEET_REDIS_*), --direct
@@ -108,8 +114,11 @@ def create_token(globals_: Globals, user: str, tenant: str, role: str, expires: 
     else:
         until = stamp(info.expires_at) if info.expires_at else "revoked"
         print(token)
-        print(f"# id {info.id}: {info.user} in tenant {info.tenant}, role {info.role}, valid until {until}. "
-              "Shown once: only its hash is kept.", file=sys.stderr)  # fmt: skip
+        print(
+            f"# id {info.id}: {info.user} in tenant {info.tenant}, role {info.role}, valid until {until}. "
+            "Shown once: only its hash is kept.",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -120,8 +129,9 @@ def _create_direct(
     from fleet.state import Stores
 
     settings = load_settings(globals_.config, redis_url=globals_.redis_url)
-    return Stores.open(settings).tokens.create(user, tenant, Role(role), expires_in_s=expires,
-                                                created_by=f"{_local_user()} (direct)")  # fmt: skip
+    return Stores.open(settings).tokens.create(
+        user, tenant, Role(role), expires_in_s=expires, created_by=f"{_local_user()} (direct)"
+    )
 
 
 def _local_user() -> str:
@@ -133,8 +143,9 @@ def _local_user() -> str:
         return str(os.getuid())
 
 
-@token.command("list", context_settings=CONTEXT,
-               short_help="tokens not revoked or expired (never the tokens themselves)")  # fmt: skip
+@token.command(
+    "list", context_settings=CONTEXT, short_help="tokens not revoked or expired (never the tokens themselves)"
+)
 @output_option
 @pass_globals
 def list_tokens(globals_: Globals, output: str) -> int:
@@ -143,8 +154,10 @@ def list_tokens(globals_: Globals, output: str) -> int:
     if output == "json":
         emit_json(found)
         return 0
-    rows = [(t.id, t.user, t.tenant, t.role, stamp(t.created_at), _until(t.expires_at), t.created_by or "-")
-            for t in found]  # fmt: skip
+    rows = [
+        (t.id, t.user, t.tenant, t.role, stamp(t.created_at), _until(t.expires_at), t.created_by or "-")
+        for t in found
+    ]
     show_view(View([Table(["ID", "USER", "TENANT", "ROLE", "CREATED", "EXPIRES", "BY"], rows)]))
     return 0
 

@@ -35,8 +35,20 @@ def row(a: JobArray) -> tuple[object, ...]:
     """The array as one line of ``fleet jobs``."""
     limit = f", max running {a.max_running}" if a.max_running else ""
     since = took(time.time() - a.created_at)
-    return (a.id, states(a), a.owner or "-", a.spec.tenant, a.spec.gpus, "-", "-", "-", since, "-", None,
-            f"job array of {a.size}{limit}")  # fmt: skip
+    return (
+        a.id,
+        states(a),
+        a.owner or "-",
+        a.spec.tenant,
+        a.spec.gpus,
+        "-",
+        "-",
+        "-",
+        since,
+        "-",
+        None,
+        f"job array of {a.size}{limit}",
+    )
 
 
 def result(array: JobArray, output: str) -> int:
@@ -62,14 +74,18 @@ def show(array: JobArray, output: str) -> int:
     print(f"States:     {states(array)}")
     print(f"Image:      {spec.image or '(the fleet default_image)'}")
     print(f"Command:    {' '.join(spec.command)}")
-    print(f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
-          f"shm={size(spec.shm_size)} priority={spec.priority} (each task)")  # fmt: skip
+    print(
+        f"Resources:  gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
+        f"shm={size(spec.shm_size)} priority={spec.priority} (each task)"
+    )
     print(f"Submitted:  {stamp(array.created_at)}")
     if array.failed:
         more = " (the first shown)" if array.tasks.get(JobState.FAILED, 0) > len(array.failed) else ""
         print(f"Failed:     {', '.join(array.failed)}{more}")
-    print(f"Each task is the job {array.id}-INDEX: `fleet show {array.id}-{first}`, "
-          f"`fleet logs {array.id}-{first}`")  # fmt: skip
+    print(
+        f"Each task is the job {array.id}-INDEX: `fleet show {array.id}-{first}`, "
+        f"`fleet logs {array.id}-{first}`"
+    )
     return 0
 
 
@@ -77,8 +93,10 @@ def print_cancelled(report: CancelReport, output: str) -> None:
     if output == "json":
         emit_json(report)
     else:
-        print(f"cancelled {len(report.cancelled)} queued job(s); stopping {len(report.stopping)} on nodes "
-              f"(CANCELLED once stopped); {report.already_final} already final")  # fmt: skip
+        print(
+            f"cancelled {len(report.cancelled)} queued job(s); stopping {len(report.stopping)} on nodes "
+            f"(CANCELLED once stopped); {report.already_final} already final"
+        )
 
 
 def job_or_array(client: Client, ident: str) -> Job | JobArray:

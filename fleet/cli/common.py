@@ -38,18 +38,28 @@ pass_globals = click.make_pass_decorator(Globals, ensure=True)
 
 def output_option(func: F) -> F:
     return click.option(
-        "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
         help="table for people, json for scripts (each *_at time with an ISO 8601 *_at_iso twin)",
-    )(func)  # fmt: skip
+    )(func)
 
 
 def watch_option(func: F) -> F:
     """``--watch`` alone: every 2 s; ``--watch 10``: every 10 s."""
     return click.option(
-        "-w", "--watch", type=float, callback=_positive, is_flag=False, flag_value=2.0, default=None,
+        "-w",
+        "--watch",
+        type=float,
+        callback=_positive,
+        is_flag=False,
+        flag_value=2.0,
+        default=None,
         metavar="[SECONDS]",
         help="redraw every SECONDS (default 2) until Ctrl-C; piped: a new snapshot each time",
-    )(func)  # fmt: skip
+    )(func)
 
 
 def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

@@ -19,9 +19,13 @@ from fleet.cli.common import CONTEXT, Globals, pass_globals
 )
 @click.option("--gpus", type=click.Choice(["auto", "nvml", "simulated"]), help="as `fleet agent --gpus`")
 @click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
     help="a line per check for people, json for scripts",
-)  # fmt: skip
+)
 @pass_globals
 def doctor(
     globals_: Globals, node_name: str | None, runtime: str | None, gpus: str | None, output: str
@@ -60,6 +64,7 @@ def doctor(
         click.echo(json.dumps({"checks": [c.as_dict() for c in checks], "exit_code": code}, indent=2))
     else:
         counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail", "skip")}
-        click.echo(f"{counts['ok']} ok, {counts['warn']} warnings, {counts['fail']} failed, "
-                   f"{counts['skip']} skipped")  # fmt: skip
+        click.echo(
+            f"{counts['ok']} ok, {counts['warn']} warnings, {counts['fail']} failed, {counts['skip']} skipped"
+        )
     return code

@@ -78,6 +78,9 @@ def fields(job: Job) -> list[Field]:
         )
         shown.append(Field("Samples/s", said))
     elif profile == LEARN and job.state.on_node:
-        shown.append(Field("Samples/s", "none reported yet: it stays at its size until it calls "
-                                        "fw.report(samples=...)"))  # fmt: skip
+        shown.append(
+            Field(
+                "Samples/s", "none reported yet: it stays at its size until it calls fw.report(samples=...)"
+            )
+        )
     return shown

@@ -11,15 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli import arrays
-from fleet.cli.common import (
-    CONTEXT,
-    Globals,
-    complete_jobs,
-    output_option,
-    pairs,
-    pass_globals,
-    watch_option,
-)  # fmt: skip
+from fleet.cli.common import CONTEXT, Globals, complete_jobs, output_option, pairs, pass_globals, watch_option
 from fleet.cli.elastic import fields as elastic_fields
 from fleet.cli.elastic import gpus_cell
 from fleet.cli.output import emit_json, present, show_view
@@ -35,8 +27,20 @@ if TYPE_CHECKING:
     from fleet.models import LogLine
 
 #: PROGRESS before REASON: the columns before it keep the places scripts know
-JOB_HEADERS = ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT",
-               "PROGRESS", "REASON"]  # fmt: skip
+JOB_HEADERS = [
+    "ID",
+    "STATE",
+    "USER",
+    "TENANT",
+    "GPUS",
+    "NODE",
+    "ATTEMPT",
+    "START",
+    "ELAPSED",
+    "EXIT",
+    "PROGRESS",
+    "REASON",
+]
 #: the columns a narrow terminal leaves out of `fleet jobs`, first to last: ATTEMPT, START, USER, TENANT, EXIT
 NARROW_DROPS = (6, 7, 2, 3, 9)
 
@@ -46,10 +50,12 @@ NARROW_DROPS = (6, 7, 2, 3, 9)
     short_help="list jobs, newest first; a job array is one line with its tasks per state",
 )
 @click.option(
-    "--state", callback=lambda _c, _p, v: _state(v), metavar="STATE",
+    "--state",
+    callback=lambda _c, _p, v: _state(v),
+    metavar="STATE",
     shell_complete=lambda _c, _p, typed: [s.value for s in JobState if s.value.startswith(typed.upper())],
     help=f"only jobs in this state: {', '.join(s.value for s in JobState)} (any case)",
-)  # fmt: skip
+)
 @click.option("--limit", type=int, default=100, show_default=True, help="at most this many, newest first")
 @click.option("--tenant", help="only this tenant's (operators and admins; a user sees its own)")
 @click.option("--user", help="only those this user submitted")
@@ -57,8 +63,16 @@ NARROW_DROPS = (6, 7, 2, 3, 9)
 @watch_option
 @output_option
 @pass_globals
-def jobs(globals_: Globals, state: str | None, limit: int, tenant: str | None, user: str | None,
-         label: tuple[str, ...], watch: float | None, output: str) -> int:  # fmt: skip
+def jobs(
+    globals_: Globals,
+    state: str | None,
+    limit: int,
+    tenant: str | None,
+    user: str | None,
+    label: tuple[str, ...],
+    watch: float | None,
+    output: str,
+) -> int:
     """List jobs, newest first; a job array is one line with its tasks per state."""
     client = globals_.client()
     labels = pairs(label, "--label") or None
@@ -88,14 +102,29 @@ def job_row(j: Job, now: float) -> tuple[object, ...]:
     elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
     progress = label(j.progress)
-    return (j.id, j.state.value, j.owner or "-", j.spec.tenant, gpus_cell(j), node, j.attempt,
-            clock(start, now), elapsed, j.exit_code, progress, short(j.reason, 50))  # fmt: skip
+    return (
+        j.id,
+        j.state.value,
+        j.owner or "-",
+        j.spec.tenant,
+        gpus_cell(j),
+        node,
+        j.attempt,
+        clock(start, now),
+        elapsed,
+        j.exit_code,
+        progress,
+        short(j.reason, 50),
+    )
 
 
 def note_quarantined(kind: str, records: dict[str, str], show: str) -> None:
     if records:
-        print(f"fleet: {len(records)} {kind} record(s) unreadable and quarantined, not listed: "
-              f"{', '.join(sorted(records))} (`{show}` says why)", file=sys.stderr)  # fmt: skip
+        print(
+            f"fleet: {len(records)} {kind} record(s) unreadable and quarantined, not listed: "
+            f"{', '.join(sorted(records))} (`{show}` says why)",
+            file=sys.stderr,
+        )
 
 
 def short(text: str, width: int) -> str:
@@ -123,21 +152,33 @@ def show(globals_: Globals, job: str, output: str) -> int:
     view = _job_view(found)
     if found.state == JobState.QUEUED:
         _standing(client, found, view)
-    view.add("History:").add(Table(["TIME", "STATE", "ATTEMPT", "NODE", "REASON"],
-                                   [(stamp(e.at), e.state, e.attempt, e.node, e.reason) for e in history],
-                                   indent=2, wide=4))  # fmt: skip
+    view.add("History:").add(
+        Table(
+            ["TIME", "STATE", "ATTEMPT", "NODE", "REASON"],
+            [(stamp(e.at), e.state, e.attempt, e.node, e.reason) for e in history],
+            indent=2,
+            wide=4,
+        )
+    )
     show_view(view)
     return 0
 
 
 def _job_view(job: Job) -> View:
     spec = job.spec
-    view = View([Field("Job", f"{job.id}  ({spec.name}, tenant {spec.tenant})"),
-                 Field("State", f"{job.state.value}  {job.reason}{_countdown(job)}", state=True),
-                 Field("Image", spec.image or "(the fleet default_image)"),
-                 Field("Command", " ".join(spec.command)),
-                 Field("Resources", f"gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
-                       f"shm={size(spec.shm_size)} priority={spec.priority}")])  # fmt: skip
+    view = View(
+        [
+            Field("Job", f"{job.id}  ({spec.name}, tenant {spec.tenant})"),
+            Field("State", f"{job.state.value}  {job.reason}{_countdown(job)}", state=True),
+            Field("Image", spec.image or "(the fleet default_image)"),
+            Field("Command", " ".join(spec.command)),
+            Field(
+                "Resources",
+                f"gpus={spec.gpus} cpus={spec.cpus or '-'} memory={size(spec.memory)} "
+                f"shm={size(spec.shm_size)} priority={spec.priority}",
+            ),
+        ]
+    )
     for line in elastic_fields(job):
         view.add(line)
     if job.progress is not None:
@@ -153,8 +194,13 @@ def _job_view(job: Job) -> View:
             view.add(f"  rank {rank}: {member.node}  GPUs {gpus}  {phase or 'not started'}")
     else:
         view.add(Field("Node", job.node or "-")).add(Field("GPUs", ", ".join(job.gpus) or "-"))
-    view.add(Field("Attempts", f"{job.attempt} (failures {job.failures} of {spec.max_attempts} allowed, "
-                   f"infrastructure requeues {job.infra_requeues})"))  # fmt: skip
+    view.add(
+        Field(
+            "Attempts",
+            f"{job.attempt} (failures {job.failures} of {spec.max_attempts} allowed, "
+            f"infrastructure requeues {job.infra_requeues})",
+        )
+    )
     view.add(Field("Exit code", "-" if job.exit_code is None else str(job.exit_code)))
     return view.add(Field("Checkpoint", job.checkpoint or "-"))
 
@@ -186,9 +232,14 @@ def _standing(client: Client, job: Job, view: View) -> None:
     if tenant is not None:
         policy = tenant.tenant
         limit = "no limit" if policy.max_gpus is None else f"max {policy.max_gpus}"
-        view.add(Field("Tenant", f"{policy.name} uses {tenant.gpus_used} GPUs; fair share now "
-                       f"{tenant.fair_share_gpus:.1f}, guaranteed {guarantee(policy)}, {limit}, weight "
-                       f"{policy.weight:g}"))  # fmt: skip
+        view.add(
+            Field(
+                "Tenant",
+                f"{policy.name} uses {tenant.gpus_used} GPUs; fair share now "
+                f"{tenant.fair_share_gpus:.1f}, guaranteed {guarantee(policy)}, {limit}, weight "
+                f"{policy.weight:g}",
+            )
+        )
 
 
 def _countdown(job: Job) -> str:
@@ -205,8 +256,9 @@ def _countdown(job: Job) -> str:
 @click.option("-t", "--timestamps", is_flag=True, help="prefix each line with when it was shipped (ISO 8601)")
 @output_option
 @pass_globals
-def logs(globals_: Globals, job: str, follow: bool, attempt: int | None, rank: int, timestamps: bool,
-         output: str) -> int:  # fmt: skip
+def logs(
+    globals_: Globals, job: str, follow: bool, attempt: int | None, rank: int, timestamps: bool, output: str
+) -> int:
     """A job's output (latest attempt unless --attempt); -o json: one JSON object a line."""
     client = globals_.client()
     lines: Iterable[LogLine] = (

@@ -29,28 +29,42 @@ from fleet.errors import FleetError
 #: section -> command -> "module:attribute" of its click command, in the order ``--help`` lists them
 COMMANDS: dict[str, dict[str, str]] = {
     "Jobs": {
-        "submit": "fleet.cli.submit:submit", "jobs": "fleet.cli.jobs:jobs", "show": "fleet.cli.jobs:show",
-        "logs": "fleet.cli.jobs:logs", "wait": "fleet.cli.jobs:wait", "cancel": "fleet.cli.jobs:cancel",
-        "top": "fleet.cli.top:top", "resize": "fleet.cli.elastic:resize",
+        "submit": "fleet.cli.submit:submit",
+        "jobs": "fleet.cli.jobs:jobs",
+        "show": "fleet.cli.jobs:show",
+        "logs": "fleet.cli.jobs:logs",
+        "wait": "fleet.cli.jobs:wait",
+        "cancel": "fleet.cli.jobs:cancel",
+        "top": "fleet.cli.top:top",
+        "resize": "fleet.cli.elastic:resize",
     },
     "Nodes": {
-        "nodes": "fleet.cli.nodes:nodes", "cordon": "fleet.cli.nodes:cordon",
-        "uncordon": "fleet.cli.nodes:uncordon", "drain": "fleet.cli.nodes:drain",
+        "nodes": "fleet.cli.nodes:nodes",
+        "cordon": "fleet.cli.nodes:cordon",
+        "uncordon": "fleet.cli.nodes:uncordon",
+        "drain": "fleet.cli.nodes:drain",
     },
     "Access and tenants": {
-        "login": "fleet.cli.access:login", "logout": "fleet.cli.access:logout",
-        "whoami": "fleet.cli.access:whoami", "token": "fleet.cli.access:token",
-        "tenants": "fleet.cli.tenants:tenants", "tenant": "fleet.cli.tenants:tenant",
+        "login": "fleet.cli.access:login",
+        "logout": "fleet.cli.access:logout",
+        "whoami": "fleet.cli.access:whoami",
+        "token": "fleet.cli.access:token",
+        "tenants": "fleet.cli.tenants:tenants",
+        "tenant": "fleet.cli.tenants:tenant",
     },
     "Services": {
-        "up": "fleet.cli.services:up", "controller": "fleet.cli.services:controller",
-        "agent": "fleet.cli.services:agent", "api": "fleet.cli.services:api",
-        "install": "fleet.cli.services:install", "doctor": "fleet.cli.doctor:doctor",
-        "uninstall": "fleet.cli.services:uninstall", "version": "fleet.cli.version:version",
+        "up": "fleet.cli.services:up",
+        "controller": "fleet.cli.services:controller",
+        "agent": "fleet.cli.services:agent",
+        "api": "fleet.cli.services:api",
+        "install": "fleet.cli.services:install",
+        "doctor": "fleet.cli.doctor:doctor",
+        "uninstall": "fleet.cli.services:uninstall",
+        "version": "fleet.cli.version:version",
     },
     "Simulation": {"sim": "fleet.cli.sim:sim"},
     "Shell": {"completion": "fleet.cli.completion:completion"},
-}  # fmt: skip
+}
 _WHERE = {name: where for section in COMMANDS.values() for name, where in section.items()}
 #: fleet's own options, given before the command
 GLOBAL_OPTIONS = ("--config", "--api-url", "--redis-url")
@@ -92,12 +106,13 @@ class FleetGroup(click.Group):
 
 
 @click.group(
-    cls=FleetGroup, context_settings=CONTEXT,
+    cls=FleetGroup,
+    context_settings=CONTEXT,
     epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
     "5 API or Redis unreachable (or Redis full), 6 job cancelled, 7 record unreadable (quarantined), "
     "8 not allowed (no token, or its role or tenant). Start here: `fleet up`. Shell completion: "
     "`fleet completion --help`.",
-)  # fmt: skip
+)
 @click.version_option(__version__, "--version", prog_name="fleet", message="%(prog)s %(version)s")
 @click.option("--config", metavar="FILE", help="fleet.toml (default: $FLEET_CONFIG)")
 @click.option(

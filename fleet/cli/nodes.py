@@ -15,7 +15,7 @@ from fleet.cli.common import (
     output_option,
     pass_globals,
     watch_option,
-)  # fmt: skip
+)
 from fleet.cli.jobs import note_quarantined, short
 from fleet.cli.output import emit_json, present
 from fleet.cli.view import Field, Table, View
@@ -54,8 +54,19 @@ def nodes(globals_: Globals, node: tuple[str, ...], watch: float | None, output:
         found = client.nodes()
         if output == "json":
             return found
-        rows = [(n.name, n.state.value, ago(n.heartbeat_at), f"{free_gpus(n)}/{len(n.gpus)}", n.runtime,
-                 n.gpu_backend, shown(n.version), short(n.reason, 50)) for n in found]  # fmt: skip
+        rows = [
+            (
+                n.name,
+                n.state.value,
+                ago(n.heartbeat_at),
+                f"{free_gpus(n)}/{len(n.gpus)}",
+                n.runtime,
+                n.gpu_backend,
+                shown(n.version),
+                short(n.reason, 50),
+            )
+            for n in found
+        ]
         view = View([Table(NODE_HEADERS, rows, wide=7, optional=(6,))])
         note = mixed_versions(client)
         if note:
@@ -99,8 +110,10 @@ def gpu_status(node: Node, gpu: Gpu) -> str:
 
 def gpu_table(node: Node, view: View) -> None:
     if node.gpus:
-        rows = [(g.index, g.uuid, g.model, size(g.memory_total), size(g.memory_used), gpu_status(node, g))
-                for g in node.gpus]  # fmt: skip
+        rows = [
+            (g.index, g.uuid, g.model, size(g.memory_total), size(g.memory_used), gpu_status(node, g))
+            for g in node.gpus
+        ]
         headers = ["IDX", "UUID", "MODEL", "MEMORY", "USED", "STATUS"]
         view.add(Table(headers, rows, title=node.name, indent=2, wide=1))
 
@@ -108,14 +121,23 @@ def gpu_table(node: Node, view: View) -> None:
 def node_frame(node: Node, output: str) -> View | Node:
     if output == "json":
         return node
-    view = View([Field("Node", node.name), Field("State", f"{node.state.value}  {node.reason}", state=True),
-                 Field("Changed", f"{stamp(node.changed_at)} by {node.changed_by or '-'}")],
-                label_width=11)  # fmt: skip
+    view = View(
+        [
+            Field("Node", node.name),
+            Field("State", f"{node.state.value}  {node.reason}", state=True),
+            Field("Changed", f"{stamp(node.changed_at)} by {node.changed_by or '-'}"),
+        ],
+        label_width=11,
+    )
     if node.drain_deadline:
         view.add(Field("Drain", f"deadline {stamp(node.drain_deadline)}, grace {node.drain_grace_s:g}s"))
     view.add(Field("Jobs", ", ".join(node.jobs) or "-")).add(Field("Heartbeat", ago(node.heartbeat_at)))
-    view.add(Field("Capacity", f"{node.cpus} CPUs, {size(node.memory)} memory; runtime {node.runtime}, "
-                   f"GPUs {node.gpu_backend}"))  # fmt: skip
+    view.add(
+        Field(
+            "Capacity",
+            f"{node.cpus} CPUs, {size(node.memory)} memory; runtime {node.runtime}, GPUs {node.gpu_backend}",
+        )
+    )
     view.add(Field("Version", shown(node.version)))
     gpu_table(node, view)
     return view
@@ -161,8 +183,17 @@ def uncordon(globals_: Globals, node: str, output: str) -> int:
 @click.option("--reason", default="", help="why, shown by fleet nodes")
 @output_option
 @pass_globals
-def drain(globals_: Globals, names: tuple[str, ...], deadline: str, grace: str, force: bool, wait: bool,
-          timeout: str | None, reason: str, output: str) -> int:  # fmt: skip
+def drain(
+    globals_: Globals,
+    names: tuple[str, ...],
+    deadline: str,
+    grace: str,
+    force: bool,
+    wait: bool,
+    timeout: str | None,
+    reason: str,
+    output: str,
+) -> int:
     """Cordon all NODEs first, then drain them. Running jobs may finish until the deadline; then each
     gets SIGTERM and --grace to checkpoint, and is requeued on another node without spending its
     retries. With --wait: exit 0 once every node is DRAINED, 4 on --timeout."""

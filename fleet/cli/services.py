@@ -21,8 +21,13 @@ if TYPE_CHECKING:  # the services' modules are imported when one runs, not for e
 
 
 def log_level_option(func: F) -> F:
-    return click.option("--log-level", callback=_log_level, default="INFO", metavar="LEVEL",
-                        help=f"{', '.join(log.LEVELS).lower()} (any case; default info)")(func)  # fmt: skip
+    return click.option(
+        "--log-level",
+        callback=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(log.LEVELS).lower()} (any case; default info)",
+    )(func)
 
 
 def _log_level(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -94,9 +99,13 @@ def agent(
     jobs, nodes, bus = _stores(settings)
     cfg = settings.agent
     cgroups = open_cgroups(cfg.cgroup_parent, cfg.node_name)
-    supervisor = SupervisorClient(cfg.state_dir, cfg.fence_margin_s, tick_s=min(0.05, cfg.fence_margin_s / 4),
-                                  idle_exit_s=cfg.supervisor_idle_exit_s,
-                                  cgroup_dirs=cgroups.node_dirs())  # fmt: skip
+    supervisor = SupervisorClient(
+        cfg.state_dir,
+        cfg.fence_margin_s,
+        tick_s=min(0.05, cfg.fence_margin_s / 4),
+        idle_exit_s=cfg.supervisor_idle_exit_s,
+        cgroup_dirs=cgroups.node_dirs(),
+    )
     service = Agent(
         settings, jobs, nodes, bus, open_inventory(cfg), open_runtime(cfg, supervisor, cgroups), supervisor
     )
@@ -119,8 +128,14 @@ def agent(
 )
 @log_level_option
 @pass_globals
-def api(globals_: Globals, host: str | None, port: int | None, tls_cert: Path | None, tls_key: Path | None,
-        log_level: str) -> int:  # fmt: skip
+def api(
+    globals_: Globals,
+    host: str | None,
+    port: int | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    log_level: str,
+) -> int:
     """Serve the fleet's HTTP API: HTTPS with --tls-cert and --tls-key (or api.tls_cert and
     api.tls_key in fleet.toml), else plain HTTP. OpenAPI at /docs and /openapi.json."""
     from fleet.api import serve
@@ -178,18 +193,25 @@ ROOT_OPTION = click.option(
 @ROOT_OPTION
 @click.option("--redis-url", "service_redis_url", metavar="URL", help="the fleet's Redis, without a password")
 @click.option(
-    "--redis-password-file", metavar="FILE",
+    "--redis-password-file",
+    metavar="FILE",
     help="file holding the service's Redis password (- reads stdin); it goes to a 0600 "
     "/etc/fleet/redis-SERVICE.password that only the service is given",
-)  # fmt: skip
+)
 @click.option(
     "--redis-username",
     metavar="USER",
     help="the service's Redis ACL user (default fleet-SERVICE; 'default' for requirepass)",
 )
 @pass_globals
-def install(globals_: Globals, service: str, root: str, service_redis_url: str | None,
-            redis_password_file: str | None, redis_username: str | None) -> int:  # fmt: skip
+def install(
+    globals_: Globals,
+    service: str,
+    root: str,
+    service_redis_url: str | None,
+    redis_password_file: str | None,
+    redis_username: str | None,
+) -> int:
     """Write SERVICE's config and systemd unit, enable and start it (bare metal). redis: write
     /etc/fleet/redis.conf, users.acl and each service's password."""
     from fleet.ops.install import install as do_install
@@ -216,8 +238,10 @@ def _install_redis(root: Path) -> int:
         print(f"kept {acl} and its users' passwords")
     else:
         print(f"wrote {acl} (0600, owned by the user Redis runs as)")
-        print(f"passwords {passwords}/USER.password (0600): give each service its own, with "
-              "fleet install SERVICE --redis-password-file FILE on its machine")  # fmt: skip
+        print(
+            f"passwords {passwords}/USER.password (0600): give each service its own, with "
+            "fleet install SERVICE --redis-password-file FILE on its machine"
+        )
     started = root == Path("/") and shutil.which("systemctl") is not None
     print(
         f"wrote {unit}; "

@@ -26,8 +26,13 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 )
 @click.option("--gpus", type=int, default=64, show_default=True, help="GPUs in the fleet")
 @click.option("--nodes", type=int, help="nodes they are spread over (default: 4 GPUs each)")
-@click.option("--load", type=float, default=1.0, show_default=True,
-              help="arrivals compressed this much (1.5: 50% more per hour)")  # fmt: skip
+@click.option(
+    "--load",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="arrivals compressed this much (1.5: 50% more per hour)",
+)
 @click.option(
     "--sustain", is_flag=True, help="keep --load's rate for the trace's whole span (it repeats after itself)"
 )
@@ -37,8 +42,13 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
 @click.option("--limit", type=int, help="only the trace's first N jobs")
 @click.option("--resize-cost", default="30s", show_default=True, help="checkpoint + restart time of a resize")
 @click.option("--min-interval", default="2m", show_default=True, help="least time between resizes of a job")
-@click.option("--objective", type=click.Choice(["completion", "speedup"]), default="completion",
-              show_default=True, help="elastic: what the optimizer maximises")  # fmt: skip
+@click.option(
+    "--objective",
+    type=click.Choice(["completion", "speedup"]),
+    default="completion",
+    show_default=True,
+    help="elastic: what the optimizer maximises",
+)
 @click.option(
     "--accumulate", is_flag=True, help="elastic-fixed-batch: batches reached by gradient accumulation"
 )
@@ -48,8 +58,12 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
     help="elastic: size jobs as profile: learn does (what they ran at; each declares max_batch_per_gpu)",
 )
 @click.option("--weight", multiple=True, metavar="TENANT=W", help="a tenant's fair-share weight (repeat)")
-@click.option("--guarantee", multiple=True, metavar="TENANT=GPUS",
-              help="a tenant's guaranteed GPUs (fair: it preempts others to get them; repeat)")  # fmt: skip
+@click.option(
+    "--guarantee",
+    multiple=True,
+    metavar="TENANT=GPUS",
+    help="a tenant's guaranteed GPUs (fair: it preempts others to get them; repeat)",
+)
 @click.option("--plot", metavar="PNG", help="also draw utilisation, shares and completion times")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def sim(trace: str, **args: Any) -> int:
@@ -90,12 +104,22 @@ def _run(trace: str, options: dict[str, Any]) -> int:
         tenants[name] = Tenant(name=name, guaranteed_gpus=gpus)
     try:
         result = run(
-            args.trace, args.policy, gpus=args.gpus, nodes=args.nodes, load=args.load,
-            until=seconds(args.until, "--until"), weights=weights, tenants=tenants, limit=args.limit,
+            args.trace,
+            args.policy,
+            gpus=args.gpus,
+            nodes=args.nodes,
+            load=args.load,
+            until=seconds(args.until, "--until"),
+            weights=weights,
+            tenants=tenants,
+            limit=args.limit,
             resize_cost_s=seconds(args.resize_cost, "--resize-cost"),
-            min_interval_s=seconds(args.min_interval, "--min-interval"), objective=args.objective,
-            accumulate=args.accumulate, sustain=args.sustain, learn=args.learn,
-        )  # fmt: skip
+            min_interval_s=seconds(args.min_interval, "--min-interval"),
+            objective=args.objective,
+            accumulate=args.accumulate,
+            sustain=args.sustain,
+            learn=args.learn,
+        )
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     if args.plot:

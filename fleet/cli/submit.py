@@ -35,11 +35,12 @@ class CommandAfterDashes(click.Command):
 
 
 @click.command(
-    cls=CommandAfterDashes, context_settings=CONTEXT,
+    cls=CommandAfterDashes,
+    context_settings=CONTEXT,
     short_help="queue a job (or a job array: --array); prints its id",
     epilog="Examples: fleet submit --gpus 2 --memory 32g -- python3 train.py; fleet submit -f job.yaml "
     "--priority 10; fleet submit --wait --follow --workdir . -- python3 train.py",
-)  # fmt: skip
+)
 @click.option("-f", "--file", metavar="FILE", help="job spec YAML/JSON (flags override its fields)")
 @click.option("--name", help="the job's name (default: the command's)")
 @click.option("--image", help="container image (default: the fleet's default_image)")
@@ -76,18 +77,31 @@ class CommandAfterDashes(click.Command):
 @click.option("--gpu-model", help="only GPUs whose model contains this text, e.g. H100")
 @click.option("--min-gpu-memory", metavar="SIZE", help="only GPUs with at least this much memory, e.g. 40g")
 @click.option("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
-@click.option("--workdir", metavar="DIR", help="ship this directory with the job as its working "
-              "directory (.gitignore, .fleetignore honoured; unchanged: not sent again)")  # fmt: skip
+@click.option(
+    "--workdir",
+    metavar="DIR",
+    help="ship this directory with the job as its working "
+    "directory (.gitignore, .fleetignore honoured; unchanged: not sent again)",
+)
 @click.option(
     "--timeout", metavar="DURATION", help="wall-clock limit of each attempt, e.g. 30m, 2h (then FAILED)"
 )
 @click.option(
     "--signal-before", metavar="DURATION", help="SIGTERM this long before the limit, SIGKILL at it, e.g. 60s"
 )
-@click.option("--requeue-on-timeout", is_flag=True, default=None,
-              help="at the limit, requeue (resume from the checkpoint) instead of failing")  # fmt: skip
-@click.option("--not-preemptible", "preemptible", flag_value=False, default=None,
-              help="never preempted while its tenant is within its guarantee")  # fmt: skip
+@click.option(
+    "--requeue-on-timeout",
+    is_flag=True,
+    default=None,
+    help="at the limit, requeue (resume from the checkpoint) instead of failing",
+)
+@click.option(
+    "--not-preemptible",
+    "preemptible",
+    flag_value=False,
+    default=None,
+    help="never preempted while its tenant is within its guarantee",
+)
 @click.option("--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)")
 @click.option(
     "--notify", metavar="URL", help="POST here when the job ends (signed JSON; see README Webhooks)"
@@ -95,8 +109,12 @@ class CommandAfterDashes(click.Command):
 @click.option("--env", multiple=True, metavar="K=V", help="an environment variable of the job (repeat)")
 @click.option("--label", multiple=True, metavar="K=V", help="a label, for fleet jobs/cancel --label (repeat)")
 @click.option("--tenant", help="the tenant it runs for (default: your token's)")
-@click.option("--mount", multiple=True, metavar="SRC:DST[:rw]",
-              help="bind mount (read-only unless :rw); only under the operator's allowed_mounts")  # fmt: skip
+@click.option(
+    "--mount",
+    multiple=True,
+    metavar="SRC:DST[:rw]",
+    help="bind mount (read-only unless :rw); only under the operator's allowed_mounts",
+)
 @click.option(
     "--id",
     "job_id",
@@ -104,10 +122,11 @@ class CommandAfterDashes(click.Command):
     help="job id (with --array: the array id) to use; resubmitting the same id and spec is a no-op",
 )
 @click.option(
-    "--array", metavar="INDICES",
+    "--array",
+    metavar="INDICES",
     help="submit a job array, one task per index (e.g. 0-9999 or 1,3,5-9): task I is the job ID-I, "
     "gets FLEET_ARRAY_INDEX=I and the labels fleet.array=ID, fleet.array.index=I; prints the array id",
-)  # fmt: skip
+)
 @click.option("--max-running", type=int, metavar="K", help="with --array: at most K tasks on nodes at once")
 @click.option(
     "--wait",
@@ -115,8 +134,14 @@ class CommandAfterDashes(click.Command):
     help="print the id, wait for the job (every task of an --array) and exit with its result code",
 )
 @click.option("--follow", is_flag=True, help="with --wait: print the job's output as it runs")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="json: the job's record (with --wait: when it ends)")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json: the job's record (with --wait: when it ends)",
+)
 @click.argument("stray", nargs=-1, metavar="-- COMMAND [ARGS]...")
 @pass_globals
 @click.pass_context
@@ -156,10 +181,29 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
 
 #: the flags that are a spec's fields of the same name
 SPEC_FLAGS = (
-    "name", "image", "gpus", "cpus", "memory", "nodes", "gpus_per_node", "shm_size", "gpu_model",
-    "min_gpu_memory", "priority", "max_attempts", "tenant", "preemptible", "timeout", "signal_before",
-    "requeue_on_timeout", "workdir", "notify", "batch_size", "profile", "max_batch_per_gpu",
-)  # fmt: skip
+    "name",
+    "image",
+    "gpus",
+    "cpus",
+    "memory",
+    "nodes",
+    "gpus_per_node",
+    "shm_size",
+    "gpu_model",
+    "min_gpu_memory",
+    "priority",
+    "max_attempts",
+    "tenant",
+    "preemptible",
+    "timeout",
+    "signal_before",
+    "requeue_on_timeout",
+    "workdir",
+    "notify",
+    "batch_size",
+    "profile",
+    "max_batch_per_gpu",
+)
 
 
 def spec_from_options(options: dict[str, Any], command: list[str]) -> JobSpec:

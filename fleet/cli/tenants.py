@@ -29,11 +29,19 @@ def tenants(globals_: Globals, output: str) -> int:
         emit_json(found)
         return 0
     rows = [
-        (s.tenant.name + ("" if s.configured else " (default)"), guarantee(s.tenant),
-         "-" if s.tenant.max_gpus is None else s.tenant.max_gpus, f"{s.tenant.weight:g}", s.gpus_used,
-         f"{s.fair_share_gpus:.1f}", s.jobs_running, s.jobs_pending, f"{s.usage_gpu_s / 3600:.1f}")
+        (
+            s.tenant.name + ("" if s.configured else " (default)"),
+            guarantee(s.tenant),
+            "-" if s.tenant.max_gpus is None else s.tenant.max_gpus,
+            f"{s.tenant.weight:g}",
+            s.gpus_used,
+            f"{s.fair_share_gpus:.1f}",
+            s.jobs_running,
+            s.jobs_pending,
+            f"{s.usage_gpu_s / 3600:.1f}",
+        )
         for s in found
-    ]  # fmt: skip
+    ]
     headers = ["TENANT", "GUARANTEED", "MAX", "WEIGHT", "USING", "FAIR SHARE", "RUNNING", "PENDING", "GPU-H"]
     view = View([Table(headers, rows)])
     if found:
@@ -77,8 +85,12 @@ def tenant() -> None:
 @click.option(
     "--min-run", metavar="DURATION", help="a job runs this long before it may be preempted (default 10m)"
 )
-@click.option("--allow-user", multiple=True, metavar="UID:GID",
-              help="its jobs may run as this host user (spec `user`; repeat); gid 0 never")  # fmt: skip
+@click.option(
+    "--allow-user",
+    multiple=True,
+    metavar="UID:GID",
+    help="its jobs may run as this host user (spec `user`; repeat); gid 0 never",
+)
 @click.option(
     "--disallow-user", multiple=True, metavar="UID:GID", help="take a user off its allow-list (repeat)"
 )
@@ -105,9 +117,11 @@ def set_tenant(globals_: Globals, /, name: str, output: str, **given: Any) -> in
     else:
         limit = "no limit" if tenant.max_gpus is None else f"max {tenant.max_gpus}"
         users = ", ".join(tenant.allowed_users) or "none"
-        print(f"tenant {tenant.name}: {guarantee(tenant)} guaranteed, {limit}, weight "
-              f"{tenant.weight:g}, preempted with {tenant.preempt_grace_s:g}s grace after "
-              f"{tenant.min_run_s:g}s; host users its jobs may name: {users}")  # fmt: skip
+        print(
+            f"tenant {tenant.name}: {guarantee(tenant)} guaranteed, {limit}, weight "
+            f"{tenant.weight:g}, preempted with {tenant.preempt_grace_s:g}s grace after "
+            f"{tenant.min_run_s:g}s; host users its jobs may name: {users}"
+        )
     return 0
 
 
@@ -136,8 +150,9 @@ def _changes(given: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-@tenant.command("delete", context_settings=CONTEXT,
-                short_help="forget a tenant's policy (its jobs get the default one)")  # fmt: skip
+@tenant.command(
+    "delete", context_settings=CONTEXT, short_help="forget a tenant's policy (its jobs get the default one)"
+)
 @click.argument("name")
 @pass_globals
 def delete_tenant(globals_: Globals, name: str) -> int:

@@ -48,12 +48,29 @@ def frame(client: Client, output: str) -> View | dict[str, Any]:
         return {"nodes": nodes, "running": running, "tenants": tenants}
     now = time.time()
     view = View([summary(nodes, running, tenants, now)])
-    view.add(Table(["NODE", "STATE", "IDX", "MODEL", "MEMORY", "UTIL", "STATUS"], gpu_rows(nodes),
-                   title="GPUs", wide=6))  # fmt: skip
-    view.add(Table(["JOB", "USER", "TENANT", "GPUS", "NODE", "ELAPSED", "PROGRESS", "REASON"],
-                   [running_row(j, now) for j in running], title="Running", wide=7))  # fmt: skip
-    view.add(Table(["TENANT", "QUEUED", "RUNNING", "GPUS", "FAIR SHARE", "GUARANTEED"],
-                   [queue_row(t) for t in tenants], title="Queues"))  # fmt: skip
+    view.add(
+        Table(
+            ["NODE", "STATE", "IDX", "MODEL", "MEMORY", "UTIL", "STATUS"],
+            gpu_rows(nodes),
+            title="GPUs",
+            wide=6,
+        )
+    )
+    view.add(
+        Table(
+            ["JOB", "USER", "TENANT", "GPUS", "NODE", "ELAPSED", "PROGRESS", "REASON"],
+            [running_row(j, now) for j in running],
+            title="Running",
+            wide=7,
+        )
+    )
+    view.add(
+        Table(
+            ["TENANT", "QUEUED", "RUNNING", "GPUS", "FAIR SHARE", "GUARANTEED"],
+            [queue_row(t) for t in tenants],
+            title="Queues",
+        )
+    )
     return view
 
 
@@ -62,8 +79,10 @@ def summary(nodes: list[Node], running: list[Job], tenants: list[TenantStatus], 
     free = sum(free_gpus(n) for n in nodes)
     queued = sum(t.jobs_pending for t in tenants)
     up = sum(1 for n in nodes if n.alive)
-    return (f"fleet top  {time.strftime('%H:%M:%S', time.localtime(now))}  nodes {up}/{len(nodes)} up  "
-            f"GPUs {free} free of {gpus}  jobs {len(running)} running, {queued} queued")  # fmt: skip
+    return (
+        f"fleet top  {time.strftime('%H:%M:%S', time.localtime(now))}  nodes {up}/{len(nodes)} up  "
+        f"GPUs {free} free of {gpus}  jobs {len(running)} running, {queued} queued"
+    )
 
 
 def gpu_rows(nodes: list[Node]) -> list[tuple[object, ...]]:
@@ -78,18 +97,41 @@ def gpu_rows(nodes: list[Node]) -> list[tuple[object, ...]]:
             memory = f"{size(g.memory_used)}/{size(g.memory_total)}"
             # a simulated inventory reports no utilisation: a 0% there would be made up
             util = f"{g.utilization}%" if node.gpu_backend == "nvml" else "-"
-            rows.append((node.name if i == 0 else "", state if i == 0 else "", g.index, g.model, memory, util,
-                         gpu_status(node, g)))  # fmt: skip
+            rows.append(
+                (
+                    node.name if i == 0 else "",
+                    state if i == 0 else "",
+                    g.index,
+                    g.model,
+                    memory,
+                    util,
+                    gpu_status(node, g),
+                )
+            )
     return rows
 
 
 def running_row(job: Job, now: float) -> tuple[object, ...]:
     node = f"{job.node}+{len(job.members) - 1}" if len(job.members) > 1 else job.node
     elapsed = took(now - job.started_at) if job.started_at else "-"
-    return (job.id, job.owner or "-", job.spec.tenant, gpus_cell(job), node, elapsed,
-            label(job.progress), short(job.reason, 40))  # fmt: skip
+    return (
+        job.id,
+        job.owner or "-",
+        job.spec.tenant,
+        gpus_cell(job),
+        node,
+        elapsed,
+        label(job.progress),
+        short(job.reason, 40),
+    )
 
 
 def queue_row(status: TenantStatus) -> tuple[object, ...]:
-    return (status.tenant.name, status.jobs_pending, status.jobs_running, status.gpus_used,
-            f"{status.fair_share_gpus:.1f}", status.tenant.guaranteed_gpus)  # fmt: skip
+    return (
+        status.tenant.name,
+        status.jobs_pending,
+        status.jobs_running,
+        status.gpus_used,
+        f"{status.fair_share_gpus:.1f}",
+        status.tenant.guaranteed_gpus,
+    )

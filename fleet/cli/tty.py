@@ -20,11 +20,23 @@ from fleet.cli.view import Bar, Field, Table, View
 
 #: the colour of a state (a job's, a node's, a GPU's) wherever one is shown
 STYLES = {
-    "QUEUED": "yellow", "SCHEDULED": "cyan", "STARTING": "cyan", "RUNNING": "green",
-    "SUCCEEDED": "bright_green", "FAILED": "red", "CANCELLED": "magenta",
-    "READY": "green", "CORDONED": "yellow", "DRAINING": "yellow", "DRAINED": "blue", "DOWN": "red",
-    "free": "green", "claimed": "cyan", "busy:": "yellow", "not": "yellow",
-}  # fmt: skip
+    "QUEUED": "yellow",
+    "SCHEDULED": "cyan",
+    "STARTING": "cyan",
+    "RUNNING": "green",
+    "SUCCEEDED": "bright_green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+    "READY": "green",
+    "CORDONED": "yellow",
+    "DRAINING": "yellow",
+    "DRAINED": "blue",
+    "DOWN": "red",
+    "free": "green",
+    "claimed": "cyan",
+    "busy:": "yellow",
+    "not": "yellow",
+}
 #: columns whose cells are states, coloured by their first word
 STATE_COLUMNS = {"STATE", "STATUS"}
 

@@ -18,6 +18,14 @@ from fleet.client.sync import Client
 from fleet.client.transport import CONNECT_RETRIES
 
 __all__ = [
-    "ALL_COMPLETED", "CONNECT_RETRIES", "FIRST_COMPLETED", "ArrayHandle", "Client", "JobHandle",
-    "as_completed", "credentials_path", "save_credentials", "wait",
-]  # fmt: skip
+    "ALL_COMPLETED",
+    "CONNECT_RETRIES",
+    "FIRST_COMPLETED",
+    "ArrayHandle",
+    "Client",
+    "JobHandle",
+    "as_completed",
+    "credentials_path",
+    "save_credentials",
+    "wait",
+]

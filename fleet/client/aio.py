@@ -56,9 +56,14 @@ class AsyncClient:
     Arguments as :class:`fleet.Client` (URL, token, ``ca_file``, ``timeout``)."""
 
     def __init__(
-        self, url: str | None = None, token: str | None = None, *, ca_file: str | None = None,
-        timeout: float = 60.0, max_threads: int = 16,
-    ) -> None:  # fmt: skip
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        ca_file: str | None = None,
+        timeout: float = 60.0,
+        max_threads: int = 16,
+    ) -> None:
         self.sync = Client(url, token, ca_file=ca_file, timeout=timeout)
         self.url = self.sync.url
         threads = checks.count(max_threads, "max_threads", 1, 1024)
@@ -96,11 +101,16 @@ class AsyncClient:
         return [AsyncJobHandle(self, h.id) for h in handles]
 
     async def submit_array(
-        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
+        self,
+        spec: JobSpec | dict[str, Any],
+        indices: str | Iterable[int],
+        *,
+        max_running: int | None = None,
         array_id: str | None = None,
-    ) -> AsyncArrayHandle:  # fmt: skip
-        handle = await self._run(self.sync.submit_array, spec, indices, max_running=max_running,
-                                 array_id=array_id)  # fmt: skip
+    ) -> AsyncArrayHandle:
+        handle = await self._run(
+            self.sync.submit_array, spec, indices, max_running=max_running, array_id=array_id
+        )
         return AsyncArrayHandle(self, handle.id)
 
     async def upload_workdir(self, path: str) -> str:
@@ -121,15 +131,23 @@ class AsyncClient:
         return await self._do(api.get_array(array_id))
 
     async def listing(
-        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
-        user: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job | JobArray]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 100,
+        tenant: str | None = None,
+        user: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job | JobArray]:
         return await self._do(api.listing(api.filters(state, limit, tenant, user, labels)))
 
     async def jobs(
-        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
-        user: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 1000,
+        tenant: str | None = None,
+        user: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job]:
         return await self._do(api.jobs(api.filters(state, limit, tenant, user, labels)))
 
     async def quarantined_jobs(self) -> dict[str, str]:
@@ -200,9 +218,14 @@ class AsyncClient:
         return await self._do(api.uncordon(name))
 
     async def drain(
-        self, names: str | list[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0,
-        force: bool = False, reason: str = "",
-    ) -> list[Node]:  # fmt: skip
+        self,
+        names: str | list[str],
+        *,
+        deadline_s: float = 3600.0,
+        grace_s: float = 60.0,
+        force: bool = False,
+        reason: str = "",
+    ) -> list[Node]:
         return await self._do(api.drain(names, deadline_s, grace_s, force, reason))
 
     async def wait_drained(self, names: str | list[str], timeout: float | None = None) -> list[Node]:
@@ -323,9 +346,11 @@ class AsyncArrayHandle:
 
 
 async def wait(
-    handles: Iterable[AsyncJobHandle], timeout: float | None = None, return_when: str = ALL_COMPLETED,
+    handles: Iterable[AsyncJobHandle],
+    timeout: float | None = None,
+    return_when: str = ALL_COMPLETED,
     poll_s: float = 0.5,
-) -> tuple[set[AsyncJobHandle], set[AsyncJobHandle]]:  # fmt: skip
+) -> tuple[set[AsyncJobHandle], set[AsyncJobHandle]]:
     """(done, not done), as ``asyncio.wait``: once any job is final (``FIRST_COMPLETED``) or all
     are (``ALL_COMPLETED``), or after ``timeout`` seconds. Each round asks for every pending job at once."""
     if return_when not in (FIRST_COMPLETED, ALL_COMPLETED):

@@ -44,8 +44,9 @@ def labels(value: object, what: str = "labels") -> dict[str, str] | None:
     """Labels to match: a dict of str to str (``{"exp": "7"}``), or None."""
     if value is None:
         return None
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
-                                                 value.items()):  # fmt: skip
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
         raise SpecError(f"{what} {value!r}: expected a dict of strings, e.g. {{'exp': '7'}}")
     bad = [k for k in value if not k or "=" in k]
     if bad:

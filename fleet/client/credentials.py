@@ -54,8 +54,10 @@ def resolve(url: str | None, token: str | None, ca_file: str | None) -> Credenti
     url = (url or os.environ.get("FLEET_API_URL") or saved.get("url") or "").rstrip("/")
     token = token or os.environ.get("FLEET_TOKEN") or saved.get("token") or ""
     if not url:
-        raise ConfigError("no fleet API: run `fleet login URL`, or set FLEET_API_URL and FLEET_TOKEN "
-                          "(`fleet up` prints them)")  # fmt: skip
+        raise ConfigError(
+            "no fleet API: run `fleet login URL`, or set FLEET_API_URL and FLEET_TOKEN "
+            "(`fleet up` prints them)"
+        )
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number

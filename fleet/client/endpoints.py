@@ -67,8 +67,10 @@ def check_batch(count: int, job_ids: Sequence[str | None] | None) -> list[str | 
     shipped or sent."""
     ids: list[str | None] = list(job_ids) if job_ids is not None else [None] * count
     if not count or count > MAX_BATCH:
-        raise SpecError(f"submit_many: {count} specs; give 1 to {MAX_BATCH} a call (or submit one spec "
-                        "many times as a job array)")  # fmt: skip
+        raise SpecError(
+            f"submit_many: {count} specs; give 1 to {MAX_BATCH} a call (or submit one spec "
+            "many times as a job array)"
+        )
     if len(ids) != count:
         raise SpecError(f"job_ids: {len(ids)} ids for {count} specs; give one per spec (or None)")
     for i, job_id in enumerate(ids):
@@ -118,8 +120,11 @@ def quarantined(what: str) -> Call[dict[str, str]]:
 
 
 def position(job_id: str) -> Call[QueuePosition | None]:
-    return Call("GET", f"/v1/jobs/{_job_segment(job_id)}/position",
-                lambda data: None if data is None else QueuePosition.model_validate(data))  # fmt: skip
+    return Call(
+        "GET",
+        f"/v1/jobs/{_job_segment(job_id)}/position",
+        lambda data: None if data is None else QueuePosition.model_validate(data),
+    )
 
 
 def history(job_id: str) -> Call[list[Event]]:
@@ -147,8 +152,13 @@ def cancel_labels(labels: dict[str, str]) -> Call[CancelReport]:
 
 def wait_once(job_id: str, left: float, timeout: float) -> Call[Job]:
     """The job once final, or as it stands after ``left`` seconds (at most 30: call again)."""
-    return Call("GET", f"/v1/jobs/{_job_segment(job_id)}/wait", job, query={"timeout_s": f"{left:.3f}"},
-                timeout=left + timeout)  # fmt: skip
+    return Call(
+        "GET",
+        f"/v1/jobs/{_job_segment(job_id)}/wait",
+        job,
+        query={"timeout_s": f"{left:.3f}"},
+        timeout=left + timeout,
+    )
 
 
 def logs(job_id: str, attempt: int | None, rank: int) -> Call[list[LogLine]]:
@@ -163,9 +173,12 @@ def follow(job_id: str, attempt: int | None, rank: int) -> tuple[str, dict[str, 
 
 
 def filters(
-    state: JobState | str | None, limit: int, tenant: str | None, user: str | None,
+    state: JobState | str | None,
+    limit: int,
+    tenant: str | None,
+    user: str | None,
     labels: dict[str, str] | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The query of a job listing, each filter checked."""
     labels = checks.labels(labels)
     pairs = None if not labels else [f"{k}={v}" for k, v in labels.items()]
@@ -173,8 +186,13 @@ def filters(
         if value is not None:
             checks.ident(value, what)
     parsed = JobState.parse(state)
-    return {"state": None if parsed is None else str(parsed), "limit": checks.count(limit, "limit"),
-            "tenant": tenant, "user": user, "label": pairs}  # fmt: skip
+    return {
+        "state": None if parsed is None else str(parsed),
+        "limit": checks.count(limit, "limit"),
+        "tenant": tenant,
+        "user": user,
+        "label": pairs,
+    }
 
 
 # -- blobs (shipped directories, scaling profiles) --------------------------------------
@@ -215,9 +233,12 @@ def drain(
     names: str | Sequence[str], deadline_s: float, grace_s: float, force: bool, reason: str
 ) -> Call[list[Node]]:
     body = {
-        "names": checks.names(names), "deadline_s": checks.seconds(deadline_s, "deadline_s"),
-        "grace_s": checks.seconds(grace_s, "grace_s"), "force": bool(force), "reason": reason,
-    }  # fmt: skip
+        "names": checks.names(names),
+        "deadline_s": checks.seconds(deadline_s, "deadline_s"),
+        "grace_s": checks.seconds(grace_s, "grace_s"),
+        "force": bool(force),
+        "reason": reason,
+    }
     return Call("POST", "/v1/drain", _list(Node), body)
 
 
@@ -266,9 +287,11 @@ def create_token(
     if str(role) not in {r.value for r in Role}:
         raise SpecError(f"role {role!r}: expected one of {', '.join(r.value for r in Role)}")
     body = {
-        "user": checks.ident(user, "user"), "tenant": checks.ident(tenant, "tenant"), "role": str(role),
+        "user": checks.ident(user, "user"),
+        "tenant": checks.ident(tenant, "tenant"),
+        "role": str(role),
         "expires_in_s": checks.seconds(expires_in_s, "expires_in_s"),
-    }  # fmt: skip
+    }
     return Call(
         "POST", "/v1/tokens", lambda data: (data["token"], TokenInfo.model_validate(data["info"])), body
     )

@@ -95,9 +95,11 @@ FIRST_COMPLETED, ALL_COMPLETED = "FIRST_COMPLETED", "ALL_COMPLETED"
 
 
 def wait(
-    handles: Iterable[JobHandle], timeout: float | None = None, return_when: str = ALL_COMPLETED,
+    handles: Iterable[JobHandle],
+    timeout: float | None = None,
+    return_when: str = ALL_COMPLETED,
     poll_s: float = 0.5,
-) -> tuple[set[JobHandle], set[JobHandle]]:  # fmt: skip
+) -> tuple[set[JobHandle], set[JobHandle]]:
     """(done, not done), as ``concurrent.futures.wait``: once any job is final (``FIRST_COMPLETED``)
     or all are (``ALL_COMPLETED``), or after ``timeout`` seconds."""
     timeout, poll_s = checks.seconds(timeout), checks.seconds(poll_s, "poll_s") or 0.5

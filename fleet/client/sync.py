@@ -49,9 +49,13 @@ class Client:
     """A fleet API's client. Thread-safe: each thread keeps its own connection, kept alive."""
 
     def __init__(
-        self, url: str | None = None, token: str | None = None, *, ca_file: str | None = None,
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        ca_file: str | None = None,
         timeout: float = 60.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         credentials = resolve(url, token, ca_file)
         self.url = credentials.url
         self._timeout = checks.seconds(timeout) or 60.0
@@ -66,8 +70,14 @@ class Client:
     def _do(self, call: Call[R]) -> R:
         return self.transport.call(call)
 
-    def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-              timeout: float | None = None) -> Any:  # fmt: skip
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """A call no endpoint declares (tests probe the API with it); its JSON answer."""
         return self._do(Call(method, path, lambda data: data, body, query, timeout))
 
@@ -94,9 +104,13 @@ class Client:
         return [JobHandle(self, job_id) for job_id in self._do(api.submit_batch(bodies, job_ids))]
 
     def submit_array(
-        self, spec: JobSpec | dict[str, Any], indices: str | Iterable[int], *, max_running: int | None = None,
+        self,
+        spec: JobSpec | dict[str, Any],
+        indices: str | Iterable[int],
+        *,
+        max_running: int | None = None,
         array_id: str | None = None,
-    ) -> ArrayHandle:  # fmt: skip
+    ) -> ArrayHandle:
         """Queue a job array in one call: task ``i`` is the job ``<array id>-<i>``, runs ``spec`` with
         ``FLEET_ARRAY_INDEX=i`` and carries the labels ``fleet.array`` and ``fleet.array.index``.
 
@@ -169,9 +183,13 @@ class Client:
         return self._do(api.get_array(array_id))
 
     def listing(
-        self, state: JobState | str | None = None, limit: int = 100, tenant: str | None = None,
-        user: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job | JobArray]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 100,
+        tenant: str | None = None,
+        user: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job | JobArray]:
         """Jobs newest first, each job array as one entry with its tasks counted by state (what
         ``fleet jobs`` shows); with ``state``, the jobs in it and the arrays with a task in it. A
         user's token sees its tenant's; an operator's every tenant's (or ``tenant``'s). ``user`` and
@@ -184,9 +202,13 @@ class Client:
         return JobHandle(self, job_id)
 
     def jobs(
-        self, state: JobState | str | None = None, limit: int = 1000, tenant: str | None = None,
-        user: str | None = None, labels: dict[str, str] | None = None,
-    ) -> list[Job]:  # fmt: skip
+        self,
+        state: JobState | str | None = None,
+        limit: int = 1000,
+        tenant: str | None = None,
+        user: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[Job]:
         """Every job (array tasks one by one), newest first; filtered as :meth:`listing`."""
         return self._do(api.jobs(api.filters(state, limit, tenant, user, labels)))
 
@@ -287,9 +309,14 @@ class Client:
         return self._do(api.uncordon(name))
 
     def drain(
-        self, names: str | Sequence[str], *, deadline_s: float = 3600.0, grace_s: float = 60.0,
-        force: bool = False, reason: str = "",
-    ) -> list[Node]:  # fmt: skip
+        self,
+        names: str | Sequence[str],
+        *,
+        deadline_s: float = 3600.0,
+        grace_s: float = 60.0,
+        force: bool = False,
+        reason: str = "",
+    ) -> list[Node]:
         """Cordon every node first (so work does not hop onto the next one), then drain them.
 
         Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and

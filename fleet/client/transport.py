@@ -43,15 +43,28 @@ R = TypeVar("R")
 _ERRORS: dict[str, type[FleetError]] = {
     cls.__name__: cls
     for cls in (
-        FleetError, SpecError, IdInUse, ConfigError, NotFound, CorruptRecord, JobTimeout, StoreUnavailable,
-        Unauthorized, Forbidden, TooManyRequests,
+        FleetError,
+        SpecError,
+        IdInUse,
+        ConfigError,
+        NotFound,
+        CorruptRecord,
+        JobTimeout,
+        StoreUnavailable,
+        Unauthorized,
+        Forbidden,
+        TooManyRequests,
     )
-}  # fmt: skip
+}
 #: a connection refused, closed by the server while idle, or left mid-call by an earlier error
 _STALE = (
-    ConnectionRefusedError, http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
-    http.client.CannotSendRequest, http.client.ResponseNotReady,
-)  # fmt: skip
+    ConnectionRefusedError,
+    http.client.RemoteDisconnected,
+    BrokenPipeError,
+    ConnectionResetError,
+    http.client.CannotSendRequest,
+    http.client.ResponseNotReady,
+)
 #: a read that fails to connect is tried again this many times (an API restarting, a balancer
 #: switching); a write only when the request cannot have reached the server
 CONNECT_RETRIES = 3
@@ -78,8 +91,14 @@ class Transport:
         response = self.send(call.method, call.path, call.body, call.query, call.timeout)
         return call.parse(json.loads(response.read() or b"null"))
 
-    def send(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-             timeout: float | None = None) -> http.client.HTTPResponse:  # fmt: skip
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> http.client.HTTPResponse:
         """The response to one call, status checked; raises the error the API named."""
         return self._exchange(method, path, body, query, timeout)[1]
 
@@ -128,9 +147,14 @@ class Transport:
             self._local.conn = None
 
     def _exchange(
-        self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float | None,
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: dict[str, Any] | None,
+        timeout: float | None,
         own: bool = False,
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:  # fmt: skip
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         params = {k: v for k, v in (query or {}).items() if v is not None}
         target = self._parts.path + path + (f"?{urlencode(params, doseq=True)}" if params else "")
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}

@@ -80,8 +80,10 @@ def pack(root: str | Path, max_bytes: int = MAX_BYTES) -> bytes:
                     "checkpoints and environments out with a .fleetignore (or .gitignore), or mount them"
                 )
     buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:  # fmt: skip
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for rel, path in files:
             info = tar.gettarinfo(str(path), arcname=rel)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""

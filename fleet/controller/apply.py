@@ -65,8 +65,15 @@ class Applier:
             self.views.touch(jobs=[job.id])  # read it again
             return False
         job = self.elasticity.resized(job, change, now)
-        event(log, "job_resized", job=job.id, attempt=job.attempt, old=str(change.old), new=str(new),
-              running=change.running)  # fmt: skip
+        event(
+            log,
+            "job_resized",
+            job=job.id,
+            attempt=job.attempt,
+            old=str(change.old),
+            new=str(new),
+            running=change.running,
+        )
         if change.running:
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
         return True
@@ -97,13 +104,20 @@ class Applier:
         """One place_many entry: a job's one node, or every member of a multi-node job."""
         first = members[0]
         where = [f"{p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "") for p in members]
-        entry = {"job": first.job_id, "node": first.node, "gpus": list(first.gpus), "cpus": first.cpus,
-                 "memory": first.memory, "reason": "placed on " + "; ".join(where)}  # fmt: skip
+        entry = {
+            "job": first.job_id,
+            "node": first.node,
+            "gpus": list(first.gpus),
+            "cpus": first.cpus,
+            "memory": first.memory,
+            "reason": "placed on " + "; ".join(where),
+        }
         if len(members) > 1:
             node = self.views.known.get(first.node)
             entry["master_addr"] = node.address if node and node.address else first.node
-            entry["members"] = [{"node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory}
-                                for p in members]  # fmt: skip
+            entry["members"] = [
+                {"node": p.node, "gpus": list(p.gpus), "cpus": p.cpus, "memory": p.memory} for p in members
+            ]
         return entry
 
     # -- preemptions -------------------------------------------------------------------
@@ -121,14 +135,28 @@ class Applier:
         for victim in preemption.victims:
             job, reason = current[victim.id], preemption.reasons[victim.id]
             grace = self.tenancy.policy(victim.tenant).preempt_grace_s
-            if not self.jobs.ask_to_leave(job, reason, grace, now, self.token(), allowed=[JobState.RUNNING],
-                                       preempted_for=preemption.job.id):  # fmt: skip
+            if not self.jobs.ask_to_leave(
+                job,
+                reason,
+                grace,
+                now,
+                self.token(),
+                allowed=[JobState.RUNNING],
+                preempted_for=preemption.job.id,
+            ):
                 continue
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
             self.tenancy.store.count_preemption(victim.tenant)
             stopped.append(victim)
-            event(log, "job_preempted", job=job.id, attempt=job.attempt, tenant=victim.tenant,
-                  grace_s=f"{grace:g}", reason=reason)  # fmt: skip
+            event(
+                log,
+                "job_preempted",
+                job=job.id,
+                attempt=job.attempt,
+                tenant=victim.tenant,
+                grace_s=f"{grace:g}",
+                reason=reason,
+            )
         if stopped:
             self.tenancy.hold(preemption, stopped, now)
 

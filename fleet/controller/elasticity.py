@@ -53,8 +53,10 @@ class Elasticity:
         """The elastic step's jobs (``PassInput.elastic``): running first, then queued by rank."""
         for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
             del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
-        return sorted((Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
-                      key=lambda e: (not e.running, _rank(self.jobs[e.id])))  # fmt: skip
+        return sorted(
+            (Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
+            key=lambda e: (not e.running, _rank(self.jobs[e.id])),
+        )
 
     def placed(self, job_id: str, attempt: int) -> None:
         """A queued elastic job was just placed: it holds its GPUs now (until read again)."""
@@ -65,11 +67,13 @@ class Elasticity:
     def resized(self, job: Job, change: Resize, now: float) -> Job:
         """``job`` as the store now holds it after ``change`` was written (until it is read again)."""
         if change.running:
-            updated = job.model_copy(update={"resize_gpus": change.new.gpus, "resize_batch": change.new.batch,
-                                             "preempt": "resize"})  # fmt: skip
+            updated = job.model_copy(
+                update={"resize_gpus": change.new.gpus, "resize_batch": change.new.batch, "preempt": "resize"}
+            )
         else:
-            updated = job.model_copy(update={"num_gpus": change.new.gpus, "batch_size": change.new.batch,
-                                             "sized_at": now})  # fmt: skip
+            updated = job.model_copy(
+                update={"num_gpus": change.new.gpus, "batch_size": change.new.batch, "sized_at": now}
+            )
         self.jobs[job.id] = updated
         return updated
 

@@ -43,12 +43,7 @@ class LeaderLease:
 
 class Leadership:
     def __init__(
-        self,
-        lease: LeaderLease,
-        lease_s: float,
-        bus: Bus,
-        worker_threads: int,
-        acquired: Callable[[], None],
+        self, lease: LeaderLease, lease_s: float, bus: Bus, worker_threads: int, acquired: Callable[[], None]
     ) -> None:
         self.lease, self.lease_s, self.bus, self.worker_threads = lease, lease_s, bus, worker_threads
         #: called on the renewal thread when this controller becomes the leader

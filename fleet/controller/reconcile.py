@@ -111,8 +111,10 @@ def _lost(reason: str) -> Exit:
 
 def _late(job: Job, now: float, cfg: ControllerSettings) -> str:
     """Why the job's launch is over its deadline, or ''."""
-    limits = {JobState.SCHEDULED: ("scheduled_timeout_s", cfg.scheduled_timeout_s),
-              JobState.STARTING: ("starting_timeout_s", cfg.starting_timeout_s)}  # fmt: skip
+    limits = {
+        JobState.SCHEDULED: ("scheduled_timeout_s", cfg.scheduled_timeout_s),
+        JobState.STARTING: ("starting_timeout_s", cfg.starting_timeout_s),
+    }
     if job.state not in limits:
         return ""
     name, limit = limits[job.state]

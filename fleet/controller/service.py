@@ -26,14 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet import metrics
-from fleet.bus import (
-    CONTROLLER_QUEUE,
-    AttemptUpdate,
-    Bus,
-    JobSubmitted,
-    NodeChanged,
-    QueueLeft,
-)
+from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, JobSubmitted, NodeChanged, QueueLeft
 from fleet.config import Settings
 from fleet.controller.apply import Applier
 from fleet.controller.elasticity import Elasticity
@@ -104,8 +97,19 @@ class Controller:
             half_life_s=self.cfg.fair_share_half_life_s,
         )
         self.applier = Applier(jobs, bus, self.views, self.tenancy, self.elasticity, self.cfg, token)
-        self.upkeep = Upkeep(jobs, nodes, bus, self.views, self.tenancy, self.elasticity, self.cfg,
-                             self.policy, settings.agent.stop_grace_s, clock, token)  # fmt: skip
+        self.upkeep = Upkeep(
+            jobs,
+            nodes,
+            bus,
+            self.views,
+            self.tenancy,
+            self.elasticity,
+            self.cfg,
+            self.policy,
+            settings.agent.stop_grace_s,
+            clock,
+            token,
+        )
         self.expiry = Expiry(self.retention, nodes, bus, self.views, settings, clock, token)
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = stores.webhooks
@@ -206,11 +210,19 @@ class Controller:
             return Plan()
         tenancy = self.tenancy
         inp = PassInput(
-            queue=queue, views=list(self.views.views.values()), policies=tenancy.policies,
-            running=tenancy.running, usage=tenancy.usage, holds=tenancy.holds, settings=self._settings,
-            elastic=self.elasticity.step_jobs(queue) if resize else (), resize=resize, place=place,
-            blocked=self._blocked, array_room=self.views.array_room() if place else {},
-        )  # fmt: skip
+            queue=queue,
+            views=list(self.views.views.values()),
+            policies=tenancy.policies,
+            running=tenancy.running,
+            usage=tenancy.usage,
+            holds=tenancy.holds,
+            settings=self._settings,
+            elastic=self.elasticity.step_jobs(queue) if resize else (),
+            resize=resize,
+            place=place,
+            blocked=self._blocked,
+            array_room=self.views.array_room() if place else {},
+        )
         plan = run_pass(inp, now)
         if not self.leadership.leading():
             return Plan()  # the lease may have lapsed during the pass: do nothing

@@ -17,12 +17,22 @@ def pending(job: Job) -> PendingJob:
     cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.max_gpus == 0 else 0.0)
     gpus = job.gpu_count
     return PendingJob(
-        id=job.id, priority=spec.priority, seq=job.seq, gpus=gpus, gpu_model=spec.gpu_model,
-        min_gpu_memory=spec.min_gpu_memory, not_before=job.not_before, cpus=cpus, memory=spec.memory or 0,
+        id=job.id,
+        priority=spec.priority,
+        seq=job.seq,
+        gpus=gpus,
+        gpu_model=spec.gpu_model,
+        min_gpu_memory=spec.min_gpu_memory,
+        not_before=job.not_before,
+        cpus=cpus,
+        memory=spec.memory or 0,
         array=job.array_id if job.array_max_running else None,
-        nodes=spec.nodes or 0, gpus_per_node=spec.gpus_per_node or 0, tenant=spec.tenant,
-        elastic=spec.elastic, hold=UNSIZED if spec.elastic and not gpus else "",
-    )  # fmt: skip
+        nodes=spec.nodes or 0,
+        gpus_per_node=spec.gpus_per_node or 0,
+        tenant=spec.tenant,
+        elastic=spec.elastic,
+        hold=UNSIZED if spec.elastic and not gpus else "",
+    )
 
 
 def node_view(node: Node, now: float, topology: str = "") -> NodeView:
@@ -35,17 +45,32 @@ def node_view(node: Node, now: float, topology: str = "") -> NodeView:
         why = ""
     gpus = tuple(
         GpuSlot(
-            uuid=g.uuid, index=g.index, model=g.model, memory_total=g.memory_total, healthy=g.healthy,
+            uuid=g.uuid,
+            index=g.index,
+            model=g.model,
+            memory_total=g.memory_total,
+            healthy=g.healthy,
             free=g.healthy and not g.busy and g.uuid not in node.claims,
-            why=(g.health if not g.healthy else g.busy or (f"claimed by {node.claims[g.uuid]}"
-                                                            if g.uuid in node.claims else "")),
+            why=(
+                g.health
+                if not g.healthy
+                else g.busy or (f"claimed by {node.claims[g.uuid]}" if g.uuid in node.claims else "")
+            ),
             holder=node.claims.get(g.uuid, ""),
         )
         for g in node.gpus
-    )  # fmt: skip
-    return NodeView(name=node.name, schedulable=not why, why=why, gpus=gpus, cpus=node.cpus,
-                    memory=node.memory, used_cpus=node.used_cpus, used_memory=node.used_memory,
-                    group=node.labels.get(topology, "") if topology else "")  # fmt: skip
+    )
+    return NodeView(
+        name=node.name,
+        schedulable=not why,
+        why=why,
+        gpus=gpus,
+        cpus=node.cpus,
+        memory=node.memory,
+        used_cpus=node.used_cpus,
+        used_memory=node.used_memory,
+        group=node.labels.get(topology, "") if topology else "",
+    )
 
 
 def _clock(at: float) -> str:

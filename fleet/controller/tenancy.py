@@ -67,16 +67,18 @@ class Tenancy:
 
     def placed(self, job: PendingJob, members: list[Placement], attempt: int) -> None:
         where = tuple((p.node, p.gpus) for p in members)
-        self.running[job.id] = RunningJob(job.id, attempt, job.tenant, job.priority, job.gpus, where,
-                                          job.cpus, job.memory)  # fmt: skip
+        self.running[job.id] = RunningJob(
+            job.id, attempt, job.tenant, job.priority, job.gpus, where, job.cpus, job.memory
+        )
 
     def holdings(self) -> dict[str, Use]:
         return held_by(self.running.values())
 
     def fair(self, views: Iterable[NodeView]) -> FairShare:
         """A pass's fair-share state (a fresh one: the pass adds its placements to it)."""
-        return FairShare(self.policies, self.holdings(), self.usage, fleet_size(views),
-                         self.cfg.fair_share_half_life_s)  # fmt: skip
+        return FairShare(
+            self.policies, self.holdings(), self.usage, fleet_size(views), self.cfg.fair_share_half_life_s
+        )
 
     # -- preemption -------------------------------------------------------------------
 
@@ -101,8 +103,9 @@ class Tenancy:
         changed, self.policies = policies != self.policies, policies
         held = self.holdings()
         status = self.status(held, queue, views)
-        usage = self.store.fold({t: u.gpus for t, u in held.items()}, now, self.cfg.fair_share_half_life_s,
-                                leader, status)  # fmt: skip
+        usage = self.store.fold(
+            {t: u.gpus for t, u in held.items()}, now, self.cfg.fair_share_half_life_s, leader, status
+        )
         self.usage = usage.gpu_seconds
         return changed
 
@@ -116,12 +119,15 @@ class Tenancy:
         names = set(self.policies) | set(held) | set(queue.counts)
         return [
             TenantStatus(
-                tenant=self.policy(t), configured=t in self.policies, gpus_used=held.get(t, Use()).gpus,
-                jobs_running=held.get(t, Use()).jobs, jobs_pending=queue.counts.get(t, 0),
+                tenant=self.policy(t),
+                configured=t in self.policies,
+                gpus_used=held.get(t, Use()).gpus,
+                jobs_running=held.get(t, Use()).jobs,
+                jobs_pending=queue.counts.get(t, 0),
                 fair_share_gpus=round(shares.get(t, 0.0), 3),
             )
             for t in sorted(names)
-        ]  # fmt: skip
+        ]
 
 
 def running_job(job: Job) -> RunningJob:
@@ -132,7 +138,16 @@ def running_job(job: Job) -> RunningJob:
     asks = snapshot.pending(job)
     started = job.started_at if job.state == JobState.RUNNING else None
     return RunningJob(
-        job.id, job.attempt, job.spec.tenant, job.spec.priority, job.gpu_count, members, asks.cpus,
-        asks.memory, started_at=started, preemptible=job.spec.preemptible,
-        stopping=bool(job.preempt or job.cancel_requested), preempted_for=job.preempted_for,
-    )  # fmt: skip
+        job.id,
+        job.attempt,
+        job.spec.tenant,
+        job.spec.priority,
+        job.gpu_count,
+        members,
+        asks.cpus,
+        asks.memory,
+        started_at=started,
+        preemptible=job.spec.preemptible,
+        stopping=bool(job.preempt or job.cancel_requested),
+        preempted_for=job.preempted_for,
+    )

@@ -65,12 +65,23 @@ class Upkeep:
             self._drain_stop(stop, now)
         operators = {n.name: n.changed_by for n in nodes.nodes}
         for name in buckets.drained:
-            if self.nodes.set_state(name, NodeState.DRAINED, "drained", now, operators.get(name, ""),
-                                    leader=self.token(), only_from=[NodeState.DRAINING]):  # fmt: skip
+            if self.nodes.set_state(
+                name,
+                NodeState.DRAINED,
+                "drained",
+                now,
+                operators.get(name, ""),
+                leader=self.token(),
+                only_from=[NodeState.DRAINING],
+            ):
                 event(log, "node_drained", node=name)
         if buckets.orphan_claims and self.jobs.release_orphan_claims(buckets.orphan_claims, self.token()):
-            event(log, "orphan_claims_released", logging.WARNING,
-                  claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims))  # fmt: skip
+            event(
+                log,
+                "orphan_claims_released",
+                logging.WARNING,
+                claims=",".join(f"{uuid}={holder}" for uuid, holder in buckets.orphan_claims),
+            )
         return buckets
 
     def _watched(self, now: float) -> tuple[NodeBatch, list[Job]]:
@@ -106,8 +117,16 @@ class Upkeep:
             return
         # back in the queue: the next pass reads it (no agent message will come)
         self.views.touch(jobs=[job.id], nodes=job.nodes_held)
-        event(log, "job_requeued", job=job.id, attempt=job.attempt, node=job.node, kind=exit.kind,
-              state=decision.state, reason=exit.reason)  # fmt: skip
+        event(
+            log,
+            "job_requeued",
+            job=job.id,
+            attempt=job.attempt,
+            node=job.node,
+            kind=exit.kind,
+            state=decision.state,
+            reason=exit.reason,
+        )
         if requeue.stop or len(job.members) > 1:  # a gang's live members too, whichever node was lost
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, exit.reason, self.stop_grace_s)
 

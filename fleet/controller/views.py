@@ -126,8 +126,9 @@ class ViewCache:
         queued = [j for j in readable if j.state == JobState.QUEUED]
         gone = [job_id for job_id in ids - {j.id for j in queued} if self.queue.discard(job_id) is not None]
         added = self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
-        self._array_limits.update({j.array_id: j.array_max_running for j in queued
-                                   if j.array_id and j.array_max_running})  # fmt: skip
+        self._array_limits.update(
+            {j.array_id: j.array_max_running for j in queued if j.array_id and j.array_max_running}
+        )
         room = any(j.array_id in self._array_limits and not j.state.on_node for j in readable)
         return bool(gone or added or room)
 

@@ -43,10 +43,16 @@ BATCH = 500
 
 class WebhookSender:
     def __init__(
-        self, jobs: JobStore, nodes: NodeStore, tenants: TenantStore, store: WebhookStore,
-        cfg: ControllerSettings, clock: Callable[[], float], leading: Callable[[], bool],
+        self,
+        jobs: JobStore,
+        nodes: NodeStore,
+        tenants: TenantStore,
+        store: WebhookStore,
+        cfg: ControllerSettings,
+        clock: Callable[[], float],
+        leading: Callable[[], bool],
         allowed: Sequence[IPNetwork] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.jobs, self.nodes, self.tenants, self.store = jobs, nodes, tenants, store
         self.cfg, self.clock, self.leading = cfg, clock, leading
         #: networks the operator allows besides public addresses (webhook_allowed_networks)
@@ -114,8 +120,9 @@ class WebhookSender:
                 assert tenant.webhook is not None
                 did = f"node-{name}-{now:.3f}-{tenant.name}"
                 payload = node_payload(name, state or "removed", announced.get(name, "new"), reason, did, now)
-                deliveries.append(self._delivery(did, tenant.name, tenant.webhook, "node.changed", name, now,
-                                                 payload))  # fmt: skip
+                deliveries.append(
+                    self._delivery(did, tenant.name, tenant.webhook, "node.changed", name, now, payload)
+                )
         self.store.enqueue(deliveries, now, nodes=changes)
         return len(deliveries)
 
@@ -123,8 +130,16 @@ class WebhookSender:
     def _delivery(
         did: str, tenant: str, hook: Webhook, kind: str, subject: str, now: float, payload: dict[str, object]
     ) -> Delivery:
-        return Delivery(id=did, tenant=tenant, url=hook.url, format=hook.format, event=kind, subject=subject,
-                        payload=payload, created_at=now)  # fmt: skip
+        return Delivery(
+            id=did,
+            tenant=tenant,
+            url=hook.url,
+            format=hook.format,
+            event=kind,
+            subject=subject,
+            payload=payload,
+            created_at=now,
+        )
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -155,10 +170,16 @@ class WebhookSender:
         code, said = post(delivery.url, body, headers, self.cfg.webhook_timeout_s, self._allowed)
         attempt, now = delivery.attempts + 1, self.clock()
         outcome = WebhookOutcome(
-            at=now, delivery=delivery.id, tenant=delivery.tenant, event=delivery.event,
-            subject=delivery.subject, url=shown_url(delivery.url), status="delivered", attempt=attempt,
+            at=now,
+            delivery=delivery.id,
+            tenant=delivery.tenant,
+            event=delivery.event,
+            subject=delivery.subject,
+            url=shown_url(delivery.url),
+            status="delivered",
+            attempt=attempt,
             code=code,
-        )  # fmt: skip
+        )
         if code is not None and 200 <= code < 300:
             self.store.finish(delivery, outcome)
             event(log, "webhook_delivered", id=delivery.id, url=outcome.url, attempt=attempt, code=code)
@@ -167,12 +188,27 @@ class WebhookSender:
         if attempt >= self.cfg.webhook_attempts:
             outcome = outcome.model_copy(update={"status": "failed", "error": error})
             self.store.finish(delivery, outcome)
-            event(log, "webhook_failed", logging.WARNING, id=delivery.id, url=outcome.url, attempts=attempt,
-                  error=error)  # fmt: skip
+            event(
+                log,
+                "webhook_failed",
+                logging.WARNING,
+                id=delivery.id,
+                url=outcome.url,
+                attempts=attempt,
+                error=error,
+            )
             return outcome
         at = now + backoff(attempt, self.cfg.webhook_backoff_s)
         outcome = outcome.model_copy(update={"status": "retrying", "error": error, "next_at": at})
         self.store.retry(delivery.model_copy(update={"attempts": attempt, "error": error}), at, outcome)
-        event(log, "webhook_retrying", logging.WARNING, id=delivery.id, url=outcome.url, attempt=attempt,
-              error=error, next_in_s=f"{at - now:.1f}")  # fmt: skip
+        event(
+            log,
+            "webhook_retrying",
+            logging.WARNING,
+            id=delivery.id,
+            url=outcome.url,
+            attempt=attempt,
+            error=error,
+            next_in_s=f"{at - now:.1f}",
+        )
         return outcome

@@ -35,12 +35,7 @@ from fleet.models.job import (
     QueuePosition,
     RequeueKind,
 )
-from fleet.models.node import (
-    FleetVersions,
-    Gpu,
-    Node,
-    NodeState,
-)
+from fleet.models.node import FleetVersions, Gpu, Node, NodeState
 from fleet.models.spec import (
     FROM_FLEET,
     LEARN,
@@ -55,15 +50,7 @@ from fleet.models.spec import (
     Webhook,
     uploaded_profile,
 )
-from fleet.models.tenant import (
-    TENANT_NAME,
-    Identity,
-    Role,
-    Tenant,
-    TenantStatus,
-    TokenInfo,
-    WebhookOutcome,
-)
+from fleet.models.tenant import TENANT_NAME, Identity, Role, Tenant, TenantStatus, TokenInfo, WebhookOutcome
 
 __all__ = [
     "FINAL_STATES",

@@ -7,14 +7,7 @@ import re
 from difflib import get_close_matches
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from fleet.errors import SpecError
 

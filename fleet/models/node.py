@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-)
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.models.base import _LAZY
 

@@ -121,12 +121,14 @@ def _count_or_range(value: object) -> str:
 #: a number, or ``{min, max}`` (``"min-max"``): an elastic job's GPUs or batch size
 GpuCount = Annotated[
     Annotated[Annotated[int, Field(ge=0, le=1024)], Tag("count")] | Annotated[Range, Tag("range")],
-    Discriminator(_count_or_range), BeforeValidator(_range_text),
-]  # fmt: skip
+    Discriminator(_count_or_range),
+    BeforeValidator(_range_text),
+]
 BatchSize = Annotated[
     Annotated[Annotated[int, Field(ge=1, le=1 << 24)], Tag("count")] | Annotated[Range, Tag("range")],
-    Discriminator(_count_or_range), BeforeValidator(_range_text),
-]  # fmt: skip
+    Discriminator(_count_or_range),
+    BeforeValidator(_range_text),
+]
 #: the scaling profiles fleet ships (measured throughput of real models; see fleet sim)
 PROFILES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 #: an elastic job's profile learned from its own reports (``fleet_worker.report``)
@@ -313,23 +315,32 @@ class JobSpec(_UserModel):
         """An elastic job: a range of GPUs, a batch size and a profile, and nothing that pins its shape."""
         if not self.elastic:
             if isinstance(self.batch_size, Range):
-                raise ValueError("batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
-                                 "{min, max}); a job of fixed size takes one batch size")  # fmt: skip
+                raise ValueError(
+                    "batch_size: a range of batch sizes needs a range of GPUs too (gpus: "
+                    "{min, max}); a job of fixed size takes one batch size"
+                )
             if self.profile is not None:
                 raise ValueError("profile: only an elastic job (gpus: {min, max}) uses a scaling profile")
             if self.max_batch_per_gpu is not None:
-                raise ValueError("max_batch_per_gpu: only an elastic job (gpus: {min, max}) has fleet choose "
-                                 "its batch per GPU; a job of fixed size sets its own")  # fmt: skip
+                raise ValueError(
+                    "max_batch_per_gpu: only an elastic job (gpus: {min, max}) has fleet choose "
+                    "its batch per GPU; a job of fixed size sets its own"
+                )
             return self
         for pinned in ("nodes", "gpus_per_node"):
             if getattr(self, pinned) is not None:
-                raise ValueError(f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a "
-                                 "size larger than a node runs on several, one member each)")  # fmt: skip
+                raise ValueError(
+                    f"{pinned}: an elastic job's size is fleet's to choose; drop {pinned} (a "
+                    "size larger than a node runs on several, one member each)"
+                )
         if self.batch_size is None:
-            raise ValueError("batch_size: an elastic job needs its global batch size: {min, max} (fleet "
-                             "chooses it with the GPUs) or one value (kept at every size)")  # fmt: skip
-        if self.profile is None or not (self.profile in (*PROFILES, LEARN) or uploaded_profile(self.profile)
-                                        or "/" in self.profile):  # fmt: skip
+            raise ValueError(
+                "batch_size: an elastic job needs its global batch size: {min, max} (fleet "
+                "chooses it with the GPUs) or one value (kept at every size)"
+            )
+        if self.profile is None or not (
+            self.profile in (*PROFILES, LEARN) or uploaded_profile(self.profile) or "/" in self.profile
+        ):
             got = "" if self.profile is None else f" (got {_clip(repr(self.profile))})"
             raise ValueError(f"profile: an elastic job needs a scaling profile{got}: {_PROFILE_KINDS}")
         return self

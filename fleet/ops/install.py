@@ -160,9 +160,12 @@ def _user_exists(name: str) -> bool:
 
 
 def install(
-    service: str, root: Path = Path("/"), redis_url: str | None = None, password: str | None = None,
+    service: str,
+    root: Path = Path("/"),
+    redis_url: str | None = None,
+    password: str | None = None,
     username: str | None = None,
-) -> Installed:  # fmt: skip
+) -> Installed:
     if service not in SERVICES:
         raise ConfigError(f"service: {service!r} is not one of {', '.join(SERVICES)}")
     if redis_url:

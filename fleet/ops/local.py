@@ -38,12 +38,22 @@ from fleet.errors import ConfigError, FleetError
 
 DEMO_JOBS: list[dict[str, Any]] = [
     {"name": "hello", "command": ["python3", "-c", "print('hello from fleet')"]},
-    {"name": "two-gpus", "gpus": 2,
-     "command": ["python3", "-c", "import os; print('my GPUs:', os.environ['CUDA_VISIBLE_DEVICES'])"]},
-    {"name": "flaky", "gpus": 1, "max_attempts": 2,
-     "command": ["python3", "-c",
-                 "import os,sys; a=int(os.environ['FLEET_ATTEMPT']); print('attempt', a); sys.exit(a == 1)"]},
-]  # fmt: skip
+    {
+        "name": "two-gpus",
+        "gpus": 2,
+        "command": ["python3", "-c", "import os; print('my GPUs:', os.environ['CUDA_VISIBLE_DEVICES'])"],
+    },
+    {
+        "name": "flaky",
+        "gpus": 1,
+        "max_attempts": 2,
+        "command": [
+            "python3",
+            "-c",
+            "import os,sys; a=int(os.environ['FLEET_ATTEMPT']); print('attempt', a); sys.exit(a == 1)",
+        ],
+    },
+]
 
 
 #: Signals that stop ``fleet up`` as Ctrl-C (SIGINT) does.
@@ -63,17 +73,25 @@ def jobs_run_as(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
         try:
             entry = pwd.getpwnam(sudo)
         except KeyError:
-            raise ConfigError(f"SUDO_USER={sudo!r} names no user of this machine, and fleet up runs its "
-                              "jobs as the user who started it: unset SUDO_USER, or set "
-                              "FLEET_AGENT__JOB_USER=uid:gid") from None  # fmt: skip
+            raise ConfigError(
+                f"SUDO_USER={sudo!r} names no user of this machine, and fleet up runs its "
+                "jobs as the user who started it: unset SUDO_USER, or set "
+                "FLEET_AGENT__JOB_USER=uid:gid"
+            ) from None
         uid, gid = entry.pw_uid, entry.pw_gid
     else:
         uid, gid = os.getuid(), os.getgid()
     settings = {"FLEET_AGENT__JOB_USER": f"{uid}:{gid}"}
     if 0 in (uid, gid):
         settings["FLEET_AGENT__ALLOW_ROOT_JOBS"] = "true"
-    note = ("fleet up: started by root, so its jobs run as root; start it from your own account (or "
-            "with sudo from it) to run them as you\n") if uid == 0 else ""  # fmt: skip
+    note = (
+        (
+            "fleet up: started by root, so its jobs run as root; start it from your own account (or "
+            "with sudo from it) to run them as you\n"
+        )
+        if uid == 0
+        else ""
+    )
     return settings, note
 
 
@@ -150,11 +168,13 @@ class LocalFleet:
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        print(f"\nfleet is up: API {self.api_url}, status page {self.api_url}/ui (log in with the token), "
-              "with an admin token for you. In another shell:\n\n"
-              f"  export FLEET_API_URL={self.api_url} FLEET_TOKEN={self.token}\n"
-              "  fleet submit --gpus 1 -- python3 -c 'print(42)'\n  fleet jobs\n\nCtrl-C stops it all.\n",
-              flush=True)  # fmt: skip
+        print(
+            f"\nfleet is up: API {self.api_url}, status page {self.api_url}/ui (log in with the token), "
+            "with an admin token for you. In another shell:\n\n"
+            f"  export FLEET_API_URL={self.api_url} FLEET_TOKEN={self.token}\n"
+            "  fleet submit --gpus 1 -- python3 -c 'print(42)'\n  fleet jobs\n\nCtrl-C stops it all.\n",
+            flush=True,
+        )
         return self
 
     def _admin_token(self) -> str:
@@ -192,8 +212,10 @@ class LocalFleet:
         fd = os.open(self.redis_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(password + "\n")
-        config = (f"port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {data}\nappendonly yes\n"
-                  f'save ""\nloglevel warning\nrequirepass {password}\n')  # fmt: skip
+        config = (
+            f"port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {data}\nappendonly yes\n"
+            f'save ""\nloglevel warning\nrequirepass {password}\n'
+        )
         self._spawn("redis", [binary, "-"], None, stdin=config, umask=0o077)
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url, password=password)
@@ -229,11 +251,24 @@ class LocalFleet:
             env["FLEET_REDIS_PASSWORD_FILE"] = str(self.redis_password_file)
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None, *, stdin: str | None = None,
-               umask: int = -1) -> None:  # fmt: skip
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None,
+        *,
+        stdin: str | None = None,
+        umask: int = -1,
+    ) -> None:
         # own session: a terminal's Ctrl-C reaches only us, and we stop them in order (Redis last)
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                                start_new_session=True, preexec_fn=self._preexec, umask=umask)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=self._preexec,
+            umask=umask,
+        )
         if stdin is not None:
             assert proc.stdin is not None
             proc.stdin.write(stdin.encode())
@@ -279,9 +314,13 @@ class LocalFleet:
         print(f"submitted {len(handles)} demo jobs; waiting for them ...", flush=True)
         finished = [h.wait(timeout=300) for h in handles]
         print()
-        table(["JOB", "STATE", "ATTEMPTS", "NODE", "GPUS", "OUTPUT"],
-              [(j.id, j.state.value, j.attempt, j.node, len(j.gpus), h.logs().replace("\n", " | "))
-               for h, j in zip(handles, finished, strict=True)])  # fmt: skip
+        table(
+            ["JOB", "STATE", "ATTEMPTS", "NODE", "GPUS", "OUTPUT"],
+            [
+                (j.id, j.state.value, j.attempt, j.node, len(j.gpus), h.logs().replace("\n", " | "))
+                for h, j in zip(handles, finished, strict=True)
+            ],
+        )
         client.close()
         return 0 if all(j.state == "SUCCEEDED" for j in finished) else 1
 

@@ -8,7 +8,21 @@ from fleet.scheduler.schedule import schedule
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement, Plan, Snapshot
 
 __all__ = [
-    "BACKOFF", "Capacity", "FairShare", "GpuSlot", "NodeView", "PendingJob", "PendingQueue", "Placement",
-    "Plan", "Preemption", "RunningJob", "Snapshot", "Use", "fair_gpus", "fleet_size", "preemptions",
+    "BACKOFF",
+    "Capacity",
+    "FairShare",
+    "GpuSlot",
+    "NodeView",
+    "PendingJob",
+    "PendingQueue",
+    "Placement",
+    "Plan",
+    "Preemption",
+    "RunningJob",
+    "Snapshot",
+    "Use",
+    "fair_gpus",
+    "fleet_size",
+    "preemptions",
     "schedule",
-]  # fmt: skip
+]

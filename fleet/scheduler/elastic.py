@@ -96,10 +96,16 @@ def _locked(job: ElasticJob, now: float, min_interval_s: float) -> bool:
 
 
 def options(
-    job: ElasticJob, now: float, most: int, *, resize_cost_s: float = RESIZE_COST_S,
-    min_interval_s: float = MIN_INTERVAL_S, horizon_s: float | None = None,
-    gpus_per_node: int = MEASURED_GPUS_PER_NODE, objective: str = SPEEDUP,
-) -> list[Option]:  # fmt: skip
+    job: ElasticJob,
+    now: float,
+    most: int,
+    *,
+    resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S,
+    horizon_s: float | None = None,
+    gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    objective: str = SPEEDUP,
+) -> list[Option]:
     """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
     units of its samples/s at its smallest size (its speedup; with ``objective="completion"``, in
     units of the samples it has left, its ``remaining`` or else a whole run of its profile), times
@@ -136,10 +142,17 @@ def options(
 
 
 def allocate(
-    jobs: Sequence[ElasticJob], gpus: int, now: float, *, resize_cost_s: float = RESIZE_COST_S,
-    min_interval_s: float = MIN_INTERVAL_S, gpus_per_node: int = MEASURED_GPUS_PER_NODE,
-    horizon_s: float | None = None, tenant_gpus: Mapping[str, int] | None = None, objective: str = SPEEDUP,
-) -> dict[str, tuple[int, int]]:  # fmt: skip
+    jobs: Sequence[ElasticJob],
+    gpus: int,
+    now: float,
+    *,
+    resize_cost_s: float = RESIZE_COST_S,
+    min_interval_s: float = MIN_INTERVAL_S,
+    gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+    horizon_s: float | None = None,
+    tenant_gpus: Mapping[str, int] | None = None,
+    objective: str = SPEEDUP,
+) -> dict[str, tuple[int, int]]:
     """The target (GPUs, global batch) of every job in ``jobs`` ((0, 0): wait), using at most
     ``gpus`` GPUs (those not held by non-elastic jobs), and at most ``tenant_gpus[t]`` for the
     elastic jobs of tenant ``t`` (what its quota leaves after its other jobs).
@@ -165,10 +178,18 @@ def allocate(
     for tenant, members in groups.items():
         cap = min(gpus, caps[tenant]) if tenant else gpus
         opts = [
-            options(job, now, cap, resize_cost_s=resize_cost_s, min_interval_s=min_interval_s,
-                    horizon_s=horizon_s, gpus_per_node=gpus_per_node, objective=objective)
+            options(
+                job,
+                now,
+                cap,
+                resize_cost_s=resize_cost_s,
+                min_interval_s=min_interval_s,
+                horizon_s=horizon_s,
+                gpus_per_node=gpus_per_node,
+                objective=objective,
+            )
             for job in members
-        ]  # fmt: skip
+        ]
         best, picks = _knapsack(opts, cap)
         tables.append((members, opts, best, picks))
     total = np.zeros(gpus + 1)
@@ -186,9 +207,13 @@ def allocate(
 
 
 def _admit(
-    jobs: Sequence[ElasticJob], gpus: int, caps: Mapping[str, int], now: float, min_interval_s: float,
+    jobs: Sequence[ElasticJob],
+    gpus: int,
+    caps: Mapping[str, int],
+    now: float,
+    min_interval_s: float,
     gpus_per_node: int,
-) -> list[ElasticJob]:  # fmt: skip
+) -> list[ElasticJob]:
     """The jobs that run after this decision (see :func:`allocate`), in the order given."""
     smallest = {job.id: (sizes(job, gpus_per_node) or [(0, 0, 0.0)])[0][0] for job in jobs}
     running = [job for job in jobs if job.gpus > 0]

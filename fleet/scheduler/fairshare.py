@@ -96,21 +96,28 @@ class FairShare:
         policy, held = self.policy(tenant), self.holds(tenant)
         parts = [
             have / owed
-            for have, owed in ((held.gpus, policy.guaranteed_gpus), (held.cpus, policy.guaranteed_cpus),
-                               (held.memory, policy.guaranteed_memory or 0))
+            for have, owed in (
+                (held.gpus, policy.guaranteed_gpus),
+                (held.cpus, policy.guaranteed_cpus),
+                (held.memory, policy.guaranteed_memory or 0),
+            )
             if have < owed
-        ]  # fmt: skip
+        ]
         return min(parts, default=None)
 
     def share(self, tenant: str) -> float:
         """The blended dominant share above the tenant's guarantee (see the module doc)."""
         held, fleet = self.holds(tenant), self.fleet
-        now = max(_part(held.gpus, fleet.gpus), _part(held.cpus, fleet.cpus),
-                  _part(held.memory, fleet.memory))  # fmt: skip
+        now = max(
+            _part(held.gpus, fleet.gpus), _part(held.cpus, fleet.cpus), _part(held.memory, fleet.memory)
+        )
         past = _part(self.usage.get(tenant, 0.0), fleet.gpus * window(self.half_life))
         policy = self.policy(tenant)
-        guaranteed = max(_part(policy.guaranteed_gpus, fleet.gpus), _part(policy.guaranteed_cpus, fleet.cpus),
-                         _part(policy.guaranteed_memory or 0, fleet.memory))  # fmt: skip
+        guaranteed = max(
+            _part(policy.guaranteed_gpus, fleet.gpus),
+            _part(policy.guaranteed_cpus, fleet.cpus),
+            _part(policy.guaranteed_memory or 0, fleet.memory),
+        )
         return max(0.0, (1 - PAST) * now + PAST * past - guaranteed)
 
     def limit(self, job: PendingJob, members: int | None = None) -> str:
@@ -136,8 +143,13 @@ class FairShare:
     def without(self, tenant: str, gpus: int, cpus: float, memory: int, jobs: int = 1) -> None:
         """A running job of ``tenant`` is to leave (a preemption being planned)."""
         held = self.holds(tenant)
-        self.held[tenant] = replace(held, gpus=held.gpus - gpus, cpus=held.cpus - cpus,
-                                    memory=held.memory - memory, jobs=held.jobs - jobs)  # fmt: skip
+        self.held[tenant] = replace(
+            held,
+            gpus=held.gpus - gpus,
+            cpus=held.cpus - cpus,
+            memory=held.memory - memory,
+            jobs=held.jobs - jobs,
+        )
 
     def fair_gpus(self, demand: Mapping[str, int]) -> dict[str, float]:
         """Each tenant's fair share of the fleet's GPUs given what it wants (``demand``: GPUs held

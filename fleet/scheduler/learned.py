@@ -44,9 +44,13 @@ class LearnedProfile(Profile):
         return max([self.min_batch / self.least] + [b / g for g, b in self.observed])
 
     def best(
-        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
-        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
-    ) -> tuple[float, int]:  # fmt: skip
+        self,
+        gpus: int,
+        min_batch: int | None = None,
+        max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+        accumulate: bool = False,
+    ) -> tuple[float, int]:
         """The largest batch in range that fits (in this model a larger batch is never slower)."""
         lo, hi = self._bounds(min_batch, max_batch)
         batch = min(hi, math.floor(self.largest_local * gpus + 1e-9))

@@ -195,10 +195,17 @@ def _resizes(inp: PassInput, now: float) -> list[Resize]:
         return starting_sizes(jobs)
     ids = {e.id for e in jobs}
     gpus = elastic_gpus(inp.views, ids, inp.queue.jobs.values())
-    return decide(jobs, gpus, now, resize_cost_s=settings.resize_cost_s,
-                  min_interval_s=settings.min_interval_s, gpus_per_node=largest_node(inp.views),
-                  tenant_gpus=tenant_room(inp.policies, inp.running, ids), objective=settings.objective,
-                  horizon_s=settings.horizon_s)  # fmt: skip
+    return decide(
+        jobs,
+        gpus,
+        now,
+        resize_cost_s=settings.resize_cost_s,
+        min_interval_s=settings.min_interval_s,
+        gpus_per_node=largest_node(inp.views),
+        tenant_gpus=tenant_room(inp.policies, inp.running, ids),
+        objective=settings.objective,
+        horizon_s=settings.horizon_s,
+    )
 
 
 def tenant_room(
@@ -223,9 +230,12 @@ def holdings(running: Iterable[RunningJob]) -> dict[str, Use]:
 
 
 def _fair(
-    policies: Mapping[str, Tenant], running: Iterable[RunningJob], usage: Mapping[str, float],
-    views: Sequence[NodeView], settings: PassSettings,
-) -> FairShare:  # fmt: skip
+    policies: Mapping[str, Tenant],
+    running: Iterable[RunningJob],
+    usage: Mapping[str, float],
+    views: Sequence[NodeView],
+    settings: PassSettings,
+) -> FairShare:
     return FairShare(policies, holdings(running), usage, fleet_size(views), settings.half_life_s)
 
 
@@ -237,8 +247,16 @@ def _placed(plan: Plan) -> dict[str, RunningJob]:
     out = {}
     for job_id, where in members.items():
         job = plan.jobs[job_id]
-        out[job_id] = RunningJob(job_id, 0, job.tenant, job.priority, job.gpus,
-                                 tuple((p.node, p.gpus) for p in where), job.cpus, job.memory)  # fmt: skip
+        out[job_id] = RunningJob(
+            job_id,
+            0,
+            job.tenant,
+            job.priority,
+            job.gpus,
+            tuple((p.node, p.gpus) for p in where),
+            job.cpus,
+            job.memory,
+        )
     return out
 
 
@@ -257,11 +275,15 @@ def _taken(views: list[NodeView], placements: Sequence[Placement]) -> list[NodeV
         gpus = tuple(
             dataclasses.replace(g, free=False, holder=holder[g.uuid]) if g.uuid in holder else g
             for g in view.gpus
-        )  # fmt: skip
-        out.append(dataclasses.replace(
-            view, gpus=gpus, used_cpus=view.used_cpus + sum(p.cpus for p in here),
-            used_memory=view.used_memory + sum(p.memory for p in here),
-        ))  # fmt: skip
+        )
+        out.append(
+            dataclasses.replace(
+                view,
+                gpus=gpus,
+                used_cpus=view.used_cpus + sum(p.cpus for p in here),
+                used_memory=view.used_memory + sum(p.memory for p in here),
+            )
+        )
     return out
 
 

@@ -73,9 +73,13 @@ class Preemption:
 
 
 def preemptions(
-    blocked: Sequence[PendingJob], running: Sequence[RunningJob], nodes: Sequence[NodeView],
-    fair: FairShare, demand: Mapping[str, int], now: float,
-) -> list[Preemption]:  # fmt: skip
+    blocked: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    nodes: Sequence[NodeView],
+    fair: FairShare,
+    demand: Mapping[str, int],
+    now: float,
+) -> list[Preemption]:
     """The preemptions for the waiting jobs ``blocked`` (in the order the pass tried them; each
     found no room), given the jobs ``running``; ``demand``: each tenant's GPUs held plus queued.
     ``fair`` is updated as if each preemption had happened, so later ones account for earlier."""
@@ -96,9 +100,13 @@ def preemptions(
 
 
 def _for(
-    job: PendingJob, running: Sequence[RunningJob], nodes: Sequence[NodeView], fair: FairShare,
-    shares: Mapping[str, float], now: float,
-) -> Preemption | None:  # fmt: skip
+    job: PendingJob,
+    running: Sequence[RunningJob],
+    nodes: Sequence[NodeView],
+    fair: FairShare,
+    shares: Mapping[str, float],
+    now: float,
+) -> Preemption | None:
     policy = fair.policy(job.tenant)
     below = job.gpus > 0 and fair.holds(job.tenant).gpus + job.gpus <= policy.guaranteed_gpus
     prefix = f"preempted for job {job.id} of tenant {job.tenant}"
@@ -125,9 +133,12 @@ def _rank(r: RunningJob) -> tuple[int, float, str]:
 
 
 def _choose(
-    job: PendingJob, ranked: list[RunningJob], nodes: Sequence[NodeView], fair: FairShare,
+    job: PendingJob,
+    ranked: list[RunningJob],
+    nodes: Sequence[NodeView],
+    fair: FairShare,
     shares: Mapping[str, float],
-) -> list[RunningJob] | None:  # fmt: skip
+) -> list[RunningJob] | None:
     if not ranked or not _fits(job, ranked, nodes, fair):
         return None  # even all of them would not let it start: stop nobody
     for r in ranked:
@@ -194,6 +205,9 @@ def without(nodes: Sequence[NodeView], victims: list[RunningJob]) -> list[NodeVi
         gpus = tuple(
             dataclasses.replace(g, free=g.healthy, holder="") if g.uuid in freed else g for g in n.gpus
         )
-        out.append(dataclasses.replace(n, gpus=gpus, used_cpus=n.used_cpus - cpus[n.name],
-                                       used_memory=n.used_memory - memory[n.name]))  # fmt: skip
+        out.append(
+            dataclasses.replace(
+                n, gpus=gpus, used_cpus=n.used_cpus - cpus[n.name], used_memory=n.used_memory - memory[n.name]
+            )
+        )
     return out

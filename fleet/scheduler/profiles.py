@@ -96,9 +96,13 @@ class Profile:
         return float(found)
 
     def best(
-        self, gpus: int, min_batch: int | None = None, max_batch: int | None = None,
-        gpus_per_node: int = MEASURED_GPUS_PER_NODE, accumulate: bool = False,
-    ) -> tuple[float, int]:  # fmt: skip
+        self,
+        gpus: int,
+        min_batch: int | None = None,
+        max_batch: int | None = None,
+        gpus_per_node: int = MEASURED_GPUS_PER_NODE,
+        accumulate: bool = False,
+    ) -> tuple[float, int]:
         """The highest throughput on ``gpus`` GPUs at a global batch in [min_batch, max_batch]
         (default: the model's range) and that batch; (0.0, 0) when none is feasible. Candidates:
         the range's ends and every measured per-GPU batch in between, as multiples of ``gpus``."""
@@ -225,20 +229,25 @@ def load_profile(
             scaled,
         )
     batches = sorted(
-        int(m.group(1)) for p in directory.glob("validation-*.csv")
+        int(m.group(1))
+        for p in directory.glob("validation-*.csv")
         if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
-    )  # fmt: skip
+    )
     if not batches:
         raise ValueError(f"{directory}: no validation-<batch>.csv (the batch range comes from them)")
     with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
     return Profile(
-        name=name, min_batch=batches[0], max_batch=batches[-1],
-        epochs=epochs or EPOCHS.get(name, len(rows)), epoch_samples=epoch,
+        name=name,
+        min_batch=batches[0],
+        max_batch=batches[-1],
+        epochs=epochs or EPOCHS.get(name, len(rows)),
+        epoch_samples=epoch,
         max_local=max_local if max_local is not None else MAX_LOCAL.get(name),
-        placements=_curves(placed), scalability=_curves(scaled),  # type: ignore[arg-type]
-    )  # fmt: skip
+        placements=_curves(placed),  # type: ignore[arg-type]
+        scalability=_curves(scaled),  # type: ignore[arg-type]
+    )
 
 
 @cache
@@ -264,11 +273,15 @@ def profile_data(profile: Profile) -> dict[str, Any]:
         return [list(p) for p in zip(*curve, strict=True)]
 
     return {
-        "name": profile.name, "min_batch": profile.min_batch, "max_batch": profile.max_batch,
-        "epochs": profile.epochs, "epoch_samples": profile.epoch_samples, "max_local": profile.max_local,
+        "name": profile.name,
+        "min_batch": profile.min_batch,
+        "max_batch": profile.max_batch,
+        "epochs": profile.epochs,
+        "epoch_samples": profile.epoch_samples,
+        "max_local": profile.max_local,
         "placements": {"".join(map(str, k)): points(c) for k, c in profile.placements.items()},
         "scalability": {f"{n}x{r}": points(c) for (n, r), c in profile.scalability.items()},
-    }  # fmt: skip
+    }
 
 
 def from_data(data: Any) -> Profile:
@@ -276,8 +289,16 @@ def from_data(data: Any) -> Profile:
     field that is wrong otherwise."""
     if not isinstance(data, dict):
         raise ValueError("profile: expected an object with min_batch, max_batch and placements")
-    unknown = set(data) - {"name", "min_batch", "max_batch", "epochs", "epoch_samples", "max_local",
-                           "placements", "scalability"}  # fmt: skip
+    unknown = set(data) - {
+        "name",
+        "min_batch",
+        "max_batch",
+        "epochs",
+        "epoch_samples",
+        "max_local",
+        "placements",
+        "scalability",
+    }
     if unknown:
         raise ValueError(f"profile: unknown field {sorted(unknown)[0]!r}")
     name = data.get("name", "profile")
@@ -291,18 +312,25 @@ def from_data(data: Any) -> Profile:
         data.get("placements"), "placements", r"[1-9]{1,64}", lambda k: tuple(sorted(map(int, k)))
     )
     scaled = _curve_map(
-        data.get("scalability", {}), "scalability", r"[1-9]\d{0,3}x[1-9]\d{0,4}",
+        data.get("scalability", {}),
+        "scalability",
+        r"[1-9]\d{0,3}x[1-9]\d{0,4}",
         lambda k: tuple(int(x) for x in k.split("x")),
-    )  # fmt: skip
+    )
     if not placed:
         raise ValueError('profile.placements: at least one measured placement (e.g. "1": one GPU)')
     if sum(len(c[0]) for c in [*placed.values(), *scaled.values()]) > MAX_POINTS:
         raise ValueError(f"profile: more than {MAX_POINTS} measured points")
     return Profile(
-        name=name, min_batch=low, max_batch=high, epochs=_count(data, "epochs", 1),
-        epoch_samples=_count(data, "epoch_samples", 0, least=0), max_local=max_local,
-        placements=placed, scalability=scaled,  # type: ignore[arg-type]
-    )  # fmt: skip
+        name=name,
+        min_batch=low,
+        max_batch=high,
+        epochs=_count(data, "epochs", 1),
+        epoch_samples=_count(data, "epoch_samples", 0, least=0),
+        max_local=max_local,
+        placements=placed,
+        scalability=scaled,  # type: ignore[arg-type]
+    )
 
 
 def _count(data: dict[str, Any], key: str, default: int | None = None, least: int = 1) -> int:
@@ -334,10 +362,13 @@ def _curve_map(
 
 
 def _point(point: Any, where: str) -> tuple[float, float, float]:
-    ok = isinstance(point, list) and len(point) == 3 and all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in point
-    )  # fmt: skip
+    ok = (
+        isinstance(point, list)
+        and len(point) == 3
+        and all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in point)
+    )
     if not ok or not (point[0] > 0 and point[1] > 0 and 0 <= point[2] <= point[1]):
-        raise ValueError(f"{where}: [per-GPU batch > 0, step time > 0, 0 <= sync time <= step time], "
-                         f"got {str(point)[:60]}")  # fmt: skip
+        raise ValueError(
+            f"{where}: [per-GPU batch > 0, step time > 0, 0 <= sync time <= step time], got {str(point)[:60]}"
+        )
     return float(point[0]), float(point[1]), float(point[2])

@@ -128,9 +128,13 @@ class PendingQueue:
         return {shape[ARRAY] for shape, entries in self._shapes.items() if entries and shape[ARRAY]}
 
     def schedule(
-        self, capacity: Capacity, now: float, room: Mapping[str, int] | None = None,
-        fair: FairShare | None = None, held: Mapping[str, set[str]] | None = None,
-    ) -> Plan:  # fmt: skip
+        self,
+        capacity: Capacity,
+        now: float,
+        room: Mapping[str, int] | None = None,
+        fair: FairShare | None = None,
+        held: Mapping[str, set[str]] | None = None,
+    ) -> Plan:
         """Place what fits, tenants in fair-share order, each tenant's best-ranked first; the placed
         jobs leave the queue. ``room``: how many more tasks each array with a ``max_running`` may have
         on nodes (absent: no limit). ``fair``: the tenants' policies and holdings (absent: every
@@ -185,8 +189,9 @@ class PendingQueue:
         self._placed(job, placements, fair, left, plan)
         return True
 
-    def _placed(self, job: PendingJob, placements: list[Placement], fair: FairShare, left: dict[str, int],
-                plan: Plan) -> None:  # fmt: skip
+    def _placed(
+        self, job: PendingJob, placements: list[Placement], fair: FairShare, left: dict[str, int], plan: Plan
+    ) -> None:
         plan.placements.extend(placements)
         plan.jobs[job.id] = job
         fair.add(job, len(placements))
@@ -194,8 +199,14 @@ class PendingQueue:
             left[job.array] -= 1
         self.discard(job.id)
 
-    def _place_held(self, capacity: Capacity, fair: FairShare, held: Mapping[str, set[str]],
-                    left: dict[str, int], plan: Plan) -> None:  # fmt: skip
+    def _place_held(
+        self,
+        capacity: Capacity,
+        fair: FairShare,
+        held: Mapping[str, set[str]],
+        left: dict[str, int],
+        plan: Plan,
+    ) -> None:
         """Jobs that preempted others go first, wherever they fit; the GPUs of those still waiting
         are withheld from the rest of the pass."""
         waiting: set[str] = set()

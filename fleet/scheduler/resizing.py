@@ -60,12 +60,20 @@ class Elastic:
         assert isinstance(spec.gpus, Range) and spec.batch_range is not None
         low, high = spec.batch_range
         return cls(
-            id=job.id, tenant=spec.tenant, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max, min_batch=low,
-            max_batch=high, profile=profile, size=Size(job.num_gpus, job.batch_size), running=running,
+            id=job.id,
+            tenant=spec.tenant,
+            min_gpus=spec.gpus.min,
+            max_gpus=spec.gpus.max,
+            min_batch=low,
+            max_batch=high,
+            profile=profile,
+            size=Size(job.num_gpus, job.batch_size),
+            running=running,
             stopping=running and bool(going is not None or job.preempt or job.cancel_requested),
-            changed_at=max(job.sized_at, job.started_at or 0.0), resize_to=going if running else None,
+            changed_at=max(job.sized_at, job.started_at or 0.0),
+            resize_to=going if running else None,
             fixed_batch=not isinstance(spec.batch_size, Range),
-        )  # fmt: skip
+        )
 
     @property
     def held(self) -> int:
@@ -102,10 +110,7 @@ def elastic_gpus(
 
 def _free_elastic(view: NodeView, elastic: set[str]) -> NodeView:
     """``view`` with the GPUs elastic jobs hold counted free."""
-    gpus = tuple(
-        replace(g, free=True, why="", holder="") if _holder(g) in elastic else g
-        for g in view.gpus
-    )  # fmt: skip
+    gpus = tuple(replace(g, free=True, why="", holder="") if _holder(g) in elastic else g for g in view.gpus)
     return replace(view, gpus=gpus)
 
 
@@ -119,10 +124,17 @@ def largest_node(views: Iterable[NodeView]) -> int:
 
 
 def decide(
-    jobs: Sequence[Elastic], gpus: int, now: float, *, resize_cost_s: float, min_interval_s: float,
-    gpus_per_node: int, tenant_gpus: Mapping[str, int] | None = None, objective: str = SPEEDUP,
+    jobs: Sequence[Elastic],
+    gpus: int,
+    now: float,
+    *,
+    resize_cost_s: float,
+    min_interval_s: float,
+    gpus_per_node: int,
+    tenant_gpus: Mapping[str, int] | None = None,
+    objective: str = SPEEDUP,
     horizon_s: float | None = None,
-) -> list[Resize]:  # fmt: skip
+) -> list[Resize]:
     """The resizes that put every elastic job (in queue order: running first, then by rank) at the
     size the allocator chooses for it, with ``gpus`` GPUs among them."""
     moving = [j for j in jobs if not j.stopping]
@@ -132,10 +144,16 @@ def decide(
         if j.stopping and j.tenant in caps:
             caps[j.tenant] -= j.held
     targets = allocate(
-        [_job(j) for j in moving], max(gpus - held, 0), now, resize_cost_s=resize_cost_s,
-        min_interval_s=min_interval_s, gpus_per_node=gpus_per_node, tenant_gpus=caps, objective=objective,
+        [_job(j) for j in moving],
+        max(gpus - held, 0),
+        now,
+        resize_cost_s=resize_cost_s,
+        min_interval_s=min_interval_s,
+        gpus_per_node=gpus_per_node,
+        tenant_gpus=caps,
+        objective=objective,
         horizon_s=horizon_s,
-    )  # fmt: skip
+    )
     out = []
     for j in moving:
         g, b = targets.get(j.id, (0, 0))
@@ -165,10 +183,12 @@ def unrunnable(job: Elastic) -> str:
         fix = "raise max_batch_per_gpu or the least GPUs, or lower the batch size"
         per_gpu = profile.largest_local
         return f"a global batch of {batch} on {job.min_gpus} GPUs is more than {per_gpu:g} per GPU; {fix}"
-    return (f"profile {profile.name} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
-            f"global batch of {batch} (it was measured at batch sizes "
-            f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "
-            "or choose another profile")  # fmt: skip
+    return (
+        f"profile {profile.name} has no measured throughput at {job.min_gpus}-{job.max_gpus} GPUs with a "
+        f"global batch of {batch} (it was measured at batch sizes "
+        f"{profile.min_batch}-{profile.max_batch}, up to {profile.max_gpus} GPUs): widen the ranges "
+        "or choose another profile"
+    )
 
 
 def starting_sizes(jobs: Iterable[Elastic]) -> list[Resize]:
@@ -176,8 +196,9 @@ def starting_sizes(jobs: Iterable[Elastic]) -> list[Resize]:
     ``fleet resize`` still changes it)."""
     return [
         Resize(j.id, j.size, Size(j.min_gpus, _batch(j, j.min_gpus, 0)), False)
-        for j in jobs if not j.running and not j.size.gpus
-    ]  # fmt: skip
+        for j in jobs
+        if not j.running and not j.size.gpus
+    ]
 
 
 def _batch(job: Elastic, gpus: int, batch: int) -> int:
@@ -193,8 +214,18 @@ def _job(j: Elastic) -> ElasticJob:
     """What the allocator sees: a queued job has no GPUs (its size is only a plan until it starts)."""
     running = j.size if j.running else Size(0, 0)
     job = ElasticJob(
-        j.id, j.tenant, j.min_gpus, j.max_gpus, j.min_batch, j.max_batch, j.profile,
-        gpus=running.gpus, batch=running.batch or j.min_batch, fixed_batch=j.fixed_batch,
-        changed_at=j.changed_at, accumulate=j.accumulate, remaining=j.remaining,
-    )  # fmt: skip
+        j.id,
+        j.tenant,
+        j.min_gpus,
+        j.max_gpus,
+        j.min_batch,
+        j.max_batch,
+        j.profile,
+        gpus=running.gpus,
+        batch=running.batch or j.min_batch,
+        fixed_batch=j.fixed_batch,
+        changed_at=j.changed_at,
+        accumulate=j.accumulate,
+        remaining=j.remaining,
+    )
     return replace(job, batch=running.batch) if running.gpus else job

@@ -78,8 +78,18 @@ class PendingJob:
 
     @property
     def shape(self) -> Shape:
-        return (self.gpus, self.gpu_model, self.min_gpu_memory, self.cpus, self.memory, self.array,
-                self.nodes, self.gpus_per_node, self.tenant, self.hold)  # fmt: skip
+        return (
+            self.gpus,
+            self.gpu_model,
+            self.min_gpu_memory,
+            self.cpus,
+            self.memory,
+            self.array,
+            self.nodes,
+            self.gpus_per_node,
+            self.tenant,
+            self.hold,
+        )
 
     @property
     def rank(self) -> tuple[int, int]:

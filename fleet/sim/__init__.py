@@ -15,17 +15,34 @@ from fleet.sim.model import ELASTIC, POLICIES, SimConfig
 from fleet.sim.traces import BUNDLED, TraceJob, read_trace, resolve
 
 __all__ = [
-    "BUNDLED", "ELASTIC", "POLICIES", "SimConfig", "SimResult", "Simulation", "Stats", "TraceJob",
-    "read_trace", "resolve", "run", "simulate",
-]  # fmt: skip
+    "BUNDLED",
+    "ELASTIC",
+    "POLICIES",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "Stats",
+    "TraceJob",
+    "read_trace",
+    "resolve",
+    "run",
+    "simulate",
+]
 
 
 def run(
-    trace: str | Path, policy: str = "fifo", gpus: int = 64, nodes: int | None = None, load: float = 1.0,
-    until: float | None = None, weights: Mapping[str, float] | None = None,
-    tenants: Mapping[str, Tenant] | None = None, limit: int | None = None, sustain: bool = False,
+    trace: str | Path,
+    policy: str = "fifo",
+    gpus: int = 64,
+    nodes: int | None = None,
+    load: float = 1.0,
+    until: float | None = None,
+    weights: Mapping[str, float] | None = None,
+    tenants: Mapping[str, Tenant] | None = None,
+    limit: int | None = None,
+    sustain: bool = False,
     **options: object,
-) -> SimResult:  # fmt: skip
+) -> SimResult:
     """Simulate ``trace`` (a CSV path or a bundled name: ``workload-1`` .. ``workload-4``,
     ``philly``) under ``policy`` on ``gpus`` GPUs over ``nodes`` nodes (default: 4 GPUs each), its
     arrivals compressed by ``load`` (with ``sustain``, that rate kept for the trace's whole span: see

@@ -30,14 +30,14 @@ from fleet.scheduler.fairshare import fair_gpus
 from fleet.scheduler.learned import LearnedProfile
 from fleet.scheduler.passes import HOLD_SLACK_S, Hold, PassInput, PassSettings, run_pass
 from fleet.scheduler.preempt import Preemption, RunningJob
-from fleet.scheduler.profiles import Profile, named_profile
+from fleet.scheduler.profiles import named_profile
 from fleet.scheduler.queue import PendingQueue
 from fleet.scheduler.resizing import Elastic, Resize
 from fleet.scheduler.sizing import Size
 from fleet.scheduler.snapshot import UNSIZED, GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue
 from fleet.sim.metrics import Recorder, SimResult
-from fleet.sim.model import ELASTIC, SimConfig, SimJob
+from fleet.sim.model import ELASTIC, SimConfig, SimJob, largest_local
 from fleet.sim.traces import TraceJob
 
 GiB = 1 << 30
@@ -66,12 +66,15 @@ class Simulation:
         #: the tenants' policies (weights, guarantees, limits) as the pass sees them: none under fifo
         self.policies: Mapping[str, Tenant] = {} if config.policy == "fifo" else config.tenants
         guarantees = any(t.guaranteed_gpus for t in self.policies.values())
-        #: preemption as live; it is left off when no tenant has a guarantee: every trace job has the
-        #: same priority, so it could only ever stop jobs for a guarantee
+        #: preemption as live, left off when no tenant has a guarantee (all trace jobs share a priority)
         self.settings = PassSettings(
-            preemption=guarantees, resize_cost_s=config.resize_cost_s, min_interval_s=config.min_interval_s,
-            half_life_s=config.half_life_s, objective=config.objective, horizon_s=config.horizon_s,
-        )  # fmt: skip
+            preemption=guarantees,
+            resize_cost_s=config.resize_cost_s,
+            min_interval_s=config.min_interval_s,
+            half_life_s=config.half_life_s,
+            objective=config.objective,
+            horizon_s=config.horizon_s,
+        )
         self.holds: dict[str, Hold] = {}
         self._blocked: list[str] = []
         #: what the passes decided, and jobs' ends, in order: (time, "placed" | "resized" | "preempted" |
@@ -106,8 +109,15 @@ class Simulation:
 
     def _pending(self, job: SimJob, gpus: int) -> PendingJob:
         hold = UNSIZED if job.elastic and not gpus else ""
-        return PendingJob(id=job.id, priority=0, seq=job.seq, gpus=gpus, tenant=self._tenant(job),
-                          elastic=job.elastic, hold=hold)  # fmt: skip
+        return PendingJob(
+            id=job.id,
+            priority=0,
+            seq=job.seq,
+            gpus=gpus,
+            tenant=self._tenant(job),
+            elastic=job.elastic,
+            hold=hold,
+        )
 
     def _elastic(self, job: SimJob) -> Elastic:
         """``job`` as the elastic step sees it (as ``Elastic.of`` a stored job, live)."""
@@ -119,17 +129,32 @@ class Simulation:
         most = min(self.cfg.max_gpus or job.profile.max_gpus, self.cfg.gpus)
         profile = job.profile
         if self.cfg.learn:
-            declared = _largest_local(job.profile) if self.cfg.learn_max_local else None
-            profile = LearnedProfile(name="learn", min_batch=lo, max_batch=hi, least=self.cfg.min_gpus,
-                                     max_local=declared, observed=job.observed)  # fmt: skip
+            declared = largest_local(job.profile) if self.cfg.learn_max_local else None
+            profile = LearnedProfile(
+                name="learn",
+                min_batch=lo,
+                max_batch=hi,
+                least=self.cfg.min_gpus,
+                max_local=declared,
+                observed=job.observed,
+            )
         running = job.id in self.running
         gpus = job.gpus if running else self.queue.jobs[job.id].gpus
         return Elastic(
-            id=job.id, tenant=self._tenant(job), min_gpus=self.cfg.min_gpus, max_gpus=most, min_batch=lo,
-            max_batch=hi, profile=profile, size=Size(gpus, job.batch if gpus else 0), running=running,
-            changed_at=job.changed_at, fixed_batch=fixed, remaining=max(job.work - job.done, 0.0),
+            id=job.id,
+            tenant=self._tenant(job),
+            min_gpus=self.cfg.min_gpus,
+            max_gpus=most,
+            min_batch=lo,
+            max_batch=hi,
+            profile=profile,
+            size=Size(gpus, job.batch if gpus else 0),
+            running=running,
+            changed_at=job.changed_at,
+            fixed_batch=fixed,
+            remaining=max(job.work - job.done, 0.0),
             accumulate=fixed and self.cfg.accumulate,
-        )  # fmt: skip
+        )
 
     def _rate(self, job: SimJob) -> float:
         if job.profile is None:
@@ -156,7 +181,7 @@ class Simulation:
                 gpus = tuple(
                     GpuSlot(f"{name}/{i}", i, "sim", 80 * GiB, free=not holder, holder=holder)
                     for i, holder in enumerate(self.holders[name])
-                )  # fmt: skip
+                )
                 view = self._views[name] = NodeView(name, True, gpus=gpus)
             out.append(view)
         return out
@@ -258,10 +283,18 @@ class Simulation:
         for job in elastic:
             job.advance(self.now)
         inp = PassInput(
-            self.queue, self.views(), self.policies, self.running_jobs, self.usage, self.holds, self.settings,
-            elastic=[self._elastic(j) for j in elastic], resize=bool(elastic), place=place,
+            self.queue,
+            self.views(),
+            self.policies,
+            self.running_jobs,
+            self.usage,
+            self.holds,
+            self.settings,
+            elastic=[self._elastic(j) for j in elastic],
+            resize=bool(elastic),
+            place=place,
             blocked=self._blocked,
-        )  # fmt: skip
+        )
         plan = run_pass(inp, self.now)
         self.holds, self._blocked = plan.holds, plan.blocked
         stopped = False
@@ -288,9 +321,14 @@ class Simulation:
             self._take(job, members)
             self.running[job_id] = job
             self.running_jobs[job_id] = RunningJob(
-                job_id, 1, self._tenant(job), 0, gpus, tuple((p.node, p.gpus) for p in members),
+                job_id,
+                1,
+                self._tenant(job),
+                0,
+                gpus,
+                tuple((p.node, p.gpus) for p in members),
                 started_at=self.now,
-            )  # fmt: skip
+            )
             self.decisions.append((self.now, "placed", job_id, gpus))
             if job.started is None:
                 job.started = self.now
@@ -360,10 +398,3 @@ class Simulation:
 
 def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
     return Simulation(jobs, config).run()
-
-
-def _largest_local(profile: Profile) -> int:
-    """The largest per-GPU batch a model fits on one GPU: what a user would declare."""
-    one = profile.placements.get((1,))
-    measured = int(one[0][-1]) if one else profile.min_batch
-    return min(measured, profile.max_local) if profile.max_local is not None else measured

@@ -11,8 +11,21 @@ from typing import Any
 from fleet.sim.model import SimConfig, SimJob
 
 #: the times "jobs completed by" is reported at (the paper compares the first 8 hours)
-CHECKPOINTS = (3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 86400, 2 * 86400, 4 * 86400, 7 * 86400,
-               14 * 86400, 28 * 86400, 56 * 86400, 112 * 86400)  # fmt: skip
+CHECKPOINTS = (
+    3600,
+    2 * 3600,
+    4 * 3600,
+    8 * 3600,
+    12 * 3600,
+    86400,
+    2 * 86400,
+    4 * 86400,
+    7 * 86400,
+    14 * 86400,
+    28 * 86400,
+    56 * 86400,
+    112 * 86400,
+)
 #: about this many points in each series over time
 POINTS = 120
 
@@ -110,20 +123,27 @@ class SimResult:
         shares = sorted(self.tenant_share.items(), key=lambda kv: -kv[1])
         top = ", ".join(f"{t} {s:.1%}" for t, s in shares[:6]) + (" ..." if len(shares) > 6 else "")
         return [
-            ("policy", f"{self.policy} on {self.gpus} GPUs ({self.nodes} nodes), load x{self.load:g}"
-                       f"{' sustained' if self.sustained else ''}"),
+            (
+                "policy",
+                f"{self.policy} on {self.gpus} GPUs ({self.nodes} nodes), load x{self.load:g}"
+                f"{' sustained' if self.sustained else ''}",
+            ),
             ("jobs", f"{self.jobs}: {self.completed} completed, {self.never_started} never started"),
-            ("JCT avg / median / p99",
-             " / ".join(dur(x) for x in (self.jct.mean, self.jct.median, self.jct.p99))),
-            ("queueing avg / median / p99",
-             " / ".join(dur(x) for x in (self.queueing.mean, self.queueing.median, self.queueing.p99))),
+            (
+                "JCT avg / median / p99",
+                " / ".join(dur(x) for x in (self.jct.mean, self.jct.median, self.jct.p99)),
+            ),
+            (
+                "queueing avg / median / p99",
+                " / ".join(dur(x) for x in (self.queueing.mean, self.queueing.median, self.queueing.p99)),
+            ),
             ("makespan", dur(self.makespan)),
             ("completed by", by or "-"),
             ("GPU utilisation", f"{self.utilisation:.1%}"),
             ("tenants' GPU-time", top or "-"),
             ("resizes / preemptions", f"{self.resizes} / {self.preemptions}"),
             ("simulated in", f"{self.wall_s:.2f} s"),
-        ]  # fmt: skip
+        ]
 
 
 class Recorder:
@@ -190,17 +210,30 @@ class Recorder:
         start = min((j.trace.arrival for j in jobs), default=0.0)
         span = max(end - start, 1e-9)
         return SimResult(
-            policy=cfg.policy, gpus=cfg.gpus, nodes=cfg.node_count, jobs=len(jobs), completed=len(done),
-            never_started=sum(1 for j in jobs if j.started is None), jct=Stats.of(jct),
+            policy=cfg.policy,
+            gpus=cfg.gpus,
+            nodes=cfg.node_count,
+            jobs=len(jobs),
+            completed=len(done),
+            never_started=sum(1 for j in jobs if j.started is None),
+            jct=Stats.of(jct),
             queueing=Stats.of(waits),
-            makespan=makespan, completed_by=completed_by, utilisation=used / (cfg.gpus * span),
+            makespan=makespan,
+            completed_by=completed_by,
+            utilisation=used / (cfg.gpus * span),
             tenant_share={t: v / used for t, v in sorted(totals.items())} if used else {},
-            contended_share=_shares(self.held_gpu_s), fair_share=_shares(self.fair_gpu_s),
+            contended_share=_shares(self.held_gpu_s),
+            fair_share=_shares(self.fair_gpu_s),
             contended_s=self.contended_s,
             tenant_gpu_hours={t: round(v / 3600, 3) for t, v in sorted(totals.items())},
-            resizes=sum(j.resizes for j in jobs), preemptions=sum(j.preemptions for j in jobs), end=end,
-            series=self.series(end, sorted(totals)), fallbacks=fallbacks, jct_values=jct, jct_ends=ends,
-        )  # fmt: skip
+            resizes=sum(j.resizes for j in jobs),
+            preemptions=sum(j.preemptions for j in jobs),
+            end=end,
+            series=self.series(end, sorted(totals)),
+            fallbacks=fallbacks,
+            jct_values=jct,
+            jct_ends=ends,
+        )
 
     def series(self, end: float, tenants: list[str]) -> dict[str, Any]:
         n = len(self.held)

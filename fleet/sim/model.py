@@ -114,3 +114,10 @@ class SimJob:
         if self.rate <= 0:
             return math.inf
         return max(now, self.paused_until) + max(self.work - self.done, 0.0) / self.rate
+
+
+def largest_local(profile: Profile) -> int:
+    """The largest per-GPU batch a model fits on one GPU: what a user would declare."""
+    one = profile.placements.get((1,))
+    measured = int(one[0][-1]) if one else profile.min_batch
+    return min(measured, profile.max_local) if profile.max_local is not None else measured

@@ -75,17 +75,23 @@ def read_trace(
         copies = [(k, k * span / load) for k in range(math.ceil(load))]
         jobs = [
             replace(j, id=f"{j.id}#{k}" if k else j.id, arrival=j.arrival + shift)
-            for k, shift in copies for j in jobs if j.arrival + shift <= span
-        ]  # fmt: skip
+            for k, shift in copies
+            for j in jobs
+            if j.arrival + shift <= span
+        ]
     return sorted(jobs, key=lambda j: j.arrival)
 
 
 def _workload(row: dict[str, str]) -> TraceJob:
     """The workloads name no teams: each model's jobs are one tenant (so fair share has tenants)."""
     return TraceJob(
-        id=row["name"], tenant=row["application"], arrival=float(row["time"]), gpus=int(row["num_replicas"]),
-        batch=int(row["batch_size"]), model=row["application"],
-    )  # fmt: skip
+        id=row["name"],
+        tenant=row["application"],
+        arrival=float(row["time"]),
+        gpus=int(row["num_replicas"]),
+        batch=int(row["batch_size"]),
+        model=row["application"],
+    )
 
 
 def _philly(rows: list[dict[str, str]]) -> list[TraceJob]:
@@ -96,10 +102,15 @@ def _philly(rows: list[dict[str, str]]) -> list[TraceJob]:
     ]
     start = min(times, default=0.0)
     return [
-        TraceJob(id=f"p{i}", tenant=row["cluster"], arrival=t - start, gpus=max(int(row["num_gpus"]), 1),
-                 duration=max(float(row["duration"]), 0.0))
+        TraceJob(
+            id=f"p{i}",
+            tenant=row["cluster"],
+            arrival=t - start,
+            gpus=max(int(row["num_gpus"]), 1),
+            duration=max(float(row["duration"]), 0.0),
+        )
         for i, (row, t) in enumerate(zip(rows, times, strict=True))
-    ]  # fmt: skip
+    ]
 
 
 def _scaled(job: TraceJob, load: float) -> TraceJob:

@@ -34,9 +34,15 @@ class ArrayStore:
 
     @translated
     def create(
-        self, array_id: str, spec: JobSpec, indices: tuple[int, ...], max_running: int | None, now: float,
-        generated: bool = False, owner: str = "",
-    ) -> bool:  # fmt: skip
+        self,
+        array_id: str,
+        spec: JobSpec,
+        indices: tuple[int, ...],
+        max_running: int | None,
+        now: float,
+        generated: bool = False,
+        owner: str = "",
+    ) -> bool:
         """Store the array and its QUEUED tasks (idempotent); False when the ``generated`` id turns
         out to be another array's (the caller picks another).
 
@@ -56,9 +62,20 @@ class ArrayStore:
             k.arrays,
             k.job(array_id),
         ]
-        head = [array_id, spec.model_dump_json(), normal_form(indices), len(indices),
-                "" if max_running is None else max_running, now, k.prefix, "submitted",
-                "1" if generated else "0", owner, spec.priority, spec.tenant]  # fmt: skip
+        head = [
+            array_id,
+            spec.model_dump_json(),
+            normal_form(indices),
+            len(indices),
+            "" if max_running is None else max_running,
+            now,
+            k.prefix,
+            "submitted",
+            "1" if generated else "0",
+            owner,
+            spec.priority,
+            spec.tenant,
+        ]
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(indices), ARRAY_BATCH):
             self._scripts["submit_array"](

@@ -41,8 +41,10 @@ class JobStore(JobTransitions, JobLogs):
         check_job_id(job_id)
         created = self._submit(job_id, spec, now, owner=owner)
         if created == -1:
-            raise IdInUse(f"{self._missing(job_id)}; its id is free again once that is forgotten "
-                          "(tombstone_retention_s): choose another id")  # fmt: skip
+            raise IdInUse(
+                f"{self._missing(job_id)}; its id is free again once that is forgotten "
+                "(tombstone_retention_s): choose another id"
+            )
         if created == -2:
             raise IdInUse(f"job id {job_id!r} is the id of a job array; choose another id")
         return bool(created)
@@ -78,8 +80,15 @@ class JobStore(JobTransitions, JobLogs):
 
     def _submit(self, job_id: str, spec: JobSpec, now: float, client: Any = None, owner: str = "") -> Any:
         k = self.keys
-        keys = [k.job(job_id), k.seq, k.jobs, k.queued, k.jobs_in(JobState.QUEUED), k.tombstone(job_id),
-                k.array(job_id)]  # fmt: skip
+        keys = [
+            k.job(job_id),
+            k.seq,
+            k.jobs,
+            k.queued,
+            k.jobs_in(JobState.QUEUED),
+            k.tombstone(job_id),
+            k.array(job_id),
+        ]
         rank = f"{spec.priority} {spec.tenant}"
         args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix, spec.tenant]
         return self._scripts["submit"](keys=keys, args=args, client=client)
@@ -207,11 +216,14 @@ class JobStore(JobTransitions, JobLogs):
         created, entries = pipe.execute()
         events = [
             Event(
-                at=float(f["at"]), state=f["state"], attempt=int(f["attempt"]), reason=f["reason"],
+                at=float(f["at"]),
+                state=f["state"],
+                attempt=int(f["attempt"]),
+                reason=f["reason"],
                 node=f.get("node") or None,
             )
             for _, f in entries
-        ]  # fmt: skip
+        ]
         stored = events[:1] and events[0].state == JobState.QUEUED and events[0].attempt == 0
         if created is not None and not stored:
             events.insert(0, Event(at=float(created), state=JobState.QUEUED, attempt=0, reason="submitted"))

@@ -25,10 +25,12 @@ class JobLogs:
 
     @translated
     def append_logs_many(
-        self, batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]], max_lines: int,
+        self,
+        batches: Mapping[tuple[str, int, int], Sequence[tuple[str, str]]],
+        max_lines: int,
         progress: Mapping[tuple[str, int], Progress] | None = None,
         caps: Mapping[tuple[str, int, int], int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Append every stream's ``(cursor, line)`` pairs (a stream: job, attempt, member rank), in
         order, each stream kept to its last ``caps[stream]`` lines (``max_lines`` by default), and
         keep each attempt's last ``progress`` report (progress.lua: only the job's latest

@@ -99,16 +99,31 @@ class NodeStore:
 
     @translated
     def set_state(
-        self, name: str, state: NodeState, reason: str, now: float, by: str = "", *, leader: str = "",
-        only_from: Iterable[NodeState] = (), **extra: float | str,
-    ) -> bool:  # fmt: skip
+        self,
+        name: str,
+        state: NodeState,
+        reason: str,
+        now: float,
+        by: str = "",
+        *,
+        leader: str = "",
+        only_from: Iterable[NodeState] = (),
+        **extra: float | str,
+    ) -> bool:
         """Set the admin state; ``extra`` fields (drain deadline, grace) are set too, or cleared.
 
         False when the state is not one of ``only_from`` (when given). A controller passes its
         ``leader`` value and is refused with :class:`NotLeader` unless it still holds the lease.
         """
-        fields = {"state": state.value, "reason": reason, "changed_at": now, "changed_by": by,
-                  "drain_deadline": "", "drain_grace_s": "", **extra}  # fmt: skip
+        fields = {
+            "state": state.value,
+            "reason": reason,
+            "changed_at": now,
+            "changed_by": by,
+            "drain_deadline": "",
+            "drain_grace_s": "",
+            **extra,
+        }
         k = self.keys
         allowed = ",".join(s.value for s in only_from)
         changes = json.dumps({f: str(v) for f, v in fields.items()})

@@ -46,8 +46,10 @@ class ProfileStore:
             return self._capped(name, named_profile(name), spec.max_batch_per_gpu)
         if uploaded_profile(name):
             return self._capped(name, self.load(name, touch), spec.max_batch_per_gpu)
-        raise SpecError(f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
-                        "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)")  # fmt: skip
+        raise SpecError(
+            f"profile {name[:80]!r}: a local directory; the CLI and Client upload it and send "
+            "its sha256:<hex> (PUT /v1/blobs/DIGEST with its JSON, as they do)"
+        )
 
     def load(self, digest: str, touch: bool = False) -> Profile:
         """The profile uploaded as ``digest``, parsed once; :class:`SpecError` when it is not stored, or
@@ -95,5 +97,11 @@ def learned(spec: JobSpec, measured: Mapping[tuple[int, int], float]) -> Learned
     """The profile of a job with ``profile: learn``, from what it reported at each size."""
     assert isinstance(spec.gpus, Range) and spec.batch_range is not None
     low, high = spec.batch_range
-    return LearnedProfile(name=LEARN, min_batch=low, max_batch=high, least=max(spec.gpus.min, 1),
-                          max_local=spec.max_batch_per_gpu, observed=measured)  # fmt: skip
+    return LearnedProfile(
+        name=LEARN,
+        min_batch=low,
+        max_batch=high,
+        least=max(spec.gpus.min, 1),
+        max_local=spec.max_batch_per_gpu,
+        observed=measured,
+    )

@@ -41,8 +41,9 @@ class RankIndex:
             for job_id, row in zip(batch, found, strict=True):
                 if row:
                     tenant, mine, of_tenant, overall, queued = row
-                    out[job_id] = QueuePosition(tenant=tenant, in_tenant=mine, tenant_queued=of_tenant,
-                                                overall=overall, queued=queued)  # fmt: skip
+                    out[job_id] = QueuePosition(
+                        tenant=tenant, in_tenant=mine, tenant_queued=of_tenant, overall=overall, queued=queued
+                    )
         return out
 
     @translated

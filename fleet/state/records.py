@@ -56,10 +56,12 @@ class NodeBatch:
     def merged(self, other: NodeBatch) -> NodeBatch:
         """Both batches as one (of different nodes, read one after the other)."""
         return NodeBatch(
-            nodes=[*self.nodes, *other.nodes], corrupt={**self.corrupt, **other.corrupt},
+            nodes=[*self.nodes, *other.nodes],
+            corrupt={**self.corrupt, **other.corrupt},
             corrupt_alive=self.corrupt_alive | other.corrupt_alive,
-            quarantined={**self.quarantined, **other.quarantined}, claims={**self.claims, **other.claims},
-        )  # fmt: skip
+            quarantined={**self.quarantined, **other.quarantined},
+            claims={**self.claims, **other.claims},
+        )
 
 
 def why(exc: Exception) -> str:
@@ -186,9 +188,12 @@ def _spec(f: _Fields, arrays: Mapping[str, JobArray]) -> dict[str, Any]:
         raise CorruptRecord(f"array: the record of array {array_id} is missing or unreadable")
     labels = {**array.spec.labels, ARRAY_LABEL: array_id, INDEX_LABEL: str(index)}
     return {
-        "spec": array.spec.model_copy(update={"labels": labels}), "array_id": array_id, "owner": array.owner,
-        "array_index": index, "array_max_running": array.max_running,
-    }  # fmt: skip
+        "spec": array.spec.model_copy(update={"labels": labels}),
+        "array_id": array_id,
+        "owner": array.owner,
+        "array_index": index,
+        "array_max_running": array.max_running,
+    }
 
 
 def parse_array(raw: dict[str, str], spec: JobSpec | None = None) -> JobArray:

@@ -35,8 +35,9 @@ class RetentionStore:
         return [(i, float(at)) for i, at in self.redis.zrange(self.keys.ended, 0, limit - 1, withscores=True)]
 
     @translated
-    def expire_jobs(self, job_ids: Sequence[str], cutoff: float, now: float, tombstone_s: float,
-                    leader: str) -> int:  # fmt: skip
+    def expire_jobs(
+        self, job_ids: Sequence[str], cutoff: float, now: float, tombstone_s: float, leader: str
+    ) -> int:
         """Delete each job still ended at or before ``cutoff``, with its events and logs, leaving a
         tombstone for ``tombstone_s``; the number deleted (leader only)."""
         if not job_ids:
@@ -88,8 +89,9 @@ class RetentionStore:
                 pipe.exists(self.keys.job(job_id))
                 pipe.exists(self.keys.tombstone(job_id))
             answers = pipe.execute()
-            found.update(i for i, job, gone in zip(ids, answers[0::2], answers[1::2], strict=True)
-                         if gone and not job)  # fmt: skip
+            found.update(
+                i for i, job, gone in zip(ids, answers[0::2], answers[1::2], strict=True) if gone and not job
+            )
         return found
 
 

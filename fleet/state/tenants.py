@@ -56,8 +56,9 @@ class TenantStore:
         raw = self.redis.hget(self.keys.tenants, name)
         tenant = _parse(name, raw) if raw is not None else None
         if tenant is None:
-            raise NotFound(f"no tenant {name!r} (its jobs get the default policy; list tenants with "
-                           "`fleet tenants`)")  # fmt: skip
+            raise NotFound(
+                f"no tenant {name!r} (its jobs get the default policy; list tenants with `fleet tenants`)"
+            )
         return tenant
 
     def policy(self, name: str) -> Tenant:
@@ -93,9 +94,13 @@ class TenantStore:
 
     @translated
     def fold(
-        self, allocated: Mapping[str, float], now: float, half_life: float, leader: str,
+        self,
+        allocated: Mapping[str, float],
+        now: float,
+        half_life: float,
+        leader: str,
         status: Sequence[TenantStatus] = (),
-    ) -> Usage:  # fmt: skip
+    ) -> Usage:
         """Add what ran since the last fold (each tenant holding ``allocated`` GPUs meanwhile) to the
         decayed usage, and publish ``status`` (usage filled in) with it; the usage now. A fold that
         raced another (a previous leader's, finishing late) reads again and retries."""
@@ -103,15 +108,21 @@ class TenantStore:
             read_at, before = self._usage()
             after = accrue(before.gpu_seconds, allocated, now - before.at if before.at else 0.0, half_life)
             at = max(now, before.at)  # a leader whose clock runs behind never moves the fold back
-            published = {s.tenant.name: s.model_copy(update={"usage_gpu_s": after.get(s.tenant.name, 0.0),
-                                                            "as_of": at}) for s in status}  # fmt: skip
+            published = {
+                s.tenant.name: s.model_copy(
+                    update={"usage_gpu_s": after.get(s.tenant.name, 0.0), "as_of": at}
+                )
+                for s in status
+            }
             code = self._scripts["tenant_usage"](
                 keys=[self.keys.leader, self.keys.tenant_usage, self.keys.tenant_status],
                 args=[
-                    leader, read_at, json.dumps({AT: repr(at), **{t: repr(v) for t, v in after.items()}}),
+                    leader,
+                    read_at,
+                    json.dumps({AT: repr(at), **{t: repr(v) for t, v in after.items()}}),
                     json.dumps({AT: repr(at), **{t: s.model_dump_json() for t, s in published.items()}}),
                 ],
-            )  # fmt: skip
+            )
             if code == -2:
                 raise NotLeader("usage fold refused: another controller holds the leader lease")
             if code == 1:
@@ -137,8 +148,9 @@ class TenantStore:
                 current = TenantStatus.model_validate_json(published[name]) if name in published else None
             except ValidationError:
                 current = None
-            base = current or TenantStatus(tenant=tenant or Tenant(name=name), as_of=at,
-                                           usage_gpu_s=float(usage.get(name, 0) or 0))  # fmt: skip
+            base = current or TenantStatus(
+                tenant=tenant or Tenant(name=name), as_of=at, usage_gpu_s=float(usage.get(name, 0) or 0)
+            )
             policy = {"tenant": tenant or Tenant(name=name), "configured": tenant is not None}
             out.append(base.model_copy(update=policy))
         return out

@@ -35,16 +35,28 @@ class TokenStore:
 
     @translated
     def create(
-        self, user: str, tenant: str, role: Role, *, expires_in_s: float | None = None, created_by: str = "",
+        self,
+        user: str,
+        tenant: str,
+        role: Role,
+        *,
+        expires_in_s: float | None = None,
+        created_by: str = "",
         now: float | None = None,
-    ) -> tuple[str, TokenInfo]:  # fmt: skip
+    ) -> tuple[str, TokenInfo]:
         """A new token (shown once: only its hash is kept) and its record."""
         now = time.time() if now is None else now
         token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         try:
-            info = TokenInfo(id=token_id, user=user, tenant=tenant, role=role, created_at=now,
-                             expires_at=None if expires_in_s is None else now + expires_in_s,
-                             created_by=created_by)  # fmt: skip
+            info = TokenInfo(
+                id=token_id,
+                user=user,
+                tenant=tenant,
+                role=role,
+                created_at=now,
+                expires_at=None if expires_in_s is None else now + expires_in_s,
+                created_by=created_by,
+            )
         except ValidationError as exc:
             raise SpecError(f"token: {describe_errors(exc)}") from None
         record = {"sha256": _digest(secret), "info": info.model_dump_json()}

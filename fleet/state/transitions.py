@@ -73,8 +73,9 @@ class JobTransitions:
         pipe, items = self.redis.pipeline(transaction=False), list(reasons.items())
         for start in range(0, len(items), REASONS_BATCH):
             batch = json.dumps(dict(items[start : start + REASONS_BATCH]))
-            self._scripts["set_reasons"](keys=[self.keys.leader], args=[leader, self.keys.prefix, now, batch],
-                                         client=pipe)  # fmt: skip
+            self._scripts["set_reasons"](
+                keys=[self.keys.leader], args=[leader, self.keys.prefix, now, batch], client=pipe
+            )
         if any(code == -2 for code in pipe.execute()):
             raise NotLeader("waiting reasons refused: another controller holds the leader lease")
 
@@ -100,9 +101,18 @@ class JobTransitions:
         unless it still holds the lease.
         """
         code, _state = self._transition_call(
-            job_id, to=to, allowed=allowed, reason=reason, now=now, attempt=attempt, fields=fields,
-            incr=incr, release=release, record=record, leader=leader,
-        )  # fmt: skip
+            job_id,
+            to=to,
+            allowed=allowed,
+            reason=reason,
+            now=now,
+            attempt=attempt,
+            fields=fields,
+            incr=incr,
+            release=release,
+            record=record,
+            leader=leader,
+        )
         if code == -1:
             raise NotFound(f"no job {job_id!r}")
         if code == -2:
@@ -110,18 +120,37 @@ class JobTransitions:
         return bool(code == 1)
 
     def _transition_call(
-        self, job_id: str, *, to: JobState | None, allowed: Iterable[JobState], reason: str, now: float,
-        attempt: int | None = None, fields: dict[str, Any] | None = None, incr: dict[str, int] | None = None,
-        release: bool = False, record: bool = True, leader: str = "", client: Any = None,
-    ) -> Any:  # fmt: skip
+        self,
+        job_id: str,
+        *,
+        to: JobState | None,
+        allowed: Iterable[JobState],
+        reason: str,
+        now: float,
+        attempt: int | None = None,
+        fields: dict[str, Any] | None = None,
+        incr: dict[str, int] | None = None,
+        release: bool = False,
+        record: bool = True,
+        leader: str = "",
+        client: Any = None,
+    ) -> Any:
         """Run (or, with a pipeline as ``client``, queue) the transition script."""
         k = self.keys
         args = [
-            job_id, "" if attempt is None else str(attempt), ",".join(s.value for s in allowed),
-            "" if to is None else to.value, reason, now,
+            job_id,
+            "" if attempt is None else str(attempt),
+            ",".join(s.value for s in allowed),
+            "" if to is None else to.value,
+            reason,
+            now,
             json.dumps({f: "" if v is None else str(v) for f, v in (fields or {}).items()}),
-            json.dumps(incr or {}), k.prefix, "1" if release else "0", "1" if record else "0", leader,
-        ]  # fmt: skip
+            json.dumps(incr or {}),
+            k.prefix,
+            "1" if release else "0",
+            "1" if record else "0",
+            leader,
+        ]
         keys = [k.job(job_id), k.events(job_id), k.claims, k.queued, k.leader, k.ended]
         return self._scripts["transition"](keys=keys, args=args, client=client)
 
@@ -131,30 +160,55 @@ class JobTransitions:
         lost one (and a SUCCEEDED job into one that runs again)."""
         saved = json.dumps({"attempt": job.attempt, **exit.model_dump()})
         return self.transition(
-            job.id, attempt=job.attempt, to=None, allowed=ON_NODE_STATES, now=now, record=False,
-            reason=f"attempt {job.attempt} ended: {exit.reason}", fields={"exit": saved},
-        )  # fmt: skip
+            job.id,
+            attempt=job.attempt,
+            to=None,
+            allowed=ON_NODE_STATES,
+            now=now,
+            record=False,
+            reason=f"attempt {job.attempt} ended: {exit.reason}",
+            fields={"exit": saved},
+        )
 
     def end_attempt(
-        self, job: Job, exit: Exit, decision: Decision, now: float, fields: dict[str, Any] | None = None,
-        leader: str = "", allowed: Iterable[JobState] = ON_NODE_STATES,
-    ) -> bool:  # fmt: skip
+        self,
+        job: Job,
+        exit: Exit,
+        decision: Decision,
+        now: float,
+        fields: dict[str, Any] | None = None,
+        leader: str = "",
+        allowed: Iterable[JobState] = ON_NODE_STATES,
+    ) -> bool:
         """End ``job``'s current attempt as ``decision`` says (the caller's, from
         ``fleet.lifecycle.decide``: the store applies policy, it does not make it): transition,
         release its GPUs, count a requeue. The one place an attempt ends, for the agent and the
         controller (which passes its ``leader`` value, so a deposed one changes nothing) alike;
         False if stale."""
         changes = {
-            "exit_code": exit.code, "not_before": now + decision.delay, "preempt": "", "preempted_for": "",
-            "finished_at": now if decision.state.final else None, "resize_gpus": None, "resize_batch": 0,
+            "exit_code": exit.code,
+            "not_before": now + decision.delay,
+            "preempt": "",
+            "preempted_for": "",
+            "finished_at": now if decision.state.final else None,
+            "resize_gpus": None,
+            "resize_batch": 0,
             **(fields or {}),
-        }  # fmt: skip
+        }
         if exit.kind == ExitKind.RESIZE and decision.state == JobState.QUEUED and job.resize_gpus is not None:
             changes.update(num_gpus=job.resize_gpus, batch_size=job.resize_batch, sized_at=now)
         applied = self.transition(
-            job.id, attempt=job.attempt, allowed=allowed, to=decision.state, reason=decision.reason,
-            now=now, fields=changes, incr=decision.incr, release=True, leader=leader,
-        )  # fmt: skip
+            job.id,
+            attempt=job.attempt,
+            allowed=allowed,
+            to=decision.state,
+            reason=decision.reason,
+            now=now,
+            fields=changes,
+            incr=decision.incr,
+            release=True,
+            leader=leader,
+        )
         if applied and decision.state == JobState.QUEUED:
             self.count_requeue(exit.requeue_kind)
         return applied
@@ -167,15 +221,30 @@ class JobTransitions:
         that size without spending a retry (see ``end_attempt``). False when it moved on meanwhile."""
         if job.state == JobState.QUEUED:
             fields: dict[str, Any] = {"num_gpus": gpus, "batch_size": batch, "sized_at": now}
-            return self.transition(job.id, attempt=job.attempt, to=None, allowed=[JobState.QUEUED], now=now,
-                                   reason=reason, fields=fields, leader=leader)  # fmt: skip
+            return self.transition(
+                job.id,
+                attempt=job.attempt,
+                to=None,
+                allowed=[JobState.QUEUED],
+                now=now,
+                reason=reason,
+                fields=fields,
+                leader=leader,
+            )
         return self.ask_to_leave(job, reason, grace_s, now, leader, resize_to=(gpus, batch))
 
     def ask_to_leave(
-        self, job: Job, reason: str, grace_s: float, now: float, leader: str = "", *,
-        allowed: Iterable[JobState] = ON_NODE_STATES, preempted_for: str = "",
+        self,
+        job: Job,
+        reason: str,
+        grace_s: float,
+        now: float,
+        leader: str = "",
+        *,
+        allowed: Iterable[JobState] = ON_NODE_STATES,
+        preempted_for: str = "",
         resize_to: tuple[int, int] | None = None,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         """Mark ``job``'s attempt to leave its nodes (a drain, a preemption for ``preempted_for``, a
         resize to ``resize_to`` = (GPUs, batch)): its end then requeues it without spending a retry
         (see ``end_attempt``). The caller sends the Stop (``fleet.bus.stop_attempt``) with ``grace_s``
@@ -186,9 +255,15 @@ class JobTransitions:
         if resize_to is not None:
             fields["resize_gpus"], fields["resize_batch"] = resize_to
         return self.transition(
-            job.id, attempt=job.attempt, to=None, allowed=allowed, now=now, fields=fields,
-            reason=f"{reason}: stopping with {grace_s:g}s to checkpoint", leader=leader,
-        )  # fmt: skip
+            job.id,
+            attempt=job.attempt,
+            to=None,
+            allowed=allowed,
+            now=now,
+            fields=fields,
+            reason=f"{reason}: stopping with {grace_s:g}s to checkpoint",
+            leader=leader,
+        )
 
     def request_cancel(self, job_id: str, now: float) -> bool:
         """Cancel a queued job at once, or flag one on a node for its agent; False if already final.

@@ -36,8 +36,9 @@ class JobUids:
             raise LaunchError(
                 f"tenant {tenant!r} has no job uid: agent.job_uid_range ({start}-{start + size - 1}) "
                 f"holds {size} uids and every one is another tenant's; an operator widens the range at "
-                "its end (the same on every node, never moving its start)", retryable=False,
-            )  # fmt: skip
+                "its end (the same on every node, never moving its start)",
+                retryable=False,
+            )
         return start + offset
 
     @translated

@@ -94,9 +94,12 @@ class WebhookStore:
 
     @translated
     def enqueue(
-        self, deliveries: Iterable[Delivery], now: float, cursor: str | None = None,
+        self,
+        deliveries: Iterable[Delivery],
+        now: float,
+        cursor: str | None = None,
         nodes: dict[str, str | None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Queue ``deliveries`` (due now) and, in the same transaction, move the outbox cursor and
         record the node states announced (None: forget the node): a leader that dies in between
         leaves nothing half done."""

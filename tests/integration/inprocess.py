@@ -47,8 +47,14 @@ class Harness:
         leader = self.controller.lease.value
         assert self.jobs.place(job_id, node, [f"{node}-g0"], leader, time.time(), "placed")
         for to in (JobState.STARTING, JobState.RUNNING):
-            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
-                                 reason="", now=time.time())  # fmt: skip
+            self.jobs.transition(
+                job_id,
+                attempt=1,
+                allowed=[JobState.SCHEDULED, JobState.STARTING],
+                to=to,
+                reason="",
+                now=time.time(),
+            )
 
     def running_gang(self, job_id: str, nodes: list[str]) -> None:
         """A multi-node job of one GPU per node (``<node>-g0``) placed on ``nodes`` and RUNNING there,
@@ -56,16 +62,30 @@ class Harness:
         spec = JobSpec(name="gang", command=["sleep", "1"], gpus=len(nodes), nodes=len(nodes))
         self.jobs.create(job_id, spec, time.time())
         members = [{"node": n, "gpus": [f"{n}-g0"], "cpus": 0, "memory": 0} for n in nodes]
-        entry = {"job": job_id, "node": nodes[0], "gpus": members[0]["gpus"], "cpus": 0, "memory": 0,
-                 "reason": "placed", "members": members, "master_addr": "127.0.0.1"}  # fmt: skip
+        entry = {
+            "job": job_id,
+            "node": nodes[0],
+            "gpus": members[0]["gpus"],
+            "cpus": 0,
+            "memory": 0,
+            "reason": "placed",
+            "members": members,
+            "master_addr": "127.0.0.1",
+        }
         assert self.jobs.place_many([entry], self.controller.lease.value, time.time()) == [1]
         job = self.jobs.get(job_id)
         for rank in range(len(nodes)):
             self.jobs.member(job, rank, "starting")
             self.jobs.member(job, rank, "running")
         for to in (JobState.STARTING, JobState.RUNNING):
-            self.jobs.transition(job_id, attempt=1, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
-                                 reason="", now=time.time())  # fmt: skip
+            self.jobs.transition(
+                job_id,
+                attempt=1,
+                allowed=[JobState.SCHEDULED, JobState.STARTING],
+                to=to,
+                reason="",
+                now=time.time(),
+            )
 
     def close(self) -> None:
         self.controller.leadership.follow()

@@ -67,20 +67,33 @@ class MemFleet:
         self.settle()
 
     def _settings(self, redis_url: str, node: str, overrides: dict[str, Any]) -> Settings:
-        agent = {"node_name": node, "state_dir": self.root / node, "metrics_port": 0,
-                 **overrides.pop("agent", {})}  # fmt: skip
+        agent = {
+            "node_name": node,
+            "state_dir": self.root / node,
+            "metrics_port": 0,
+            **overrides.pop("agent", {}),
+        }
         return load_settings(
-            redis_url=redis_url, controller={"metrics_port": 0}, agent=agent,
-            checkpoint_root=self.root / "checkpoints", **overrides,
-        )  # fmt: skip
+            redis_url=redis_url,
+            controller={"metrics_port": 0},
+            agent=agent,
+            checkpoint_root=self.root / "checkpoints",
+            **overrides,
+        )
 
     def _agent(self, redis_url: str, name: str, gpus: int, overrides: dict[str, Any]) -> None:
         settings = self._settings(redis_url, name, dict(overrides))
         runtime = FakeRuntime(name, clock=self.clock, sleep=self.clock.sleep, watch_s=None)
         agent = Agent(
-            settings, self.jobs, self.nodes, self._bus, SimulatedGpus(name, gpus, "Sim", 1 << 30), runtime,
-            cast(SupervisorClient, FakeSupervisor()), clock=self.clock,
-        )  # fmt: skip
+            settings,
+            self.jobs,
+            self.nodes,
+            self._bus,
+            SimulatedGpus(name, gpus, "Sim", 1 << 30),
+            runtime,
+            cast(SupervisorClient, FakeSupervisor()),
+            clock=self.clock,
+        )
         self.bus.handle(node_queue(name), Launch, agent.on_launch)
         self.bus.handle(node_queue(name), Stop, agent.on_stop)
         runtime.watch(agent.on_exit, agent.stop_event)
@@ -99,8 +112,12 @@ class MemFleet:
         self.jobs.request_cancel(job_id, self.clock())
         job = self.jobs.get(job_id)
         for node in job.nodes_held if job.state.on_node else []:
-            stop = Stop(job_id=job_id, attempt=job.attempt, reason="cancelled by user",
-                        grace_s=self.settings.agent.stop_grace_s)  # fmt: skip
+            stop = Stop(
+                job_id=job_id,
+                attempt=job.attempt,
+                reason="cancelled by user",
+                grace_s=self.settings.agent.stop_grace_s,
+            )
             self.bus.send(node_queue(node), stop)
 
     def job(self, job_id: str) -> Job:

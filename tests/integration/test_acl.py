@@ -45,9 +45,23 @@ class AclRedis:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         binary = shutil.which("redis-server") or "redis-server"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
-             "--appendonly", "no", "--aclfile", str(acl)], stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--aclfile",
+                str(acl),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         self.admin, self.bus_admin = self.client("fleet-admin"), self.client("fleet-admin", db=1)
         for _ in range(100):
             try:
@@ -102,9 +116,11 @@ def test_services_run_a_job_as_their_own_acl_users(acl_redis: AclRedis, acl_proc
     acl_redis.bus_admin.zadd("fleet:__heartbeats__", {"a-dead-broker": 0})
     metrics_port = free_port()
     controller = acl_procs.start(
-        "controller", ["controller"], FLEET_CONTROLLER__METRICS_PORT=str(metrics_port),
+        "controller",
+        ["controller"],
+        FLEET_CONTROLLER__METRICS_PORT=str(metrics_port),
         **login(acl_redis, "fleet-controller"),
-    )  # fmt: skip
+    )
     agent = acl_procs.agent("acl-1", gpus=1, **login(acl_redis, "fleet-agent"))
     api_port = free_port()
     api = acl_procs.start("api", ["api", "--port", str(api_port)], **login(acl_redis, "fleet-api"))
@@ -156,11 +172,22 @@ def test_an_agent_user_cannot_administer_redis_nor_touch_other_keys(acl_redis: A
     agent = acl_redis.client("fleet-agent")
     # When it tries what only an administrator may do, in the state DB and in the bus DB
     forbidden = [
-        ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "*"), ("CONFIG", "SET", "appendonly", "no"),
-        ("KEYS", "*"), ("ACL", "LIST"), ("ACL", "SETUSER", "fleet-agent", "+@all"), ("SAVE",),
-        ("SHUTDOWN", "NOSAVE"), ("SCRIPT", "FLUSH"), ("FUNCTION", "FLUSH"), ("MONITOR",),
-        ("CLIENT", "KILL", "TYPE", "normal"), ("SWAPDB", "0", "1"), ("REPLICAOF", "10.0.0.1", "6379"),
-    ]  # fmt: skip
+        ("FLUSHALL",),
+        ("FLUSHDB",),
+        ("CONFIG", "GET", "*"),
+        ("CONFIG", "SET", "appendonly", "no"),
+        ("KEYS", "*"),
+        ("ACL", "LIST"),
+        ("ACL", "SETUSER", "fleet-agent", "+@all"),
+        ("SAVE",),
+        ("SHUTDOWN", "NOSAVE"),
+        ("SCRIPT", "FLUSH"),
+        ("FUNCTION", "FLUSH"),
+        ("MONITOR",),
+        ("CLIENT", "KILL", "TYPE", "normal"),
+        ("SWAPDB", "0", "1"),
+        ("REPLICAOF", "10.0.0.1", "6379"),
+    ]
     bus = acl_redis.client("fleet-agent", db=1)
     for command in forbidden:
         for db in (agent, bus):

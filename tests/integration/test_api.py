@@ -39,8 +39,13 @@ def spec(name: str = "j", **fields: object) -> JobSpec:
 
 
 def fleet(api: Api, *args: str, token: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet", *args], env={**api.env(token), **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args],
+        env={**api.env(token), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_user_acts_within_its_tenant_only(api: Api) -> None:
@@ -129,8 +134,11 @@ def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tm
     # Given a token made on a server that holds the Redis credentials (how the first admin's is made)
     made = subprocess.run(
         [sys.executable, "-m", "fleet", "token", "create", "--user", "erin", "--tenant", "a", "--direct"],
-        env={**os.environ, "FLEET_REDIS_URL": api.redis_url}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, "FLEET_REDIS_URL": api.redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert token.startswith("fleet_") and "Shown once" in made.stderr
@@ -138,14 +146,30 @@ def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tm
     creds = tmp_path / "creds.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["FLEET_CREDENTIALS"] = str(creds)
-    login = subprocess.run([sys.executable, "-m", "fleet", "login", api.url], input=token + "\n", env=env,
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    login = subprocess.run(
+        [sys.executable, "-m", "fleet", "login", api.url],
+        input=token + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert login.returncode == 0, login.stderr
     assert "as erin (tenant a, role user)" in login.stdout
-    run = subprocess.run([sys.executable, "-m", "fleet", "submit", "--", "sleep", "600"], env=env,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
-    who = subprocess.run([sys.executable, "-m", "fleet", "whoami", "-o", "json"], env=env,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "fleet", "submit", "--", "sleep", "600"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    who = subprocess.run(
+        [sys.executable, "-m", "fleet", "whoami", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     # Then it works from the credentials file alone, which only its owner can read and which holds
     # the API's URL and the token, and no Redis URL or password
     assert run.returncode == 0, run.stderr
@@ -155,19 +179,34 @@ def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tm
     assert json.loads(creds.read_text()) == {"url": api.url, "token": token, "ca_file": None}
     assert "redis" not in creds.read_text().lower()
     # And a user's token may not drain (exit 8, saying what is missing)
-    drained = subprocess.run([sys.executable, "-m", "fleet", "drain", "n1"], env=env, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+    drained = subprocess.run(
+        [sys.executable, "-m", "fleet", "drain", "n1"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert drained.returncode == 8 and "needs role operator" in drained.stderr
     # And logging out forgets it
     assert subprocess.run([sys.executable, "-m", "fleet", "logout"], env=env, timeout=60).returncode == 0
-    gone = subprocess.run([sys.executable, "-m", "fleet", "jobs"], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-m", "fleet", "jobs"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert gone.returncode == 2 and "no fleet API: run `fleet login URL`" in gone.stderr
 
 
 def test_token_commands_through_the_api(api: Api) -> None:
-    made = fleet(api, "token", "create", "--user", "frank", "--tenant", "b", "--role", "operator",
-                 "--expires", "2h", "-o", "json")  # fmt: skip
+    made = fleet(
+        api,
+        "token",
+        "create",
+        "--user",
+        "frank",
+        "--tenant",
+        "b",
+        "--role",
+        "operator",
+        "--expires",
+        "2h",
+        "-o",
+        "json",
+    )
     assert made.returncode == 0, made.stderr
     issued = json.loads(made.stdout)
     assert (issued["info"]["role"], issued["info"]["created_by"]) == ("operator", "tester")
@@ -323,8 +362,20 @@ def test_jobs_list_who_submitted_them_and_how_they_ran(api: Api, procs: FleetPro
     # And `fleet jobs` shows the user, the tenant, when the attempt started, how long and how it ended
     lines = fleet(api, "jobs", token=token).stdout.splitlines()
     header = lines[0].split()
-    assert header == ["ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT",
-                      "PROGRESS", "REASON"]  # fmt: skip
+    assert header == [
+        "ID",
+        "STATE",
+        "USER",
+        "TENANT",
+        "GPUS",
+        "NODE",
+        "ATTEMPT",
+        "START",
+        "ELAPSED",
+        "EXIT",
+        "PROGRESS",
+        "REASON",
+    ]
     job_line = next(line.split() for line in lines if line.startswith("sh-") and not line.startswith(array))
     assert job_line[1:5] == ["FAILED", "mia", "ml", "0"] and job_line[9] == "3"
     assert re.fullmatch(r"\d\d:\d\d:\d\d", job_line[7]) and re.fullmatch(r"\d+s", job_line[8])

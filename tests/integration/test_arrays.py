@@ -18,8 +18,10 @@ from tests.conftest import Api, FleetProcs
 pytestmark = pytest.mark.integration
 
 # Each task reports, from inside, its index and its start and end on the kernel's clock.
-PROBE = 'echo "start $(cut -d" " -f1 /proc/uptime) $FLEET_ARRAY_INDEX"; sleep {secs}; ' \
-        'echo "end $(cut -d" " -f1 /proc/uptime)"'  # fmt: skip
+PROBE = (
+    'echo "start $(cut -d" " -f1 /proc/uptime) $FLEET_ARRAY_INDEX"; sleep {secs}; '
+    'echo "end $(cut -d" " -f1 /proc/uptime)"'
+)
 
 
 @pytest.fixture
@@ -55,8 +57,9 @@ def test_each_task_of_a_2000_task_array_runs_once_with_its_own_index(
     assert done.tasks[JobState.SUCCEEDED] == 2000, procs.logs()
     tasks = client.jobs(limit=5000)
     assert sorted(t.array_index for t in tasks if t.array_id == array.id) == list(range(2000))
-    retried = {t.id: [f"{e.state}: {e.reason}" for e in client.job(t.id).history()]
-               for t in tasks if t.attempt != 1}  # fmt: skip
+    retried = {
+        t.id: [f"{e.state}: {e.reason}" for e in client.job(t.id).history()] for t in tasks if t.attempt != 1
+    }
     assert {(t.state, t.attempt) for t in tasks} == {(JobState.SUCCEEDED, 1)}, f"retried: {retried}"
     # And each printed its own index, and ran exactly once (one RUNNING in its history)
     for i in range(2000):
@@ -169,8 +172,9 @@ def test_a_task_reads_as_a_full_job(client: Client) -> None:
 def cli(api: Api) -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         env = api.env()
-        return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     return run
 
@@ -178,8 +182,19 @@ def cli(api: Api) -> Callable[..., subprocess.CompletedProcess[str]]:
 def test_cli_groups_an_array_on_one_line(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     # Given a job, then a 100-task array (at most 5 running) of which one task is cancelled
     single = cli("submit", "--name", "single", "--", "true").stdout.strip()
-    submitted = cli("submit", "--array", "0-99", "--max-running", "5", "--label", "team=x", "--", "sh", "-c",
-                    "echo $FLEET_ARRAY_INDEX")  # fmt: skip
+    submitted = cli(
+        "submit",
+        "--array",
+        "0-99",
+        "--max-running",
+        "5",
+        "--label",
+        "team=x",
+        "--",
+        "sh",
+        "-c",
+        "echo $FLEET_ARRAY_INDEX",
+    )
     assert submitted.returncode == 0, submitted.stderr
     array_id = submitted.stdout.strip()
     assert cli("cancel", f"{array_id}-7").returncode == 0

@@ -261,8 +261,11 @@ def test_a_message_a_dead_process_fetched_and_never_acked_is_delivered_again(red
     # dramatiq heartbeat older than dramatiq's heartbeat timeout; it had fetched from another queue too
     dead = Bus(load_settings(redis_url=redis_url)).broker
     for queue, job in ((QUEUE, "j0"), ("other", "o0")):
-        dead.enqueue(dramatiq.Message(queue_name=queue, actor_name="job_submitted", args=(),
-                                      kwargs={"job_id": job}, options={}))  # fmt: skip
+        dead.enqueue(
+            dramatiq.Message(
+                queue_name=queue, actor_name="job_submitted", args=(), kwargs={"job_id": job}, options={}
+            )
+        )
         assert len(dead.do_fetch(queue, 1)) == 1
     with bus_db(redis_url) as db:
         db.zadd("fleet:__heartbeats__", {dead.broker_id: 0})

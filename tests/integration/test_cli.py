@@ -37,8 +37,13 @@ def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def
     procs.wait_nodes(client, 1)
 
     def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fleet", *args], env=run.env, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "fleet", *args],
+            env=run.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     run.env = procs.cli_env()  # type: ignore[attr-defined]
     return run
@@ -121,8 +126,11 @@ def test_logs_follow_streams_until_the_attempt_ends(fleet_cli) -> None:  # type:
 def test_services_take_a_log_level_in_any_case(procs: FleetProcs, client: Client) -> None:
     # Given a controller started with --log-level WARNING and an agent with --log-level warning
     procs.start("controller", ["controller", "--log-level", "WARNING"])
-    procs.start("t-quiet", ["agent", "--node-name", "t-quiet", "--log-level", "warning"],
-                FLEET_AGENT__STATE_DIR=str(procs.root / "t-quiet"))  # fmt: skip
+    procs.start(
+        "t-quiet",
+        ["agent", "--node-name", "t-quiet", "--log-level", "warning"],
+        FLEET_AGENT__STATE_DIR=str(procs.root / "t-quiet"),
+    )
 
     # When a job runs through them
     procs.wait_nodes(client, 1)
@@ -193,9 +201,13 @@ def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:
     ):
         done = subprocess.run(
             f"{sys.executable} -m fleet {' '.join(argv)} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
-            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            timeout=60,
             env=fleet_cli.env,
-        )  # fmt: skip
+        )
         assert (done.stdout.strip(), done.stderr) == ("0", ""), argv
 
 
@@ -227,8 +239,13 @@ def in_terminal(
     times (not after a fixed time: on a busy machine the program may not have drawn anything yet)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdin=subprocess.DEVNULL, stdout=slave,
-                            stderr=slave, env={k: v for k, v in env.items() if k != "COLUMNS"})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={k: v for k, v in env.items() if k != "COLUMNS"},
+    )
     os.close(slave)
     out = b""
     interrupt_on, deadline = ctrl_c_on.encode(), time.monotonic() + 60
@@ -277,9 +294,19 @@ def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_c
     assert not colours(in_terminal(["jobs"], {**fleet_cli.env, "NO_COLOR": "1"}, columns=70))
     piped = fleet_cli("jobs").stdout
     assert "\x1b" not in piped and piped.split("\n")[0].split() == [
-        "ID", "STATE", "USER", "TENANT", "GPUS", "NODE", "ATTEMPT", "START", "ELAPSED", "EXIT", "PROGRESS",
+        "ID",
+        "STATE",
+        "USER",
+        "TENANT",
+        "GPUS",
+        "NODE",
+        "ATTEMPT",
+        "START",
+        "ELAPSED",
+        "EXIT",
+        "PROGRESS",
         "REASON",
-    ]  # fmt: skip
+    ]
     assert "\x1b" not in fleet_cli("show", failed).stdout and "\x1b" not in fleet_cli("nodes").stdout
     shown = in_terminal(["show", failed], fleet_cli.env)
     assert "State:" in shown and "FAILED" in shown and colours(shown)
@@ -299,11 +326,19 @@ def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  
 def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  # type: ignore[no-untyped-def]
     # Given a queued job
     job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
-    for argv, marker in ((["jobs", "--watch", "0.2"], "ID "), (["nodes", "--watch", "0.2"], "NODE "),
-                         (["jobs", "-o", "json", "--watch", "0.2"], "[")):  # fmt: skip
+    for argv, marker in (
+        (["jobs", "--watch", "0.2"], "ID "),
+        (["nodes", "--watch", "0.2"], "NODE "),
+        (["jobs", "-o", "json", "--watch", "0.2"], "["),
+    ):
         # When it is watched through a pipe
-        proc = subprocess.Popen([sys.executable, "-m", "fleet", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=fleet_cli.env)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=fleet_cli.env,
+        )
         assert proc.stdout is not None
         snapshots = []
         for line in proc.stdout:
@@ -365,8 +400,12 @@ def test_tab_completes_job_ids_and_node_names_from_the_api(fleet_cli) -> None:  
     job_id = fleet_cli("submit", "--", "true").stdout.strip()
 
     def complete(words: str) -> list[str]:
-        env = {**fleet_cli.env, "_FLEET_COMPLETE": "bash_complete", "COMP_WORDS": words,
-               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
+        env = {
+            **fleet_cli.env,
+            "_FLEET_COMPLETE": "bash_complete",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        }
         done = subprocess.run(
             [sys.executable, "-m", "fleet"], env=env, capture_output=True, text=True, timeout=60
         )

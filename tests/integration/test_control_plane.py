@@ -46,8 +46,19 @@ class OwnRedis:
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or "redis-server"
-        argv = [binary, "--port", str(self.port), "--dir", str(self.dir), "--appendonly", "yes",
-                "--appendfsync", "always", "--save", ""]  # fmt: skip
+        argv = [
+            binary,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         wait_for(lambda: _pings(self.url), timeout=10, what="redis up")
 

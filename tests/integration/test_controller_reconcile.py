@@ -45,8 +45,14 @@ class GhostNode:
         while not self.stop.wait(0.25):
             self.nodes.heartbeat(self.name, "ghost-agent", 3, time.time(), info(self.name))
             for job in self.jobs.on_node(self.name) if self.starts else []:
-                self.jobs.transition(job.id, attempt=job.attempt, allowed=[JobState.SCHEDULED],
-                                     to=JobState.STARTING, reason="starting", now=time.time())  # fmt: skip
+                self.jobs.transition(
+                    job.id,
+                    attempt=job.attempt,
+                    allowed=[JobState.SCHEDULED],
+                    to=JobState.STARTING,
+                    reason="starting",
+                    now=time.time(),
+                )
 
     def close(self) -> None:
         self.stop.set()

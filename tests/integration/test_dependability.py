@@ -44,8 +44,14 @@ def train(*args: str, **fields: object) -> JobSpec:
 
 def uninterrupted_digest(tmp: Path) -> str:
     env = {**os.environ, "FLEET_CHECKPOINT_DIR": str(tmp / "reference")}
-    out = subprocess.run([sys.executable, EXAMPLE, "--steps", "120", "--every", "10"], env=env,
-                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, EXAMPLE, "--steps", "120", "--every", "10"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return digest(out)
 
 
@@ -230,8 +236,11 @@ def test_a_partitioned_agent_fences_itself_and_no_attempts_overlap(
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)
     ticks.chmod(0o777)  # the job runs as the unprivileged job user
-    job = client.submit(JobSpec(name="tick", gpus=1, command=[sys.executable, "-c", TICKER],
-                                env={"TICKS": str(ticks), "N": "200"}))  # fmt: skip
+    job = client.submit(
+        JobSpec(
+            name="tick", gpus=1, command=[sys.executable, "-c", TICKER], env={"TICKS": str(ticks), "N": "200"}
+        )
+    )
     wait_for(lambda: (ticks / "attempt-1").exists(), what="attempt 1 ticking")
     procs.agent("t-b", gpus=1)
     procs.wait_nodes(client, 2)
@@ -263,8 +272,16 @@ def test_a_container_crash_resumes_in_a_new_container_from_the_checkpoint(
     docker_procs.controller()
     docker_procs.agent("t-dock", gpus=1)
     docker_procs.wait_nodes(client, 1)
-    command = ["python3", "/opt/fleet/examples/train_regression.py", "--steps", "120", "--every", "10",
-               "--fail-at", "55"]  # fmt: skip
+    command = [
+        "python3",
+        "/opt/fleet/examples/train_regression.py",
+        "--steps",
+        "120",
+        "--every",
+        "10",
+        "--fail-at",
+        "55",
+    ]
     job = client.submit(JobSpec(name="train", image="localhost/fleet/torch:latest", command=command, gpus=1))
     status = job.wait(timeout=180)
     assert status.state == JobState.SUCCEEDED, docker_procs.logs()

@@ -36,12 +36,19 @@ def roots() -> Iterator[Path]:
 def doctor(node: str, root: Path, redis_url: str, *args: str, **env: str) -> tuple[int, str]:
     """Run ``fleet doctor`` as node ``node``: its exit code and what it printed."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    clean.update(FLEET_REDIS_URL=redis_url, FLEET_CHECKPOINT_ROOT=str(root),
-                 FLEET_AGENT__STATE_DIR=str(root.parent / f"state-{node}"), **env)  # fmt: skip
+    clean.update(
+        FLEET_REDIS_URL=redis_url,
+        FLEET_CHECKPOINT_ROOT=str(root),
+        FLEET_AGENT__STATE_DIR=str(root.parent / f"state-{node}"),
+        **env,
+    )
     done = subprocess.run(
         [sys.executable, "-m", "fleet", "doctor", "--node-name", node, "--runtime", "process", *args],
-        env=clean, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert not done.stderr, done.stderr
     return done.returncode, done.stdout
 
@@ -84,8 +91,11 @@ def test_nodes_on_one_storage_recognise_each_other_and_one_on_another_fails(
     code, out = doctor("b", roots / "mnt", redis_url, "-o", "json")
     assert code == 0, out
     assert checks(out)["shared storage"] == {
-        "name": "shared storage", "status": "ok", "detail": "same storage as node a", "fix": ""
-    }  # fmt: skip
+        "name": "shared storage",
+        "status": "ok",
+        "detail": "same storage as node a",
+        "fix": "",
+    }
 
     code, out = doctor("c", elsewhere, redis_url)
     assert code == 1, out
@@ -131,8 +141,10 @@ def test_the_agents_acl_user_passes_and_a_wrong_password_says_what_to_do(
     with pytest.raises(redis.exceptions.NoPermissionError):
         agent.time()  # so the clock is read the other way
     agent.close()
-    login = {"FLEET_REDIS_USERNAME": "fleet-agent",
-             "FLEET_REDIS_PASSWORD_FILE": str(acl_redis.password_file("fleet-agent"))}  # fmt: skip
+    login = {
+        "FLEET_REDIS_USERNAME": "fleet-agent",
+        "FLEET_REDIS_PASSWORD_FILE": str(acl_redis.password_file("fleet-agent")),
+    }
 
     code, out = doctor("a", roots, acl_redis.url, "-o", "json", **login)
     found = checks(out)
@@ -179,10 +191,13 @@ def test_markers_are_forgotten_after_a_week_and_a_name_that_is_no_node_is_never_
 
     now, key = 1_800_000_000.0, "fleet:doctor:markers"
     (roots / "secret").write_text("x")
-    redis.hset(key, mapping={
-        "old": new_marker("old", Path("/elsewhere"), now - MARKER_TTL_S - 1),
-        "../secret": json.dumps({"node": "../secret", "at": now, "nonce": "n", "root": str(roots)}),
-    })  # fmt: skip
+    redis.hset(
+        key,
+        mapping={
+            "old": new_marker("old", Path("/elsewhere"), now - MARKER_TTL_S - 1),
+            "../secret": json.dumps({"node": "../secret", "at": now, "nonce": "n", "root": str(roots)}),
+        },
+    )
     (roots / ".fleet-doctor").mkdir()
     marker = new_marker("a", roots, now)
     (roots / ".fleet-doctor" / "a").write_text(marker)

@@ -25,8 +25,9 @@ def runtime() -> str:
 
 def cli(procs: FleetProcs, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = procs.cli_env()
-    return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_drain_lets_a_short_job_finish_and_moves_a_long_one_from_its_checkpoint(

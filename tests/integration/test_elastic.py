@@ -35,10 +35,26 @@ def runtime() -> str:
 
 def elastic(tmp_path: Path, **fields: object) -> JobSpec:
     """The example, training until ``tmp_path/done`` exists (then it ends at its next checkpoint)."""
-    command = [sys.executable, EXAMPLE, "--steps", "100000", "--every", "5", "--sleep", "0.05",
-               "--done-file", str(tmp_path / "done")]  # fmt: skip
-    spec = {"name": "elastic", "command": command, "gpus": {"min": 1, "max": 4},
-            "batch_size": {"min": 128, "max": 1024}, "profile": "cifar10", **fields}  # fmt: skip
+    command = [
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        "100000",
+        "--every",
+        "5",
+        "--sleep",
+        "0.05",
+        "--done-file",
+        str(tmp_path / "done"),
+    ]
+    spec = {
+        "name": "elastic",
+        "command": command,
+        "gpus": {"min": 1, "max": 4},
+        "batch_size": {"min": 128, "max": 1024},
+        "profile": "cifar10",
+        **fields,
+    }
     return JobSpec.parse(spec)
 
 
@@ -78,8 +94,11 @@ def test_the_controller_resizes_a_training_job_1_2_4_2_as_the_fleet_changes(
     procs: FleetProcs, client: Client, api: Api, tmp_path: Path
 ) -> None:
     # Given a node of 4 GPUs, a controller resizing at most every 2 s, a 3-GPU job of fixed size on it
-    procs.env.update(FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2", FLEET_CONTROLLER__RESIZE_COST_S="1",
-                     FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5")  # fmt: skip
+    procs.env.update(
+        FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2",
+        FLEET_CONTROLLER__RESIZE_COST_S="1",
+        FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5",
+    )
     procs.controller()
     procs.agent("e-a", gpus=4)
     procs.wait_nodes(client, 1)
@@ -119,13 +138,24 @@ def test_the_controller_resizes_a_training_job_1_2_4_2_as_the_fleet_changes(
     # And the history names each resize, old -> new, requeued without spending a retry
     resizes = [e.reason for e in job.history() if e.state == "QUEUED" and e.attempt > 0]
     assert [re.match(r"resized (\d+) -> (\d+) GPUs", r).groups() for r in resizes] == [  # type: ignore[union-attr]
-        ("1", "2"), ("2", "4"), ("4", "2")]  # fmt: skip
+        ("1", "2"),
+        ("2", "4"),
+        ("4", "2"),
+    ]
     assert all("requeued at its new size (retry budget not spent)" in r for r in resizes), resizes
     # And `fleet show` and the status page say its size, its range and its resizes
-    shown = subprocess.run([sys.executable, "-m", "fleet", "show", job.id], env=procs.cli_env(),
-                           capture_output=True, text=True, timeout=60).stdout  # fmt: skip
-    assert re.search(r"Elastic: +2 GPUs, batch \d+ \(gpus 1-4, batch size 128-1024, profile cifar10\); "
-                     r"resized 3 times", shown), shown  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleet", "show", job.id],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert re.search(
+        r"Elastic: +2 GPUs, batch \d+ \(gpus 1-4, batch size 128-1024, profile cifar10\); "
+        r"resized 3 times",
+        shown,
+    ), shown
     auth = {"Authorization": f"Bearer {api.token}"}
     page = urllib.request.Request(f"{api.url}/ui/jobs/{job.id}", headers=auth)
     html = urllib.request.urlopen(page, timeout=30).read().decode()
@@ -156,9 +186,13 @@ def test_a_user_resizes_their_elastic_job_by_hand_within_its_range(
         alice.resize(plain.id, 2)
     plain.cancel()
     # When its owner resizes it to 2 GPUs with the CLI (the batch scales with them)
-    cli = subprocess.run([sys.executable, "-m", "fleet", "resize", job.id, "--gpus", "2"],
-                         env=procs.cli_env(FLEET_TOKEN=api.token_for("alice", "t")), capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    cli = subprocess.run(
+        [sys.executable, "-m", "fleet", "resize", job.id, "--gpus", "2"],
+        env=procs.cli_env(FLEET_TOKEN=api.token_for("alice", "t")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0, cli.stderr
     # Then it checkpoints, starts again on 2 GPUs at batch 128 and goes on from its checkpoint
     wait_running_at(procs, job, 2, 2)
@@ -183,8 +217,11 @@ def test_an_elastic_job_larger_than_a_node_runs_as_a_gang_and_is_resized_whole(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
     # Given two nodes of 2 GPUs each
-    procs.env.update(FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2", FLEET_CONTROLLER__RESIZE_COST_S="1",
-                     FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5")  # fmt: skip
+    procs.env.update(
+        FLEET_CONTROLLER__ELASTIC_MIN_INTERVAL_S="2",
+        FLEET_CONTROLLER__RESIZE_COST_S="1",
+        FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5",
+    )
     procs.controller()
     procs.agent("g-a", gpus=2)
     procs.agent("g-b", gpus=2)
@@ -205,7 +242,11 @@ def test_an_elastic_job_larger_than_a_node_runs_as_a_gang_and_is_resized_whole(
     other.cancel()
     # Then it resumed where the gang checkpointed, and ends SUCCEEDED with one resize and no retry spent
     assert (status.state, status.resizes, status.failures, status.infra_requeues) == (
-        JobState.SUCCEEDED, 1, 0, 0)  # fmt: skip
+        JobState.SUCCEEDED,
+        1,
+        0,
+        0,
+    )
     resumed = steps(job, 1)[-1][0]
     assert f"resumed from step {resumed} at 2 workers" in job.logs(attempt=2)
     assert steps(job, 2)[0][0] == resumed + 1

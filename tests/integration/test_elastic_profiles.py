@@ -47,8 +47,14 @@ def runtime() -> str:
 
 
 def elastic(profile: str, **fields: object) -> JobSpec:
-    spec = {"name": "elastic", "command": ["sleep", "600"], "gpus": {"min": 1, "max": 4},
-            "batch_size": {"min": 128, "max": 1024}, "profile": profile, **fields}  # fmt: skip
+    spec = {
+        "name": "elastic",
+        "command": ["sleep", "600"],
+        "gpus": {"min": 1, "max": 4},
+        "batch_size": {"min": 128, "max": 1024},
+        "profile": profile,
+        **fields,
+    }
     return JobSpec.parse(spec)
 
 
@@ -97,8 +103,13 @@ def test_a_profile_that_is_not_one_is_refused_at_submit_naming_what_is_wrong(
 
 def reporter(tmp_path: Path, rates: dict[int, float], name: str) -> JobSpec:
     done = tmp_path / f"{name}.done"
-    command = [sys.executable, "-c", REPORTER, str({str(g): r for g, r in rates.items()}).replace("'", '"'),
-               str(done)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        REPORTER,
+        str({str(g): r for g, r in rates.items()}).replace("'", '"'),
+        str(done),
+    ]
     return elastic("learn", name=name, command=command, batch_size={"min": 64, "max": 4096})
 
 
@@ -136,8 +147,13 @@ def test_a_learned_profile_grows_a_job_that_scales_and_shrinks_one_that_does_not
     # And what was learned is on the job: samples/s at each size it ran at
     speeds = scales.status().speeds
     assert speeds["1x64"] == pytest.approx(100, rel=0.3) and speeds["2x128"] == pytest.approx(200, rel=0.3)
-    shown = subprocess.run([sys.executable, "-m", "fleet", "show", scales.id], env=procs.cli_env(),
-                           capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleet", "show", scales.id],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert re.search(r"Samples/s: +1 GPU x 64: [0-9.]+/s, 2 GPUs x 128: [0-9.]+/s", shown), shown
     page = urllib.request.Request(
         f"{api.url}/ui/jobs/{scales.id}", headers={"Authorization": f"Bearer {api.token}"}

@@ -13,8 +13,10 @@ from tests.conftest import FleetProcs
 pytestmark = pytest.mark.integration
 
 # Each job reports, from inside, what it saw: its GPUs and its start and end on the kernel's clock.
-PROBE = 'echo "start $(cut -d" " -f1 /proc/uptime) $CUDA_VISIBLE_DEVICES"; sleep {secs}; ' \
-        'echo "end $(cut -d" " -f1 /proc/uptime)"'  # fmt: skip
+PROBE = (
+    'echo "start $(cut -d" " -f1 /proc/uptime) $CUDA_VISIBLE_DEVICES"; sleep {secs}; '
+    'echo "end $(cut -d" " -f1 /proc/uptime)"'
+)
 
 
 def probe(name: str, gpus: int, secs: float = 1, priority: int = 0) -> JobSpec:

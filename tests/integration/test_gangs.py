@@ -13,8 +13,10 @@ from tests.integration.test_arrays import until
 
 pytestmark = pytest.mark.integration
 HERE = {"FLEET_AGENT__ADDRESS": "127.0.0.1"}  # every node on this machine
-SHOW_ENV = ('echo "rank=$FLEET_NODE_RANK of=$FLEET_NUM_NODES gpus=$FLEET_NUM_GPUS '
-            'master=$MASTER_ADDR:$MASTER_PORT world=$WORLD_SIZE node_rank=$NODE_RANK"')  # fmt: skip
+SHOW_ENV = (
+    'echo "rank=$FLEET_NODE_RANK of=$FLEET_NUM_NODES gpus=$FLEET_NUM_GPUS '
+    'master=$MASTER_ADDR:$MASTER_PORT world=$WORLD_SIZE node_rank=$NODE_RANK"'
+)
 #: sleeps in attempt 1 (until stopped), ends at once in later ones saying which attempt and rank
 FIRST_ATTEMPT_HANGS = (
     'if [ "$FLEET_ATTEMPT" = 1 ]; then sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"'
@@ -67,8 +69,10 @@ def test_one_member_failing_stops_the_others_at_once_and_the_job_restarts_whole(
 ) -> None:
     fleet_of(procs, client, 2)
     # Given a 2-node job whose rank 1 fails after a second in its first attempt, rank 0 sleeping on
-    script = ('if [ "$FLEET_ATTEMPT" = 1 ]; then if [ "$FLEET_NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; '
-              'sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"')  # fmt: skip
+    script = (
+        'if [ "$FLEET_ATTEMPT" = 1 ]; then if [ "$FLEET_NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; '
+        'sleep 300; fi; echo "attempt $FLEET_ATTEMPT rank $FLEET_NODE_RANK"'
+    )
     started = time.monotonic()
     job = client.submit(sh(script, nodes=2, gpus=2))
     status = job.wait(timeout=90)

@@ -16,9 +16,11 @@ from tests.integration.test_gangs import fleet_of
 from tests.workers.test_ddp import BATCH, EVERY, EXAMPLE, JOB, STEPS, final_weights, finish_ok, start_gang
 
 pytestmark = pytest.mark.integration
-TORCHRUN = ('exec "$PY" -m torch.distributed.run --nnodes "$FLEET_NUM_NODES" '
-            '--node-rank "$FLEET_NODE_RANK" --nproc-per-node 1 --master-addr "$MASTER_ADDR" '
-            '--master-port "$MASTER_PORT" "$EXAMPLE" "$@"')  # fmt: skip
+TORCHRUN = (
+    'exec "$PY" -m torch.distributed.run --nnodes "$FLEET_NUM_NODES" '
+    '--node-rank "$FLEET_NODE_RANK" --nproc-per-node 1 --master-addr "$MASTER_ADDR" '
+    '--master-port "$MASTER_PORT" "$EXAMPLE" "$@"'
+)
 
 
 @pytest.fixture
@@ -32,8 +34,21 @@ def ddp(*args: str, **fields: object) -> JobSpec:
     members' rendezvous waits that long for the slower one (importing torch can take many seconds
     on a busy machine), and a member whose peer's node died waits that long for fleet, which stops
     it within the node lease (3 s here). At 5 s either could fail first: a retry spent."""
-    command = ["sh", "-c", TORCHRUN, "ddp", "--steps", str(STEPS), "--every", str(EVERY),
-               "--global-batch", str(BATCH), "--dist-timeout", "30", *args]  # fmt: skip
+    command = [
+        "sh",
+        "-c",
+        TORCHRUN,
+        "ddp",
+        "--steps",
+        str(STEPS),
+        "--every",
+        str(EVERY),
+        "--global-batch",
+        str(BATCH),
+        "--dist-timeout",
+        "30",
+        *args,
+    ]
     env = {"PY": sys.executable, "EXAMPLE": str(EXAMPLE)}
     return JobSpec.parse({"name": "ddp", "command": command, "env": env, "nodes": 2, **fields})
 

@@ -55,8 +55,10 @@ print("ready", flush=True)
 serve(socks[0])
 """
 #: a job's probe: one line per host:port it is given, "<host:port> hello" or "<host:port> unreached"
-PROBE = ('probe() { for t in "$@"; do out=$(nc -w 3 "${t%:*}" "${t#*:}" </dev/null 2>/dev/null); '
-         'echo "$t ${out:-unreached}"; done; }; ')  # fmt: skip
+PROBE = (
+    'probe() { for t in "$@"; do out=$(nc -w 3 "${t%:*}" "${t#*:}" </dev/null 2>/dev/null); '
+    'echo "$t ${out:-unreached}"; done; }; '
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ def _sh(*argv: str) -> None:
 
 def _fleet_in_use() -> bool:
     chains = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
-    networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True,
-                              text=True, timeout=30).stdout.split()  # fmt: skip
+    networks = subprocess.run(
+        ["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
     return netguard.CHAIN_INPUT in chains or netguard.NETWORK in networks
 
 
@@ -108,13 +111,28 @@ def around(docker_ready: bool) -> Iterator[Around]:
         _sh("ip", "-n", ns, "link", "set", "eth0", "up")
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
         local, node = free_port(), free_port()
-        procs.append(_serve([sys.executable, "-c", SERVE, f"127.0.0.1:{local}", f"{NODE_ADDRESS}:{node}",
-                             f"{NODE_LINK_LOCAL}:{node}"]))  # fmt: skip
+        procs.append(
+            _serve(
+                [
+                    sys.executable,
+                    "-c",
+                    SERVE,
+                    f"127.0.0.1:{local}",
+                    f"{NODE_ADDRESS}:{node}",
+                    f"{NODE_LINK_LOCAL}:{node}",
+                ]
+            )
+        )
         procs.append(
             _serve(["ip", "netns", "exec", ns, sys.executable, "-c", SERVE, f"0.0.0.0:{OUTSIDE_PORT}"])
         )
-        yield Around(f"127.0.0.1:{local}", f"{NODE_ADDRESS}:{node}", f"{NODE_LINK_LOCAL}:{node}",
-                     f"{OUTSIDE}:{OUTSIDE_PORT}", f"{OUTSIDE_LINK_LOCAL}:{OUTSIDE_PORT}")  # fmt: skip
+        yield Around(
+            f"127.0.0.1:{local}",
+            f"{NODE_ADDRESS}:{node}",
+            f"{NODE_LINK_LOCAL}:{node}",
+            f"{OUTSIDE}:{OUTSIDE_PORT}",
+            f"{OUTSIDE_LINK_LOCAL}:{OUTSIDE_PORT}",
+        )
     finally:
         for proc in procs:
             proc.kill()
@@ -145,8 +163,12 @@ def guard(request: pytest.FixtureRequest) -> bool:
 def _agents(procs: FleetProcs, client: Client, guard: bool, count: int = 1) -> None:
     procs.controller()
     for i in range(count):
-        procs.agent(f"t-guard{i}", FLEET_AGENT__JOB_NETWORK_GUARD=str(guard).lower(),
-                    FLEET_AGENT__JOB_USER=JOB_USER, FLEET_AGENT__ADDRESS=NODE_ADDRESS)  # fmt: skip
+        procs.agent(
+            f"t-guard{i}",
+            FLEET_AGENT__JOB_NETWORK_GUARD=str(guard).lower(),
+            FLEET_AGENT__JOB_USER=JOB_USER,
+            FLEET_AGENT__ADDRESS=NODE_ADDRESS,
+        )
     procs.wait_nodes(client, count, timeout=60)
 
 
@@ -171,8 +193,9 @@ def test_a_job_reaches_the_network_but_neither_its_node_nor_link_local_addresses
     _agents(procs, client, guard)
     # When a job tries the node's addresses, a machine outside and the outside's link-local address
     targets = [around.node, around.node_link_local, around.outside, around.outside_link_local]
-    job = client.submit(JobSpec.parse({"name": "probe", "command": ["sh", "-c", PROBE + 'probe "$@"', "probe",
-                                                                    *targets]}))  # fmt: skip
+    job = client.submit(
+        JobSpec.parse({"name": "probe", "command": ["sh", "-c", PROBE + 'probe "$@"', "probe", *targets]})
+    )
     _ran(job, procs)
     reached = _reached(job.logs())
     # Then it reaches the machine outside either way, and the node and link-local addresses only
@@ -199,8 +222,9 @@ def test_two_tenants_jobs_cannot_reach_each_other(
     until(lambda: server.logs().startswith("at "), timeout=60)
     address = f"{server.logs().split()[1]}:8000"
     # When a job of tenant b connects to it
-    job = bob.submit(JobSpec.parse({"name": "probe", "command": ["sh", "-c", PROBE + 'probe "$@"', "probe",
-                                                                 address]}))  # fmt: skip
+    job = bob.submit(
+        JobSpec.parse({"name": "probe", "command": ["sh", "-c", PROBE + 'probe "$@"', "probe", address]})
+    )
     _ran(job, procs)
     # Then it got no answer, unless the operator turned the guard off
     assert _reached(job.logs()) == {address: not guard}, job.logs()
@@ -224,8 +248,11 @@ def test_members_of_a_multi_node_job_reach_rank_0_but_not_their_nodes_loopback(
     # When a 2-node job's members (on the host's network) meet, then try the node's loopback
     # services and a link-local address outside
     targets = [around.node_local, around.outside_link_local, around.outside]
-    job = client.submit(JobSpec.parse({"name": "gang", "nodes": 2, "gpus": 2,
-                                       "command": ["sh", "-c", MEMBER, "member", *targets]}))  # fmt: skip
+    job = client.submit(
+        JobSpec.parse(
+            {"name": "gang", "nodes": 2, "gpus": 2, "command": ["sh", "-c", MEMBER, "member", *targets]}
+        )
+    )
     _ran(job, procs)
     # Then rank 1 reached rank 0 at the node's address, as torch.distributed would
     assert job.status().master_addr == NODE_ADDRESS
@@ -248,8 +275,13 @@ def test_the_guard_is_installed_once_however_often_agents_start(
     log = procs.root / "t-guard0.log"
     until(lambda: log.read_text().count("runtime_chosen") == 2, timeout=60)
     # Then the host holds one network of fleet's and each rule once
-    networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True,
-                              text=True, timeout=30, check=True).stdout.split()  # fmt: skip
+    networks = subprocess.run(
+        ["docker", "network", "ls", "--format", "{{.Name}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
     assert networks.count(netguard.NETWORK) == 1
     rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30, check=True).stdout
     for chain in (netguard.CHAIN_INPUT, netguard.CHAIN_FORWARD, netguard.CHAIN_OUTPUT):

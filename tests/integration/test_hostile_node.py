@@ -54,8 +54,13 @@ def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 60) -> None
 
 def _fleet(procs: FleetProcs, *argv: str) -> subprocess.CompletedProcess[str]:
     """A ``fleet`` command as the admin, through the API."""
-    return subprocess.run([sys.executable, "-m", "fleet", *argv], env=procs.cli_env(), capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *argv],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _probe(paths: dict[str, str]) -> list[str]:
@@ -63,8 +68,9 @@ def _probe(paths: dict[str, str]) -> list[str]:
     lines = []
     for label, path in paths.items():
         read = "ls" if label.endswith("listing") else "cat"
-        lines.append(f'if out=$({read} "{path}" 2>&1); then echo "READ {label} $out"; '
-                     f'else echo "DENIED {label}"; fi')  # fmt: skip
+        lines.append(
+            f'if out=$({read} "{path}" 2>&1); then echo "READ {label} $out"; else echo "DENIED {label}"; fi'
+        )
     return ["sh", "-c", "; ".join(["id -u", *lines])]
 
 
@@ -87,11 +93,14 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
     folder = attempts / f"{hers.id}.1"
     pid = json.loads((folder / "meta.json").read_text())["pid"]
     paths = {
-        "environ": f"/proc/{pid}/environ", "work": str(folder / "work" / "secret.txt"),
-        "checkpoint": str(procs.root / "checkpoints" / hers.id / "s"), "output": str(folder / "output.log"),
-        "attempts-listing": str(attempts), "checkpoints-listing": str(procs.root / "checkpoints"),
+        "environ": f"/proc/{pid}/environ",
+        "work": str(folder / "work" / "secret.txt"),
+        "checkpoint": str(procs.root / "checkpoints" / hers.id / "s"),
+        "output": str(folder / "output.log"),
+        "attempts-listing": str(attempts),
+        "checkpoints-listing": str(procs.root / "checkpoints"),
         "state-listing": str(attempts.parent),
-    }  # fmt: skip
+    }
     for label in ("environ", "work", "checkpoint", "output"):  # they are there, and hold it
         assert SECRET in Path(paths[label]).read_bytes().decode(errors="replace"), label
 
@@ -107,8 +116,10 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
     assert SECRET not in his.logs()
     # And the files are root's alone; the folders are passed through, never listed
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {
-        "meta.json": 0o600, "output.log": 0o600, "work": 0o700,
-    }  # fmt: skip
+        "meta.json": 0o600,
+        "output.log": 0o600,
+        "work": 0o700,
+    }
     passed = (attempts.parent, attempts, folder, procs.root / "checkpoints")
     assert [stat.S_IMODE(p.stat().st_mode) for p in passed] == [0o711] * 4
     alice.cancel(hers.id)
@@ -175,13 +186,18 @@ def test_a_tenant_keeps_its_uid_on_every_node_and_attempt(
     flaky = 'id -u; id -g; test "$FLEET_ATTEMPT" = 2'
     first = bob.submit(JobSpec(name="b", command=["id", "-u"]))
     assert first.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
-    jobs = [alice.submit(JobSpec(name=f"a-{model}", command=["sh", "-c", flaky], gpus=1, gpu_model=model,
-                                 max_attempts=2)) for model in ("alpha", "beta")]  # fmt: skip
+    jobs = [
+        alice.submit(
+            JobSpec(name=f"a-{model}", command=["sh", "-c", flaky], gpus=1, gpu_model=model, max_attempts=2)
+        )
+        for model in ("alpha", "beta")
+    ]
     ended = [j.wait(timeout=90) for j in jobs]
     # Then each of alice's attempts, on either node, ran as alice's uid; bob's was another
     assert [(e.state, e.attempt, e.node) for e in ended] == [
-        (JobState.SUCCEEDED, 2, "t-hostile-1"), (JobState.SUCCEEDED, 2, "t-hostile-2"),
-    ], procs.logs()  # fmt: skip
+        (JobState.SUCCEEDED, 2, "t-hostile-1"),
+        (JobState.SUCCEEDED, 2, "t-hostile-2"),
+    ], procs.logs()
     assert first.logs() == str(FIRST_UID)
     mine = str(FIRST_UID + 1)
     assert [j.logs(attempt=a).splitlines() for j in jobs for a in (1, 2)] == [[mine, mine]] * 4
@@ -200,14 +216,25 @@ def test_tenants_containers_run_as_their_own_uids_and_cannot_read_each_others_ch
     backend = DirectClient(settings=load_settings(redis_url=docker_procs.redis_url, allowed_mounts=[root]))
     try:
         # When tenant a's container writes a checkpoint, and tenant b's mounts the storage and reads it
-        mine = backend.submit(JobSpec(name="a", tenant="a", command=[
-            "sh", "-c", f'id -u; echo {SECRET} > "$FLEET_CHECKPOINT_DIR/s"']))  # fmt: skip
+        mine = backend.submit(
+            JobSpec(
+                name="a",
+                tenant="a",
+                command=["sh", "-c", f'id -u; echo {SECRET} > "$FLEET_CHECKPOINT_DIR/s"'],
+            )
+        )
         assert mine.wait(timeout=60).state == JobState.SUCCEEDED, docker_procs.logs()
         probe = (
             f"id -u; cat /shared/{mine.id}/s 2>&1 || echo DENIED; ls /shared/{mine.id} 2>&1 || echo DENIED"
         )
-        theirs = backend.submit(JobSpec(name="b", tenant="b", command=["sh", "-c", probe],
-                                        mounts=[{"source": str(root), "target": "/shared"}]))  # fmt: skip
+        theirs = backend.submit(
+            JobSpec(
+                name="b",
+                tenant="b",
+                command=["sh", "-c", probe],
+                mounts=[{"source": str(root), "target": "/shared"}],
+            )
+        )
         assert theirs.wait(timeout=60).state == JobState.SUCCEEDED, docker_procs.logs()
         # Then the containers ran as two uids, and b's could read nothing of a's checkpoint dir
         lines = theirs.logs().splitlines()

@@ -74,12 +74,17 @@ class Fleet:
 
     def cli(self, *args: str, check: bool = True, timeout: float = 120, **env: str) -> str:
         """``fleet ARGS`` on the laptop: its credentials file (URL, token, CA) and nothing else."""
-        environ = {"PATH": f"{self.bin}:/usr/bin:/bin", "LANG": "C.UTF-8",
-                   "FLEET_CREDENTIALS": str(self.base / "laptop" / "credentials.json"), **env}  # fmt: skip
+        environ = {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "FLEET_CREDENTIALS": str(self.base / "laptop" / "credentials.json"),
+            **env,
+        }
         done = self.laptop.run(["fleet", *args], env=environ, timeout=timeout, check=False)
         if check and done.returncode != 0:
-            raise AssertionError(f"fleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}"
-                                 f"{done.stderr}\n{self.logs()}")  # fmt: skip
+            raise AssertionError(
+                f"fleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}\n{self.logs()}"
+            )
         return done.stdout
 
     def show(self, job: str) -> dict[str, Any]:
@@ -100,8 +105,10 @@ class Fleet:
             time.sleep(0.3)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.relative_to(self.base)}\n{p.read_text()[-3000:]}"
-                         for p in sorted(self.base.glob("*/state/*.log")))  # fmt: skip
+        return "\n".join(
+            f"--- {p.relative_to(self.base)}\n{p.read_text()[-3000:]}"
+            for p in sorted(self.base.glob("*/state/*.log"))
+        )
 
 
 def _tree(path: Path) -> Path:
@@ -135,9 +142,24 @@ def _ca(folder: Path, address: str) -> tuple[Path, Path, Path]:
     for argv in (
         ["req", "-x509", *ec, "-days", "2", "-subj", "/CN=fleet test CA", "-keyout", ca_key, "-out", ca],
         ["req", *ec, "-subj", f"/CN={address}", "-keyout", key, "-out", csr],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "2",
-         "-extfile", ext, "-out", cert],
-    ):  # fmt: skip
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            "-out",
+            cert,
+        ],
+    ):
         subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True, timeout=60)
     return ca, cert, key
 
@@ -163,8 +185,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         net.close()
 
 
-def _set_up(net: Network, control: Host, agents: dict[str, Host], laptop: Host, bin_: Path, base: Path,
-            checkpoints: Path) -> Fleet:  # fmt: skip
+def _set_up(
+    net: Network,
+    control: Host,
+    agents: dict[str, Host],
+    laptop: Host,
+    bin_: Path,
+    base: Path,
+    checkpoints: Path,
+) -> Fleet:
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "LANG": "C.UTF-8"}
     python = str(bin_ / "python")
     # fleet on every host is the wheel's, not this checkout's
@@ -182,31 +211,67 @@ def _set_up(net: Network, control: Host, agents: dict[str, Host], laptop: Host, 
     # root (Redis applies `dir` as it reads it, so a command-line override comes too late)
     conf = state / "redis.conf"
     shutil.copyfile(etc / "redis.conf", conf)
-    _edit(conf, ("bind 127.0.0.1 -::1", f"bind {control.address}"),
-          ("dir /var/lib/fleet/redis", f"dir {data}"),
-          ("aclfile /etc/fleet/users.acl", f"aclfile {etc / 'users.acl'}"))  # fmt: skip
+    _edit(
+        conf,
+        ("bind 127.0.0.1 -::1", f"bind {control.address}"),
+        ("dir /var/lib/fleet/redis", f"dir {data}"),
+        ("aclfile /etc/fleet/users.acl", f"aclfile {etc / 'users.acl'}"),
+    )
     control.start(["redis-server", str(conf)], env, state / "redis.log")
     control.run([python, "-c", WAIT_PORT, control.address, "6379", "30"], env=env)
     redis_url = f"redis://{control.address}:6379/0"
     # the controller and the API, each with its own Redis user's password
     for service in ("controller", "api"):
         secret = passwords / f"fleet-{service}.password"
-        control.run(["fleet", "install", service, "--root", str(root), "--redis-url", redis_url,
-                     "--redis-password-file", str(secret)], env=env)  # fmt: skip
+        control.run(
+            [
+                "fleet",
+                "install",
+                service,
+                "--root",
+                str(root),
+                "--redis-url",
+                redis_url,
+                "--redis-password-file",
+                str(secret),
+            ],
+            env=env,
+        )
     ca, cert, key = _ca(_tree(etc / "tls"), control.address)
-    _edit(etc / "fleet.toml", ('host = "127.0.0.1"', f'host = "{control.address}"'),
-          ('# tls_cert = "/etc/fleet/tls/api.pem"', f'tls_cert = "{cert}"'),
-          ('# tls_key = "/etc/fleet/tls/api.key"', f'tls_key = "{key}"'))  # fmt: skip
+    _edit(
+        etc / "fleet.toml",
+        ('host = "127.0.0.1"', f'host = "{control.address}"'),
+        ('# tls_cert = "/etc/fleet/tls/api.pem"', f'tls_cert = "{cert}"'),
+        ('# tls_key = "/etc/fleet/tls/api.key"', f'tls_key = "{key}"'),
+    )
     _write_env(root, {**CONTROL_ENV, "FLEET_CHECKPOINT_ROOT": str(checkpoints)})
     Unit(root, "controller").start(control, state)
     Unit(root, "api").start(control, state)
     api_url = f"https://{control.address}:8080"
     laptop.run([python, "-c", WAIT_PORT, control.address, "8080", "60"], env=env)
     # the first admin's token, made on the control host with Redis credentials (fleet-admin's)
-    admin = {**env, "FLEET_REDIS_USERNAME": "fleet-admin",
-             "FLEET_REDIS_PASSWORD_FILE": str(passwords / "fleet-admin.password")}  # fmt: skip
-    made = control.run(["fleet", "--config", str(etc / "fleet.toml"), "token", "create", "--user", "root",
-                        "--tenant", "ops", "--role", "admin", "--direct"], env=admin)  # fmt: skip
+    admin = {
+        **env,
+        "FLEET_REDIS_USERNAME": "fleet-admin",
+        "FLEET_REDIS_PASSWORD_FILE": str(passwords / "fleet-admin.password"),
+    }
+    made = control.run(
+        [
+            "fleet",
+            "--config",
+            str(etc / "fleet.toml"),
+            "token",
+            "create",
+            "--user",
+            "root",
+            "--tenant",
+            "ops",
+            "--role",
+            "admin",
+            "--direct",
+        ],
+        env=admin,
+    )
     token = made.stdout.strip().splitlines()[-1]
 
     # The agent hosts: the agent's password copied over, then `fleet install agent`
@@ -215,14 +280,35 @@ def _set_up(net: Network, control: Host, agents: dict[str, Host], laptop: Host, 
         state = _tree(base / name / "state")
         copied = base / name / "fleet-agent.password"
         shutil.copyfile(passwords / "fleet-agent.password", copied)
-        host.run(["fleet", "install", "agent", "--root", str(root), "--redis-url", redis_url,
-                  "--redis-password-file", str(copied)], env=env)  # fmt: skip
+        host.run(
+            [
+                "fleet",
+                "install",
+                "agent",
+                "--root",
+                str(root),
+                "--redis-url",
+                redis_url,
+                "--redis-password-file",
+                str(copied),
+            ],
+            env=env,
+        )
         copied.unlink()
-        _edit(root / "etc" / "fleet" / "fleet.toml", ('# node_name = "gpu-01"', f'node_name = "{name}"'),
-              ('address = ""', f'address = "{host.address}"'))  # fmt: skip
+        _edit(
+            root / "etc" / "fleet" / "fleet.toml",
+            ('# node_name = "gpu-01"', f'node_name = "{name}"'),
+            ('address = ""', f'address = "{host.address}"'),
+        )
         agent_state = _tree(_tree(_tree(root / "var") / "lib") / "fleet") / "agent"
-        _write_env(root, {**AGENT_ENV, "FLEET_CHECKPOINT_ROOT": str(checkpoints),
-                          "FLEET_AGENT__STATE_DIR": str(agent_state)})  # fmt: skip
+        _write_env(
+            root,
+            {
+                **AGENT_ENV,
+                "FLEET_CHECKPOINT_ROOT": str(checkpoints),
+                "FLEET_AGENT__STATE_DIR": str(agent_state),
+            },
+        )
         Unit(root, "agent").start(host, state)
 
     # The laptop: a token and the CA, no Redis credentials
@@ -305,8 +391,11 @@ def test_the_maintenance_script_drains_a_host_with_a_deadline(fleet: Fleet) -> N
     script = ROOT / "config" / "examples" / "maintain-node.sh"
     seen = fleet.base / "laptop" / "during-maintenance.json"
     maintenance = ["sh", "-c", f"fleet nodes show {node} -o json > {seen}"]
-    done = fleet.laptop.run(["bash", str(script), node, *maintenance], check=False,
-                            env=_laptop_env(fleet, DEADLINE="1s", GRACE="2s", TIMEOUT="60s"))  # fmt: skip
+    done = fleet.laptop.run(
+        ["bash", str(script), node, *maintenance],
+        check=False,
+        env=_laptop_env(fleet, DEADLINE="1s", GRACE="2s", TIMEOUT="60s"),
+    )
     # Then it drained the host, ran the maintenance on a DRAINED host holding no job, and put it back
     assert done.returncode == 0, done.stdout + done.stderr + fleet.logs()
     during = json.loads(seen.read_text())
@@ -322,8 +411,12 @@ def test_the_maintenance_script_drains_a_host_with_a_deadline(fleet: Fleet) -> N
 
 
 def _laptop_env(fleet: Fleet, **extra: str) -> dict[str, str]:
-    return {"PATH": f"{fleet.bin}:/usr/bin:/bin", "LANG": "C.UTF-8",
-            "FLEET_CREDENTIALS": str(fleet.base / "laptop" / "credentials.json"), **extra}  # fmt: skip
+    return {
+        "PATH": f"{fleet.bin}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "FLEET_CREDENTIALS": str(fleet.base / "laptop" / "credentials.json"),
+        **extra,
+    }
 
 
 #: writes the machine's uptime (one clock for every host here) to its checkpoint directory: 20 times,

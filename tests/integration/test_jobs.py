@@ -87,8 +87,10 @@ def test_a_job_larger_than_the_fleet_stays_queued_with_the_reason(
     # and one whose member is larger than any node says which node lacks what
     pinned = client.submit(sh("true", gpus=8, nodes=2))
     _wait_for(lambda: pinned.status().reason != "submitted")
-    assert pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a " \
-                                     "member (t-node1: has 2 matching GPUs)"  # fmt: skip
+    assert (
+        pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a "
+        "member (t-node1: has 2 matching GPUs)"
+    )
 
 
 def test_missing_image_fails_the_job_readably(one_node: FleetProcs, client: Client, runtime: str) -> None:

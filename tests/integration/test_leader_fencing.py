@@ -71,11 +71,26 @@ def test_every_fenced_store_write_refuses_a_stale_leader_and_changes_nothing(har
     h.client.set(h.jobs.keys.leader, "c2:99")
     # When the deposed one tries each kind of write with its old token
     writes = {
-        "requeue": lambda: h.jobs.transition("j", attempt=1, allowed=[JobState.RUNNING], to=JobState.QUEUED,
-                                             reason="node down", now=now, release=True, leader=stale),
-        "drain stop": lambda: h.jobs.transition("j", attempt=1, allowed=[JobState.RUNNING], to=None,
-                                                reason="drain", now=now, fields={"preempt": "x"},
-                                                leader=stale),
+        "requeue": lambda: h.jobs.transition(
+            "j",
+            attempt=1,
+            allowed=[JobState.RUNNING],
+            to=JobState.QUEUED,
+            reason="node down",
+            now=now,
+            release=True,
+            leader=stale,
+        ),
+        "drain stop": lambda: h.jobs.transition(
+            "j",
+            attempt=1,
+            allowed=[JobState.RUNNING],
+            to=None,
+            reason="drain",
+            now=now,
+            fields={"preempt": "x"},
+            leader=stale,
+        ),
         "drained": lambda: h.nodes.set_state("n1", NodeState.DRAINED, "drained", now, leader=stale),
         "orphan claims": lambda: h.jobs.release_orphan_claims([("n1-g9", "vanished:1")], stale),
         "quarantine job": lambda: h.jobs.quarantine("j", "spec: bad", now, stale),
@@ -83,7 +98,7 @@ def test_every_fenced_store_write_refuses_a_stale_leader_and_changes_nothing(har
         "place": lambda: h.jobs.place("j", "n1", [], stale, now, "placed"),
         "expire jobs": lambda: h.controller.retention.expire_jobs(["j"], now, now, 60, stale),
         "remove node": lambda: h.controller.retention.remove_node("n1", now, stale),
-    }  # fmt: skip
+    }
     not_fenced = []
     for name, write in writes.items():
         try:

@@ -41,8 +41,12 @@ def test_a_job_runs_on_the_node_to_success_with_its_output(fleet: MemFleet) -> N
     assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
     assert fleet.jobs.log_tail(job_id, 1, 10) == ["hello", "done"]
     assert [e.state for e in fleet.jobs.history(job_id)] == [
-        "QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED",
-    ]  # fmt: skip
+        "QUEUED",
+        "SCHEDULED",
+        "STARTING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
     assert fleet.nodes.get("m-node1").claims == {}
     assert fleet.runtimes["m-node1"].attempts() == []  # the agent removed the ended attempt
 

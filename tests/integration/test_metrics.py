@@ -65,9 +65,11 @@ def test_controller_and_agent_metrics(procs: FleetProcs, client: Client) -> None
     assert gpu_totals == [80 * (1 << 30)] * 2
     # And neither serves its unauthenticated /metrics beyond loopback unless the operator says so
     listening = {
-        (c.laddr.ip, c.laddr.port) for p in psutil.Process().children(recursive=True)
-        for c in p.net_connections("tcp") if c.status == "LISTEN"
-    }  # fmt: skip
+        (c.laddr.ip, c.laddr.port)
+        for p in psutil.Process().children(recursive=True)
+        for c in p.net_connections("tcp")
+        if c.status == "LISTEN"
+    }
     assert {("127.0.0.1", cport), ("127.0.0.1", aport)} <= listening
     assert not [a for a in listening if a[1] in (cport, aport) and a[0] != "127.0.0.1"]
     running.cancel()

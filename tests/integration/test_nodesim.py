@@ -35,10 +35,17 @@ def mixed_jobs(count: int, seed: int = 7) -> list[JobSpec]:
     for i in range(count):
         model = rng.choice([None, None, "H100", "A100"])
         shape = rng.choice(GANGS) if rng.random() < 0.1 else {"gpus": rng.choice([1, 1, 2, 4, 8])}
-        specs.append(JobSpec.parse({
-            "name": f"sim-{i}", "command": ["true"], "gpu_model": model, **shape,
-            "labels": {SECONDS_LABEL: f"{rng.uniform(0, 0.2):.3f}"},
-        }))  # fmt: skip
+        specs.append(
+            JobSpec.parse(
+                {
+                    "name": f"sim-{i}",
+                    "command": ["true"],
+                    "gpu_model": model,
+                    **shape,
+                    "labels": {SECONDS_LABEL: f"{rng.uniform(0, 0.2):.3f}"},
+                }
+            )
+        )
     return specs
 
 
@@ -71,8 +78,9 @@ def story(store: JobStore, job: Job) -> str:
 @pytest.mark.parametrize("consumer", ["shared", "dramatiq"])
 def test_every_job_succeeds_once_on_simulated_nodes(redis_url: str, consumer: str) -> None:
     # Given 20 simulated nodes (10 A100, 10 H100, 8 GPUs each) and the real controller
-    settings = load_settings(redis_url=redis_url, bus_poll_ms=10,
-                             controller={"schedule_interval_s": 0.5, "metrics_port": 0})  # fmt: skip
+    settings = load_settings(
+        redis_url=redis_url, bus_poll_ms=10, controller={"schedule_interval_s": 0.5, "metrics_port": 0}
+    )
     keys = Keys(settings.key_prefix)
     store = JobStore(connect(settings), keys)
     controller = Controller(settings, store, NodeStore(connect(settings), keys), Bus(settings))

@@ -51,8 +51,17 @@ class Clock:
 def simulated() -> tuple[list[Decision], list[float]]:
     """What ``fleet sim`` decides, and the instants it ran passes at."""
     gpus = len(NODES) * PER_NODE
-    config = SimConfig("elastic", gpus=gpus, nodes=len(NODES), until=UNTIL, tenants=TENANTS, max_gpus=gpus,
-                       objective="speedup", resize_cost_s=30, min_interval_s=120)  # fmt: skip
+    config = SimConfig(
+        "elastic",
+        gpus=gpus,
+        nodes=len(NODES),
+        until=UNTIL,
+        tenants=TENANTS,
+        max_gpus=gpus,
+        objective="speedup",
+        resize_cost_s=30,
+        min_interval_s=120,
+    )
     sim = Simulation(TRACE, config)
     instants: list[float] = []
     run_pass = sim._pass
@@ -79,9 +88,16 @@ def spec(job: TraceJob) -> JobSpec:
     if job.model is None:
         return JobSpec(name=job.id, command=["sleep", "inf"], gpus=job.gpus, tenant=job.tenant)
     p = named_profile(job.model)
-    return JobSpec.parse({"name": job.id, "command": ["python", "train.py"], "tenant": job.tenant,
-                          "gpus": {"min": 1, "max": len(NODES) * PER_NODE}, "profile": job.model,
-                          "batch_size": {"min": p.min_batch, "max": p.max_batch}})  # fmt: skip
+    return JobSpec.parse(
+        {
+            "name": job.id,
+            "command": ["python", "train.py"],
+            "tenant": job.tenant,
+            "gpus": {"min": 1, "max": len(NODES) * PER_NODE},
+            "profile": job.model,
+            "batch_size": {"min": p.min_batch, "max": p.max_batch},
+        }
+    )
 
 
 def live_pass(h: Harness, now: float, caplog: pytest.LogCaptureFixture) -> tuple[list[Decision], set[str]]:
@@ -113,8 +129,15 @@ def agents(h: Harness, now: float, started: list[str], leaving: set[str]) -> Non
     for job_id in started:
         attempt = h.jobs.get(job_id).attempt
         for to, fields in ((JobState.STARTING, {}), (JobState.RUNNING, {"started_at": now})):
-            assert h.jobs.transition(job_id, attempt=attempt, to=to, now=now, reason="", fields=fields,
-                                     allowed=[JobState.SCHEDULED, JobState.STARTING])  # fmt: skip
+            assert h.jobs.transition(
+                job_id,
+                attempt=attempt,
+                to=to,
+                now=now,
+                reason="",
+                fields=fields,
+                allowed=[JobState.SCHEDULED, JobState.STARTING],
+            )
     for job_id in leaving:
         job = h.jobs.get(job_id)
         kind = ExitKind.RESIZE if job.resize_gpus is not None else ExitKind.PREEMPTED

@@ -51,8 +51,14 @@ def browser() -> Iterator[Any]:
     need(chromium is not None and driver is not None, "chromium not installed (config/setup-host.sh)")
     options = webdriver.ChromeOptions()
     options.binary_location = str(chromium)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--disable-extensions"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--disable-extensions",
+    ):
         options.add_argument(arg)
     chrome = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
     chrome.set_page_load_timeout(30)
@@ -156,8 +162,18 @@ def test_the_login_cookie_is_secure_over_https_and_no_other_site_can_log_in(api:
     # Given the API serving HTTPS, When one logs in there, Then the cookie is sent over HTTPS only
     cert, key = self_signed_cert(tmp_path)
     port = free_port()
-    argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--tls-cert", str(cert),
-            "--tls-key", str(key)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "api",
+        "--port",
+        str(port),
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    ]
     env = {**os.environ, "FLEET_REDIS_URL": api.redis_url}
     server = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
     try:

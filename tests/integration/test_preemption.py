@@ -44,8 +44,11 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
     # short ones queued behind them
     train = [sys.executable, EXAMPLE, "--steps", "300", "--every", "10", "--sleep", "0.05"]
     a_jobs = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=train, tenant="a")) for i in range(4)]
-    wait_for(lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs), timeout=120,
-             what="a's jobs running and checkpointing")  # fmt: skip
+    wait_for(
+        lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs),
+        timeout=120,
+        what="a's jobs running and checkpointing",
+    )
     short = [sys.executable, "-c", "import time; time.sleep(0.5)"]
     a_rest = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=short, tenant="a")) for i in range(4, 100)]
     # When b submits 20 jobs of a few seconds
@@ -53,8 +56,11 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
     b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=b_run, tenant="b")) for i in range(20)]
     started = time.monotonic()
     # Then within one grace period b runs its guarantee, on GPUs two of a's jobs gave up
-    wait_for(lambda: sum(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs) >= 2,
-             timeout=GRACE_S, what=f"b's jobs running:\n{procs.logs()}")  # fmt: skip
+    wait_for(
+        lambda: sum(j.status().state in (JobState.RUNNING, JobState.SUCCEEDED) for j in b_jobs) >= 2,
+        timeout=GRACE_S,
+        what=f"b's jobs running:\n{procs.logs()}",
+    )
     assert time.monotonic() - started <= GRACE_S
     preempted = [j for j in a_jobs if j.status().infra_requeues or j.status().preempt]
     assert len(preempted) == 2, [j.status() for j in a_jobs]
@@ -69,8 +75,10 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
         assert f"resumed from step {stopped_at} (attempt 2)" in job.logs(attempt=2)
         requeue = next(e for e in job.history() if e.state == "QUEUED" and e.attempt == 1)
         assert requeue.reason.startswith("preempted for job b")
-        assert "of tenant b (below its guarantee of 2 GPUs): exited with code 143 (SIGTERM); " \
-               "requeued (retry budget not spent)" in requeue.reason  # fmt: skip
+        assert (
+            "of tenant b (below its guarantee of 2 GPUs): exited with code 143 (SIGTERM); "
+            "requeued (retry budget not spent)" in requeue.reason
+        )
     assert all(j.status().state == JobState.SUCCEEDED for j in b_jobs)
     # And the preemptions are counted for a, and the tenants' status is published
     preempted_all = sum(j.status().infra_requeues for j in [*a_jobs, *a_rest])

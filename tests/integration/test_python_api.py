@@ -77,15 +77,25 @@ def test_listing_filters_by_state_user_and_label(api: Api) -> None:
         assert {j.owner for j in ann.listing()} == {"ann", "bob"}  # same tenant: both visible
         with pytest.raises(SpecError, match="state 'runing': expected one of QUEUED"):
             ann.jobs(state="runing")
-        cli = subprocess.run([sys.executable, "-m", "fleet", "jobs", "--label", "exp=8", "-o", "json"],
-                             env=api.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+        cli = subprocess.run(
+            [sys.executable, "-m", "fleet", "jobs", "--label", "exp=8", "-o", "json"],
+            env=api.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert [j["owner"] for j in json.loads(cli.stdout)] == ["bob"]
 
 
 def test_nodes_node_shows_one_node(ready: Client, procs: FleetProcs) -> None:
     for argv in (["nodes", "t-py"], ["nodes", "show", "t-py"]):
-        done = subprocess.run([sys.executable, "-m", "fleet", *argv, "-o", "json"], env=procs.cli_env(),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "fleet", *argv, "-o", "json"],
+            env=procs.cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(done.stdout)["name"] == "t-py", done.stderr
 
 
@@ -109,8 +119,10 @@ def report(step: int, total: int, loss: float) -> str:
 
 def test_progress_is_the_current_attempts_last_report(ready: Client, procs: FleetProcs) -> None:
     # Given a job whose first attempt reports progress and fails, and whose second reports later
-    script = (f'if [ "$FLEET_ATTEMPT" = 1 ]; then {report(1, 4, 0.9)}; {report(2, 4, 0.5)}; exit 1; fi; '
-              f"sleep 1.5; {report(3, 4, 0.25)}; sleep 600")  # fmt: skip
+    script = (
+        f'if [ "$FLEET_ATTEMPT" = 1 ]; then {report(1, 4, 0.9)}; {report(2, 4, 0.5)}; exit 1; fi; '
+        f"sleep 1.5; {report(3, 4, 0.25)}; sleep 600"
+    )
     job = ready.submit(sh("prog", script, max_attempts=2))
     # Then while the second attempt has not reported yet, the job shows no progress (not the first's)
     until(lambda: job.status().attempt == 2 and job.status().state == JobState.RUNNING, "attempt 2 running")
@@ -138,8 +150,13 @@ def test_logs_follow_draws_progress_lines_as_a_bar(ready: Client, procs: FleetPr
 
 
 def cli(procs: FleetProcs, *argv: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "fleet", *argv], env=procs.cli_env(), capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet", *argv],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -278,8 +295,9 @@ def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> No
         (lambda c: JobSpec(name="j", command=["x"], gpu=1), "gpu: unknown field.*did you mean 'gpus'"),
     ],
 )
-def test_a_bad_argument_is_a_spec_error_with_the_fix(client: Client, call: Callable[[Client], object],
-                                                     said: str) -> None:  # fmt: skip
+def test_a_bad_argument_is_a_spec_error_with_the_fix(
+    client: Client, call: Callable[[Client], object], said: str
+) -> None:
     with pytest.raises(SpecError, match=said):
         call(client)
 
@@ -289,12 +307,20 @@ def test_every_public_method_has_a_test() -> None:
     from fleet import aio, handles
 
     here = Path(__file__).read_text() + (Path(__file__).parent / "test_python_api_async.py").read_text()
-    classes = [Client, handles.JobHandle, handles.ArrayHandle, aio.AsyncClient, aio.AsyncJobHandle,
-               aio.AsyncArrayHandle]  # fmt: skip
+    classes = [
+        Client,
+        handles.JobHandle,
+        handles.ArrayHandle,
+        aio.AsyncClient,
+        aio.AsyncJobHandle,
+        aio.AsyncArrayHandle,
+    ]
     public = {
-        name for cls in classes for name, member in vars(cls).items()
+        name
+        for cls in classes
+        for name, member in vars(cls).items()
         if not name.startswith("_") and not isinstance(member, property)
-    }  # fmt: skip
+    }
     untested = sorted(name for name in public if f".{name}(" not in here)
     assert untested == []
     assert (

@@ -41,8 +41,9 @@ def test_jobs_and_handles_awaited(ready: Api, tmp_path: Path) -> None:
             # Given jobs submitted concurrently from one event loop
             ok, bad, slow = await asyncio.gather(
                 client.submit(sh("ok", "echo one; sleep 0.3; echo two"), job_id="aio-ok"),
-                client.submit(sh("bad", "exit 4")), client.submit(sh("slow", "sleep 600")),
-            )  # fmt: skip
+                client.submit(sh("bad", "exit 4")),
+                client.submit(sh("slow", "sleep 600")),
+            )
             # Then each handle is awaited like a future
             assert (await ok.result(timeout=60)).state == JobState.SUCCEEDED and await ok.done()
             with pytest.raises(JobFailed, match="exited with code 4"):

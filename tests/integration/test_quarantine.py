@@ -23,8 +23,9 @@ def runtime() -> str:
 
 def fleet_cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
     env = procs.cli_env()
-    return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_unreadable_job_and_node_records_are_quarantined_and_the_rest_runs(

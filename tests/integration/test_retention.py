@@ -60,8 +60,14 @@ def run_attempt(h: Harness, job_id: str, code: int | None, at: float) -> None:
     attempt = h.jobs.place(job_id, "n", ["n-g0"], leader, at - 30, "placed")
     assert attempt
     for to in (JobState.STARTING, JobState.RUNNING):
-        h.jobs.transition(job_id, attempt=attempt, allowed=[JobState.SCHEDULED, JobState.STARTING], to=to,
-                          reason="", now=at - 20)  # fmt: skip
+        h.jobs.transition(
+            job_id,
+            attempt=attempt,
+            allowed=[JobState.SCHEDULED, JobState.STARTING],
+            to=to,
+            reason="",
+            now=at - 20,
+        )
     h.jobs.append_logs(job_id, attempt, [("c1", f"attempt {attempt} says hi")], 100)
     if code is not None:
         job, exit = h.jobs.get(job_id), Exit(code=code, reason=f"exited {code}")
@@ -112,8 +118,10 @@ def test_retention_deletes_exactly_the_jobs_that_ended_longer_ago_than_the_reten
     # And the others are untouched: listed, with their state, history and logs
     assert sorted(j.id for j in client.jobs()) == ["queued", "recent", "running"]
     assert [client.get(j).state for j in ("queued", "recent", "running")] == [
-        JobState.QUEUED, JobState.SUCCEEDED, JobState.RUNNING,
-    ]  # fmt: skip
+        JobState.QUEUED,
+        JobState.SUCCEEDED,
+        JobState.RUNNING,
+    ]
     assert [line.line for line in client.logs("recent")] == ["attempt 1 says hi"]
     assert [e.state for e in client.history("running")][-1] == "RUNNING"
     counts = {s: c for s, c in h.jobs.count_by_state().items() if c}
@@ -199,9 +207,11 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
 ) -> None:
     r = redis_py.Redis.from_url(redis_url, decode_responses=True)
     procs.env.update(
-        FLEET_JOB_RETENTION_S="1", FLEET_TOMBSTONE_RETENTION_S="4",
-        FLEET_CONTROLLER__RETENTION_INTERVAL_S="0.5", FLEET_AGENT__CHECKPOINT_SWEEP_INTERVAL_S="0.3",
-    )  # fmt: skip
+        FLEET_JOB_RETENTION_S="1",
+        FLEET_TOMBSTONE_RETENTION_S="4",
+        FLEET_CONTROLLER__RETENTION_INTERVAL_S="0.5",
+        FLEET_AGENT__CHECKPOINT_SWEEP_INTERVAL_S="0.3",
+    )
     procs.controller()
     procs.agent("t-ret", gpus=2)
     procs.wait_nodes(client, 1)
@@ -255,8 +265,9 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
 
 def cli(procs: FleetProcs, *args: str) -> subprocess.CompletedProcess[str]:
     env = procs.cli_env()
-    return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture

@@ -43,8 +43,13 @@ def test_a_job_id_that_is_a_path_is_refused_at_submit(procs: FleetProcs, client:
     for bad in ("../victim", "/", "a:b", "..", "x" * 200):
         with pytest.raises(SpecError, match=r"job id .* is invalid"):
             client.submit(JobSpec(name="x", command=["true"]), job_id=bad)
-    cli = subprocess.run([sys.executable, "-m", "fleet", "submit", "--id", "../victim", "--", "true"],
-                         env=procs.cli_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    cli = subprocess.run(
+        [sys.executable, "-m", "fleet", "submit", "--id", "../victim", "--", "true"],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     # Then nothing was queued, and the CLI says why with a usage error
     assert cli.returncode == 2 and "job id '../victim' is invalid" in cli.stderr
     assert client.jobs() == []
@@ -132,9 +137,23 @@ class PasswordRedis:
         self.port = free_port()
         binary = shutil.which("redis-server") or "redis-server"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
-             "--appendonly", "no", "--requirepass", self.PASSWORD], stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                self.PASSWORD,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         probe = redis.Redis(port=self.port, password=self.PASSWORD)
         for _ in range(100):
             try:

@@ -47,25 +47,36 @@ def stores(redis_url: str) -> Iterator[tuple[JobStore, JobStore, redis.Redis]]:
 def running_job(jobs: JobStore, client: redis.Redis, job_id: str) -> None:
     """A job RUNNING on a live node, placed by the leader as the controller does."""
     node = NodeStore(client, jobs.keys)
-    node.heartbeat("n1", "agent-1", 30, 100.0, NodeInfo(gpus=[], cpus=1, memory=1, runtime="process",
-                                                       gpu_backend="simulated"))  # fmt: skip
+    node.heartbeat(
+        "n1",
+        "agent-1",
+        30,
+        100.0,
+        NodeInfo(gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"),
+    )
     jobs.create(job_id, JobSpec(name="j", command=["true"]), 100.0)
     assert jobs.place(job_id, "n1", [], LEADER, 101.0, "placed on n1") == 1
     for to in (JobState.STARTING, JobState.RUNNING):
         assert jobs.transition(job_id, attempt=1, allowed=ON_NODE_STATES, to=to, reason="", now=102.0)
 
 
-def test_a_cancel_racing_a_requeue_is_never_lost(
-    stores: tuple[JobStore, JobStore, redis.Redis],
-) -> None:
+def test_a_cancel_racing_a_requeue_is_never_lost(stores: tuple[JobStore, JobStore, redis.Redis]) -> None:
     user, fleet, client = stores
     running_job(fleet, client, "j1")
     stale = fleet.get("j1")  # the agent read the job before the user cancelled
 
     def attempt_fails() -> None:  # the agent records attempt 1's exit 1 from what it read: a retry
         decision = decide(stale, Exit(code=1, reason="exited with code 1"), RetryPolicy(backoff_s=0))
-        fleet.transition("j1", attempt=1, allowed=[JobState.RUNNING], to=decision.state,
-                         reason=decision.reason, now=103.0, incr=decision.incr, release=True)  # fmt: skip
+        fleet.transition(
+            "j1",
+            attempt=1,
+            allowed=[JobState.RUNNING],
+            to=decision.state,
+            reason=decision.reason,
+            now=103.0,
+            incr=decision.incr,
+            release=True,
+        )
 
     # Given a running job, When the user cancels it while its attempt fails and is requeued
     user.redis.between = attempt_fails
@@ -100,8 +111,13 @@ def test_the_nodes_changed_feed_names_what_placement_sees_change_and_nothing_els
     gpu = Gpu(uuid="GPU-a", index=0, model="A100", memory_total=80)
 
     def beat(**changes: Any) -> None:
-        info = NodeInfo(gpus=[gpu.model_copy(update=changes)], cpus=8, memory=1 << 30, runtime="process",
-                        gpu_backend="simulated")  # fmt: skip
+        info = NodeInfo(
+            gpus=[gpu.model_copy(update=changes)],
+            cpus=8,
+            memory=1 << 30,
+            runtime="process",
+            gpu_backend="simulated",
+        )
         nodes.heartbeat("n1", "agent-1", 30, 100.0, info)
 
     def changed() -> list[str]:
@@ -128,8 +144,15 @@ def test_the_nodes_changed_feed_names_what_placement_sees_change_and_nothing_els
     for to in (JobState.STARTING, JobState.RUNNING):  # a launch holds what it was placed with
         assert jobs.transition("j1", attempt=1, allowed=ON_NODE_STATES, to=to, reason="", now=104.0)
     assert changed() == []
-    assert jobs.transition("j1", attempt=1, allowed=ON_NODE_STATES, to=JobState.SUCCEEDED, reason="exited",
-                           now=105.0, release=True)  # fmt: skip
+    assert jobs.transition(
+        "j1",
+        attempt=1,
+        allowed=ON_NODE_STATES,
+        to=JobState.SUCCEEDED,
+        reason="exited",
+        now=105.0,
+        release=True,
+    )
     assert changed() == ["n1"]  # leaving the node releases what it held there
 
 
@@ -140,8 +163,9 @@ def test_a_nodes_labels_are_published_and_a_change_of_them_is_a_change(
     nodes = NodeStore(client, jobs.keys)
 
     def beat(labels: dict[str, str]) -> None:
-        info = NodeInfo(gpus=[], cpus=8, memory=1 << 30, runtime="process", gpu_backend="simulated",
-                        labels=labels)  # fmt: skip
+        info = NodeInfo(
+            gpus=[], cpus=8, memory=1 << 30, runtime="process", gpu_backend="simulated", labels=labels
+        )
         nodes.heartbeat("n1", "agent-1", 30, 100.0, info)
 
     beat({"rack": "r1"})
@@ -161,8 +185,13 @@ def test_an_elastic_jobs_reports_are_kept_per_size_it_was_launched_at(
     )
     jobs.create("e", spec, 100.0)
     assert jobs.resize(jobs.get("e"), 2, 128, "sized 2 GPUs", 30.0, 100.5, LEADER)
-    NodeStore(client, jobs.keys).heartbeat("n1", "agent-1", 30, 100.0, NodeInfo(
-        gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"))  # fmt: skip
+    NodeStore(client, jobs.keys).heartbeat(
+        "n1",
+        "agent-1",
+        30,
+        100.0,
+        NodeInfo(gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"),
+    )
     assert jobs.place("e", "n1", [], LEADER, 101.0, "placed on n1") == 1
 
     def report(attempt: int, rate: float | None) -> None:

@@ -29,8 +29,21 @@ pytestmark = pytest.mark.integration
 def small_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A redis-server of our own (the test freezes it), with only DBs 0 (state) and 1 (bus)."""
     port = free_port()
-    argv = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-            "--dir", str(tmp_path), "--save", "", "--appendonly", "no", "--databases", "2"]  # fmt: skip
+    argv = [
+        shutil.which("redis-server") or "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(tmp_path),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--databases",
+        "2",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: _pings(url), timeout=10, what="redis up")

@@ -28,8 +28,13 @@ TENANTS = ("vision", "nlp", "default")
 def client(redis_url: str) -> Iterator[redis.Redis]:
     plain = redis.Redis.from_url(redis_url, decode_responses=True)
     plain.set(Keys().leader, LEADER)
-    NodeStore(plain, Keys()).heartbeat("n1", "agent-1", 300, 100.0, NodeInfo(
-        gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"))  # fmt: skip
+    NodeStore(plain, Keys()).heartbeat(
+        "n1",
+        "agent-1",
+        300,
+        100.0,
+        NodeInfo(gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated"),
+    )
     yield plain
     plain.close()
 
@@ -41,9 +46,13 @@ def expected(jobs: JobStore) -> dict[str, QueuePosition]:
     counts = {t: sum(j.spec.tenant == t for j in queued) for t in TENANTS}
     for overall, job in enumerate(queued, 1):
         seen[job.spec.tenant] += 1
-        out[job.id] = QueuePosition(tenant=job.spec.tenant, in_tenant=seen[job.spec.tenant],
-                                    tenant_queued=counts[job.spec.tenant], overall=overall,
-                                    queued=len(queued))  # fmt: skip
+        out[job.id] = QueuePosition(
+            tenant=job.spec.tenant,
+            in_tenant=seen[job.spec.tenant],
+            tenant_queued=counts[job.spec.tenant],
+            overall=overall,
+            queued=len(queued),
+        )
     return out
 
 
@@ -71,8 +80,15 @@ def churn(jobs: JobStore, rng: random.Random, steps: int) -> None:
         elif roll < 0.8 and on_node:
             job_id = on_node.pop(rng.randrange(len(on_node)))
             attempt = jobs.get(job_id).attempt
-            jobs.transition(job_id, attempt=attempt, allowed=ON_NODE_STATES, to=JobState.QUEUED,
-                            reason="requeued", now=now, release=True)  # fmt: skip
+            jobs.transition(
+                job_id,
+                attempt=attempt,
+                allowed=ON_NODE_STATES,
+                to=JobState.QUEUED,
+                reason="requeued",
+                now=now,
+                release=True,
+            )
         elif roll < 0.95:
             jobs.request_cancel(rng.choice(queued), now)
         else:
@@ -94,8 +110,9 @@ def test_every_queued_jobs_place_is_what_reading_the_whole_queue_gives(
     # And the queue page's heads are each tenant's first jobs, in order
     where = expected(jobs)
     heads = index.heads(None, 2)
-    assert heads == sorted((i for i, p in where.items() if p.in_tenant <= 2),
-                           key=lambda i: (where[i].tenant, where[i].in_tenant))  # fmt: skip
+    assert heads == sorted(
+        (i for i, p in where.items() if p.in_tenant <= 2), key=lambda i: (where[i].tenant, where[i].in_tenant)
+    )
 
 
 def test_the_leader_repairs_an_index_that_lost_track_of_jobs(client: redis.Redis) -> None:

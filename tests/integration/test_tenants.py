@@ -70,8 +70,9 @@ def test_a_deposed_leader_cannot_fold(store: TenantStore, redis: redis.Redis) ->
 def test_status_lists_configured_tenants_and_tenants_with_jobs(store: TenantStore) -> None:
     # Given a configured tenant without jobs, and the leader's published status of an unconfigured one
     store.set(Tenant(name="vision", guaranteed_gpus=4))
-    running = TenantStatus(tenant=Tenant(name="nlp"), gpus_used=3, jobs_running=2, jobs_pending=5,
-                           fair_share_gpus=6.0)  # fmt: skip
+    running = TenantStatus(
+        tenant=Tenant(name="nlp"), gpus_used=3, jobs_running=2, jobs_pending=5, fair_share_gpus=6.0
+    )
     store.fold({"nlp": 3}, now=100.0, half_life=HOUR, leader=LEADER, status=[running])
     store.fold({"nlp": 3}, now=160.0, half_life=HOUR, leader=LEADER, status=[running])
     # Then both are listed, each with its policy and how it stands

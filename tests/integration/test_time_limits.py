@@ -55,8 +55,14 @@ def test_signal_before_gives_the_job_time_to_checkpoint_before_the_limit(fleet: 
 
 
 def test_requeue_on_timeout_resumes_in_a_new_attempt_without_spending_a_retry(fleet: Client) -> None:
-    spec = {"name": "chunked", "command": [sys.executable, "-c", TRAP], "timeout": "2s",
-            "requeue_on_timeout": True, "env": {"QUICK_AFTER_FIRST": "1"}, "max_attempts": 1}  # fmt: skip
+    spec = {
+        "name": "chunked",
+        "command": [sys.executable, "-c", TRAP],
+        "timeout": "2s",
+        "requeue_on_timeout": True,
+        "env": {"QUICK_AFTER_FIRST": "1"},
+        "max_attempts": 1,
+    }
     job = fleet.submit(JobSpec.parse(spec))
     status = job.wait(timeout=60)
     assert (status.state, status.attempt, status.failures, status.infra_requeues) == (

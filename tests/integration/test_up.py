@@ -26,16 +26,20 @@ def test_fleet_up_demo_runs_jobs_to_completion_and_leaves_nothing(tmp_path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     done = subprocess.run(
         [sys.executable, "-m", "fleet", "up", "--demo", "--runtime", "process", "--state-dir", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"export FLEET_API_URL=http://127\.0\.0\.1:\d+ FLEET_TOKEN=fleet_\w+", done.stdout)
     rows = [line for line in done.stdout.splitlines() if line.startswith(("hello-", "two-gpus-", "flaky-"))]
     assert len(rows) == 3 and all(" SUCCEEDED " in r for r in rows), done.stdout
     leftovers = [
-        p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
         if str(tmp_path) in " ".join(p.info["cmdline"] or [])
-    ]  # fmt: skip
+    ]
     assert leftovers == []
 
 
@@ -56,8 +60,12 @@ class Up:
         env["TMPDIR"] = str(self.root)  # its fleet-up-* temp dir lands where the test can look
         env.update(extra)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "fleet", "up", "--runtime", "process"],
-                                         env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet", "up", "--runtime", "process"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return self.proc
 
     def wait_up(self, timeout: float = 60) -> Client:
@@ -177,9 +185,16 @@ def test_fleet_ups_redis_admits_only_its_services(up: Up) -> None:
         port = next(c.laddr.port for c in redis_proc.net_connections("tcp") if c.status == "LISTEN")
         (state,) = up.root.glob("fleet-up-*")
         # When a job tries Redis without the password, and to read the services' password file
-        job = client.submit({"name": "probe", "command": [
-            "sh", "-c", f"redis-cli -p {port} ping; cat {state}/redis.password || echo unreadable",
-        ]})  # fmt: skip
+        job = client.submit(
+            {
+                "name": "probe",
+                "command": [
+                    "sh",
+                    "-c",
+                    f"redis-cli -p {port} ping; cat {state}/redis.password || echo unreadable",
+                ],
+            }
+        )
         status = job.wait(timeout=60)
         # Then Redis refuses it and the file is not the job's to read
         assert status.state == "SUCCEEDED", up.output()

@@ -76,8 +76,9 @@ class Fleet(FleetProcs):
     def start(self, name: str, argv: list[str], old: bool = False, **env: str) -> subprocess.Popen[bytes]:
         full = self.old_env(env) if old else {**self.env, **env}
         with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(fleet_argv(*argv), env=full, cwd=self.root, stdout=log,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                fleet_argv(*argv), env=full, cwd=self.root, stdout=log, stderr=subprocess.STDOUT
+            )
         self.procs[name] = proc
         return proc
 
@@ -94,8 +95,13 @@ class Fleet(FleetProcs):
     def node(self, node: str, name: str, old: bool = False) -> None:
         """An agent for ``node`` with 2 GPUs; its state dir is the node's, whichever release runs it."""
         self.nodes.add(node)
-        self.start(name, ["agent", "--node-name", node], old=old, FLEET_AGENT__SIMULATED_GPUS="2",
-                   FLEET_AGENT__STATE_DIR=str(self.root / node))  # fmt: skip
+        self.start(
+            name,
+            ["agent", "--node-name", node],
+            old=old,
+            FLEET_AGENT__SIMULATED_GPUS="2",
+            FLEET_AGENT__STATE_DIR=str(self.root / node),
+        )
 
     def terminate(self, name: str) -> None:
         """SIGTERM to this process alone (systemd's stop of an agent unit with KillMode=process)."""
@@ -109,8 +115,21 @@ def redis_server(root: Path, dump: Path | None = None) -> tuple[subprocess.Popen
     data.mkdir()
     if dump is not None:
         shutil.copyfile(dump, data / "dump.rdb")
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-            "--dbfilename", "dump.rdb", "--appendonly", "no", "--save", ""]  # fmt: skip
+    argv = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(data),
+        "--dbfilename",
+        "dump.rdb",
+        "--appendonly",
+        "no",
+        "--save",
+        "",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     eventually(lambda: redis.Redis.from_url(url).ping(), "redis up", timeout=30)
@@ -156,8 +175,9 @@ def fleet_cli(url: str, token: str, *args: str) -> subprocess.CompletedProcess[s
     """This release's ``fleet`` command, as a user runs it: the API and a token, no Redis."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_REDIS")}
     env.update(FLEET_API_URL=url, FLEET_TOKEN=token)
-    return subprocess.run([sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 # -- from 0.1.0's records ----------------------------------------------------------------------
@@ -285,12 +305,15 @@ def test_a_rolling_upgrade_keeps_every_job_on_its_agent_and_says_the_fleet_is_mi
     fleet.start("controller-old", ["controller"], old=True)
     fleet.node("t-a", "t-a-old", old=True)
     fleet.node("t-b", "t-b-old", old=True)
-    token = old_cli(fleet, "token", "create", "--user", "ops", "--tenant", "default", "--role", "admin",
-                    "--direct").split()[0]  # fmt: skip
+    token = old_cli(
+        fleet, "token", "create", "--user", "ops", "--tenant", "default", "--role", "admin", "--direct"
+    ).split()[0]
     user = {"FLEET_API_URL": url, "FLEET_TOKEN": token}
-    jobs = [old_cli(fleet, "submit", "--gpus", "1", "--", *wait, **user).strip(),
-            old_cli(fleet, "submit", "--nodes", "2", "--gpus-per-node", "1", "--", *wait, **user).strip(),
-            old_cli(fleet, "submit", "--gpus", "1", "--", *wait, **user).strip()]  # fmt: skip
+    jobs = [
+        old_cli(fleet, "submit", "--gpus", "1", "--", *wait, **user).strip(),
+        old_cli(fleet, "submit", "--nodes", "2", "--gpus-per-node", "1", "--", *wait, **user).strip(),
+        old_cli(fleet, "submit", "--gpus", "1", "--", *wait, **user).strip(),
+    ]
     client = clients(url, token)
     eventually(lambda: all(client.get(j).state == JobState.RUNNING for j in jobs), "three jobs running")
     assert client.server_version == ""  # the API is 0.1.0's: it names no release
@@ -347,8 +370,10 @@ def test_a_rolling_upgrade_keeps_every_job_on_its_agent_and_says_the_fleet_is_mi
     version = fleet_cli(url, token, "version")
     assert version.returncode == 0 and "mixed" not in version.stdout, version
     assert [line.split() for line in version.stdout.splitlines()[:3]] == [
-        ["client:", __version__], ["api:", __version__], ["controller:", __version__],
-    ]  # fmt: skip
+        ["client:", __version__],
+        ["api:", __version__],
+        ["controller:", __version__],
+    ]
     assert version.stdout.splitlines()[3].split() == ["nodes:", __version__, "on", "2"]
 
 
@@ -380,8 +405,12 @@ def test_an_upgraded_agent_replaces_an_idle_supervisor_of_0_1_0_and_keeps_a_busy
     def old_supervisor(state: Path) -> subprocess.Popen[bytes]:
         state.mkdir()
         with open(state / "supervisor.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-I", str(supervisor), str(state), "--margin", "1"],
-                                    stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(supervisor), str(state), "--margin", "1"],
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
         eventually(lambda: (state / SOCKET).exists(), "0.1.0's supervisor listening")
         return proc
 

@@ -68,8 +68,11 @@ def runtime() -> str:
 
 @pytest.fixture
 def fleet(procs: FleetProcs, client: Client) -> FleetProcs:
-    procs.env.update(FLEET_CONTROLLER__WEBHOOK_INTERVAL_S="0.2", FLEET_CONTROLLER__WEBHOOK_BACKOFF_S="0.5",
-                     FLEET_CONTROLLER__WEBHOOK_ATTEMPTS="3")  # fmt: skip
+    procs.env.update(
+        FLEET_CONTROLLER__WEBHOOK_INTERVAL_S="0.2",
+        FLEET_CONTROLLER__WEBHOOK_BACKOFF_S="0.5",
+        FLEET_CONTROLLER__WEBHOOK_ATTEMPTS="3",
+    )
     procs.controller()
     procs.agent("t-wh", gpus=1)
     procs.wait_nodes(client, 1)
@@ -106,8 +109,12 @@ def test_a_jobs_end_is_posted_signed_and_retried_after_a_500(
     payload = json.loads(body)
     assert payload["event"] == "job.ended" and payload["tenant"] == "default"
     assert {k: payload["job"][k] for k in ("id", "name", "state", "exit_code", "labels")} == {
-        "id": job.id, "name": "train", "state": "SUCCEEDED", "exit_code": 0, "labels": {"exp": "7"},
-    }  # fmt: skip
+        "id": job.id,
+        "name": "train",
+        "state": "SUCCEEDED",
+        "exit_code": 0,
+        "labels": {"exp": "7"},
+    }
     # And the delivery log says how each attempt went, newest first
     log = until(lambda: [o for o in client.webhook_deliveries() if o.subject == job.id][:2], "the log")
     assert [(o.status, o.attempt, o.code) for o in log] == [("delivered", 2, 200), ("retrying", 1, 500)]
@@ -165,8 +172,11 @@ def test_a_receiver_that_keeps_failing_is_given_up_and_said_so(
 
 
 def test_bad_webhook_urls_are_refused_with_the_fix(client: Client) -> None:
-    for url, said in [("ftp://x/y", "expected an http:// or https:// URL"), ("http://", "with a host"),
-                      ("https://h/" + "x" * 3000, "at most 2048 characters")]:  # fmt: skip
+    for url, said in [
+        ("ftp://x/y", "expected an http:// or https:// URL"),
+        ("http://", "with a host"),
+        ("https://h/" + "x" * 3000, "at most 2048 characters"),
+    ]:
         with pytest.raises(SpecError, match=said):
             JobSpec(name="j", command=["true"], notify=url)
     with pytest.raises(SpecError, match=r"webhook\.url"):
@@ -175,10 +185,22 @@ def test_bad_webhook_urls_are_refused_with_the_fix(client: Client) -> None:
         client.submit({"name": "j", "command": ["true"], "notify": {"url": "http://h/", "format": "teams"}})
 
 
-@pytest.mark.parametrize("host", [
-    "127.0.0.2", "[::1]", "0x7f000002", "127.2", "[::ffff:127.0.0.2]", "169.254.169.254", "10.1.2.3",
-    "192.168.0.1", "[fe80::1]", "224.0.0.1", "0.0.0.0",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.2",
+        "[::1]",
+        "0x7f000002",
+        "127.2",
+        "[::ffff:127.0.0.2]",
+        "169.254.169.254",
+        "10.1.2.3",
+        "192.168.0.1",
+        "[fe80::1]",
+        "224.0.0.1",
+        "0.0.0.0",
+    ],
+)
 def test_webhooks_to_internal_addresses_are_refused_at_submit(client: Client, host: str) -> None:
     # Given an operator who allows 127.0.0.1 alone (the tests' receivers), a user names another
     # loopback, private, link-local, metadata or multicast address, in any spelling libc reads
@@ -218,8 +240,14 @@ def test_a_node_that_stops_heartbeating_is_announced_down(
 
     # Then the webhook hears it go DOWN, from READY, with the reason users see
     def down() -> dict[str, object] | None:
-        return next((b["node"] for b in receiver.bodies() if b["event"] == "node.changed"
-                     and b["node"]["state"] == "DOWN"), None)  # type: ignore[index]  # fmt: skip
+        return next(
+            (
+                b["node"]
+                for b in receiver.bodies()
+                if b["event"] == "node.changed" and b["node"]["state"] == "DOWN"
+            ),
+            None,
+        )  # type: ignore[index]
 
     node = until(down, "the node's DOWN", timeout=30)
     assert node == {

@@ -90,8 +90,9 @@ def test_a_link_out_of_the_project_is_refused_at_submit_and_no_job_is_queued(
     (project / "datasets").symlink_to("/srv/datasets/imagenet")
     argv = [sys.executable, "-m", "fleet", "submit", "--workdir", ".", "--", sys.executable, "train.py"]
     # When the user submits it
-    refused = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+    refused = subprocess.run(
+        argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True, timeout=60
+    )
     # Then the submit fails as bad input, naming the link and the two ways out, and nothing is queued
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "'datasets' is a link to an absolute path ('/srv/datasets/imagenet')" in refused.stderr
@@ -99,8 +100,9 @@ def test_a_link_out_of_the_project_is_refused_at_submit_and_no_job_is_queued(
     assert client.jobs() == []
     # And once the link is left out, the same command queues the job
     (project / ".fleetignore").write_text("data/\ndatasets\n")
-    queued = subprocess.run(argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    queued = subprocess.run(
+        argv, cwd=project, env=procs.cli_env(), capture_output=True, text=True, timeout=60
+    )
     assert queued.returncode == 0, queued.stderr
     assert [j.id for j in client.jobs()] == [queued.stdout.split()[0]]
 
@@ -157,8 +159,23 @@ def test_the_readme_training_example_runs_shipped_from_the_examples_directory(
     procs.agent("t-ex", gpus=1)
     procs.wait_nodes(client, 1)
     examples = Path(__file__).resolve().parents[2] / "workers" / "examples"
-    argv = [sys.executable, "-m", "fleet", "submit", "--wait", "--follow", "--workdir", ".", "--",
-            sys.executable, "train_regression.py", "--steps", "20", "--every", "10"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "submit",
+        "--wait",
+        "--follow",
+        "--workdir",
+        ".",
+        "--",
+        sys.executable,
+        "train_regression.py",
+        "--steps",
+        "20",
+        "--every",
+        "10",
+    ]
     done = subprocess.run(
         argv, cwd=examples, env=procs.cli_env(), capture_output=True, text=True, timeout=300
     )

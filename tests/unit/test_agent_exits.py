@@ -19,8 +19,13 @@ NO_SCRIPT = "python3: can't open file '/work/train.py': [Errno 2] No such file o
 
 
 def job(timeout: float | None = None, **fields: object) -> Job:
-    spec = JobSpec(name="j", command=["x"], max_attempts=3, timeout=timeout,
-                   requeue_on_timeout=bool(fields.pop("requeue_on_timeout", False)))  # fmt: skip
+    spec = JobSpec(
+        name="j",
+        command=["x"],
+        max_attempts=3,
+        timeout=timeout,
+        requeue_on_timeout=bool(fields.pop("requeue_on_timeout", False)),
+    )
     return Job(id="j", spec=spec, state=JobState.RUNNING, attempt=1, started_at=1000.0, **fields)  # type: ignore[arg-type]
 
 
@@ -28,10 +33,24 @@ def unread() -> Sequence[str]:
     raise AssertionError("the attempt's output was read for an exit that cannot need it")
 
 
-def settled(j: Job, exit: Exit, *, fenced: str | None = None, timed_out: bool = False, now: float = 1010.0,
-            tail: Sequence[str] | None = None) -> Exit:  # fmt: skip
-    return settle(j, exit, NODE, fenced=fenced, timed_out=timed_out, now=now,
-                  tail=unread if tail is None else lambda: tail)  # fmt: skip
+def settled(
+    j: Job,
+    exit: Exit,
+    *,
+    fenced: str | None = None,
+    timed_out: bool = False,
+    now: float = 1010.0,
+    tail: Sequence[str] | None = None,
+) -> Exit:
+    return settle(
+        j,
+        exit,
+        NODE,
+        fenced=fenced,
+        timed_out=timed_out,
+        now=now,
+        tail=unread if tail is None else lambda: tail,
+    )
 
 
 def test_an_exit_nothing_else_explains_is_the_programs_own() -> None:
@@ -117,8 +136,16 @@ def test_stored_fault_kind_and_phase_strings_read_as_the_enums() -> None:
     spec = JobSpec(name="j", command=["x"]).model_dump_json()
     members = json.dumps([["n1", ["g0"]], ["n2", ["g1"]]])
     last = json.dumps({"attempt": 2, "code": 1, "reason": "x", "fault": "infra", "kind": "node_down"})
-    raw = {"id": "j", "spec": spec, "state": "RUNNING", "attempt": "2", "members": members, "m0": "done",
-           "m1": "running", "exit": last}  # fmt: skip
+    raw = {
+        "id": "j",
+        "spec": spec,
+        "state": "RUNNING",
+        "attempt": "2",
+        "members": members,
+        "m0": "done",
+        "m1": "running",
+        "exit": last,
+    }
     stored = parse_job(raw)
     assert stored.last_exit == Exit(code=1, reason="x", fault=Fault.INFRA, kind=ExitKind.NODE_DOWN)
     assert stored.member_phases == [MemberPhase.DONE, MemberPhase.RUNNING]

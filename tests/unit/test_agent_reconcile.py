@@ -25,9 +25,13 @@ def held(draw: st.DrawFn) -> AttemptStatus:
 @st.composite
 def job(draw: st.DrawFn) -> Job:
     return Job(
-        id=draw(ids), spec=SPEC, state=draw(st.sampled_from(list(JobState))), attempt=draw(attempts),
-        node=draw(st.sampled_from([NODE, "n2", None])), cancel_requested=draw(st.booleans()),
-    )  # fmt: skip
+        id=draw(ids),
+        spec=SPEC,
+        state=draw(st.sampled_from(list(JobState))),
+        attempt=draw(attempts),
+        node=draw(st.sampled_from([NODE, "n2", None])),
+        cancel_requested=draw(st.booleans()),
+    )
 
 
 def keys(statuses: list[AttemptStatus]) -> list[tuple[str, int]]:
@@ -70,8 +74,14 @@ def test_every_attempt_lands_in_at_most_one_bucket_and_the_current_one_is_never_
 def test_a_finished_attempt_is_finished_and_a_lost_one_reported() -> None:
     current = Job(id="a", spec=SPEC, state=JobState.RUNNING, attempt=2, node=NODE)
     vanished = Job(id="b", spec=SPEC, state=JobState.RUNNING, attempt=1, node=NODE)
-    out = reconcile(NODE, [AttemptStatus("a", 2, False, Exit(code=0))], {"a": current, "b": vanished},
-                    [current, vanished], set(), set())  # fmt: skip
+    out = reconcile(
+        NODE,
+        [AttemptStatus("a", 2, False, Exit(code=0))],
+        {"a": current, "b": vanished},
+        [current, vanished],
+        set(),
+        set(),
+    )
     assert keys(out.finish) == [("a", 2)] and [j.id for j in out.lost] == ["b"]
 
 
@@ -79,8 +89,15 @@ def test_an_attempt_that_ended_after_the_reconcile_looked_is_not_lost() -> None:
     # Given a two-node job's attempt 1 as a reconcile read it: running, both members running
     members = [Member(node=NODE, gpus=["g0"]), Member(node="n2", gpus=["g1"])]
     running = [MemberPhase.RUNNING, MemberPhase.RUNNING]
-    seen = Job(id="g", spec=SPEC, state=JobState.RUNNING, attempt=1, node=NODE, members=members,
-               member_phases=running)  # fmt: skip
+    seen = Job(
+        id="g",
+        spec=SPEC,
+        state=JobState.RUNNING,
+        attempt=1,
+        node=NODE,
+        members=members,
+        member_phases=running,
+    )
     # Then it is still lost only if the record, read again once its end is claimed, still says so
     assert still_lost(NODE, seen, seen)
     # not once this node's member is done (exited 0 while the other runs on)

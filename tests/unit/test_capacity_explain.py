@@ -63,9 +63,11 @@ def _reference(cap: Capacity, job: PendingJob) -> tuple[str, list[str]]:
 @settings(max_examples=300, deadline=None)
 @given(nodes_st, job_st, st.sets(st.integers(0, 8), max_size=4), st.integers(1, 3))
 def test_the_bucket_summary_and_reservations_match_the_per_node_rule(
-    spec: list[tuple[int, int, float, float, bool, str]], ask: tuple[int, str | None, float],
-    reserved: set[int], members: int,
-) -> None:  # fmt: skip
+    spec: list[tuple[int, int, float, float, bool, str]],
+    ask: tuple[int, str | None, float],
+    reserved: set[int],
+    members: int,
+) -> None:
     cap = Capacity(_nodes(spec))
     cap.reserved = {f"n{i}" for i in reserved if i < len(spec)}
     job = PendingJob("j", 0, 1, ask[0], gpu_model=ask[1], cpus=ask[2])

@@ -118,8 +118,7 @@ def test_v2_without_swap_accounting_or_limits_writes_only_what_there_is(tmp_path
 
 
 def test_hybrid_joins_the_unified_cgroup_first_and_limits_in_v1(tmp_path: Path) -> None:
-    layout = Layout("hybrid", tmp_path / "unified",
-                    {c: tmp_path / c for c in ("memory", "cpu", "pids")})  # fmt: skip
+    layout = Layout("hybrid", tmp_path / "unified", {c: tmp_path / c for c in ("memory", "cpu", "pids")})
     for mount in ("unified", "cpu", "pids"):
         (tmp_path / mount).mkdir()
     memory = tmp_path / "memory" / "fleet" / "n1" / "job-1.1"
@@ -129,8 +128,10 @@ def test_hybrid_joins_the_unified_cgroup_first_and_limits_in_v1(tmp_path: Path) 
 
     joined = groups.create("job-1.1", Limits(memory=128 * MiB, cpus=0.5, pids=64))
 
-    assert joined.procs == [str(tmp_path / h / "fleet" / "n1" / "job-1.1" / "cgroup.procs")
-                            for h in ("unified", "pids", "memory", "cpu")]  # fmt: skip
+    assert joined.procs == [
+        str(tmp_path / h / "fleet" / "n1" / "job-1.1" / "cgroup.procs")
+        for h in ("unified", "pids", "memory", "cpu")
+    ]
     assert (memory / "memory.limit_in_bytes").read_text() == str(128 * MiB)
     assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(128 * MiB)
     cpu = tmp_path / "cpu" / "fleet" / "n1" / "job-1.1"
@@ -229,9 +230,10 @@ def test_an_attempt_in_a_real_cgroup_is_limited_and_killed_whole() -> None:
     try:
         # a leader, and a child in a session of its own, both in the attempt's cgroup
         leader = subprocess.Popen(
-            ["sh", "-c", "setsid sleep 60 & exec sleep 60"], start_new_session=True,
+            ["sh", "-c", "setsid sleep 60 & exec sleep 60"],
+            start_new_session=True,
             preexec_fn=lambda: supervisor._in_child(joined.procs, None, None),
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 10
         while len(groups.members("job-1.1")) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -18,8 +18,16 @@ from fleet.progress import label
 
 def job(progress: Progress | None) -> Job:
     spec = JobSpec(name="train", command=["python", "train.py"], gpus=1)
-    return Job(id="train-1", spec=spec, state=JobState.RUNNING, attempt=1, node="n1", created_at=1.0,
-               started_at=2.0, progress=progress)  # fmt: skip
+    return Job(
+        id="train-1",
+        spec=spec,
+        state=JobState.RUNNING,
+        attempt=1,
+        node="n1",
+        created_at=1.0,
+        started_at=2.0,
+        progress=progress,
+    )
 
 
 def plain(view: View, capsys: pytest.CaptureFixture[str]) -> str:
@@ -29,9 +37,13 @@ def plain(view: View, capsys: pytest.CaptureFixture[str]) -> str:
 
 @pytest.mark.parametrize(
     ("progress", "text"),
-    [(None, "-"), (Progress(step=450, total=1000), "45%"), (Progress(step=1200), "step 1200"),
-     (Progress(step=5000, total=1000), "100%")],
-)  # fmt: skip
+    [
+        (None, "-"),
+        (Progress(step=450, total=1000), "45%"),
+        (Progress(step=1200), "step 1200"),
+        (Progress(step=5000, total=1000), "100%"),
+    ],
+)
 def test_the_progress_column_is_a_percentage_against_a_total_else_the_step(
     progress: Progress | None, text: str
 ) -> None:
@@ -73,12 +85,23 @@ def test_a_terminal_table_cuts_free_text_then_leaves_out_optional_columns() -> N
 
 
 def fleet(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet", *argv], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
 
 
-@pytest.mark.parametrize(("shell", "marker"), [("bash", "complete -o nosort -F"), ("zsh", "#compdef fleet"),
-                                               ("fish", "complete --no-files --command fleet")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("shell", "marker"),
+    [
+        ("bash", "complete -o nosort -F"),
+        ("zsh", "#compdef fleet"),
+        ("fish", "complete --no-files --command fleet"),
+    ],
+)
 def test_completion_prints_the_shells_script(shell: str, marker: str) -> None:
     done = fleet("completion", shell)
     assert done.returncode == 0 and marker in done.stdout and "_FLEET_COMPLETE" in done.stdout, done.stdout
@@ -86,11 +109,14 @@ def test_completion_prints_the_shells_script(shell: str, marker: str) -> None:
 
 @pytest.mark.parametrize(
     ("words", "expected"),
-    [("fleet sub", "plain,submit"), ("fleet jobs --st", "plain,--state"),
-     ("fleet jobs --state RU", "plain,RUNNING"),
-     ("fleet install ", "plain,agent\nplain,api\nplain,controller\nplain,redis"),
-     ("fleet completion ", "plain,bash\nplain,zsh\nplain,fish")],
-)  # fmt: skip
+    [
+        ("fleet sub", "plain,submit"),
+        ("fleet jobs --st", "plain,--state"),
+        ("fleet jobs --state RU", "plain,RUNNING"),
+        ("fleet install ", "plain,agent\nplain,api\nplain,controller\nplain,redis"),
+        ("fleet completion ", "plain,bash\nplain,zsh\nplain,fish"),
+    ],
+)
 def test_the_completion_script_is_answered_with_commands_options_and_choices(
     words: str, expected: str
 ) -> None:
@@ -119,9 +145,10 @@ def test_fleet_show_says_what_a_learning_job_reported_or_that_it_reported_nothin
     assert [(f.label, f.value) for f in fields(quiet)] == [
         ("Elastic", "1 GPU, batch 64 (gpus 1-4, batch size 64-512, profile learn); resized 0 times"),
         ("Samples/s", "none reported yet: it stays at its size until it calls fw.report(samples=...)"),
-    ]  # fmt: skip
-    talking = quiet.model_copy(update={"num_gpus": 2, "batch_size": 128, "resizes": 1,
-                                       "speeds": {"2x128": 190.55, "1x64": 100.0}})  # fmt: skip
+    ]
+    talking = quiet.model_copy(
+        update={"num_gpus": 2, "batch_size": 128, "resizes": 1, "speeds": {"2x128": 190.55, "1x64": 100.0}}
+    )
     assert [(f.label, f.value) for f in fields(talking)][1] == (
         "Samples/s",
         "1 GPU x 64: 100/s, 2 GPUs x 128: 190.6/s",

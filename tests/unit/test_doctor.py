@@ -87,10 +87,12 @@ def test_no_nvml_library_fails_when_the_agent_must_use_nvml(monkeypatch: pytest.
 
 @pytest.mark.parametrize(
     ("code", "fix"),
-    [(pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "modprobe nvidia"),
-     (pynvml.NVML_ERROR_NO_PERMISSION, "run as root"),
-     (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot the node")],
-)  # fmt: skip
+    [
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "modprobe nvidia"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "run as root"),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot the node"),
+    ],
+)
 def test_an_installed_driver_that_does_not_answer_fails_with_its_fix(
     monkeypatch: pytest.MonkeyPatch, code: int, fix: str
 ) -> None:
@@ -190,8 +192,13 @@ class FakeContainer:
 class FakeDocker:
     """What the checks ask of docker-py's client; ``run`` is a container, or the error to raise."""
 
-    def __init__(self, runtimes: tuple[str, ...] = ("runc",), run: FakeContainer | Exception | None = None,
-                 answers: bool = True, images: tuple[str, ...] = ("img",)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runtimes: tuple[str, ...] = ("runc",),
+        run: FakeContainer | Exception | None = None,
+        answers: bool = True,
+        images: tuple[str, ...] = ("img",),
+    ) -> None:
         self.runtimes, self.run_result, self.answers, self.present = runtimes, run, answers, set(images)
         self.runs: list[dict[str, Any]] = []
         self.pulled: list[str] = []
@@ -339,9 +346,11 @@ def test_the_process_runtime_on_a_hybrid_host_without_a_pids_hierarchy_warns(tmp
     for name in ("unified", "memory", "cpu"):
         (tmp_path / name).mkdir()
     table = _mounts(
-        tmp_path, f"cgroup2 {tmp_path}/unified cgroup2 rw 0 0",
-        f"cgroup {tmp_path}/memory cgroup rw,memory 0 0", f"cgroup {tmp_path}/cpu cgroup rw,cpu 0 0",
-    )  # fmt: skip
+        tmp_path,
+        f"cgroup2 {tmp_path}/unified cgroup2 rw 0 0",
+        f"cgroup {tmp_path}/memory cgroup rw,memory 0 0",
+        f"cgroup {tmp_path}/cpu cgroup rw,cpu 0 0",
+    )
     check = cgroup_check("process", tmp_path, table, euid=0)
     assert check.status == WARN and check.detail.endswith("without pids: those limits are not enforced")
 
@@ -493,8 +502,10 @@ def test_the_installed_agents_credentials_are_used_when_none_are_given(tmp_path:
     assert installed_credentials("agent", tmp_path) == ("fleet-agent", secret)
     settings, note = with_installed_credentials(Settings(), tmp_path)
     assert (settings.redis_username, settings.redis_password_for(), note) == (
-        "fleet-agent", "s3cret", " (the installed agent unit's)"
-    )  # fmt: skip
+        "fleet-agent",
+        "s3cret",
+        " (the installed agent unit's)",
+    )
     given = Settings(redis_username="fleet-other")
     assert with_installed_credentials(given, tmp_path) == (given, "")
     assert installed_credentials("agent", tmp_path / "elsewhere") == (None, None)

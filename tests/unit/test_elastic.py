@@ -33,8 +33,12 @@ def linear(name: str = "lin", efficiency: float = 1.0, min_batch: int = 1, max_b
 
 
 def job(id: str, profile: Profile, **kw: object) -> ElasticJob:
-    fields: dict[str, object] = {"min_gpus": 1, "max_gpus": 8, "min_batch": profile.min_batch,
-                                 "max_batch": profile.max_batch}  # fmt: skip
+    fields: dict[str, object] = {
+        "min_gpus": 1,
+        "max_gpus": 8,
+        "min_batch": profile.min_batch,
+        "max_batch": profile.max_batch,
+    }
     fields.update(kw)
     return ElasticJob(id=id, tenant=str(fields.pop("tenant", "t")), profile=profile, **fields)  # type: ignore[arg-type]
 
@@ -44,8 +48,14 @@ def job(id: str, profile: Profile, **kw: object) -> ElasticJob:
 
 def test_the_bundled_profiles_load_with_their_batch_ranges_and_lengths() -> None:
     ranges = {p: (named_profile(p).min_batch, named_profile(p).max_batch) for p in PROFILES}
-    assert ranges == {"bert": (12, 384), "cifar10": (128, 4096), "deepspeech2": (20, 640),
-                      "imagenet": (200, 12800), "ncf": (256, 32768), "yolov3": (8, 512)}  # fmt: skip
+    assert ranges == {
+        "bert": (12, 384),
+        "cifar10": (128, 4096),
+        "deepspeech2": (20, 640),
+        "imagenet": (200, 12800),
+        "ncf": (256, 32768),
+        "yolov3": (8, 512),
+    }
     cifar = named_profile("cifar10")
     assert cifar.epochs == 100 and cifar.epoch_samples == 391 * 128  # about 50k images
     assert cifar.max_gpus == 64
@@ -117,8 +127,17 @@ def test_the_dynamic_program_finds_the_brute_force_optimum(seed: int) -> None:
         running = rng.random() < 0.5
         g = rng.choice([1, 2, 4]) if running else 0
         batch = p.best(g)[1] if running else 0
-        jobs.append(job(f"j{i}", p, gpus=g, batch=batch, changed_at=rng.choice([0.0, 900.0]), min_gpus=1,
-                        max_gpus=rng.choice([2, 4, 8])))  # fmt: skip
+        jobs.append(
+            job(
+                f"j{i}",
+                p,
+                gpus=g,
+                batch=batch,
+                changed_at=rng.choice([0.0, 900.0]),
+                min_gpus=1,
+                max_gpus=rng.choice([2, 4, 8]),
+            )
+        )
     gpus = rng.randint(2, 12)
     plan = allocate(jobs, gpus, now=1000.0)
     assert sum(g for g, _ in plan.values()) <= gpus

@@ -22,8 +22,13 @@ from fleet.scheduler.resizing import decide as decide_sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.state.profiles import ProfileStore
 
-ELASTIC = {"name": "e", "command": ["python", "train.py"], "gpus": {"min": 1, "max": 4},
-           "batch_size": {"min": 128, "max": 1024}, "profile": "cifar10"}  # fmt: skip
+ELASTIC = {
+    "name": "e",
+    "command": ["python", "train.py"],
+    "gpus": {"min": 1, "max": 4},
+    "batch_size": {"min": 128, "max": 1024},
+    "profile": "cifar10",
+}
 #: bundled profiles only: never reads the store
 BUNDLED = ProfileStore(None, Keys(), 1.0)
 
@@ -146,8 +151,15 @@ def test_a_batch_scales_with_the_gpus_by_default() -> None:
 
 
 def test_a_resize_requeues_at_once_spending_neither_a_retry_nor_the_infrastructure_cap() -> None:
-    job = Job(id="e", spec=JobSpec.parse(ELASTIC), state=JobState.RUNNING, attempt=3, infra_requeues=2,
-              resize_gpus=2, resize_batch=256)  # fmt: skip
+    job = Job(
+        id="e",
+        spec=JobSpec.parse(ELASTIC),
+        state=JobState.RUNNING,
+        attempt=3,
+        infra_requeues=2,
+        resize_gpus=2,
+        resize_batch=256,
+    )
     why = "resized 1 -> 2 GPUs: exited with code 143 (SIGTERM)"
     exit = Exit(code=143, fault=Fault.INFRA, kind=ExitKind.RESIZE, reason=why)
     d = decide(job, exit, RetryPolicy(max_infra_requeues=2))
@@ -159,8 +171,12 @@ def test_a_resize_requeues_at_once_spending_neither_a_retry_nor_the_infrastructu
 
 
 def node(name: str, holders: list[str], schedulable: bool = True) -> NodeView:
-    gpus = tuple(GpuSlot(uuid=f"{name}-{i}", index=i, model="A100", memory_total=80 << 30, free=not holder,
-                         holder=holder) for i, holder in enumerate(holders))  # fmt: skip
+    gpus = tuple(
+        GpuSlot(
+            uuid=f"{name}-{i}", index=i, model="A100", memory_total=80 << 30, free=not holder, holder=holder
+        )
+        for i, holder in enumerate(holders)
+    )
     return NodeView(name=name, schedulable=schedulable, gpus=gpus)
 
 
@@ -208,8 +224,18 @@ def test_with_the_step_off_a_queued_job_starts_at_its_smallest_and_keeps_it() ->
     views = [node("a", ["r:1", "", "", ""])]
 
     def step() -> PassPlan:
-        inp = PassInput(queue, views, {}, {}, {}, {}, PassSettings(elastic=False), steps.step_jobs(queue),
-                        resize=True, place=False)  # fmt: skip
+        inp = PassInput(
+            queue,
+            views,
+            {},
+            {},
+            {},
+            {},
+            PassSettings(elastic=False),
+            steps.step_jobs(queue),
+            resize=True,
+            place=False,
+        )
         return run_pass(inp, 0.0)
 
     plan = step()

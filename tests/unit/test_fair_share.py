@@ -22,7 +22,7 @@ from fleet.scheduler import (
     Use,
     fair_gpus,
     schedule,
-)  # fmt: skip
+)
 from fleet.scheduler.usage import accrue, window
 from tests.unit.plans import check_members
 from tests.unit.test_scheduler import node
@@ -34,8 +34,13 @@ def jobs(tenant: str, count: int, first_seq: int, gpus: int = 1, priority: int =
     return [PendingJob(f"{tenant}{i}", priority, first_seq + i, gpus, tenant=tenant) for i in range(count)]
 
 
-def fair(*tenants: Tenant, held: dict[str, int] | None = None, usage: dict[str, float] | None = None,
-         gpus: int = 8, half_life: float = HOUR) -> FairShare:  # fmt: skip
+def fair(
+    *tenants: Tenant,
+    held: dict[str, int] | None = None,
+    usage: dict[str, float] | None = None,
+    gpus: int = 8,
+    half_life: float = HOUR,
+) -> FairShare:
     holdings = {t: Use(gpus=g, jobs=g) for t, g in (held or {}).items()}
     return FairShare({t.name: t for t in tenants}, holdings, usage, Use(gpus=gpus), half_life)
 
@@ -98,8 +103,10 @@ def test_a_tenant_below_its_cpu_or_memory_guarantee_is_served_first() -> None:
     older = [PendingJob(f"a{i}", 5, i, 0, cpus=4.0, memory=2 << 30, tenant="a") for i in range(8)]
     cpu = [PendingJob(f"c{i}", 0, 100 + i, 0, cpus=4.0, memory=2 << 30, tenant="c") for i in range(8)]
     mem = [PendingJob(f"m{i}", 0, 200 + i, 0, cpus=4.0, memory=2 << 30, tenant="m") for i in range(8)]
-    f = FairShare({"c": Tenant(name="c", guaranteed_cpus=12), "m": Tenant(name="m", guaranteed_memory="6g")},
-                  fleet=Use(cpus=32, memory=64 << 30))  # fmt: skip
+    f = FairShare(
+        {"c": Tenant(name="c", guaranteed_cpus=12), "m": Tenant(name="m", guaranteed_memory="6g")},
+        fleet=Use(cpus=32, memory=64 << 30),
+    )
     node_ = NodeView("n", True, "", (), cpus=32, memory=64 << 30)
     # When a pass places on a node of 32 CPUs (8 such jobs)
     plan = schedule(Snapshot((*older, *cpu, *mem), (node_,)), 0, fair=f)
@@ -137,8 +144,11 @@ def test_a_tenant_over_its_share_still_fills_gpus_nobody_else_can_use() -> None:
 
 
 def test_fair_shares_in_gpus_give_guarantees_then_split_the_rest_by_weight() -> None:
-    policies = {"a": Tenant(name="a", guaranteed_gpus=4), "b": Tenant(name="b"),
-                "c": Tenant(name="c", weight=2, max_gpus=3)}  # fmt: skip
+    policies = {
+        "a": Tenant(name="a", guaranteed_gpus=4),
+        "b": Tenant(name="b"),
+        "c": Tenant(name="c", weight=2, max_gpus=3),
+    }
     # a is guaranteed 4, the other 6 split 1:1:2 by weight; c can use only 3, its extra goes to a and b
     shares = fair_gpus(10, {"a": 100, "b": 100, "c": 100}, policies.__getitem__)
     assert shares == pytest.approx({"a": 5.5, "b": 1.5, "c": 3.0})
@@ -158,13 +168,16 @@ def test_usage_is_gpu_seconds_halving_every_half_life() -> None:
 
 tenant_specs = st.lists(
     st.tuples(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 8)), st.sampled_from([0.5, 1.0, 3.0])),
-    min_size=1, max_size=3,
-)  # fmt: skip
+    min_size=1,
+    max_size=3,
+)
 
 
 def policies(specs: list[tuple[int, int | None, float]]) -> dict[str, Tenant]:
-    return {f"t{i}": Tenant(name=f"t{i}", guaranteed_gpus=min(g, m) if m is not None else g, max_gpus=m,
-                            weight=w) for i, (g, m, w) in enumerate(specs)}  # fmt: skip
+    return {
+        f"t{i}": Tenant(name=f"t{i}", guaranteed_gpus=min(g, m) if m is not None else g, max_gpus=m, weight=w)
+        for i, (g, m, w) in enumerate(specs)
+    }
 
 
 @settings(max_examples=200, deadline=None)
@@ -175,15 +188,21 @@ def policies(specs: list[tuple[int, int | None, float]]) -> dict[str, Tenant]:
     st.lists(st.integers(0, 3), min_size=3, max_size=3),
 )
 def test_a_pass_never_puts_a_tenant_over_its_max_nor_shares_a_gpu(
-    specs: list[tuple[int, int | None, float]], node_specs: list[tuple[int, frozenset[int]]],
-    job_specs: list[tuple[int, int, int]], held: list[int],
-) -> None:  # fmt: skip
+    specs: list[tuple[int, int | None, float]],
+    node_specs: list[tuple[int, frozenset[int]]],
+    job_specs: list[tuple[int, int, int]],
+    held: list[int],
+) -> None:
     tenants = policies(specs)
     views = tuple(node(f"n{i}", c, busy={b for b in busy if b < c}) for i, (c, busy) in enumerate(node_specs))
-    pending = {f"j{i}": PendingJob(f"j{i}", p, i, g, tenant=f"t{t % len(tenants)}")
-               for i, (t, g, p) in enumerate(job_specs)}  # fmt: skip
-    holding = {name: min(h, tenants[name].max_gpus or 0) if tenants[name].max_gpus is not None else h
-               for name, h in zip(tenants, held, strict=False)}  # fmt: skip
+    pending = {
+        f"j{i}": PendingJob(f"j{i}", p, i, g, tenant=f"t{t % len(tenants)}")
+        for i, (t, g, p) in enumerate(job_specs)
+    }
+    holding = {
+        name: min(h, tenants[name].max_gpus or 0) if tenants[name].max_gpus is not None else h
+        for name, h in zip(tenants, held, strict=False)
+    }
     f = FairShare(tenants, {t: Use(gpus=g) for t, g in holding.items()}, {}, Use(gpus=8))
     plan = schedule(Snapshot(tuple(pending.values()), views), 0, fair=f)
     check_members(plan, pending, views)

@@ -24,8 +24,14 @@ GiB = 1 << 30
 def test_the_placement_and_the_waiting_reason_follow_one_rule(
     cpus: float, used_cpus: float, memory: int, used_memory: int, job_cpus: float, job_memory: int
 ) -> None:
-    node = NodeView("n1", True, cpus=cpus, used_cpus=min(used_cpus, cpus), memory=memory,
-                    used_memory=min(used_memory, memory))  # fmt: skip
+    node = NodeView(
+        "n1",
+        True,
+        cpus=cpus,
+        used_cpus=min(used_cpus, cpus),
+        memory=memory,
+        used_memory=min(used_memory, memory),
+    )
     job = PendingJob("j", 0, 1, 0, cpus=job_cpus, memory=job_memory)
     short = short_of(job, node, node.cpus - node.used_cpus, node.memory - node.used_memory)
     placed = Capacity([node]).place(job)

@@ -79,8 +79,12 @@ def test_a_gang_goes_to_one_rack_when_one_rack_can_hold_it() -> None:
     def racked(name: str, rack: str, busy: set[int]) -> NodeView:
         return dataclasses.replace(node(name, 4, busy=busy), group=rack)
 
-    nodes = (racked("a1", "r1", {0, 1}), racked("a2", "r1", set()), racked("b1", "r2", {0, 1}),
-             racked("b2", "r2", set()))  # fmt: skip
+    nodes = (
+        racked("a1", "r1", {0, 1}),
+        racked("a2", "r1", set()),
+        racked("b1", "r2", {0, 1}),
+        racked("b2", "r2", set()),
+    )
     plan = schedule(Snapshot((gang("ddp", 4, nodes=2),), nodes), 0)
     # Then both members land in one rack
     assert members(plan.placements, "ddp") == [(0, "a1", 2), (1, "a2", 2)]

@@ -20,8 +20,12 @@ RANGE = (5000, 3)
 def test_each_tenant_gets_the_next_uid_and_keeps_it(redis: redis.Redis) -> None:
     uids = JobUids(redis, Keys())
     assert [uids.uid(t, RANGE) for t in ("alice", "bob", "alice", "carol", "bob")] == [
-        5000, 5001, 5000, 5002, 5001,
-    ]  # fmt: skip
+        5000,
+        5001,
+        5000,
+        5002,
+        5001,
+    ]
 
 
 def test_a_tenant_has_the_same_uid_on_every_node(redis: redis.Redis) -> None:
@@ -85,9 +89,12 @@ def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_a_root_agent_runs_a_job_as(
-    as_root: None, requested: tuple[int, int] | None, agent: dict[str, object],
-    tenant_uid: Callable[[], int], expected: tuple[int, int],
-) -> None:  # fmt: skip
+    as_root: None,
+    requested: tuple[int, int] | None,
+    agent: dict[str, object],
+    tenant_uid: Callable[[], int],
+    expected: tuple[int, int],
+) -> None:
     assert job_user(requested, AgentSettings(**agent), tenant_uid) == expected
 
 

@@ -28,8 +28,14 @@ def test_a_child_spawned_with_it_gets_sigterm_when_the_parent_dies() -> None:
     preexec = die_with_parent()
 
     # When a child is spawned with it
-    out = subprocess.run([sys.executable, "-c", READ_PDEATHSIG], preexec_fn=preexec, capture_output=True,
-                         text=True, timeout=60, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", READ_PDEATHSIG],
+        preexec_fn=preexec,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
     # Then the kernel will send it SIGTERM
     assert int(out.stdout) == signal.SIGTERM
@@ -43,8 +49,9 @@ def test_a_child_whose_parent_already_died_does_not_run(monkeypatch: pytest.Monk
         preexec = die_with_parent()
 
     # When a child is spawned with it
-    child = subprocess.Popen([sys.executable, "-c", "print('ran')"], preexec_fn=preexec,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print('ran')"], preexec_fn=preexec, stdout=subprocess.PIPE, text=True
+    )
     out, _ = child.communicate(timeout=60)
 
     # Then it exits as SIGTERM would have made it, before running anything

@@ -56,9 +56,12 @@ class FakeStore:
             raise StoreUnavailable("redis unavailable: connection refused")
 
     def append_logs_many(
-        self, batches: Mapping[Stream, Sequence[tuple[str, str]]], max_lines: int,
-        progress: Mapping[Key, Progress] | None = None, caps: Mapping[Stream, int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        batches: Mapping[Stream, Sequence[tuple[str, str]]],
+        max_lines: int,
+        progress: Mapping[Key, Progress] | None = None,
+        caps: Mapping[Stream, int] | None = None,
+    ) -> None:
         self.caps.update(caps or {})
         self._call()
         self.appends += 1
@@ -104,10 +107,14 @@ def test_each_attempts_newest_progress_report_of_a_round_is_kept_in_the_same_app
     runtime, store, shipper = parts
     # Given an attempt printing three reports (one unreadable) and another printing none
     runtime.lines = {
-        ("a", 1): ['fleet-progress {"step": 1, "at": 5}', 'fleet-progress {"step": 2, "total": 4, "at": 6}',
-                   "fleet-progress {broken", "chatter"],
+        ("a", 1): [
+            'fleet-progress {"step": 1, "at": 5}',
+            'fleet-progress {"step": 2, "total": 4, "at": 6}',
+            "fleet-progress {broken",
+            "chatter",
+        ],
         ("b", 1): ["no report"],
-    }  # fmt: skip
+    }
     for key in runtime.lines:
         shipper.follow(*key)
     shipper.ship_logs()

@@ -24,10 +24,18 @@ class FakeNvml:
         self.lost = lost
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
-                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses",
-                     "nvmlDeviceGetTemperature"):  # fmt: skip
+        for name in (
+            "nvmlInit",
+            "nvmlShutdown",
+            "nvmlDeviceGetCount",
+            "nvmlDeviceGetHandleByIndex",
+            "nvmlDeviceGetUUID",
+            "nvmlDeviceGetName",
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetTemperature",
+        ):
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     def nvmlInit(self) -> None:
@@ -67,8 +75,10 @@ class FakeNvml:
 def test_enumerates_gpus_by_uuid_with_memory_and_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     FakeNvml().install(monkeypatch)
     gpus = NvmlGpus().gpus()
-    assert [g.uuid for g in gpus] == ["GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
-                                      "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"]  # fmt: skip
+    assert [g.uuid for g in gpus] == [
+        "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+        "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd",
+    ]
     assert gpus[0].model == "NVIDIA H100 80GB HBM3" and gpus[0].memory_total == 80 * GiB
     assert (gpus[1].memory_used, gpus[1].utilization, gpus[1].processes) == (30 * GiB, 97, [4242])
     assert (gpus[0].temperature, gpus[1].temperature) == (41, 42)

@@ -189,8 +189,12 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         unit.write_text(unit.read_text() + (unit.parent / f"{unit.name}.d" / "redis.conf").read_text())
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
-    done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
-                          env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    done = subprocess.run(
+        ["systemd-analyze", "verify", *units],
+        capture_output=True,
+        text=True,
+        env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert "fleet-" not in done.stderr
 

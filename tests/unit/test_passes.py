@@ -22,12 +22,23 @@ def nodes(count: int, per_node: int = 4, holders: dict[str, str] | None = None) 
     """``count`` nodes n0.. of ``per_node`` GPUs ``n<i>-g<j>``; ``holders``: GPU -> job holding it."""
     held = holders or {}
     return [
-        NodeView(f"n{i}", True, gpus=tuple(
-            GpuSlot(f"n{i}-g{j}", j, "A100", 80 << 30, free=f"n{i}-g{j}" not in held,
-                    holder=f"{held[f'n{i}-g{j}']}:1" if f"n{i}-g{j}" in held else "")
-            for j in range(per_node)))
+        NodeView(
+            f"n{i}",
+            True,
+            gpus=tuple(
+                GpuSlot(
+                    f"n{i}-g{j}",
+                    j,
+                    "A100",
+                    80 << 30,
+                    free=f"n{i}-g{j}" not in held,
+                    holder=f"{held[f'n{i}-g{j}']}:1" if f"n{i}-g{j}" in held else "",
+                )
+                for j in range(per_node)
+            ),
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
 
 
 def on(job_id: str, tenant: str, gpus: list[str], ran_s: float = 3600.0) -> RunningJob:
@@ -48,8 +59,16 @@ def test_a_tenants_max_gpus_caps_its_elastic_jobs_beside_its_other_jobs() -> Non
     views = nodes(5, holders={"n4-g0": "fixed", "n4-g1": "fixed"})
     queue = PendingQueue([PendingJob("e", 0, 1, gpus=0, tenant="t", elastic=True, hold=UNSIZED)])
     fixed = {"fixed": on("fixed", "t", ["n4-g0", "n4-g1"])}
-    inp = PassInput(queue, views, {"t": Tenant(name="t", max_gpus=6)}, fixed, {}, {},
-                    elastic=[elastic("e", "t")], resize=True)  # fmt: skip
+    inp = PassInput(
+        queue,
+        views,
+        {"t": Tenant(name="t", max_gpus=6)},
+        fixed,
+        {},
+        {},
+        elastic=[elastic("e", "t")],
+        resize=True,
+    )
     plan = run_pass(inp, NOW)
     assert [(r.job_id, r.new.gpus) for r in plan.resizes] == [("e", 4)]
     assert sum(len(p.gpus) for p in plan.placements) == 4
@@ -172,8 +191,17 @@ def test_a_job_the_elastic_step_makes_room_for_stops_nobody_else() -> None:
         "a": Tenant(name="a", max_gpus=6, min_run_s=60),
         "b": Tenant(name="b", guaranteed_gpus=4, min_run_s=60),
     }
-    config = SimConfig("elastic", gpus=8, nodes=2, until=1000.0, tenants=tenants, max_gpus=8,
-                       objective="speedup", resize_cost_s=30, min_interval_s=120)  # fmt: skip
+    config = SimConfig(
+        "elastic",
+        gpus=8,
+        nodes=2,
+        until=1000.0,
+        tenants=tenants,
+        max_gpus=8,
+        objective="speedup",
+        resize_cost_s=30,
+        min_interval_s=120,
+    )
     sim = Simulation(jobs, config)
     sim.run()
     at_300 = [(what, job) for at, what, job, _ in sim.decisions if at == 300.0]

@@ -23,14 +23,29 @@ def nodes(*specs: tuple[str, int, dict[int, str]]) -> list[NodeView]:
     """(name, GPUs, {index: holding job id})."""
     out = []
     for name, count, held in specs:
-        gpus = tuple(GpuSlot(f"{name}-g{i}", i, "A100", 80 << 30, free=i not in held,
-                             holder=f"{held[i]}:1" if i in held else "") for i in range(count))  # fmt: skip
+        gpus = tuple(
+            GpuSlot(
+                f"{name}-g{i}",
+                i,
+                "A100",
+                80 << 30,
+                free=i not in held,
+                holder=f"{held[i]}:1" if i in held else "",
+            )
+            for i in range(count)
+        )
         out.append(NodeView(name, True, "", gpus))
     return out
 
 
-def running(job_id: str, tenant: str, where: list[tuple[str, list[int]]], priority: int = 0,
-            ran_s: float = 3600.0, preemptible: bool = True) -> RunningJob:  # fmt: skip
+def running(
+    job_id: str,
+    tenant: str,
+    where: list[tuple[str, list[int]]],
+    priority: int = 0,
+    ran_s: float = 3600.0,
+    preemptible: bool = True,
+) -> RunningJob:
     members = tuple((node, tuple(f"{node}-g{i}" for i in idx)) for node, idx in where)
     gpus = sum(len(idx) for _, idx in where)
     return RunningJob(
@@ -38,8 +53,9 @@ def running(job_id: str, tenant: str, where: list[tuple[str, list[int]]], priori
     )
 
 
-def decide(waiting: list[PendingJob], jobs: list[RunningJob], views: list[NodeView],
-           *tenants: Tenant) -> list[Preemption]:  # fmt: skip
+def decide(
+    waiting: list[PendingJob], jobs: list[RunningJob], views: list[NodeView], *tenants: Tenant
+) -> list[Preemption]:
     held: dict[str, Use] = {}
     for r in jobs:
         held[r.tenant] = held.get(r.tenant, Use()).plus(r.gpus, 0, 0)
@@ -82,8 +98,11 @@ def test_jobs_that_ran_less_than_their_tenants_min_run_time_are_not_preempted() 
 def test_nobody_is_stopped_when_the_freed_gpus_would_not_let_the_job_start() -> None:
     # Given a 4-GPU node where a holds 2 GPUs, and c the other 2 with a job that just started
     views = nodes(("n", 4, {0: "a0", 1: "a1", 2: "c0", 3: "c0"}))
-    jobs = [running("a0", "a", [("n", [0])]), running("a1", "a", [("n", [1])]),
-            running("c0", "c", [("n", [2, 3])], ran_s=100)]  # fmt: skip
+    jobs = [
+        running("a0", "a", [("n", [0])]),
+        running("a1", "a", [("n", [1])]),
+        running("c0", "c", [("n", [2, 3])], ran_s=100),
+    ]
     tenants = (Tenant(name="b", guaranteed_gpus=4),)
     # When b waits for 4 GPUs on one node, Then stopping a's jobs would not be enough: none stop
     assert decide([PendingJob("b0", 0, 9, 1, tenant="b")], jobs, views, *tenants) != []  # 1 GPU would do
@@ -95,9 +114,11 @@ def test_nobody_is_stopped_when_the_freed_gpus_would_not_let_the_job_start() -> 
 def test_a_multi_node_victim_is_stopped_whole_and_one_victim_is_preferred_to_several() -> None:
     # Given a's gang on n0 and n1 (2 GPUs each), and two of a's single-GPU jobs of lower priority
     views = nodes(("n0", 3, {0: "gang", 1: "gang", 2: "s0"}), ("n1", 3, {0: "gang", 1: "gang", 2: "s1"}))
-    jobs = [running("gang", "a", [("n0", [0, 1]), ("n1", [0, 1])]),
-            running("s0", "a", [("n0", [2])], priority=-1),
-            running("s1", "a", [("n1", [2])], priority=-1)]  # fmt: skip
+    jobs = [
+        running("gang", "a", [("n0", [0, 1]), ("n1", [0, 1])]),
+        running("s0", "a", [("n0", [2])], priority=-1),
+        running("s1", "a", [("n1", [2])], priority=-1),
+    ]
     # When b (guaranteed 2) waits for 2 GPUs on one node
     (p,) = decide([PendingJob("b0", 0, 9, 2, tenant="b")], jobs, views, Tenant(name="b", guaranteed_gpus=2))
     # Then the gang goes, every member (the two small jobs sit on different nodes: they would not do)
@@ -113,8 +134,10 @@ def test_several_victims_only_as_many_as_needed() -> None:
 
 def test_within_a_tenant_a_higher_priority_job_stops_a_lower_one_but_never_a_non_preemptible_one() -> None:
     views = nodes(("n", 2, {0: "low", 1: "pinned"}))
-    jobs = [running("low", "a", [("n", [0])], priority=0),
-            running("pinned", "a", [("n", [1])], priority=-3, preemptible=False)]  # fmt: skip
+    jobs = [
+        running("low", "a", [("n", [0])], priority=0),
+        running("pinned", "a", [("n", [1])], priority=-3, preemptible=False),
+    ]
     (p,) = decide([PendingJob("urgent", 5, 9, 1, tenant="a")], jobs, views)
     assert [v.id for v in p.victims] == ["low"]
     assert p.reasons["low"] == "preempted for job urgent of tenant a (priority 5 over 0)"

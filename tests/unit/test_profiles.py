@@ -19,15 +19,21 @@ def test_a_profile_sent_as_data_scales_as_the_original(name: str) -> None:
     original = named_profile(name)
     copy = from_data(json.loads(json.dumps(profile_data(original))))
     assert (copy.min_batch, copy.max_batch, copy.samples, copy.max_gpus) == (
-        original.min_batch, original.max_batch, original.samples, original.max_gpus,
-    )  # fmt: skip
+        original.min_batch,
+        original.max_batch,
+        original.samples,
+        original.max_gpus,
+    )
     for gpus in (1, 2, 3, 4, 8, 16, original.max_gpus):
         assert copy.best(gpus) == original.best(gpus)
 
 
 def small() -> dict[str, Any]:
-    return {"min_batch": 32, "max_batch": 256, "placements": {"1": [[32, 0.1, 0], [64, 0.18, 0]],
-            "2": [[32, 0.12, 0.02], [64, 0.2, 0.02]]}}  # fmt: skip
+    return {
+        "min_batch": 32,
+        "max_batch": 256,
+        "placements": {"1": [[32, 0.1, 0], [64, 0.18, 0]], "2": [[32, 0.12, 0.02], [64, 0.2, 0.02]]},
+    }
 
 
 @pytest.mark.parametrize(
@@ -90,8 +96,9 @@ def test_a_running_job_no_faster_than_at_a_smaller_size_gives_the_gpus_back() ->
 
 
 def test_a_declared_largest_batch_per_gpu_lets_a_learning_job_try_larger_ones() -> None:
-    profile = LearnedProfile(name="learned", min_batch=64, max_batch=4096, least=1, max_local=256,
-                             observed={(1, 64): 100.0})  # fmt: skip
+    profile = LearnedProfile(
+        name="learned", min_batch=64, max_batch=4096, least=1, max_local=256, observed={(1, 64): 100.0}
+    )
     job = ElasticJob("j", "t", 1, 16, 64, 4096, profile)
     # in this model a larger batch is never slower: it takes the largest a GPU may hold
     assert [(g, b) for g, b, _ in sizes(job)] == [(1, 256), (2, 512)]

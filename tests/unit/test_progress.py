@@ -14,8 +14,10 @@ def test_the_sdk_line_is_read_back_with_its_total_and_metrics(capsys: pytest.Cap
     line = capsys.readouterr().out.strip()
     report = parse_line(line, now=1.0)
     assert report is not None and (report.step, report.total, report.metrics) == (
-        450, 1200, {"loss": 0.125, "samples_s": 810.0}
-    )  # fmt: skip
+        450,
+        1200,
+        {"loss": 0.125, "samples_s": 810.0},
+    )
     assert report.at > 1.0  # the job's own clock
     assert (
         label(report) == "38%"

@@ -30,8 +30,10 @@ def test_jobs_of_a_dead_node_or_a_node_without_record_are_lost() -> None:
     buckets = reconcile(
         [node("dead", alive=False)],
         [job("a", JobState.RUNNING, "dead"), job("b", JobState.STARTING, "gone")],
-        {}, NOW, CFG,
-    )  # fmt: skip
+        {},
+        NOW,
+        CFG,
+    )
     assert [(r.job.id, r.exit.kind, r.exit.reason, r.stop) for r in buckets.requeue_lost] == [
         ("a", ExitKind.NODE_DOWN, "node dead down (lease expired)", False),
         ("b", ExitKind.NODE_DOWN, "node gone has no record", False),
@@ -68,8 +70,10 @@ def test_drain_past_its_deadline_stops_each_job_once_then_the_node_is_drained() 
     buckets = reconcile(
         [draining, node("e", admin=NodeState.DRAINING, drain_deadline=NOW + 60)],
         [job("a", JobState.RUNNING, "d"), job("b", JobState.RUNNING, "d", preempt="node d drained")],
-        {}, NOW, CFG,
-    )  # fmt: skip
+        {},
+        NOW,
+        CFG,
+    )
     assert [(s.job.id, s.reason, s.grace_s) for s in buckets.drain_stops] == [("a", "node d drained", 30)]
     assert buckets.ignore == ("b",) and buckets.drained == ("e",)
 

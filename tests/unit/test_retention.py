@@ -28,8 +28,10 @@ def test_jobs_that_ended_at_least_the_retention_ago_are_due_and_no_others() -> N
 
 
 # whole seconds: unix times as floats are exact there, so the property compares no rounding errors
-@given(st.lists(st.tuples(st.text(min_size=1), st.integers(0, int(NOW))), max_size=30),
-       st.integers(1, 30 * 86400))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.text(min_size=1), st.integers(0, int(NOW))), max_size=30),
+    st.integers(1, 30 * 86400),
+)
 def test_a_job_is_due_exactly_when_its_end_is_retention_or_more_ago(
     ended: list[tuple[str, float]], retention: int
 ) -> None:

@@ -11,8 +11,15 @@ from tests.unit.plans import check_members
 GiB = 1 << 30
 
 
-def node(name: str, gpus: int, busy: set[int] | None = None, model: str = "A100", memory: int = 80,
-         schedulable: bool = True, why: str = "") -> NodeView:  # fmt: skip
+def node(
+    name: str,
+    gpus: int,
+    busy: set[int] | None = None,
+    model: str = "A100",
+    memory: int = 80,
+    schedulable: bool = True,
+    why: str = "",
+) -> NodeView:
     busy = busy or set()
     slots = tuple(GpuSlot(f"{name}-g{i}", i, model, memory * GiB, free=i not in busy) for i in range(gpus))
     return NodeView(name, schedulable, why, slots)

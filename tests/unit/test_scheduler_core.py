@@ -12,8 +12,15 @@ from tests.unit.plans import check_members
 GiB = 1 << 30
 
 
-def node(name: str, gpus: int, cpus: float = 0, memory: int = 0, busy: frozenset[int] = frozenset(),
-         used_cpus: float = 0, model: str = "A100") -> NodeView:  # fmt: skip
+def node(
+    name: str,
+    gpus: int,
+    cpus: float = 0,
+    memory: int = 0,
+    busy: frozenset[int] = frozenset(),
+    used_cpus: float = 0,
+    model: str = "A100",
+) -> NodeView:
     slots = tuple(GpuSlot(f"{name}-g{i}", i, model, 80 * GiB, free=i not in busy) for i in range(gpus))
     return NodeView(name, True, "", slots, cpus=cpus, memory=memory, used_cpus=used_cpus)
 

@@ -80,8 +80,13 @@ def test_a_sustained_load_repeats_the_trace_at_its_rate_within_its_span(tmp_path
     trace = philly(tmp_path, [(0, 10, 1, "x"), (60, 10, 1, "x"), (120, 10, 1, "x")])
     jobs = read_trace(trace, 2.0, sustain=True)
     assert [(j.id, j.arrival) for j in jobs] == [
-        ("p0", 0.0), ("p1", 30.0), ("p2", 60.0), ("p0#1", 60.0), ("p1#1", 90.0), ("p2#1", 120.0),
-    ]  # fmt: skip
+        ("p0", 0.0),
+        ("p1", 30.0),
+        ("p2", 60.0),
+        ("p0#1", 60.0),
+        ("p1#1", 90.0),
+        ("p2#1", 120.0),
+    ]
     assert [j.arrival for j in read_trace(trace, 2.0)] == [0.0, 30.0, 60.0]  # compressed only
     # 1.5x: copies every 80 s, the second one cut at the trace's 120 s
     assert [j.arrival for j in read_trace(trace, 1.5, sustain=True)] == [0.0, 40.0, 80.0, 80.0, 120.0]
@@ -176,8 +181,13 @@ def test_the_command_line_builds_without_importing_the_simulator() -> None:
     from fleet.sim import POLICIES
 
     assert sim.POLICIES == POLICIES
-    help_ = subprocess.run([sys.executable, "-X", "importtime", "-m", "fleet", "--help"], capture_output=True,
-                           text=True, check=True, timeout=60)  # fmt: skip
+    help_ = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fleet", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert "sim" in help_.stdout and "| numpy" not in help_.stderr  # every command's help, no simulator
 
 
@@ -185,20 +195,40 @@ def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None
     trace = philly(tmp_path, [(0, 100, 4, "x"), (10, 50, 2, "y")])
     out = subprocess.run(
         [sys.executable, "-m", "fleet", "sim", str(trace), "--gpus", "4", "-o", "json"],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
-    )  # fmt: skip
+    )
     data = json.loads(out.stdout)
     assert (data["completed"], data["makespan"], data["jct"]["mean"]) == (2, 150.0, 120.0)
     table = subprocess.run(
-        [sys.executable, "-m", "fleet", "sim", "workload-1", "--policy", "elastic", "--limit", "10",
-         "--plot", str(tmp_path / "p.png")],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "fleet",
+            "sim",
+            "workload-1",
+            "--policy",
+            "elastic",
+            "--limit",
+            "10",
+            "--plot",
+            str(tmp_path / "p.png"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
-    )  # fmt: skip
+    )
     assert "JCT avg / median / p99" in table.stdout and (tmp_path / "p.png").stat().st_size > 10_000
     refused = subprocess.run(
-        [sys.executable, "-m", "fleet", "sim", "nope.csv"], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "fleet", "sim", "nope.csv"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
-    )  # fmt: skip
+    )
     assert refused.returncode == 2 and "workload-1" in refused.stderr

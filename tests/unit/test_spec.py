@@ -49,8 +49,9 @@ def test_bad_spec_names_the_field(data: dict[str, object], message: str) -> None
 
 
 def test_sizes_use_binary_units_like_docker() -> None:
-    spec = JobSpec.parse({"name": "j", "command": ["true"], "memory": "1.5g", "shm_size": "512m",
-                          "min_gpu_memory": "40GiB"})  # fmt: skip
+    spec = JobSpec.parse(
+        {"name": "j", "command": ["true"], "memory": "1.5g", "shm_size": "512m", "min_gpu_memory": "40GiB"}
+    )
     assert (spec.memory, spec.shm_size, spec.min_gpu_memory) == (3 << 29, 512 << 20, 40 << 30)
 
 
@@ -127,10 +128,14 @@ def test_an_env_key_with_a_trailing_newline_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("image", "registry"),
-    [("busybox", "docker.io"), ("pytorch/pytorch:2.3", "docker.io"),
-     ("nvcr.io/nvidia/pytorch:24.01", "nvcr.io"), ("localhost/fleet/python", "localhost"),
-     ("registry.corp:5000/ml/train", "registry.corp:5000")],
-)  # fmt: skip
+    [
+        ("busybox", "docker.io"),
+        ("pytorch/pytorch:2.3", "docker.io"),
+        ("nvcr.io/nvidia/pytorch:24.01", "nvcr.io"),
+        ("localhost/fleet/python", "localhost"),
+        ("registry.corp:5000/ml/train", "registry.corp:5000"),
+    ],
+)
 def test_an_images_registry_is_read_as_docker_reads_it(image: str, registry: str) -> None:
     assert registry_of(image) == registry
 

@@ -71,5 +71,7 @@ def test_a_user_off_the_tenants_allow_list_is_refused_with_the_fix(user: str, me
 def test_an_allow_listed_user_is_given_as_uid_and_gid() -> None:
     tenant = Tenant(name="vision", allowed_users=["7:8", "1000:1000"])
     assert (tenant.check_user("7:8"), tenant.check_user("1000"), tenant.check_user("01000:1000")) == (
-        (7, 8), (1000, 1000), (1000, 1000),
-    )  # fmt: skip
+        (7, 8),
+        (1000, 1000),
+        (1000, 1000),
+    )

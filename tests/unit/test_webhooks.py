@@ -24,8 +24,15 @@ def test_the_signature_is_the_hmac_sha256_of_the_body_as_github_signs() -> None:
 
 def test_a_job_end_as_json_and_as_a_slack_line() -> None:
     spec = JobSpec(name="train", command=["x"], labels={"exp": "7"}, tenant="ml")
-    job = Job(id="train-1", spec=spec, state=JobState.FAILED, attempt=3, reason="exited with code 1; 3 of 3",
-              exit_code=1, node="gpu-01")  # fmt: skip
+    job = Job(
+        id="train-1",
+        spec=spec,
+        state=JobState.FAILED,
+        attempt=3,
+        reason="exited with code 1; 3 of 3",
+        exit_code=1,
+        node="gpu-01",
+    )
     payload = job_payload(job, "d-1", 100.0)
     assert payload["event"] == "job.ended" and payload["tenant"] == "ml"
     assert json.loads(body_for(payload, "json"))["job"]["labels"] == {"exp": "7"}

@@ -107,24 +107,28 @@ def test_a_crafted_archive_is_refused_and_nothing_is_written_outside(
 
 
 def test_set_id_sticky_and_group_write_bits_are_dropped(place: Callable[[bytes], Path]) -> None:
-    unpacked = place(archive(
-        member("bin", tarfile.DIRTYPE, mode=0o7777),
-        member("bin/tool", data=b"#!/bin/sh\n", mode=0o6777),
-        member("notes", data=b"n", mode=0o4666),
-    ))  # fmt: skip
+    unpacked = place(
+        archive(
+            member("bin", tarfile.DIRTYPE, mode=0o7777),
+            member("bin/tool", data=b"#!/bin/sh\n", mode=0o6777),
+            member("notes", data=b"n", mode=0o4666),
+        )
+    )
     modes = {name: stat.S_IMODE((unpacked / name).stat().st_mode) for name in ("bin", "bin/tool", "notes")}
     assert modes == {"bin": 0o755, "bin/tool": 0o755, "notes": 0o644}
     assert stat.S_IMODE(unpacked.stat().st_mode) == 0o755
 
 
 def test_links_inside_the_tree_and_hard_links_unpack(place: Callable[[bytes], Path]) -> None:
-    unpacked = place(archive(
-        member("./", tarfile.DIRTYPE),
-        member("pkg/model.py", data=b"NAME = 1\n"),
-        member("latest", tarfile.SYMTYPE, link="pkg/model.py"),
-        member("pkg/up", tarfile.SYMTYPE, link="../pkg"),
-        member("copy.py", tarfile.LNKTYPE, link="pkg/model.py"),
-    ))  # fmt: skip
+    unpacked = place(
+        archive(
+            member("./", tarfile.DIRTYPE),
+            member("pkg/model.py", data=b"NAME = 1\n"),
+            member("latest", tarfile.SYMTYPE, link="pkg/model.py"),
+            member("pkg/up", tarfile.SYMTYPE, link="../pkg"),
+            member("copy.py", tarfile.LNKTYPE, link="pkg/model.py"),
+        )
+    )
     assert (unpacked / "latest").read_text() == "NAME = 1\n" and os.readlink(
         unpacked / "latest"
     ) == "pkg/model.py"

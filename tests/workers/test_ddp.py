@@ -101,30 +101,53 @@ def members() -> Iterator[list[Member]]:
 def gang_env(directory: Path, attempt: int, nodes: int) -> dict[str, str]:
     """What every member of the attempt gets (the node's own rank is added per member)."""
     env = {k: v for k, v in os.environ.items() if k != "FLEET_RESUME_FROM"}
-    env |= {"FLEET_JOB_ID": JOB, "FLEET_ATTEMPT": str(attempt), "FLEET_CHECKPOINT_DIR": str(directory),
-            "FLEET_NUM_NODES": str(nodes), "FLEET_NUM_GPUS": "0", "WORLD_SIZE": str(nodes),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "FLEET_DIST_TIMEOUT_S": str(DIST_TIMEOUT_S)}  # fmt: skip
+    env |= {
+        "FLEET_JOB_ID": JOB,
+        "FLEET_ATTEMPT": str(attempt),
+        "FLEET_CHECKPOINT_DIR": str(directory),
+        "FLEET_NUM_NODES": str(nodes),
+        "FLEET_NUM_GPUS": "0",
+        "WORLD_SIZE": str(nodes),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "FLEET_DIST_TIMEOUT_S": str(DIST_TIMEOUT_S),
+    }
     if latest := checkpoints.latest(directory):
         env["FLEET_RESUME_FROM"] = str(directory / latest)
     return env
 
 
-def start_gang(root: Path, started: list[Member], *args: str, attempt: int = 1, nodes: int = 2,
-               plain: bool = False) -> list[Member]:  # fmt: skip
+def start_gang(
+    root: Path, started: list[Member], *args: str, attempt: int = 1, nodes: int = 2, plain: bool = False
+) -> list[Member]:
     """Attempt ``attempt`` of the job, one member per node; ``plain``: no torchrun (one process)."""
     env = gang_env(checkpoints.prepare(root, JOB, attempt, None, None), attempt, nodes)
     job = [str(EXAMPLE), "--steps", str(STEPS), "--every", str(EVERY), "--global-batch", str(BATCH), *args]
     gang = []
     for node in range(nodes):
-        torchrun = [sys.executable, "-m", "torch.distributed.run",  # torchrun, from this interpreter
-                    "--nnodes", str(nodes), "--node-rank", str(node), "--nproc-per-node", "1",
-                    "--master-addr", env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"]]  # fmt: skip
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",  # torchrun, from this interpreter
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            env["MASTER_ADDR"],
+            "--master-port",
+            env["MASTER_PORT"],
+        ]
         proc = subprocess.Popen(
             [*([sys.executable] if plain else torchrun), *job],
             env={**env, "FLEET_NODE_RANK": str(node), "NODE_RANK": str(node)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         gang.append(Member(node, proc))
     started.extend(gang)
     return gang

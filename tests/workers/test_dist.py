@@ -29,8 +29,13 @@ def test_outside_a_gang_the_job_is_rank_0_of_1() -> None:
 
 def test_torchrun_ranks_win_over_the_members(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given member 1 of 2 whose torchrun started 4 workers per node; this is its local worker 2
-    for name, value in {"FLEET_NUM_NODES": "2", "FLEET_NODE_RANK": "1", "RANK": "6", "LOCAL_RANK": "2",
-                        "WORLD_SIZE": "8"}.items():  # fmt: skip
+    for name, value in {
+        "FLEET_NUM_NODES": "2",
+        "FLEET_NODE_RANK": "1",
+        "RANK": "6",
+        "LOCAL_RANK": "2",
+        "WORLD_SIZE": "8",
+    }.items():
         monkeypatch.setenv(name, value)
     assert (fw.dist.rank(), fw.dist.local_rank(), fw.dist.world_size(), fw.dist.is_rank0()) == (
         6,

@@ -28,8 +28,12 @@ def torch_installed() -> None:
 
 def run(ckpt: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     full_env = {**os.environ, "FLEET_CHECKPOINT_DIR": str(ckpt), "FLEET_ATTEMPT": "1", **env}
-    return subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", "120", "--every", "10", *args],
-                            env=full_env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--steps", "120", "--every", "10", *args],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def digest(output: str) -> str:

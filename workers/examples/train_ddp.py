@@ -67,9 +67,11 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def announce() -> None:
     """Every rank says where it is: what the group formed, and the member it belongs to."""
-    print(f"rank {tdist.get_rank()} of {tdist.get_world_size()} local_rank {fw.dist.local_rank()} "
-          f"node {fw.node_rank()} of {fw.num_nodes()} attempt {fw.attempt()} pid {os.getpid()}",
-          flush=True)  # fmt: skip
+    print(
+        f"rank {tdist.get_rank()} of {tdist.get_world_size()} local_rank {fw.dist.local_rank()} "
+        f"node {fw.node_rank()} of {fw.num_nodes()} attempt {fw.attempt()} pid {os.getpid()}",
+        flush=True,
+    )
 
 
 def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

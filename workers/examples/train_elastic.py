@@ -175,8 +175,12 @@ def train(args: argparse.Namespace) -> None:
         finished = done == args.steps or agreed(bool(args.done_file and args.done_file.exists()))
         stopping = fw.dist.stop_agreed(stop)
         if done % args.every == 0 or finished or stopping:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "workers": world,
-                     "batch": batch}  # fmt: skip
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "workers": world,
+                "batch": batch,
+            }
             fw.dist.save(state, done)
             if fw.dist.is_rank0():
                 fw.report(samples=samples, step=done, loss=round(global_loss, 6))

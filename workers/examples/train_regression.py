@@ -79,8 +79,15 @@ def main() -> None:
         optimizer.step()
         done = step + 1
         if done % args.every == 0 or stop.is_set():
-            fw.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, done)  # fmt: skip
+            fw.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate(),
+                },
+                done,
+            )
             fw.progress(done, total=args.steps, loss=round(loss.item(), 6))
         if stop.is_set():
             fw.exit_after_checkpoint()

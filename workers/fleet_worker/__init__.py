@@ -25,7 +25,22 @@ from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, n
 from fleet_worker.signals import exit_after_checkpoint, progress, report, stop_requested
 
 __all__ = [
-    "StaleAttempt", "attempt", "batch_size", "checkpoint_dir", "dist", "elastic", "exit_after_checkpoint",
-    "job_id", "latest_name", "load_latest", "node_rank", "num_gpus", "num_nodes", "progress", "report",
-    "save", "scale_lr", "stop_requested",
-]  # fmt: skip
+    "StaleAttempt",
+    "attempt",
+    "batch_size",
+    "checkpoint_dir",
+    "dist",
+    "elastic",
+    "exit_after_checkpoint",
+    "job_id",
+    "latest_name",
+    "load_latest",
+    "node_rank",
+    "num_gpus",
+    "num_nodes",
+    "progress",
+    "report",
+    "save",
+    "scale_lr",
+    "stop_requested",
+]

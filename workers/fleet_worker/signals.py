@@ -70,6 +70,9 @@ def report(samples: int, step: int | None = None, **metrics: Any) -> float:
     sized = {"num_gpus": num_gpus() * num_nodes(), "batch_size": batch_size()}
     if elapsed:
         sized["samples_per_s"] = round(rate, 3)
-    progress(_reported.steps if step is None else step,
-             **{k: v for k, v in sized.items() if v is not None}, **metrics)  # fmt: skip
+    progress(
+        _reported.steps if step is None else step,
+        **{k: v for k, v in sized.items() if v is not None},
+        **metrics,
+    )
     return rate

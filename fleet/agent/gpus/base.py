@@ -31,10 +31,7 @@ def process_name(pid: int) -> str:
 
 
 def busy_reason(
-    gpu: Gpu,
-    fleet_pids: Collection[int],
-    busy_memory: int,
-    name_of: Callable[[int], str] = process_name,
+    gpu: Gpu, fleet_pids: Collection[int], busy_memory: int, name_of: Callable[[int], str] = process_name
 ) -> str:
     """Why ``gpu`` is not free although healthy: a process fleet did not start, or memory in use."""
     foreign = [pid for pid in gpu.processes if pid not in fleet_pids]

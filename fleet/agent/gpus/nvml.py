@@ -59,8 +59,11 @@ class NvmlGpus:
     def versions(self) -> dict[str, str]:
         """The driver's, NVML's and the CUDA driver API's versions, those NVML gives."""
         found = {}
-        queries = {"driver": pynvml.nvmlSystemGetDriverVersion, "nvml": pynvml.nvmlSystemGetNVMLVersion,
-                   "cuda": pynvml.nvmlSystemGetCudaDriverVersion}  # fmt: skip
+        queries = {
+            "driver": pynvml.nvmlSystemGetDriverVersion,
+            "nvml": pynvml.nvmlSystemGetNVMLVersion,
+            "cuda": pynvml.nvmlSystemGetCudaDriverVersion,
+        }
         for name, query in queries.items():
             with contextlib.suppress(pynvml.NVMLError):
                 value = query()
@@ -83,8 +86,14 @@ class NvmlGpus:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         except pynvml.NVMLError as exc:
-            return Gpu(uuid=f"unknown-{index}", index=index, model="?", memory_total=0, healthy=False,
-                       health=f"lost: {exc}"), exc.value  # fmt: skip
+            return Gpu(
+                uuid=f"unknown-{index}",
+                index=index,
+                model="?",
+                memory_total=0,
+                healthy=False,
+                health=f"lost: {exc}",
+            ), exc.value
         try:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)

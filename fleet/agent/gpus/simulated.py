@@ -12,10 +12,14 @@ class SimulatedGpus:
 
     def __init__(self, node: str, count: int, model: str, memory: int) -> None:
         self._gpus = [
-            Gpu(uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{i}.fleet')}", index=i, model=model,
-                memory_total=memory)
+            Gpu(
+                uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{i}.fleet')}",
+                index=i,
+                model=model,
+                memory_total=memory,
+            )
             for i in range(count)
-        ]  # fmt: skip
+        ]
 
     def gpus(self) -> list[Gpu]:
         return list(self._gpus)

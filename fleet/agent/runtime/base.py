@@ -76,10 +76,13 @@ class LaunchSpec:
             env["FLEET_ARRAY_INDEX"] = str(self.array_index)
         if self.members > 1:  # what torchrun and torch.distributed read, and fleet's own names
             env.update(
-                FLEET_NUM_NODES=str(self.members), FLEET_NODE_RANK=str(self.rank),
-                MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port), WORLD_SIZE=str(self.members),
+                FLEET_NUM_NODES=str(self.members),
+                FLEET_NODE_RANK=str(self.rank),
+                MASTER_ADDR=self.master_addr,
+                MASTER_PORT=str(self.master_port),
+                WORLD_SIZE=str(self.members),
                 NODE_RANK=str(self.rank),
-            )  # fmt: skip
+            )
         if checkpoint_dir:
             env["FLEET_CHECKPOINT_DIR"] = checkpoint_dir
             if self.resume_from:

@@ -41,7 +41,7 @@ from fleet.agent.runtime.base import (
     LABEL_NODE,
     AttemptStatus,
     LaunchSpec,
-)  # fmt: skip
+)
 from fleet.agent.supervision import SupervisorClient
 from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
@@ -62,9 +62,13 @@ class DockerRuntime:
     name = "docker"
 
     def __init__(
-        self, node: str, supervisor: SupervisorClient, pull: str = "missing", client: Any = None,
+        self,
+        node: str,
+        supervisor: SupervisorClient,
+        pull: str = "missing",
+        client: Any = None,
         guard: AgentSettings | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``guard``: the settings of the network guard, None to run jobs on Docker's default bridge."""
         self.node, self.supervisor, self.pull = node, supervisor, pull
         try:
@@ -136,8 +140,10 @@ class DockerRuntime:
             event(log, "image_pull", image=image, node=self.node)
             self.client.images.pull(image)
         except DockerException as exc:
-            raise ImageNotFound(f"image {image!r} not found on node {self.node} and pull failed: "
-                                f"{getattr(exc, 'explanation', None) or exc}") from exc  # fmt: skip
+            raise ImageNotFound(
+                f"image {image!r} not found on node {self.node} and pull failed: "
+                f"{getattr(exc, 'explanation', None) or exc}"
+            ) from exc
 
     def _create(self, spec: LaunchSpec) -> Any:
         self._ensure_image(spec.image)

@@ -71,9 +71,12 @@ class FakeRuntime:
     name = "fake"
 
     def __init__(
-        self, node: str = "fake", clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep, watch_s: float | None = 0.02,
-    ) -> None:  # fmt: skip
+        self,
+        node: str = "fake",
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        watch_s: float | None = 0.02,
+    ) -> None:
         self.node, self.clock, self.sleep, self.watch_s = node, clock, sleep, watch_s
         self._lock = threading.RLock()
         self._held: dict[Key, _Attempt] = {}

@@ -99,9 +99,12 @@ class ProcessRuntime:
         if leader != "gone":  # running, or exited and about to be reaped by the supervisor
             return AttemptStatus(job_id, attempt, True)
         self.cgroups.kill(key)  # what its leader started outlives the parent-death signal
-        return AttemptStatus(job_id, attempt, False, Exit(
-            code=137, fault="infra", kind="lost", reason="its supervisor died before recording an exit",
-        ))  # fmt: skip
+        return AttemptStatus(
+            job_id,
+            attempt,
+            False,
+            Exit(code=137, fault="infra", kind="lost", reason="its supervisor died before recording an exit"),
+        )
 
     def attempts(self) -> list[AttemptStatus]:
         found = []
