@@ -33,6 +33,7 @@ import redis
 
 from bench.dispatch import machine_line, redis_server
 from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
+from bench.procs import FleetProcs
 from bench.scale import DEFAULTS
 from fleet.api.backend import Backend
 from fleet.client import Client
@@ -40,7 +41,6 @@ from fleet.keys import Keys
 from fleet.models import JobSpec, JobState, Role
 from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
-from tests.conftest import FleetProcs
 
 SPEC = JobSpec(name="true", command=["true"], gpus=1)
 
