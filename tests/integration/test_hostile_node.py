@@ -14,8 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from fleet.config import load_settings
 from fleet.errors import SpecError
 from tests.conftest import Api, need, remove_containers
 from tests.integration.test_up import Up
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 #: each tenant's own uid, from the default agent.job_uid_range; never root
@@ -43,13 +43,6 @@ def as_root() -> None:
 def tenants(api: Api) -> Iterator[tuple[Client, Client]]:
     """Clients for alice (tenant a) and bob (tenant b), each a user of its own tenant."""
     yield api.client(api.token_for("alice", "a")), api.client(api.token_for("bob", "b"))
-
-
-def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"{what} within {timeout}s"
-        time.sleep(0.1)
 
 
 def _fleet(procs: FleetProcs, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -88,7 +81,7 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
         'echo "$SECRET" > secret.txt; echo "$SECRET" > "$FLEET_CHECKPOINT_DIR/s"; echo "$SECRET"; sleep 300'
     )
     hers = alice.submit(JobSpec(name="alice", command=["sh", "-c", script], env={"SECRET": SECRET}))
-    _wait_for("alice's job wrote its secret", lambda: SECRET in hers.logs())
+    wait_for(lambda: SECRET in hers.logs(), what="alice's job wrote its secret")
     attempts = procs.root / "t-hostile" / "attempts"
     folder = attempts / f"{hers.id}.1"
     pid = json.loads((folder / "meta.json").read_text())["pid"]

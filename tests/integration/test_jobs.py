@@ -4,7 +4,6 @@ in-memory harness, test_memfleet.py)."""
 from __future__ import annotations
 
 import sys
-import time
 
 import docker
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.agent.cgroups import detect
 from tests.conftest import FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_cancel_stops_a_running_job_and_frees_its_gpus(
     one_node: FleetProcs, client: Client, runtime: str
 ) -> None:
     job = client.submit(sh("echo started; sleep 300", gpus=2))
-    _wait_for(lambda: job.status().state == JobState.RUNNING and "started" in job.logs())
+    wait_for(lambda: job.status().state == JobState.RUNNING and "started" in job.logs())
     job.cancel()
     status = job.wait(timeout=30)
     assert status.state == JobState.CANCELLED
@@ -71,7 +71,7 @@ def test_cancel_stops_a_running_job_and_frees_its_gpus(
 
 def test_cancel_of_a_queued_job_is_immediate(one_node: FleetProcs, client: Client) -> None:
     job = client.submit(sh("true", gpus=2, gpu_model="H100"))  # no such GPU here: stays queued
-    _wait_for(lambda: "has 0 matching GPUs" in job.status().reason)
+    wait_for(lambda: "has 0 matching GPUs" in job.status().reason)
     assert job.cancel().state == JobState.CANCELLED
 
 
@@ -80,13 +80,13 @@ def test_a_job_larger_than_the_fleet_stays_queued_with_the_reason(
 ) -> None:
     # 8 GPUs on one node of 2: a 4-node job, which this fleet cannot hold yet
     job = client.submit(sh("true", gpus=8))
-    _wait_for(lambda: job.status().reason != "submitted")
+    wait_for(lambda: job.status().reason != "submitted")
     status = job.status()
     assert status.state == JobState.QUEUED
     assert status.reason == "needs 4 nodes with 2 free GPUs each; only 1 node could ever hold a member"
     # and one whose member is larger than any node says which node lacks what
     pinned = client.submit(sh("true", gpus=8, nodes=2))
-    _wait_for(lambda: pinned.status().reason != "submitted")
+    wait_for(lambda: pinned.status().reason != "submitted")
     assert (
         pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a "
         "member (t-node1: has 2 matching GPUs)"
@@ -110,7 +110,7 @@ def test_docker_container_gets_limits_labels_and_no_privileges(
     if runtime != "docker":
         pytest.skip("docker only")
     job = client.submit(sh("sleep 300", gpus=1, memory="64m", cpus=0.5, shm_size="16m"))
-    _wait_for(lambda: job.status().state == JobState.RUNNING)
+    wait_for(lambda: job.status().state == JobState.RUNNING)
     status = job.status()
     container = docker.from_env().containers.get(f"fleet-{job.id}-1")
     host = container.attrs["HostConfig"]
@@ -124,15 +124,6 @@ def test_docker_container_gets_limits_labels_and_no_privileges(
     assert env["FLEET_JOB_ID"] == job.id and env["FLEET_ATTEMPT"] == "1"
     job.cancel()
     assert job.wait(timeout=30).state == JobState.CANCELLED
-
-
-def _wait_for(condition: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_oom_kill_is_reported_with_the_memory_limit(

@@ -54,6 +54,9 @@ MiB = 1 << 20
 LOCAL_REGISTRY = "localhost/"
 #: makes docker-init (tini) signal the job's process group, as ``tini -g`` does, not its main process
 KILL_PROCESS_GROUP = "TINI_KILL_PROCESS_GROUP"
+#: Docker records an OOM kill from an event that can land just after the exit it caused: an exit
+#: by SIGKILL of a container with a memory limit is read again for this long after it ended
+OOM_SETTLE_S = 1.0
 #: lines asked for per log read: enough for a round's output, few enough to find from the log's end
 _TAIL = 1000
 
@@ -201,7 +204,7 @@ class DockerRuntime:
         state = container.attrs["State"]
         if state.get("Running") or container.status in ("created", "restarting"):
             return AttemptStatus(job_id, attempt, True)
-        code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+        code, oom = int(state.get("ExitCode", -1)), self._oom_killed(container)
         if oom:
             limit = container.attrs["HostConfig"].get("Memory") or 0
             reason = f"OOMKilled (memory limit {limit // MiB} MiB)" if limit else "OOMKilled"
@@ -210,6 +213,22 @@ class DockerRuntime:
         else:
             reason = f"exited with code {code}"
         return AttemptStatus(job_id, attempt, False, Exit(code=code, oom=oom, reason=reason))
+
+    def _oom_killed(self, container: Any) -> bool:
+        """Whether the kernel's OOM killer ended the container; a SIGKILL exit of a container with a
+        memory limit, under ``OOM_SETTLE_S`` ago, is read again until Docker says so or the time is up."""
+        if container.attrs["State"].get("OOMKilled"):
+            return True
+        if container.attrs["State"].get("ExitCode") != 137 or not container.attrs["HostConfig"].get("Memory"):
+            return False
+        ended = float(_epoch(container.attrs["State"].get("FinishedAt", "")))
+        while time.time() < ended + OOM_SETTLE_S:
+            time.sleep(0.1)
+            with contextlib.suppress(NotFound):
+                container.reload()
+            if container.attrs["State"].get("OOMKilled"):
+                return True
+        return False
 
     def pids(self) -> set[int]:
         found: set[int] = set()
