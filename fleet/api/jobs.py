@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from fleet.api.commands import Commands
 from fleet.api.deps import User, bearer, own, whom
 from fleet.api.limits import PerToken
+from fleet.api.queries import known_attempt
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
 from fleet.errors import Forbidden, SpecError, at_index
 from fleet.log import event
@@ -217,7 +218,7 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
     ) -> list[LogLine] | StreamingResponse:
         """The attempt's lines (default: the latest attempt); ``follow``: a stream of JSON lines that
         ends when the attempt is over, or once the caller's token is revoked or expires."""
-        await run_in_threadpool(job_of, who, job_id)
+        known_attempt(await run_in_threadpool(job_of, who, job_id), attempt)  # 404: no such attempt
         if not follow:
             return await run_in_threadpool(backend.logs, job_id, attempt, rank)
         token, tokens = bearer(request), request.app.state.tokens

@@ -143,7 +143,7 @@ class Queries:
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
         """Log lines of ``attempt`` (default: the latest); of member ``rank`` of a multi-node job."""
         job = self.get(job_id)
-        return self._jobs.read_logs(job_id, attempt or max(job.attempt, 1), rank=rank)
+        return self._jobs.read_logs(job_id, known_attempt(job, attempt), rank=rank)
 
     def follow_logs(
         self,
@@ -157,7 +157,7 @@ class Queries:
         ``allowed`` (asked before each read, at least every ``poll_s``) says the reader may no longer
         read them (its token was revoked)."""
         job = self.get(job_id)
-        attempt = attempt or max(job.attempt, 1)
+        attempt = known_attempt(job, attempt)
         cursor = "0"
         while allowed is None or allowed():
             lines = self._jobs.read_logs(job_id, attempt, cursor, block_ms=int(poll_s * 1000), rank=rank)
@@ -190,6 +190,17 @@ class Queries:
 
     def node(self, name: str) -> Node:
         return self._nodes.get(name)
+
+
+def known_attempt(job: Job, attempt: int | None) -> int:
+    """``attempt`` of the job (None: its latest); NotFound naming the attempts it has if it has no such."""
+    latest = max(job.attempt, 1)  # a job not started yet: attempt 1, with no lines so far
+    if attempt is None:
+        return latest
+    if attempt > latest:
+        has = f"has attempts 1-{latest}" if latest > 1 else "has one attempt, 1"
+        raise NotFound(f"job {job.id} {has}: no attempt {attempt} (see `fleet show {job.id}`)")
+    return attempt
 
 
 ListingItem = TypeVar("ListingItem", Job, Job | JobArray)

@@ -57,6 +57,14 @@ def test_submit_wait_show_logs(fleet_cli) -> None:  # type: ignore[no-untyped-de
     waited = fleet_cli("wait", job_id, "--timeout", "60")
     assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout
     assert fleet_cli("logs", job_id).stdout == "hi cli\n"
+    assert fleet_cli("logs", job_id, "--attempt", "1").stdout == "hi cli\n"
+    for follow in ([], ["-f"]):  # an attempt the job never had is not an empty output
+        absent = fleet_cli("logs", job_id, "--attempt", "99", *follow)
+        assert (absent.returncode, absent.stdout) == (3, ""), absent.stderr
+        assert (
+            absent.stderr
+            == f"fleet: job {job_id} has one attempt, 1: no attempt 99 (see `fleet show {job_id}`)\n"
+        )
     shown = json.loads(fleet_cli("show", job_id, "-o", "json").stdout)
     assert shown["state"] == "SUCCEEDED" and shown["node"] == "t-cli" and len(shown["gpus"]) == 1
     assert [e["state"] for e in shown["history"]] == [
