@@ -24,7 +24,7 @@ import click
 
 from fleet import __version__
 from fleet.cli.common import CONTEXT, Globals
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
 
 #: section -> command -> "module:attribute" of its click command, in the order ``--help`` lists them
 COMMANDS: dict[str, dict[str, str]] = {
@@ -126,7 +126,18 @@ class FleetGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, api_url: str | None, redis_url: str | None) -> None:
     """A serverless-style job queue for your own GPU fleet."""
+    config_exists(config)
     ctx.obj = Globals(config, api_url, redis_url)
+
+
+def config_exists(config: str | None) -> None:
+    """A config file named (``--config``, else ``$FLEET_CONFIG``) that is not there is an error, for
+    every command: a typo in its name would otherwise leave the defaults in force, unnoticed."""
+    named, path, fix = "--config", config, "give the path of a fleet.toml"
+    if not config:
+        named, path, fix = "FLEET_CONFIG", os.environ.get("FLEET_CONFIG"), "unset it or name a fleet.toml"
+    if path and not os.path.isfile(path):
+        raise ConfigError(f"{named} {path}: no such file ({fix})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

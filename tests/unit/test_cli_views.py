@@ -1,4 +1,5 @@
-"""What the CLI shows, without a fleet: progress, plain and terminal tables, shell completion."""
+"""What the CLI shows, without a fleet: progress, plain and terminal tables, shell completion, and
+the refusal of a config file that is not there."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fleet.cli.jobs import _job_view, job_row
+from fleet.cli.main import main
 from fleet.cli.output import print_plain
 from fleet.cli.view import Table, View
 from fleet.models import Job, JobSpec, JobState, Progress
@@ -153,3 +156,23 @@ def test_fleet_show_says_what_a_learning_job_reported_or_that_it_reported_nothin
         "Samples/s",
         "1 GPU x 64: 100/s, 2 GPUs x 128: 190.6/s",
     )
+
+
+def test_a_config_file_that_is_not_there_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing, there = tmp_path / "flet.toml", tmp_path / "fleet.toml"
+    there.write_text("")
+    nowhere = ["--api-url", "http://127.0.0.1:1"]  # past the check, a command finds no API: exit 5
+    assert main(["--config", str(missing), *nowhere, "jobs"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"fleet: --config {missing}: no such file (give the path of a fleet.toml)\n"
+    )
+    monkeypatch.setenv("FLEET_CONFIG", str(missing))
+    assert main([*nowhere, "jobs"]) == 2
+    assert capsys.readouterr().err == (
+        f"fleet: FLEET_CONFIG {missing}: no such file (unset it or name a fleet.toml)\n"
+    )
+    # --config wins over FLEET_CONFIG, and a file that is there is taken
+    assert main(["--config", str(there), *nowhere, "jobs"]) == 5
