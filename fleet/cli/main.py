@@ -13,6 +13,7 @@ pays for its own imports alone. A new group: a module with click commands, and i
 
 from __future__ import annotations
 
+import difflib
 import gc
 import importlib
 import os
@@ -73,7 +74,8 @@ COMPLETE_VAR = "_FLEET_COMPLETE"
 
 
 class FleetGroup(click.Group):
-    """The root: commands imported on first use, listed by section, no guessing at names."""
+    """The root: commands imported on first use, listed by section, no guessing at names (a
+    mistyped one is refused, the closest named)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(_WHERE)
@@ -89,6 +91,12 @@ class FleetGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name not in _WHERE and not name.startswith("-") and not ctx.resilient_parsing:
+            # a mistyped command: name the closest one (click's own guess sees no lazy command)
+            close = difflib.get_close_matches(name, _WHERE, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise click.UsageError(f"no such command {name!r}{hint}", ctx)
         found = super().resolve_command(ctx, args)
         # the imports are done: what the command allocates from here on may be garbage (see main)
         gc.enable()

@@ -1,5 +1,5 @@
 """What the CLI shows, without a fleet: progress, plain and terminal tables, shell completion, and
-the refusal of a config file that is not there."""
+the refusals of a mistyped command or a config file that is not there."""
 
 from __future__ import annotations
 
@@ -156,6 +156,15 @@ def test_fleet_show_says_what_a_learning_job_reported_or_that_it_reported_nothin
         "Samples/s",
         "1 GPU x 64: 100/s, 2 GPUs x 128: 190.6/s",
     )
+
+
+def test_a_mistyped_command_is_refused_naming_the_closest_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sbumit", "--gpus", "1", "--", "true"]) == 2
+    assert capsys.readouterr().err == (
+        "fleet: no such command 'sbumit' (did you mean 'submit'?) (see `fleet --help`)\n"
+    )
+    assert main(["xyzzy"]) == 2
+    assert capsys.readouterr().err == "fleet: no such command 'xyzzy' (see `fleet --help`)\n"
 
 
 def test_a_config_file_that_is_not_there_is_an_error_naming_it(
