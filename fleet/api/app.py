@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -97,7 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {_said(e)}" for e in exc.errors()
         )
         return error_response(SpecError(f"bad request: {fields}"))
 
@@ -138,6 +139,13 @@ class VersionHeader:
             await send(message)
 
         await self.app(scope, receive, send_with_version)
+
+
+def _said(error: dict[str, Any]) -> str:
+    """What is wrong with one field of a request; a key the call does not define named as such."""
+    if error["type"] == "extra_forbidden":
+        return "not a field of this call: leave it out (misspelt?)"
+    return str(error["msg"])
 
 
 def error_response(exc: FleetError) -> JSONResponse:

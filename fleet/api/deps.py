@@ -12,11 +12,20 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from fleet.errors import Forbidden, Unauthorized
 from fleet.models import Identity, Role
 from fleet.state.tokens import TokenStore
+
+
+class StrictBody(BaseModel):
+    """A call's JSON body: a key it does not define is refused (422 naming it), never dropped unread
+    (a misspelt ``max_runing`` would otherwise leave its default in force, unnoticed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
 
 #: the status pages' cookie holding the token (path /ui)
 COOKIE = "fleet_token"

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from fleet.api.commands import Commands
-from fleet.api.deps import User, bearer, own, whom
+from fleet.api.deps import StrictBody, User, bearer, own, whom
 from fleet.api.limits import PerToken
 from fleet.api.queries import known_attempt
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
@@ -34,12 +34,12 @@ GONE = 499
 MAX_BATCH = 1000
 
 
-class SubmitJob(BaseModel):
+class SubmitJob(StrictBody):
     spec: dict[str, Any]
     id: str | None = None
 
 
-class SubmitBatch(BaseModel):
+class SubmitBatch(StrictBody):
     jobs: list[SubmitJob]
 
 
@@ -49,19 +49,19 @@ class Submitted(BaseModel):
     ids: list[str]
 
 
-class SubmitArray(BaseModel):
+class SubmitArray(StrictBody):
     spec: dict[str, Any]
     indices: str | list[int]
     max_running: int | None = None
     id: str | None = None
 
 
-class Resize(BaseModel):
+class Resize(StrictBody):
     gpus: int = Field(ge=0, le=1024)
     batch_size: int | None = Field(default=None, ge=1, le=1 << 24)
 
 
-class CancelLabels(BaseModel):
+class CancelLabels(StrictBody):
     labels: dict[str, str]
 
 

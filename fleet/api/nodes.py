@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from fleet import __version__
 from fleet.api.commands import Commands
-from fleet.api.deps import Operator, User, sees_all
+from fleet.api.deps import Operator, StrictBody, User, sees_all
 from fleet.api.queries import Queries
 from fleet.models import FleetVersions, Identity, Node, Role
 
@@ -19,11 +19,11 @@ from fleet.models import FleetVersions, Identity, Node, Role
 OTHERS = "another tenant's job"
 
 
-class Cordon(BaseModel):
+class Cordon(StrictBody):
     reason: str = Field(default="", max_length=1024)
 
 
-class Drain(BaseModel):
+class Drain(StrictBody):
     names: list[str] = Field(min_length=1, max_length=10_000)
     deadline_s: float = Field(default=3600.0, ge=0)
     grace_s: float = Field(default=60.0, ge=0)

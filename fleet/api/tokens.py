@@ -7,7 +7,7 @@ import logging
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from fleet.api.deps import Admin, Anyone
+from fleet.api.deps import Admin, Anyone, StrictBody
 from fleet.errors import NotFound
 from fleet.log import event
 from fleet.models import Identity, Role, TokenInfo
@@ -16,7 +16,7 @@ from fleet.state.tokens import TokenStore
 log = logging.getLogger("fleet.api")
 
 
-class NewToken(BaseModel):
+class NewToken(StrictBody):
     user: str
     tenant: str
     role: Role = Role.USER

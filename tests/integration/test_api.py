@@ -460,6 +460,20 @@ def test_a_batch_submit_keeps_every_check_of_a_single_one(api: Api) -> None:
     # And a batch of the API's own shape is checked field by field, naming index and field
     with pytest.raises(SpecError, match=r"bad request: jobs\.0\.spec: Field required"):
         alice._call("POST", "/v1/jobs/batch", {"jobs": [{"id": "x"}]})
+    # And a key the call does not define is refused, named, not dropped (the spec's own are too)
+    unknown = r"bad request: jobs\.0\.bogus: not a field of this call: leave it out"
+    with pytest.raises(SpecError, match=unknown):
+        alice._call(
+            "POST", "/v1/jobs/batch", {"jobs": [{"spec": {"name": "n", "command": ["true"]}, "bogus": 1}]}
+        )
+    with pytest.raises(SpecError, match=r"bad request: bogus: not a field of this call"):
+        alice._call("POST", "/v1/jobs", {"spec": {"name": "n", "command": ["true"]}, "bogus": 1})
+    with pytest.raises(SpecError, match=r"bad request: max_runing: not a field of this call"):
+        alice._call(
+            "POST",
+            "/v1/arrays",
+            {"spec": {"name": "a", "command": ["true"]}, "indices": "0-1", "max_runing": 1},
+        )
     with pytest.raises(SpecError, match=r"jobs\[0\]: invalid job spec:\s+command: is required"):
         alice._call("POST", "/v1/jobs/batch", {"jobs": [{"spec": {"name": "n"}}]})
     # And the cap is the API's too (the Client checks it first), saying what to do instead
