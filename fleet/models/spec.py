@@ -157,6 +157,19 @@ def uploaded_profile(profile: str) -> bool:
 LabelValue = Annotated[str, Field(max_length=256), AfterValidator(_no_nul)]
 
 
+#: the spec's numbers: a boolean given for one is refused, not read as 1 or 0
+_COUNTS = (
+    "gpus",
+    "nodes",
+    "gpus_per_node",
+    "cpus",
+    "priority",
+    "max_attempts",
+    "batch_size",
+    "max_batch_per_gpu",
+)
+
+
 class JobSpec(_UserModel):
     """What a user asks to run. Unknown fields are rejected so typos never pass silently."""
 
@@ -294,6 +307,14 @@ class JobSpec(_UserModel):
                     f"{name}: {gpus} GPUs do not split evenly into {share}; make gpus a multiple of it"
                 )
         return data
+
+    @field_validator(*_COUNTS, mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: object) -> object:
+        """A YAML ``true`` is no count: pydantic would take it as 1 (``gpus: true``, one GPU)."""
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got {str(value).lower()} (true and false are not counts)")
+        return value
 
     @field_validator("memory")
     @classmethod

@@ -40,6 +40,11 @@ from fleet.registries import check_image, registry_of
         ({"gpu_model": "a\x00"}, "gpu_model: must not contain NUL bytes"),
         ({"user": "root"}, "user: String should match pattern"),
         ({"image": "fleet python"}, "image: String should match pattern"),
+        # a YAML true is no count (pydantic alone reads it as 1)
+        ({"gpus": True}, "gpus: expected a number, got true (true and false are not counts)"),
+        ({"max_attempts": True}, "max_attempts: expected a number, got true"),
+        ({"priority": False}, "priority: expected a number, got false"),
+        ({"cpus": True}, "cpus: expected a number, got true"),
     ],
 )
 def test_bad_spec_names_the_field(data: dict[str, object], message: str) -> None:
