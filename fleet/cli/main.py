@@ -98,6 +98,9 @@ class FleetGroup(click.Group):
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise click.UsageError(f"no such command {name!r}{hint}", ctx)
         found = super().resolve_command(ctx, args)
+        rest = args[1 : args.index("--")] if "--" in args else args[1:]  # a job's own --help is its own
+        if not ctx.resilient_parsing and not set(rest) & set(ctx.help_option_names):  # help: always
+            config_exists(ctx.params.get("config"))
         # the imports are done: what the command allocates from here on may be garbage (see main)
         gc.enable()
         return found
@@ -134,7 +137,6 @@ class FleetGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, api_url: str | None, redis_url: str | None) -> None:
     """A serverless-style job queue for your own GPU fleet."""
-    config_exists(config)
     ctx.obj = Globals(config, api_url, redis_url)
 
 

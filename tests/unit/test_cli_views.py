@@ -183,5 +183,7 @@ def test_a_config_file_that_is_not_there_is_an_error_naming_it(
     assert capsys.readouterr().err == (
         f"fleet: FLEET_CONFIG {missing}: no such file (unset it or name a fleet.toml)\n"
     )
+    # a command's help is shown all the same (a unit file's --config names where it will be)
+    assert main([*nowhere, "jobs", "--help"]) == 0
     # --config wins over FLEET_CONFIG, and a file that is there is taken
     assert main(["--config", str(there), *nowhere, "jobs"]) == 5
