@@ -26,7 +26,7 @@ from tests.conftest import Api, FleetProcs, need, self_signed_cert
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 except ImportError:  # the browser fixture says what is missing
@@ -95,7 +95,10 @@ def click(browser: Any, css: str) -> None:
 def until(check: Callable[[], T | None], timeout: float = 30, why: str = "") -> T:
     deadline = time.monotonic() + timeout
     while True:
-        found = check()
+        try:
+            found = check()
+        except StaleElementReferenceException:  # the page refreshed itself while it was read
+            found = None
         if found:
             return found
         assert time.monotonic() < deadline, f"not seen within {timeout}s: {why}"

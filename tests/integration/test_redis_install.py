@@ -134,7 +134,11 @@ def test_redis_from_the_installed_files_restarts_with_nothing_lost(
         running = client.submit(sleeper(8))
         wait_for(lambda: running.status().state == JobState.RUNNING, what="the job running")
         queued = client.submit(sleeper(0))
-        wait_for(lambda: queued.status().state == JobState.QUEUED, what="the job queued")
+        # (and the controller's pass has written why it waits: the snapshot is of a fleet at rest)
+        wait_for(
+            lambda: (s := queued.status()).state == JobState.QUEUED and s.reason != "submitted",
+            what="the job queued, its wait reason written",
+        )
         before = snapshot(admin)
         admin.close()
         # When Redis stops (a restart, or a crash) and starts again from its AOF
