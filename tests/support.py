@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from bench.procs import FleetProcs
+
+T = TypeVar("T")
+
+
+def until(check: Callable[[], T | None], why: str = "condition", timeout: float = 30) -> T:
+    """What ``check()`` returns once it is truthy; fail after ``timeout`` seconds naming ``why``."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{why} not met within {timeout}s"
+        time.sleep(0.05)
+    return found
 
 
 def wait_for(
@@ -16,9 +28,7 @@ def wait_for(
 ) -> None:
     """Return once ``condition()`` is true; fail after ``timeout`` seconds naming ``what`` (and, given
     the fleet, with its services' logs)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s" + (f"\n{procs.logs()}" if procs else ""))
+    try:
+        until(condition, what, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}" + (f"\n{procs.logs()}" if procs else "")) from None

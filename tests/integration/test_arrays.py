@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.errors import SpecError
 from tests.conftest import Api, FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +31,6 @@ def runtime() -> str:
 
 def sh(script: str, **fields: object) -> JobSpec:
     return JobSpec.parse({"name": "sweep", "command": ["sh", "-c", script], "gpus": 1, **fields})
-
-
-def until(what: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(600)  # 2,000 processes: its own wait allows that long, the suite's 120 s guard not
@@ -100,7 +93,7 @@ def test_cancel_an_array_stops_its_running_tasks_and_drops_the_queued(
     procs.agent("t-cancel", gpus=2)
     procs.wait_nodes(client, 1)
     array = client.submit_array(sh("sleep 60"), "0-19")
-    until(lambda: array.status().tasks[JobState.RUNNING] == 2)
+    wait_for(lambda: array.status().tasks[JobState.RUNNING] == 2, timeout=30)
 
     # When the array is cancelled
     report = array.cancel()
@@ -120,7 +113,7 @@ def test_cancel_by_label_cancels_only_the_matching_jobs(procs: FleetProcs, clien
     procs.agent("t-label", gpus=2)
     procs.wait_nodes(client, 1)
     team_a = [client.submit(sh("sleep 60", labels={"team": "a"})) for _ in range(2)]
-    until(lambda: all(h.status().state == JobState.RUNNING for h in team_a))
+    wait_for(lambda: all(h.status().state == JobState.RUNNING for h in team_a), timeout=30)
     queued_a = client.submit(sh("sleep 60", labels={"team": "a", "run": "x"}))
     team_b = client.submit(sh("sleep 60", labels={"team": "b"}))
 
@@ -131,7 +124,7 @@ def test_cancel_by_label_cancels_only_the_matching_jobs(procs: FleetProcs, clien
     assert report.cancelled == [queued_a.id] and sorted(report.stopping) == sorted(h.id for h in team_a)
     assert queued_a.status().state == JobState.CANCELLED
     assert {h.wait(timeout=30).state for h in team_a} == {JobState.CANCELLED}
-    until(lambda: team_b.status().state == JobState.RUNNING)
+    wait_for(lambda: team_b.status().state == JobState.RUNNING, timeout=30)
 
 
 def test_a_resubmitted_array_is_the_same_array(client: Client) -> None:
@@ -251,7 +244,7 @@ def test_an_array_submitted_after_a_queued_job_was_cancelled_starts_without_a_re
     procs.wait_nodes(client, 1)
     # And a job that waits (it asks more GPUs than the fleet has), cancelled once the controller saw it
     waiting = client.submit(sh("true", gpus=8))
-    until(lambda: client.get(waiting.id).reason.startswith("needs"))
+    wait_for(lambda: client.get(waiting.id).reason.startswith("needs"), timeout=30)
     waiting.cancel()
     # When a 2-task array is submitted: as many jobs joined the queue as left it, less the one named
     array = client.submit_array(sh("true"), "0-1")

@@ -6,10 +6,8 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -17,9 +15,9 @@ import fleet
 from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, NodeState, SpecError
 from fleet.errors import Forbidden
 from tests.conftest import Api, FleetProcs
+from tests.support import until
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -159,14 +157,6 @@ def cli(procs: FleetProcs, *argv: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def until(check: Callable[[], T | None], why: str, timeout: float = 30) -> T:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"not within {timeout}s: {why}"
-        time.sleep(0.1)
-    return found
 
 
 def test_every_job_method_of_the_client(ready: Client, tmp_path: Path) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
 
 import pytest
 import redis
@@ -19,9 +18,9 @@ from fleet.keys import Keys
 from fleet.state.webhooks import INIT, WebhookStore
 from fleet.webhooks import verify
 from tests.conftest import FleetProcs
+from tests.support import until
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 
 
 @dataclass
@@ -77,14 +76,6 @@ def fleet(procs: FleetProcs, client: Client) -> FleetProcs:
     procs.agent("t-wh", gpus=1)
     procs.wait_nodes(client, 1)
     return procs
-
-
-def until(check: Callable[[], T | None], why: str, timeout: float = 30) -> T:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"not within {timeout}s: {why}"
-        time.sleep(0.1)
-    return found
 
 
 def test_a_jobs_end_is_posted_signed_and_retried_after_a_500(
