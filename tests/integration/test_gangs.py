@@ -9,7 +9,7 @@ import pytest
 
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
-from tests.integration.test_arrays import until
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 HERE = {"FLEET_AGENT__ADDRESS": "127.0.0.1"}  # every node on this machine
@@ -107,7 +107,7 @@ def test_a_members_node_dying_requeues_the_whole_job_onto_the_nodes_left(
     fleet_of(procs, client, 3)
     # Given a 2-node job running (its first attempt sleeps; later ones end at once)
     job = client.submit(sh(FIRST_ATTEMPT_HANGS, nodes=2, gpus=4))
-    until(lambda: client.get(job.id).state == JobState.RUNNING)
+    wait_for(lambda: client.get(job.id).state == JobState.RUNNING, timeout=30)
     first = client.get(job.id)
     lost = first.members[1].node
     # When the node of rank 1 loses power
@@ -120,7 +120,7 @@ def test_a_members_node_dying_requeues_the_whole_job_onto_the_nodes_left(
     assert [job.logs(rank=r) for r in (0, 1)] == ["attempt 2 rank 0", "attempt 2 rank 1"]
     # And the surviving member of the first attempt is gone from its node
     survivor = first.members[0].node
-    until(lambda: not list((procs.root / survivor / "attempts").glob(f"{job.id}.1")), timeout=30)
+    wait_for(lambda: not list((procs.root / survivor / "attempts").glob(f"{job.id}.1")), timeout=30)
 
 
 def test_two_gangs_and_a_stream_of_small_jobs_share_a_fleet_that_fits_one_gang_at_a_time(
@@ -148,7 +148,7 @@ def test_draining_one_members_node_moves_the_whole_job_without_spending_a_retry(
 ) -> None:
     fleet_of(procs, client, 3)
     job = client.submit(sh(FIRST_ATTEMPT_HANGS, nodes=2, gpus=4))
-    until(lambda: client.get(job.id).state == JobState.RUNNING)
+    wait_for(lambda: client.get(job.id).state == JobState.RUNNING, timeout=30)
     drained = client.get(job.id).members[1].node
     # When an operator drains rank 1's node with no time to finish
     client.drain([drained], deadline_s=0, grace_s=2)

@@ -28,7 +28,7 @@ from fleet.config_sections import AgentSettings
 from fleet.ops.doctor.host import network_guard_check
 from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs, need
-from tests.integration.test_arrays import until
+from tests.support import wait_for
 
 #: the network guard's rules reject every job uid's traffic to loopback host-wide, and its network
 #: and chains are the host's: nothing may run beside this module
@@ -219,7 +219,7 @@ def test_two_tenants_jobs_cannot_reach_each_other(
     _agents(procs, alice, guard)
     listen = 'echo "at $(hostname -i)"; while true; do echo hello | nc -l -p 8000; done'
     server = alice.submit(JobSpec.parse({"name": "listens", "command": ["sh", "-c", listen]}))
-    until(lambda: server.logs().startswith("at "), timeout=60)
+    wait_for(lambda: server.logs().startswith("at "), timeout=60)
     address = f"{server.logs().split()[1]}:8000"
     # When a job of tenant b connects to it
     job = bob.submit(
@@ -273,7 +273,7 @@ def test_the_guard_is_installed_once_however_often_agents_start(
     procs.procs["t-guard0"].wait()
     procs.agent("t-guard0", FLEET_AGENT__JOB_USER=JOB_USER, FLEET_AGENT__JOB_NETWORK_GUARD="true")
     log = procs.root / "t-guard0.log"
-    until(lambda: log.read_text().count("runtime_chosen") == 2, timeout=60)
+    wait_for(lambda: log.read_text().count("runtime_chosen") == 2, timeout=60)
     # Then the host holds one network of fleet's and each rule once
     networks = subprocess.run(
         ["docker", "network", "ls", "--format", "{{.Name}}"],
