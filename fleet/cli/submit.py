@@ -102,6 +102,12 @@ class CommandAfterDashes(click.Command):
     default=None,
     help="never preempted while its tenant is within its guarantee",
 )
+@click.option(
+    "--allow-unplaceable",
+    is_flag=True,
+    default=None,
+    help="queue it even if no registered node could ever hold it (for a node not registered yet)",
+)
 @click.option("--max-attempts", type=int, help="attempts a job may spend on its own failures (default 3)")
 @click.option(
     "--notify", metavar="URL", help="POST here when the job ends (signed JSON; see README Webhooks)"
@@ -203,6 +209,7 @@ SPEC_FLAGS = (
     "batch_size",
     "profile",
     "max_batch_per_gpu",
+    "allow_unplaceable",
 )
 
 

@@ -230,6 +230,9 @@ class JobSpec(_UserModel):
     #: (default: a bundled or uploaded profile's measured largest; with ``learn``, the largest it ran at,
     #: so that its batch grows only with its GPUs: declaring it lets fleet try larger per-GPU batches)
     max_batch_per_gpu: int | None = Field(default=None, ge=1, le=1 << 24)
+    #: queue it even when no registered node could ever hold it (for a node not registered yet);
+    #: without it such a job is refused at submit (see fleet.api.placeable)
+    allow_unplaceable: bool = False
 
     @property
     def elastic(self) -> bool:
