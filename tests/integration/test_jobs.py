@@ -70,7 +70,8 @@ def test_cancel_stops_a_running_job_and_frees_its_gpus(
 
 
 def test_cancel_of_a_queued_job_is_immediate(one_node: FleetProcs, client: Client) -> None:
-    job = client.submit(sh("true", gpus=2, gpu_model="H100"))  # no such GPU here: stays queued
+    # no such GPU here: queued for a node not registered yet, and stays queued
+    job = client.submit(sh("true", gpus=2, gpu_model="H100", allow_unplaceable=True))
     wait_for(lambda: "has 0 matching GPUs" in job.status().reason)
     assert job.cancel().state == JobState.CANCELLED
 
@@ -78,14 +79,14 @@ def test_cancel_of_a_queued_job_is_immediate(one_node: FleetProcs, client: Clien
 def test_a_job_larger_than_the_fleet_stays_queued_with_the_reason(
     one_node: FleetProcs, client: Client
 ) -> None:
-    # 8 GPUs on one node of 2: a 4-node job, which this fleet cannot hold yet
-    job = client.submit(sh("true", gpus=8))
+    # 8 GPUs on one node of 2: a 4-node job, which this fleet cannot hold yet (queued for nodes to come)
+    job = client.submit(sh("true", gpus=8, allow_unplaceable=True))
     wait_for(lambda: job.status().reason != "submitted")
     status = job.status()
     assert status.state == JobState.QUEUED
     assert status.reason == "needs 4 nodes with 2 free GPUs each; only 1 node could ever hold a member"
     # and one whose member is larger than any node says which node lacks what
-    pinned = client.submit(sh("true", gpus=8, nodes=2))
+    pinned = client.submit(sh("true", gpus=8, nodes=2, allow_unplaceable=True))
     wait_for(lambda: pinned.status().reason != "submitted")
     assert (
         pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a "
