@@ -92,7 +92,9 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             assert (await array.wait(timeout=60)).tasks[JobState.SUCCEEDED] == 2
             assert (await array.status()).size == 2 == (await client.array(array.id)).size
             assert (await array.task(0).result(timeout=10)).state == JobState.SUCCEEDED
-            big = await client.submit(sh("big", "true", gpus=3, labels={"exp": "big"}))
+            big = await client.submit(
+                sh("big", "true", gpus=3, allow_unplaceable=True, labels={"exp": "big"})
+            )
             for _ in range(100):
                 if place := await client.position(big.id):
                     break
@@ -100,7 +102,7 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             assert place is not None and place.in_tenant == 1 and await client.most_gpus() == 2
             assert (await client.cancel_labels({"exp": "big"})).cancelled == [big.id]
             assert (await client.cancel(big.id)).state == JobState.CANCELLED
-            waiting = await client.submit_array(sh("arr", "true", gpus=3), "0-1")
+            waiting = await client.submit_array(sh("arr", "true", gpus=3, allow_unplaceable=True), "0-1")
             assert len((await waiting.cancel()).cancelled) == 2
             assert (await client.cancel_array(waiting.id)).already_final == 2
             (tmp_path / "p").mkdir()
