@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.api import admission
 from fleet.api.hints import Hints
-from fleet.api.placeable import check_placeable
+from fleet.api.placeable import Shapes
 from fleet.api.queries import Queries, known_id
 from fleet.bus import stop_attempt
 from fleet.bus.messages import CONTROLLER_QUEUE, MAX_NAMED, NodeChanged, QueueLeft
@@ -66,6 +66,7 @@ class Commands(Queries):
         self.settings = settings
         self._tenants, self._profiles = stores.tenants, stores.profiles
         self._bus: Bus | None = None
+        self._shapes = Shapes(self._nodes.all)
         self._hints = Hints(lambda: self.bus, background=background_hints)
 
     @property
@@ -80,11 +81,11 @@ class Commands(Queries):
         """:class:`SpecError` for a webhook whose host is written as an address fleet never sends to."""
         admission.check_webhook(hook, self.settings)
 
-    def admit(self, spec: JobSpec | dict[str, Any], nodes: Callable[[], list[Node]] | None = None) -> JobSpec:
+    def admit(self, spec: JobSpec | dict[str, Any]) -> JobSpec:
         """The spec, if this fleet runs it (:func:`fleet.api.admission.admit`) and a registered node
-        could ever hold it (:func:`fleet.api.placeable.check_placeable`; ``nodes`` reads them)."""
+        could ever hold it (:class:`fleet.api.placeable.Shapes`)."""
         spec = admission.admit(spec, self.settings, self._tenants, self._profiles)
-        check_placeable(spec, nodes or self._nodes.all)
+        self._shapes.check(spec)
         return spec
 
     # -- jobs --------------------------------------------------------------------------
@@ -158,8 +159,7 @@ class Commands(Queries):
         chosen: list[str | None] = list(job_ids) if job_ids is not None else [None] * len(specs)
         if len(chosen) != len(specs):
             raise SpecError(f"job_ids: {len(chosen)} ids for {len(specs)} specs; give one per spec (or None)")
-        nodes = functools.cache(self._nodes.all)  # read once for the batch
-        admitted = [at_index(i, self.admit, spec, nodes) for i, spec in enumerate(specs)]
+        admitted = [at_index(i, self.admit, spec) for i, spec in enumerate(specs)]
         seen: dict[str, int] = {}
         for i, job_id in enumerate(chosen):
             if job_id is None:

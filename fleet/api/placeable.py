@@ -13,6 +13,7 @@ accepted, and ``allow_unplaceable`` accepts a job for a node not registered yet.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 
 from fleet.controller.snapshot import DEFAULT_CPUS
@@ -24,21 +25,39 @@ from fleet.scheduler.feasible import GiB, capacity_reason, constraint_text, matc
 ESCAPE = "or submit with --allow-unplaceable (allow_unplaceable: true) for a node not registered yet"
 
 
-def check_placeable(spec: JobSpec, nodes: Callable[[], list[Node]]) -> None:
-    """:class:`SpecError` naming what no registered node could ever give ``spec`` (read ``nodes``
-    only when the spec does not allow that)."""
-    if spec.allow_unplaceable:
-        return
-    if why := unplaceable(spec, nodes()):
-        raise SpecError(f"invalid job spec:\n  {why}; {ESCAPE}")
+#: how long a submit trusts the node shapes it read: shapes change when a node joins or loses a GPU
+SHAPES_TTL_S = 5.0
 
 
-def unplaceable(spec: JobSpec, nodes: list[Node]) -> str | None:
-    """Why no registered node could ever hold ``spec`` (``field: ...``), or None when some could (or
-    none is registered)."""
-    if not nodes:
+class Shapes:
+    """The registered nodes' shapes, read at most every :data:`SHAPES_TTL_S` for accepting a job and
+    read afresh before refusing one (a node that joined a moment ago is never missed), so a stream
+    of submits costs one read of the nodes every few seconds, not one each."""
+
+    def __init__(self, nodes: Callable[[], list[Node]], clock: Callable[[], float] = time.monotonic) -> None:
+        self._nodes, self._clock = nodes, clock
+        self._views: list[NodeView] = []
+        self._read_at: float | None = None
+
+    def views(self, fresh: bool = False) -> list[NodeView]:
+        now = self._clock()
+        if fresh or self._read_at is None or now - self._read_at >= SHAPES_TTL_S:
+            self._views, self._read_at = [_shape(n) for n in self._nodes()], now
+        return self._views
+
+    def check(self, spec: JobSpec) -> None:
+        """:class:`SpecError` naming what no registered node could ever give ``spec``."""
+        if spec.allow_unplaceable or unplaceable(spec, self.views()) is None:
+            return
+        if why := unplaceable(spec, self.views(fresh=True)):
+            raise SpecError(f"invalid job spec:\n  {why}; {ESCAPE}")
+
+
+def unplaceable(spec: JobSpec, views: list[NodeView]) -> str | None:
+    """Why no node of these shapes (see :func:`shape`) could ever hold ``spec`` (``field: ...``), or
+    None when some could (or none is registered)."""
+    if not views:
         return None
-    views = [_shape(n) for n in nodes]
     cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.max_gpus == 0 else 0.0)
     job = PendingJob(
         id="",

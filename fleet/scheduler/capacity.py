@@ -29,6 +29,9 @@ from fleet.scheduler.feasible import (
 from fleet.scheduler.snapshot import GpuSlot, NodeView, PendingJob, Placement
 
 ConstraintClass = tuple[str | None, int | None]
+#: how a waiting reason starts when no registered node, in any state, could hold the job even empty
+#: (its healthy GPUs counted): ``fleet jobs`` shows it, and the job waits for a node not there yet
+NEVER = "fits no registered node: "
 
 
 class Capacity:
@@ -54,6 +57,8 @@ class Capacity:
         #: why the others cannot (fixed for the pass)
         self._static: dict[tuple[object, ...], tuple[list[str], frozenset[str], frozenset[str]]] = {}
         self._names = sorted(self.nodes)
+        #: per ask: how many nodes could ever hold it (see :meth:`_could_ever`)
+        self._ever: dict[tuple[object, ...], int] = {}
 
     # -- gangs ------------------------------------------------------------------------
 
@@ -169,11 +174,23 @@ class Capacity:
         members, per_node = self.split(job)
         member = self.member(job, per_node)
         why, later = self._explain(member)
-        if members == 1:
-            return why, later
-        if len(later) < members:  # the fleet cannot hold it even empty: say what the other nodes lack
-            return _gang_summary(members, member, len(later), 0, self._lacking(member, set(later))), later
-        return _gang_summary(members, member, len(later), len(self._fitting(member, members)), ""), later
+        if members > 1 and len(later) < members:  # it cannot fit even empty: what the others lack
+            why = _gang_summary(members, member, len(later), 0, self._lacking(member, set(later)))
+        elif members > 1:
+            why = _gang_summary(members, member, len(later), len(self._fitting(member, members)), "")
+        if self.nodes and self._could_ever(member) < members:
+            why = NEVER + why
+        return why, later
+
+    def _could_ever(self, member: PendingJob) -> int:
+        """How many registered nodes, in any state, could hold ``member`` were they empty."""
+        ask = (member.gpus, member.gpu_model, member.min_gpu_memory, member.cpus, member.memory)
+        if ask not in self._ever:
+            total = self._total(member)
+            self._ever[ask] = sum(
+                capacity_reason(member, node, total[name]) is None for name, node in self.nodes.items()
+            )
+        return self._ever[ask]
 
     def _lacking(self, member: PendingJob, could: set[str]) -> str:
         """Why the nodes outside ``could`` can never hold ``member``: each named when few, else what

@@ -244,7 +244,7 @@ def test_an_array_submitted_after_a_queued_job_was_cancelled_starts_without_a_re
     procs.wait_nodes(client, 1)
     # And a job that waits (it asks more GPUs than the fleet has), cancelled once the controller saw it
     waiting = client.submit(sh("true", gpus=8, allow_unplaceable=True))
-    wait_for(lambda: client.get(waiting.id).reason.startswith("needs"), timeout=30)
+    wait_for(lambda: client.get(waiting.id).reason.startswith("fits no registered node"), timeout=30)
     waiting.cancel()
     # When a 2-task array is submitted: as many jobs joined the queue as left it, less the one named
     array = client.submit_array(sh("true"), "0-1")

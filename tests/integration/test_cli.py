@@ -199,7 +199,8 @@ def test_bad_input_gets_one_line_with_the_fix_never_a_traceback(fleet_cli, tmp_p
 
 def test_output_piped_into_head_ends_quietly(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
     for i in range(150):
-        client.submit({"name": f"q{i}", "command": ["true"], "gpus": 64})  # never fits: stays queued
+        spec = {"name": f"q{i}", "command": ["true"], "gpus": 64, "allow_unplaceable": True}
+        client.submit(spec)  # stays queued
     for argv in (
         ["jobs"],
         ["jobs", "-o", "json"],
@@ -322,7 +323,7 @@ def test_a_terminal_gets_colour_fitted_tables_and_scripts_get_plain_text(fleet_c
 
 
 def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  # type: ignore[no-untyped-def]
-    job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    job_id = fleet_cli("submit", "--gpus", "64", "--allow-unplaceable", "--", "true").stdout.strip()
     # When `fleet jobs --watch` runs on a terminal for a while, then Ctrl-C
     redrawn = "\x1b[1A\x1b[2K"  # cursor up, erase line
     screen = in_terminal(["jobs", "--watch", "0.3"], fleet_cli.env, ctrl_c_on=redrawn)  # asserts exit 0
@@ -333,7 +334,7 @@ def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(fleet_cli) -> None:  
 
 def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  # type: ignore[no-untyped-def]
     # Given a queued job
-    job_id = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    job_id = fleet_cli("submit", "--gpus", "64", "--allow-unplaceable", "--", "true").stdout.strip()
     for argv, marker in (
         (["jobs", "--watch", "0.2"], "ID "),
         (["nodes", "--watch", "0.2"], "NODE "),
@@ -365,7 +366,7 @@ def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  #
 def test_top_once_shows_gpus_running_jobs_and_queues(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
     # Given a running job and one that waits
     running = fleet_cli("submit", "--gpus", "1", "--", "sleep", "60").stdout.strip()
-    waiting = fleet_cli("submit", "--gpus", "64", "--", "true").stdout.strip()
+    waiting = fleet_cli("submit", "--gpus", "64", "--allow-unplaceable", "--", "true").stdout.strip()
     deadline = time.monotonic() + 20
     while client.get(running).state != JobState.RUNNING and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -84,13 +84,15 @@ def test_a_job_larger_than_the_fleet_stays_queued_with_the_reason(
     wait_for(lambda: job.status().reason != "submitted")
     status = job.status()
     assert status.state == JobState.QUEUED
-    assert status.reason == "needs 4 nodes with 2 free GPUs each; only 1 node could ever hold a member"
+    assert status.reason == (
+        "fits no registered node: needs 4 nodes with 2 free GPUs each; only 1 node could ever hold a member"
+    )
     # and one whose member is larger than any node says which node lacks what
     pinned = client.submit(sh("true", gpus=8, nodes=2, allow_unplaceable=True))
     wait_for(lambda: pinned.status().reason != "submitted")
     assert (
-        pinned.status().reason == "needs 2 nodes with 4 free GPUs each; only 0 nodes could ever hold a "
-        "member (t-node1: has 2 matching GPUs)"
+        pinned.status().reason == "fits no registered node: needs 2 nodes with 4 free GPUs each; only 0 "
+        "nodes could ever hold a member (t-node1: has 2 matching GPUs)"
     )
 
 

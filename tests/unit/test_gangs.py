@@ -54,8 +54,8 @@ def test_a_gang_that_does_not_fit_whole_takes_nothing_and_says_what_is_missing()
 def test_a_gang_the_fleet_cannot_hold_keeps_no_node_from_others() -> None:
     nodes = (node("a", 4), node("b", 4))
     plan = schedule(Snapshot((gang("huge", 12), gang("small", 1, seq=2)), nodes), 0)
-    assert (
-        plan.waiting["huge"] == "needs 3 nodes with 4 free GPUs each; only 2 nodes could ever hold a member"
+    assert plan.waiting["huge"] == (
+        "fits no registered node: needs 3 nodes with 4 free GPUs each; only 2 nodes could ever hold a member"
     )
     assert members(plan.placements, "small") == [(0, "a", 1)]
 

@@ -60,7 +60,8 @@ def test_constraints_on_model_and_memory() -> None:
     none = schedule(Snapshot(jobs=(job("x", 1, 1, gpu_model="MI300"),), nodes=nodes), 0)
     assert (
         none.waiting["x"]
-        == "needs 1 GPU (model ~ 'MI300'); a100: has 0 matching GPUs; h100: has 0 matching GPUs"
+        == "fits no registered node: needs 1 GPU (model ~ 'MI300'); a100: has 0 matching GPUs; h100: has 0 "
+        "matching GPUs"
     )
 
 
