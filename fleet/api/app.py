@@ -3,7 +3,8 @@ its role allows and which tenant it acts for, then calls :class:`fleet.api.backe
 (its reads, :mod:`fleet.api.queries`, and writes, :mod:`fleet.api.commands`).
 
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
-One router per resource, each a module (``jobs``, ``blobs``, ``nodes``, ``tenants``, ``tokens``,
+One router per resource, each a module (``jobs``, ``control`` (hold, release, update, cancel
+several, requeue), ``blobs``, ``nodes``, ``tenants``, ``tokens``,
 ``webhooks``); it also serves the read-only status pages under ``/ui`` (:mod:`fleet.api.pages`).
 Calls run on worker threads (``api.threads`` at once), except waits for a job and followed logs:
 those wait on the event loop, woken by the process's one blocking read of the streams they watch
@@ -24,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import __version__
 from fleet.api import blobs as blob_routes
-from fleet.api import jobs, nodes, pages, webhooks
+from fleet.api import control, jobs, nodes, pages, webhooks
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
 from fleet.api.backend import Backend
@@ -105,6 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(VersionHeader)
     for router in (
         jobs.routes(backend, blobs, PerToken(settings.api.max_waits_per_token), Waiting(backend, watch)),
+        control.routes(backend),
         blob_routes.routes(blobs, settings),
         nodes.routes(backend),
         tenant_routes.routes(tenants, backend),

@@ -1,5 +1,6 @@
 """What the API does, on Redis: the fleet's reads (:class:`fleet.api.queries.Queries`) and writes
-(:class:`fleet.api.commands.Commands`) on a Redis of its own, opened from the settings.
+(:class:`fleet.api.commands.Commands`, and a user's control of jobs:
+:class:`fleet.api.jobctl.JobCommands`) on a Redis of its own, opened from the settings.
 
 The API server calls it for every request (after checking the caller's token and tenant);
 services, benchmarks and tests of the state layer call it directly. Users never hold Redis
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet.api.commands import Commands
+from fleet.api.jobctl import JobCommands
 from fleet.config import Settings, load_settings
 from fleet.state import Stores
 
 
-class Backend(Commands):
+class Backend(JobCommands):
     """The fleet's operations on its Redis (``FLEET_REDIS_URL``, or ``config``/``redis_url``)."""
 
     def __init__(

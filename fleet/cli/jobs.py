@@ -1,4 +1,4 @@
-"""Reading and ending jobs: ``fleet jobs``, ``show``, ``logs``, ``wait``, ``cancel``."""
+"""Reading jobs: ``fleet jobs``, ``show``, ``logs``, ``wait`` (ending and changing them: control.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from fleet.cli.output import emit_json, present, show_view
 from fleet.cli.submit import EXIT_FOR_STATE, print_job_line
 from fleet.cli.view import Bar, Field, Table, View
 from fleet.client import ArrayHandle, Client
-from fleet.errors import CorruptRecord, NotFound, SpecError
 from fleet.models import Job, JobArray, JobState
 from fleet.progress import bar, label, parse_line
 from fleet.text import clock, guarantee, iso, ordinal, size, stamp, took
@@ -293,41 +292,3 @@ def wait(globals_: Globals, job: str, timeout: float | None, output: str) -> int
     done = client.wait(job, timeout)
     print_job_line(done, output)
     return EXIT_FOR_STATE[done.state]
-
-
-@click.command(
-    context_settings=CONTEXT,
-    short_help="cancel a job, every task of a job array (--array) or every job with labels (--label)",
-)
-@click.argument("job", required=False, metavar="JOB", shell_complete=complete_jobs)
-@click.option("--array", "array_id", metavar="ID", help="every task of this job array")
-@click.option("--label", multiple=True, metavar="K=V", help="every job with this label (repeat: all of them)")
-@output_option
-@pass_globals
-def cancel(
-    globals_: Globals, job: str | None, array_id: str | None, label: tuple[str, ...], output: str
-) -> int:
-    """Cancel jobs: queued ones at once, running ones are stopped by their agents (their GPUs freed),
-    then CANCELLED. Give one JOB, --array ID, or one or more --label K=V (the jobs not yet finished
-    that have all of them)."""
-    if [bool(job), bool(array_id), bool(label)].count(True) != 1:
-        raise SpecError("cancel: give one JOB, or --array ID, or --label K=V (see `fleet cancel --help`)")
-    client = globals_.client()
-    if job:
-        print_job_line(_cancel_one(client, job), output)
-        return 0
-    report = client.cancel_array(array_id) if array_id else client.cancel_labels(pairs(label, "--label"))
-    arrays.print_cancelled(report, output)
-    return 0
-
-
-def _cancel_one(client: Client, job_id: str) -> Job:
-    try:
-        return client.cancel(job_id)
-    except CorruptRecord:
-        raise
-    except NotFound as missing:
-        arrays.array_or(client, job_id, missing)
-        raise NotFound(
-            f"{job_id!r} is a job array: cancel its tasks with `fleet cancel --array {job_id}`"
-        ) from None

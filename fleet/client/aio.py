@@ -41,6 +41,7 @@ from fleet.models import (
     Node,
     Progress,
     QueuePosition,
+    RequeueReport,
     Role,
     Tenant,
     TenantStatus,
@@ -170,6 +171,30 @@ class AsyncClient:
 
     async def cancel_labels(self, labels: dict[str, str]) -> CancelReport:
         return await self._do(api.cancel_labels(labels))
+
+    async def hold(self, job_id: str) -> Job:
+        return await self._do(api.hold(job_id))
+
+    async def release(self, job_id: str) -> Job:
+        return await self._do(api.release(job_id))
+
+    async def update(
+        self,
+        job_id: str,
+        *,
+        priority: int | None = None,
+        gpus: int | None = None,
+        timeout: float | str | None = None,
+    ) -> Job:
+        return await self._do(api.update(job_id, priority, gpus, timeout))
+
+    async def cancel_jobs(
+        self, job_ids: Sequence[str] = (), *, user: str | None = None, state: str | None = None
+    ) -> CancelReport:
+        return await self._do(api.cancel_jobs(job_ids, user, state))
+
+    async def requeue(self, array_id: str, *, failed: bool = True, cancelled: bool = False) -> RequeueReport:
+        return await self._do(api.requeue(array_id, failed, cancelled))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job once final; :class:`JobTimeout` after ``timeout`` seconds."""

@@ -26,6 +26,7 @@ from fleet.models import (
     LogLine,
     Node,
     QueuePosition,
+    RequeueReport,
     Role,
     Tenant,
     TenantStatus,
@@ -148,6 +149,38 @@ def cancel_labels(labels: dict[str, str]) -> Call[CancelReport]:
     if not checks.labels(labels):
         raise SpecError("cancel by label: give at least one label KEY=VALUE")
     return Call("POST", "/v1/cancel", CancelReport.model_validate, {"labels": labels})
+
+
+def hold(job_id: str) -> Call[Job]:
+    return Call("POST", f"/v1/jobs/{_job_segment(job_id)}/hold", job)
+
+
+def release(job_id: str) -> Call[Job]:
+    return Call("POST", f"/v1/jobs/{_job_segment(job_id)}/release", job)
+
+
+def update(job_id: str, priority: int | None, gpus: int | None, timeout: float | str | None) -> Call[Job]:
+    if priority is None and gpus is None and timeout is None:
+        raise SpecError("update: give at least one of priority, gpus, timeout")
+    body = {"priority": priority, "gpus": gpus, "timeout": timeout}
+    return Call("POST", f"/v1/jobs/{_job_segment(job_id)}/update", job, body)
+
+
+def cancel_jobs(job_ids: Sequence[str], user: str | None, state: str | None) -> Call[CancelReport]:
+    """Cancel the jobs named, or by who submitted them and their state (all must match)."""
+    ids = [checks.ident(j) for j in job_ids]
+    if not ids and user is None and state is None:
+        raise SpecError("cancel: name the jobs (ids), or a user or state to cancel by (never all at once)")
+    body = {"ids": ids, "user": user, "state": None if state is None else str(JobState.parse(state))}
+    return Call("POST", "/v1/jobs/cancel", CancelReport.model_validate, body)
+
+
+def requeue(array_id: str, failed: bool, cancelled: bool) -> Call[RequeueReport]:
+    states = [s for s, given in (("FAILED", failed), ("CANCELLED", cancelled)) if given]
+    if not states:
+        raise SpecError("requeue: say which tasks to run again: failed, cancelled or both")
+    path = f"/v1/arrays/{_segment(checks.ident(array_id, 'array id'))}/requeue"
+    return Call("POST", path, RequeueReport.model_validate, {"states": states})
 
 
 def wait_once(job_id: str, left: float, timeout: float) -> Call[Job]:

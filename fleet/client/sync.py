@@ -34,6 +34,7 @@ from fleet.models import (
     Node,
     NodeState,
     QueuePosition,
+    RequeueReport,
     Role,
     Tenant,
     TenantStatus,
@@ -241,6 +242,36 @@ class Client:
         """Cancel every job not yet final that carries all of ``labels`` (``{"fleet.array": ID}``
         names an array's tasks), within the token's tenant."""
         return self._do(api.cancel_labels(labels))
+
+    def hold(self, job_id: str) -> Job:
+        """Keep a queued job from being placed until :meth:`release` (it stays QUEUED, "held by ...")."""
+        return self._do(api.hold(job_id))
+
+    def release(self, job_id: str) -> Job:
+        """Let a held job be placed again."""
+        return self._do(api.release(job_id))
+
+    def update(
+        self,
+        job_id: str,
+        *,
+        priority: int | None = None,
+        gpus: int | None = None,
+        timeout: float | str | None = None,
+    ) -> Job:
+        """Change a queued job's priority, GPUs or time limit (seconds, or "90m"), checked as a submit is."""
+        return self._do(api.update(job_id, priority, gpus, timeout))
+
+    def cancel_jobs(
+        self, job_ids: Sequence[str] = (), *, user: str | None = None, state: str | None = None
+    ) -> CancelReport:
+        """Cancel the jobs named, or those ``user`` submitted, or in ``state`` (all given must match),
+        within the token's tenant; ids no job holds come back in ``not_found``."""
+        return self._do(api.cancel_jobs(job_ids, user, state))
+
+    def requeue(self, array_id: str, *, failed: bool = True, cancelled: bool = False) -> RequeueReport:
+        """Run a job array's FAILED (and with ``cancelled``, CANCELLED) tasks again under their ids."""
+        return self._do(api.requeue(array_id, failed, cancelled))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is final; raise :class:`JobTimeout` after ``timeout`` seconds."""

@@ -86,7 +86,7 @@ class Applier:
             jobs.setdefault(p.job_id, []).append(p)
         if refused & jobs.keys():  # its size was not written: it is read again, placed next pass
             jobs = {job_id: members for job_id, members in jobs.items() if job_id not in refused}
-        batch = [self._entry(members) for members in jobs.values()]
+        batch = [self._entry(members, plan.jobs[job_id].rev) for job_id, members in jobs.items()]
         ports = (self.cfg.rendezvous_port_base, self.cfg.rendezvous_ports)
         attempts = self.jobs.place_many(batch, self.token(), now, ports) if batch else []
         for (job_id, members), attempt in zip(jobs.items(), attempts, strict=True):
@@ -100,8 +100,9 @@ class Applier:
         if plan.waiting:
             self.jobs.set_reasons(plan.waiting, self.token(), now)
 
-    def _entry(self, members: list[Placement]) -> dict[str, Any]:
-        """One place_many entry: a job's one node, or every member of a multi-node job."""
+    def _entry(self, members: list[Placement], rev: int) -> dict[str, Any]:
+        """One place_many entry: a job's one node, or every member of a multi-node job; ``rev``: the
+        job's revision the pass read (a hold or update since refuses the placement)."""
         first = members[0]
         where = [f"{p.node}" + (f" GPUs {','.join(p.gpus)}" if p.gpus else "") for p in members]
         entry = {
@@ -111,6 +112,7 @@ class Applier:
             "cpus": first.cpus,
             "memory": first.memory,
             "reason": "placed on " + "; ".join(where),
+            "rev": rev,
         }
         if len(members) > 1:
             node = self.views.known.get(first.node)

@@ -6,7 +6,7 @@ import time
 
 from fleet.models import Job, Node, NodeState
 from fleet.scheduler import GpuSlot, NodeView, PendingJob
-from fleet.scheduler.snapshot import UNSIZED
+from fleet.scheduler.snapshot import UNSIZED, held_reason
 
 #: CPUs granted to a CPU-only job that names none (as Slurm grants one per task); GPU jobs get none
 DEFAULT_CPUS = 1.0
@@ -31,7 +31,9 @@ def pending(job: Job) -> PendingJob:
         gpus_per_node=spec.gpus_per_node or 0,
         tenant=spec.tenant,
         elastic=spec.elastic,
-        hold=UNSIZED if spec.elastic and not gpus else "",
+        hold=held_reason(job.held_by) if job.held_by else (UNSIZED if spec.elastic and not gpus else ""),
+        held_by=job.held_by,
+        rev=job.rev,
     )
 
 

@@ -34,6 +34,7 @@ from fleet.models.job import (
     QueuedJob,
     QueuePosition,
     RequeueKind,
+    RequeueReport,
 )
 from fleet.models.node import FleetVersions, Gpu, Node, NodeState
 from fleet.models.spec import (
@@ -90,6 +91,7 @@ __all__ = [
     "QueuedJob",
     "Range",
     "RequeueKind",
+    "RequeueReport",
     "Role",
     "Size",
     "Tenant",

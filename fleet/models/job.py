@@ -198,6 +198,12 @@ class Job(BaseModel):
     finished_at: float | None = None
     not_before: float = 0.0
     cancel_requested: bool = False
+    #: who holds it back from placement (``fleet hold``), '' when nobody does: it stays QUEUED
+    #: until released
+    held_by: str = ""
+    #: bumped by each change of a queued job (hold, release, update): a placement decided from an
+    #: older read of the job is refused (place_many.lua)
+    rev: int = 0
     #: why fleet asked the attempt to stop for reasons not the job's (drain, preemption), or ""
     preempt: str = ""
     #: the waiting job this attempt is being stopped for (a preemption), or ""
@@ -318,6 +324,19 @@ class CancelReport(BaseModel):
     cancelled: list[str] = Field(default_factory=list)
     stopping: list[str] = Field(default_factory=list)
     already_final: int = 0
+    #: ids named that no job holds (a cancel of several ids goes on past them)
+    not_found: list[str] = Field(default_factory=list)
+
+
+class RequeueReport(BaseModel):
+    """What ``fleet requeue ARRAY`` did: the tasks queued again (each its next attempt, under its own
+    id), and how many tasks were left as they were (in another state) or are gone (retention)."""
+
+    model_config = _LAZY
+
+    requeued: list[str] = Field(default_factory=list)
+    left: int = 0
+    gone: int = 0
 
 
 class Event(BaseModel):

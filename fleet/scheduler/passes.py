@@ -5,6 +5,9 @@
 messages (``fleet.controller.apply``), the simulator on its own bookkeeping (``fleet.sim.engine``).
 It composes the scheduler's policies in this order:
 
+Jobs a user holds (``fleet hold``: ``PendingJob.held_by``) stay in the queue, with their reason, and
+take no part: not sized, not placed, not preempted for.
+
 1. Holds: GPUs being freed by a preemption stay held for the job it was for, until that job is
    placed or leaves the queue, or the hold runs out (its victims' grace plus ``HOLD_SLACK_S``).
 2. The elastic step (``resizing.decide``, with each tenant's ``max_gpus`` left after its other
@@ -189,7 +192,8 @@ def _fit_misfits(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> Plan:
 
 def _resizes(inp: PassInput, now: float) -> list[Resize]:
     """The elastic step (``resizing``): sizes for the queued, new sizes for the running."""
-    jobs = [e for e in inp.elastic if e.running or e.id in inp.queue]
+    queued = inp.queue.jobs
+    jobs = [e for e in inp.elastic if e.running or (e.id in queued and not queued[e.id].held_by)]
     settings = inp.settings
     if not settings.elastic:
         return starting_sizes(jobs)
@@ -311,4 +315,6 @@ def _preemptions(
 
 def pending_elastic(job: PendingJob, gpus: int) -> PendingJob:
     """Queued elastic ``job`` at ``gpus`` GPUs (0: not sized, it waits for the step)."""
+    if job.held_by:  # sized while held: it still waits for its release
+        return dataclasses.replace(job, gpus=gpus)
     return dataclasses.replace(job, gpus=gpus, hold="" if gpus else UNSIZED)

@@ -100,7 +100,7 @@ class PendingQueue:
 
     def _count(self, job: PendingJob, sign: int) -> None:
         self.counts[job.tenant] += sign
-        self.demand[job.tenant] += sign * job.gpus
+        self.demand[job.tenant] += 0 if job.held_by else sign * job.gpus  # held: no demand until released
         if not self.counts[job.tenant]:
             del self.counts[job.tenant], self.demand[job.tenant]
 

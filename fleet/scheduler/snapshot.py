@@ -50,6 +50,11 @@ class NodeView:
 UNSIZED = "waiting for the elastic step to choose its size"
 
 
+def held_reason(user: str) -> str:
+    """A held job's waiting reason (what ``fleet jobs`` and ``fleet show`` say)."""
+    return f"held by {user}"
+
+
 @dataclass(frozen=True)
 class PendingJob:
     id: str
@@ -73,8 +78,14 @@ class PendingJob:
     tenant: str = "default"
     #: an elastic job (sized by the elastic step, which knows its range); ``gpus`` is its current size
     elastic: bool = False
-    #: why it may not be placed now ('' when it may): an elastic job not sized yet waits for the elastic step
+    #: why it may not be placed now ('' when it may): an elastic job not sized yet waits for the elastic
+    #: step; a job a user holds (``held_by``) waits until released
     hold: str = ""
+    #: who holds it back (``fleet hold``), '' for nobody: the pass neither places, sizes nor
+    #: preempts for it
+    held_by: str = ""
+    #: the job's revision when read: a placement of an older one is refused (the job changed since)
+    rev: int = 0
 
     @property
     def shape(self) -> Shape:

@@ -151,6 +151,8 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         finished_at=f.get("finished_at", float, None),
         not_before=f.get("not_before", float, 0.0),
         cancel_requested=raw.get("cancel_requested") == "1",
+        held_by=raw.get("held_by", ""),
+        rev=f.get("rev", int, 0),
         preempt=raw.get("preempt", ""),
         preempted_for=raw.get("preempted_for", ""),
         checkpoint=raw.get("checkpoint") or None,

@@ -11,7 +11,7 @@ from fleet.scheduler import profiles as policy
 from fleet.scheduler.passes import MAX_BLOCKED, Hold, PassInput, PassSettings, run_pass
 from fleet.scheduler.resizing import Elastic
 from fleet.scheduler.sizing import Size
-from fleet.scheduler.snapshot import UNSIZED
+from fleet.scheduler.snapshot import UNSIZED, held_reason
 from fleet.sim import SimConfig, Simulation
 from fleet.sim.traces import TraceJob
 
@@ -208,3 +208,29 @@ def test_a_job_the_elastic_step_makes_room_for_stops_nobody_else() -> None:
     assert ("resized", "e1") in at_300 and ("placed", "g1") in at_300, sim.decisions
     assert [d for d in sim.decisions if d[1] == "preempted"] == []
     assert [job for at, what, job, _ in sim.decisions if what == "placed" and at > 0].count("f1") == 0
+
+
+def test_a_job_a_user_holds_is_not_placed_sized_nor_preempted_for_until_released() -> None:
+    # h (tenant b, below its guarantee of 4) is held and ranks first; 4 GPUs, 2 taken by a's job
+    views = nodes(1, holders={"n0-g0": "a1", "n0-g1": "a1"})
+    running = {"a1": on("a1", "a", ["n0-g0", "n0-g1"])}
+    policies = {"b": Tenant(name="b", guaranteed_gpus=4)}
+    held = PendingJob("h", 5, 1, gpus=4, tenant="b", hold=held_reason("alice"), held_by="alice")
+    sized_later = PendingJob(
+        "he", 0, 2, gpus=0, tenant="b", elastic=True, hold=held_reason("bob"), held_by="bob"
+    )
+    queue = PendingQueue([held, sized_later, PendingJob("x", 0, 3, gpus=1, tenant="b")])
+    inp = PassInput(queue, views, policies, running, {}, {}, elastic=[elastic("he", "b")], resize=True)
+    plan = run_pass(inp, NOW)
+    assert [p.job_id for p in plan.placements] == ["x"]  # the free GPUs go to the job behind it
+    assert plan.placed.waiting["h"] == "held by alice" and plan.placed.waiting["he"] == "held by bob"
+    assert plan.resizes == [] and plan.preemptions == [] and plan.blocked == []
+    assert "h" in queue and queue.demand["b"] == 0  # still queued, asking for nothing meanwhile
+    # released: it is placed as soon as it fits, and preempted for when it does not
+    queue.add(replace(held, hold="", held_by="", gpus=2))
+    assert [
+        p.job_id for p in run_pass(PassInput(queue, views, policies, running, {}, {}), NOW).placements
+    ] == ["h"]
+    queue.add(replace(held, hold="", held_by="", gpus=4))
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {}), NOW)
+    assert [p.job.id for p in plan.preemptions] == ["h"]

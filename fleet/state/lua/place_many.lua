@@ -9,17 +9,19 @@
 --   array, <p>:array:<array id>:active (its tasks on nodes);
 --   <p>:nodes:version and <p>:nodes:changed (each node placed on is marked changed: see fleet.keys)
 -- ARGV[1] key prefix  ARGV[2] leader value  ARGV[3] now
--- ARGV[4] JSON list of placements {job, node, gpus, cpus, memory, reason}; a multi-node job (gang)
+-- ARGV[4] JSON list of placements {job, node, gpus, cpus, memory, reason, rev}; rev: the job's
+--   revision the leader read (absent: 0); a job changed since (held, updated: its 'rev' moved on)
+--   or held is refused, and read again by the leader. A multi-node job (gang)
 --   also has members: [{node, gpus, cpus, memory}, ...] rank 0 first (node and gpus then repeat
 --   rank 0's) and master_addr, rank 0's address: every member is placed or none, and the job gets
 --   members ([[node, [uuids]], ...]), master_addr and a master_port taken from rank 0's
 --   <p>:node:<node>:ports hash (port -> job id)
 -- ARGV[5] first rendezvous port  ARGV[6] how many ports from there a node offers gangs
 -- Returns {-2} when not the leader, else one entry per placement: the new attempt, or 0 (refused:
--- the job is no longer queued, a node is down or not READY, a GPU is claimed, or rank 0's node has
+-- the job is no longer queued, or held or changed since, a node is down or not READY, a GPU is claimed, or rank 0's node has
 -- no rendezvous port left).
 -- It checks only what others change, or what a write here would overwrite: the leader lease, the
--- job's state (a cancel), a node's lease and state (its agent, an operator), GPU claims and ports
+-- job's state (a cancel), its hold and revision (a user's hold or update), a node's lease and state (its agent, an operator), GPU claims and ports
 -- (one holder each). Whether a job's CPUs and memory fit a node, and whether an array has room
 -- under its max_running, is the scheduler's rule alone (fleet.scheduler.feasible, and the queue's
 -- array room), decided and explained there: only this script, under the leader lease, adds node
@@ -61,8 +63,9 @@ end
 
 local function place(e)
   local job_key = p .. ':job:' .. e.job
-  local job = redis.call('HMGET', job_key, 'state', 'array')
+  local job = redis.call('HMGET', job_key, 'state', 'array', 'held_by', 'rev')
   if job[1] ~= 'QUEUED' then return 0 end
+  if (job[3] or '') ~= '' or tonumber(job[4] or '0') ~= tonumber(e.rev or 0) then return 0 end
   -- a gang's members, rank 0 first, or the one node of a single-node job: all fit, or none is taken
   local members = e.members or {{node = e.node, gpus = e.gpus, cpus = e.cpus, memory = e.memory}}
   local seen = {}

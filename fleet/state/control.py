@@ -1,0 +1,82 @@
+"""A user's control of jobs already submitted, in Redis: hold, release and update a queued job
+(``change_queued.lua``), queue final ones again (``requeue_final.lua``). Each is one atomic script,
+so a placement lands wholly before or after it; each change bumps the job's revision, and a
+placement the leader decided from an older one is refused (``place_many.lua``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from fleet.errors import NotFound
+from fleet.models import JobState, check_job_id
+from fleet.models.arrays import ARRAY_BATCH
+from fleet.state.connection import load_scripts, translated
+from fleet.state.jobs import JobStore
+
+
+class Need(StrEnum):
+    """What a change needs of the job's hold (``change_queued.lua``'s ARGV[6])."""
+
+    FREE = "free"
+    HELD = "held"
+    ANY = ""
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What ``change_queued.lua`` did: ``applied``, else why not: the job's ``state`` (not QUEUED),
+    or who holds it (``held_by``; '' when it needed a hold and had none)."""
+
+    applied: bool
+    state: str
+    held_by: str = ""
+    unmet: bool = False
+
+
+class JobControl:
+    def __init__(self, jobs: JobStore) -> None:
+        self.jobs = jobs
+        self.keys = jobs.keys
+        self._scripts = load_scripts(jobs.redis)
+
+    @translated
+    def change_queued(
+        self,
+        job_id: str,
+        now: float,
+        reason: str,
+        fields: dict[str, Any],
+        need: Need = Need.ANY,
+        queue: str = "",
+    ) -> Changed:
+        """Set ``fields`` of QUEUED ``job_id`` (and with ``queue``, "<priority> <tenant>", its place in
+        the queue), with ``reason`` in its history; :class:`NotFound` for no such job."""
+        k = self.keys
+        args = [check_job_id(job_id), now, reason, json.dumps(fields), k.prefix, need.value, queue]
+        code, detail = self._scripts["change_queued"](keys=[k.job(job_id), k.events(job_id)], args=args)
+        if int(code) == -1:
+            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+        if int(code) == 2:
+            return Changed(False, JobState.QUEUED.value, detail, unmet=True)
+        return Changed(int(code) == 1, detail)
+
+    @translated
+    def requeue(
+        self, job_ids: Sequence[str], states: Sequence[JobState], reason: str, now: float
+    ) -> list[tuple[str, int, str]]:
+        """Queue again each of ``job_ids`` that is in one of ``states`` (final ones); per id, in order:
+        (id, 1 requeued / 0 in another state / -1 no such job, the state it was in). One atomic step
+        per ``ARRAY_BATCH`` ids."""
+        k = self.keys
+        keys = [k.ended, k.jobs_in(JobState.QUEUED)]
+        head = [k.prefix, now, reason, ",".join(s.value for s in states)]
+        out: list[tuple[str, int, str]] = []
+        for start in range(0, len(job_ids), ARRAY_BATCH):
+            batch = job_ids[start : start + ARRAY_BATCH]
+            flat = self._scripts["requeue_final"](keys=keys, args=[*head, *batch])
+            out.extend((job_id, int(flat[2 * i]), flat[2 * i + 1]) for i, job_id in enumerate(batch))
+        return out
