@@ -224,7 +224,12 @@ class JobStore(JobTransitions, JobLogs):
             )
             for _, f in entries
         ]
-        stored = events[:1] and events[0].state == JobState.QUEUED and events[0].attempt == 0
+        first = events[0] if events else None
+        stored = first is not None and (first.state, first.attempt, first.reason) == (
+            JobState.QUEUED,
+            0,
+            "submitted",
+        )
         if created is not None and not stored:
             events.insert(0, Event(at=float(created), state=JobState.QUEUED, attempt=0, reason="submitted"))
         return events

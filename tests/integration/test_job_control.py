@@ -1,0 +1,181 @@
+"""The Slurm habits users bring: hold and release, update a queued job, cancel several (by ids, user,
+state), and run a job array's failed tasks again: through the CLI and the Python client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from fleet.client import ArrayHandle
+from fleet.errors import SpecError
+from tests.conftest import Api, FleetProcs
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def cli(api: Api) -> Cli:
+    def run(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleet", *args],
+            env=api.env(token),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def spec(*command: str, **fields: object) -> JobSpec:
+    return JobSpec.parse({"name": "ctl", "command": list(command), "gpus": 1, **fields})
+
+
+def state(client: Client, job_id: str) -> JobState:
+    return client.get(job_id).state
+
+
+def test_a_held_job_waits_on_a_free_node_until_released(procs: FleetProcs, client: Client, cli: Cli) -> None:
+    # Given one node of one GPU, busy with a job, and a job queued behind it
+    procs.controller()
+    procs.agent("t-hold", gpus=1)
+    procs.wait_nodes(client, 1)
+    blocker = client.submit(spec("sleep", "600")).id
+    wait_for(lambda: state(client, blocker) == JobState.RUNNING, what="the blocker runs", procs=procs)
+    held = client.submit(spec("true")).id
+
+    # When it is held, Then it stays QUEUED and says who holds it
+    done = cli("hold", held)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{held} QUEUED: held by tester"
+    # And a running job cannot be held (bad input: exit 2, saying what to do)
+    running = cli("hold", blocker)
+    assert (
+        running.returncode == 2
+        and f"job {blocker} is RUNNING: only a queued job can be held" in running.stderr
+    )
+
+    # When the node comes free and a later job (ranked after it) is submitted
+    client.cancel(blocker)
+    later = client.submit(spec("true"), job_id="ctl-later").id
+    wait_for(lambda: state(client, later) == JobState.SUCCEEDED, what="the later job ran", procs=procs)
+    # Then the later job ran on the free GPU and the held one is still waiting, held
+    job = client.get(held)
+    assert job.state == JobState.QUEUED and job.attempt == 0 and job.reason == "held by tester"
+    assert any(line.startswith(held) and "held by tester" in line for line in cli("jobs").stdout.splitlines())
+    assert json.loads(cli("show", held, "-o", "json").stdout)["held_by"] == "tester"
+    # And a final job cannot be held either
+    assert cli("hold", later).returncode == 2
+
+    # When it is released, Then it runs
+    released = cli("release", held)
+    assert released.returncode == 0 and released.stdout.startswith(held), released.stderr
+    wait_for(lambda: state(client, held) == JobState.SUCCEEDED, what="the released job ran", procs=procs)
+    assert [e.reason for e in client.history(held)][1:3] == ["held by tester", "released by tester"]
+
+
+def test_update_changes_a_queued_job_as_a_submit_would_check_it(api: Api, client: Client, cli: Cli) -> None:
+    # Given three queued jobs (no node: they stay queued)
+    first, second, third = (client.submit(spec("true")).id for _ in range(3))
+    assert client.position(third).in_tenant == 3
+
+    # When the last one's priority is raised, Then it is first in its tenant's queue
+    raised = cli("update", third, "--priority", "5")
+    assert raised.returncode == 0, raised.stderr
+    assert client.position(third).in_tenant == 1 and client.position(first).in_tenant == 2
+    assert client.history(third)[-1].reason == "updated by tester: priority 0 -> 5"
+    # When its GPUs and time limit change (from Python), Then its spec says so
+    job = client.update(second, gpus=2, timeout="30m")
+    assert (job.spec.gpus, job.spec.timeout, job.state) == (2, 1800.0, JobState.QUEUED)
+
+    # And a value a submit would refuse is refused, naming the field
+    bad = cli("update", first, "--priority", "5000")
+    assert bad.returncode == 2 and "priority" in bad.stderr
+    assert cli("update", first).returncode == 2  # nothing to change
+    with pytest.raises(SpecError, match="gpus"):
+        client.update(first, gpus=-1)
+    # And a user may change only its own jobs (exit 8)
+    alice = api.token_for("alice", "default")
+    assert cli("update", first, "--priority", "1", token=alice).returncode == 8
+    assert client.get(first).spec.priority == 0
+    # And a job that ended cannot be updated
+    client.cancel(first)
+    ended = cli("update", first, "--priority", "1")
+    assert ended.returncode == 2 and "only a queued job can be updated" in ended.stderr
+
+
+def test_cancel_several_by_ids_user_and_state_within_the_tenant(api: Api, client: Client, cli: Cli) -> None:
+    # Given jobs of tester and of alice in tenant default, and bob of another tenant
+    alice, bob = api.token_for("alice", "default"), api.token_for("bob", "elsewhere")
+    mine = [client.submit(spec("true")).id for _ in range(3)]
+    hers = [api.client(alice).submit(spec("true")).id for _ in range(2)]
+
+    # When two ids and an unknown one are cancelled, Then the two are, and the unknown is named (exit 3)
+    several = cli("cancel", mine[0], mine[1], "ctl-nope")
+    assert several.returncode == 3 and "'ctl-nope'" in several.stderr
+    assert f"{mine[0]} CANCELLED" in several.stdout and several.stdout.rstrip().endswith(
+        "cancelled 2 job(s): 2 at once, 0 stopping"
+    )
+    assert [state(client, j) for j in mine] == [JobState.CANCELLED, JobState.CANCELLED, JobState.QUEUED]
+
+    # When bob cancels every queued job he can, Then nothing of tenant default is touched
+    nothing = cli("cancel", "--state", "queued", token=bob)
+    assert nothing.returncode == 0 and nothing.stdout.strip() == "no job matched: nothing cancelled"
+    # When alice's jobs are cancelled by user, Then only hers are
+    report = client.cancel_jobs(user="alice")
+    assert sorted(report.cancelled) == sorted(hers) and state(client, mine[2]) == JobState.QUEUED
+    # When the queued jobs are cancelled by state, Then the last is, and the count says so
+    by_state = cli("cancel", "--state", "QUEUED", "-o", "json")
+    assert json.loads(by_state.stdout)["cancelled"] == [mine[2]]
+    assert cli("cancel", "--state", "queued").stdout.strip() == "no job matched: nothing cancelled"
+    # And a state no job can be cancelled in is a usage error
+    assert cli("cancel", "--state", "failed").returncode == 2
+
+
+def test_requeue_failed_runs_exactly_the_failed_tasks_again(
+    procs: FleetProcs, client: Client, cli: Cli, tmp_path: Path
+) -> None:
+    # Given an array whose odd tasks fail until a file exists
+    procs.controller()
+    procs.agent("t-requeue", gpus=2)
+    procs.wait_nodes(client, 1)
+    mark = tmp_path / "fixed"
+    script = f"test -e {mark} || [ $((FLEET_ARRAY_INDEX % 2)) -eq 0 ]"
+    array = client.submit_array(spec("sh", "-c", script, max_attempts=1), "0-3")
+    done = ArrayHandle(client, array.id).wait(120)
+    assert done.tasks[JobState.FAILED] == 2 and done.tasks[JobState.SUCCEEDED] == 2
+    assert cli("requeue", array.id).returncode == 2  # which tasks: it must be said
+
+    # When the cause is fixed and the failed tasks are requeued
+    mark.write_text("")
+    requeued = cli("requeue", array.id, "--failed")
+    assert requeued.returncode == 0, requeued.stderr
+    assert requeued.stdout.splitlines() == [
+        f"{array.id}-1 QUEUED",
+        f"{array.id}-3 QUEUED",
+        f"requeued 2 task(s) of {array.id}; 2 left as they are",
+    ]
+
+    # Then exactly those ran again, as their next attempt, and the array ends SUCCEEDED
+    done = ArrayHandle(client, array.id).wait(120)
+    assert done.tasks[JobState.SUCCEEDED] == 4 and done.failed == []
+    attempts = {j.array_index: j.attempt for j in client.jobs(labels={"fleet.array": array.id})}
+    assert attempts == {0: 1, 1: 2, 2: 1, 3: 2}
+    assert "SUCCEEDED=4" in cli("show", array.id).stdout
+    # And nothing is left to requeue (from Python as from the CLI)
+    assert client.requeue(array.id).requeued == []
+    again = cli("requeue", array.id, "--failed")
+    assert again.returncode == 0 and again.stdout.startswith(f"no task of {array.id} to run again")
