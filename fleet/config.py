@@ -77,6 +77,9 @@ class Settings(BaseModel):
     job_retention_s: float = Field(default=7 * DAY, gt=0, description="ended jobs are deleted after")
     tombstone_retention_s: float = Field(default=7 * DAY, gt=0, description="`fleet show` says expired")
     node_retention_s: float = Field(default=7 * DAY, gt=0, description="gone nodes are removed after")
+    accounting_retention_s: float = Field(
+        default=400 * DAY, gt=0, description="`fleet history` rows of ended jobs are kept for"
+    )
     bus_dead_message_ttl_s: float = Field(default=7 * DAY, gt=0)
     bus_dead_letters_max: int = Field(default=10_000, ge=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)

@@ -78,6 +78,10 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | week after the last write, older entries are dropped    |
 | ``<p>:doctor:clock:<node>``       | string | ``fleet doctor``'s probe of Redis' clock (when ``TIME`` |
 |                                   |        | is not allowed): set for 60 s, read, deleted at once    |
+| ``<p>:acct:<day>``                | hash   | job id -> its accounting row (JSON: tenant, user, name, |
+|                                   |        | state, GPUs, times, run/GPU/CPU-seconds over attempts), |
+|                                   |        | for jobs that ended that day (day = end // 86400)       |
+| ``<p>:acct:days``                 | zset   | the days with a ``<p>:acct:<day>`` hash, scored by day  |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -96,6 +100,8 @@ deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept;
 so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied
 of what the webhook sender took from it.
+Accounting rows outlive their jobs: a day's hash goes ``accounting_retention_s`` (400 days) after the
+day ended (``fleet history`` reads them).
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
 decayed below one GPU-second, and its status entry once it has neither jobs nor a record. Job uids
 are kept for good, a deleted tenant's too: a uid given to a second tenant would own the first's files.
@@ -288,6 +294,13 @@ class Keys:
     def doctor(self, part: str) -> str:
         """``fleet doctor``'s keys: ``markers``, ``clock:<node>``."""
         return f"{self.prefix}:doctor:{part}"
+
+    @property
+    def acct_days(self) -> str:
+        return f"{self.prefix}:acct:days"
+
+    def acct_day(self, day: int) -> str:
+        return f"{self.prefix}:acct:{day}"
 
     @property
     def tokens(self) -> str:

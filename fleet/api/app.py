@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleet import __version__
 from fleet.api import blobs as blob_routes
 from fleet.api import control, jobs, nodes, pages, webhooks
+from fleet.api import history as history_routes
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
 from fleet.api.backend import Backend
@@ -112,6 +113,7 @@ def create_app(settings: Settings) -> FastAPI:
         tenant_routes.routes(tenants, backend),
         token_routes.routes(tokens),
         webhooks.routes(hooks),
+        history_routes.routes(stores.accounting),
         pages.page_routes(backend, tenants),
     ):
         app.include_router(router)

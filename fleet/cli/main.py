@@ -42,6 +42,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "requeue": "fleet.cli.control:requeue",
         "top": "fleet.cli.top:top",
         "resize": "fleet.cli.elastic:resize",
+        "history": "fleet.cli.history:history",
     },
     "Nodes": {
         "nodes": "fleet.cli.nodes:nodes",

@@ -48,6 +48,7 @@ from fleet.models import (
     TokenInfo,
     WebhookOutcome,
 )
+from fleet.models.usage import History
 
 T = TypeVar("T")
 
@@ -159,6 +160,18 @@ class AsyncClient:
 
     async def history(self, job_id: str) -> list[Event]:
         return await self._do(api.history(job_id))
+
+    async def usage(
+        self,
+        since: float | str = "30d",
+        until: float | str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        by: str = "user",
+        limit: int = 1000,
+    ) -> History:
+        """:meth:`fleet.Client.usage`."""
+        return await self._do(api.usage(since, until, tenant, user, by, limit))
 
     async def cancel(self, job_id: str) -> Job:
         return await self._do(api.cancel(job_id))

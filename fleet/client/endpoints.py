@@ -6,6 +6,7 @@ one-line method on each client.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -34,6 +35,7 @@ from fleet.models import (
     WebhookOutcome,
     check_job_id,
 )
+from fleet.models.usage import GROUPINGS, History, parse_when
 
 R = TypeVar("R")
 #: most jobs one :meth:`fleet.Client.submit_many` call queues (the API's ``MAX_BATCH``)
@@ -226,6 +228,25 @@ def filters(
         "user": user,
         "label": pairs,
     }
+
+
+def usage(
+    since: float | str, until: float | str | None, tenant: str | None, user: str | None, by: str, limit: int
+) -> Call[History]:
+    """Accounting: what jobs that ended in [since, until) used (times: Unix seconds, or as
+    :func:`fleet.models.usage.parse_when` reads them: ``30d``, ``2025-01-31``)."""
+    now = time.time()
+    start = parse_when(since, now, "since") if isinstance(since, str) else float(since)
+    end = parse_when(until, now, "until") if isinstance(until, str) else until
+    if by not in GROUPINGS:
+        raise SpecError(f"by {by!r}: expected one of {', '.join(GROUPINGS)}")
+    for what, value in (("tenant", tenant), ("user", user)):
+        if value is not None:
+            checks.ident(value, what)
+    query = {"since": start, "until": end, "tenant": tenant, "user": user, "by": by}
+    return Call(
+        "GET", "/v1/history", History.model_validate, query=query | {"limit": checks.count(limit, "limit")}
+    )
 
 
 # -- blobs (shipped directories, scaling profiles) --------------------------------------

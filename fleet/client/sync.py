@@ -42,6 +42,7 @@ from fleet.models import (
     WebhookOutcome,
     check_job_id,
 )
+from fleet.models.usage import History
 
 R = TypeVar("R")
 
@@ -224,6 +225,20 @@ class Client:
 
     def history(self, job_id: str) -> list[Event]:
         return self._do(api.history(job_id))
+
+    def usage(
+        self,
+        since: float | str = "30d",
+        until: float | str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        by: str = "user",
+        limit: int = 1000,
+    ) -> History:
+        """Accounting (``fleet history``): what jobs that ended in [since, until) used, per tenant,
+        user or job (``by``), kept after the jobs expired. Times: Unix seconds, a span back (``30d``,
+        ``2w``) or an ISO date; ``until`` default now. A user's token reads its own tenant's."""
+        return self._do(api.usage(since, until, tenant, user, by, limit))
 
     def cancel(self, job_id: str) -> Job:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""

@@ -1,5 +1,6 @@
 """Retention, carried out (the decisions are the pure ``retention.py``): jobs go
-``job_retention_s`` after they ended, nodes gone for ``node_retention_s`` go with their bus queue.
+``job_retention_s`` after they ended, nodes gone for ``node_retention_s`` go with their bus queue,
+the accounting rows of days that ended ``accounting_retention_s`` ago go too.
 Every write is fenced by the leader token, each job and node checked again in the store's script.
 """
 
@@ -14,6 +15,7 @@ from fleet.controller import retention
 from fleet.controller.views import ViewCache
 from fleet.log import event
 from fleet.state import NodeStore
+from fleet.state.accounting import AccountingStore
 from fleet.state.records import NodeBatch
 from fleet.state.retention import RetentionStore
 
@@ -32,8 +34,10 @@ class Expiry:
         settings: Settings,
         clock: Callable[[], float],
         token: Callable[[], str],
+        accounting: AccountingStore,
     ) -> None:
         self.store, self.nodes, self.bus, self.views, self.settings = store, nodes, bus, views, settings
+        self.accounting = accounting
         self.clock, self.token = clock, token
         #: jobs that ended before fleet had retention are tracked once per leadership
         self.tracked = False
@@ -44,6 +48,7 @@ class Expiry:
             self._track_ended()
         deleted = self._expire_jobs()
         self._remove_gone_nodes()
+        self._trim_accounting()
         return deleted
 
     def _track_ended(self) -> None:
@@ -66,6 +71,12 @@ class Expiry:
         if deleted:
             event(log, "jobs_expired", count=deleted, retention_s=f"{keep:g}")
         return deleted
+
+    def _trim_accounting(self) -> None:
+        keep = self.settings.accounting_retention_s
+        days = self.accounting.trim(self.clock(), keep, self.token())
+        if days:
+            event(log, "accounting_trimmed", days=days, retention_s=f"{keep:g}")
 
     def _remove_gone_nodes(self) -> None:
         now, keep = self.clock(), self.settings.node_retention_s

@@ -110,7 +110,9 @@ class Controller:
             clock,
             token,
         )
-        self.expiry = Expiry(self.retention, nodes, bus, self.views, settings, clock, token)
+        self.expiry = Expiry(
+            self.retention, nodes, bus, self.views, settings, clock, token, stores.accounting
+        )
         self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
         store = stores.webhooks
         allowed = networks(settings.webhook_allowed_networks)  # besides public addresses

@@ -11,6 +11,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from fleet.keys import Keys
+from fleet.state.accounting import AccountingStore
 from fleet.state.arrays import ArrayStore
 from fleet.state.blobs import BlobStore
 from fleet.state.connection import connect, connect_binary
@@ -74,6 +75,10 @@ class Stores:
     @functools.cached_property
     def retention(self) -> RetentionStore:
         return RetentionStore(self.redis, self.keys)
+
+    @functools.cached_property
+    def accounting(self) -> AccountingStore:
+        return AccountingStore(self.redis, self.keys)
 
     @functools.cached_property
     def uids(self) -> JobUids:

@@ -6,12 +6,14 @@
 -- KEYS[4] ended zset (final jobs by end time, for retention)
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[1]:
 --   <prefix>:job:<id> hashes and <prefix>:job:<id>:events streams; <prefix>:outbox gets each job
---   cancelled at once (the webhook sender's feed, as in transition.lua).
+--   cancelled at once (the webhook sender's feed, as in transition.lua); each such job's accounting
+--   row goes to <prefix>:acct:<day> (lib/accounting.lua).
 -- ARGV[1] key prefix  ARGV[2] now  ARGV[3] on-node job states, comma separated
 -- ARGV[4], ARGV[5], ...: job ids
 -- Returns, for each job id in order, four values: code, state, node, attempt. code 1: cancelled
 -- at once; 2: flagged (or already flagged) on a node; 0: already final; -1: no such job.
 --! include ranked
+--! include accounting
 local on_node = {}
 for s in string.gmatch(ARGV[3], '[^,]+') do
   on_node[s] = true
@@ -32,6 +34,7 @@ local function cancel(id)
     redis.call('SREM', KEYS[2], id)
     redis.call('SADD', KEYS[3], id)
     redis.call('ZADD', KEYS[4], now, id)
+    acct_final(prefix, id, 'CANCELLED', now)
     redis.call('XADD', prefix .. ':outbox', 'MAXLEN', '~', 50000, '*', 'kind', 'job', 'id', id,
       'state', 'CANCELLED')
     redis.call('XADD', key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'CANCELLED',

@@ -20,11 +20,14 @@
 -- A requeue (to QUEUED) of a job flagged cancel_requested ends it CANCELLED instead: a cancel
 -- that raced the attempt's end (the caller decided from an older read) is never lost.
 -- A move into a final state (SUCCEEDED, FAILED, CANCELLED: fleet.models.FINAL_STATES) adds the job to
--- the ended zset, scored by now, so that retention deletes it job_retention_s later, and appends it
--- to <prefix>:outbox (capped at about 50,000 entries), which the leader's webhook sender reads.
+-- the ended zset, scored by now, so that retention deletes it job_retention_s later, appends it
+-- to <prefix>:outbox (capped at about 50,000 entries), which the leader's webhook sender reads, and
+-- writes its accounting row (<prefix>:acct:<day>, lib/accounting.lua). A move into RUNNING sets
+-- 'run_from'; releasing an attempt that was RUNNING adds its time to the job's accounting counters.
 -- Returns {1, state} when applied, {0, current state} when refused, {-1, ''} for no such job,
 -- {-2, ''} when ARGV[12] is not the current leader.
 --! include ranked
+--! include accounting
 if ARGV[12] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[12] then
   return {-2, ''}
 end
@@ -50,6 +53,7 @@ if cancelled then
   to, reason = 'CANCELLED', 'cancelled by user'
 end
 local prefix = ARGV[9]
+local ended = false
 redis.call('HSET', KEYS[1], 'state', to, 'reason', reason, 'updated_at', ARGV[6])
 for field, value in pairs(cjson.decode(ARGV[7])) do
   redis.call('HSET', KEYS[1], field, tostring(value))
@@ -67,8 +71,10 @@ if to ~= state then
   redis.call('SADD', prefix .. ':jobs:state:' .. to, ARGV[1])
   if state == 'QUEUED' then ranked_remove(prefix, ARGV[1]) end
   if to == 'QUEUED' then ranked_add(prefix, ARGV[1]) end
+  if to == 'RUNNING' then redis.call('HSET', KEYS[1], 'run_from', ARGV[6]) end
   if to == 'SUCCEEDED' or to == 'FAILED' or to == 'CANCELLED' then
     redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
+    ended = true
     redis.call('XADD', prefix .. ':outbox', 'MAXLEN', '~', 50000, '*', 'kind', 'job', 'id', ARGV[1],
       'state', to)
   end
@@ -82,6 +88,7 @@ if ARGV[10] == '1' and node and node ~= '' then
   local gang = redis.call('HMGET', KEYS[1], 'members', 'master_port')
   local parts = {{node, cjson.decode(gpus or '[]')}}
   if gang[1] and gang[1] ~= '' then parts = cjson.decode(gang[1]) end
+  acct_attempt(prefix, KEYS[1], ARGV[1], state, ARGV[6], parts)
   for _, part in ipairs(parts) do
     for _, uuid in ipairs(part[2]) do
       if redis.call('HGET', KEYS[3], uuid) == owner then
@@ -101,6 +108,9 @@ if ARGV[10] == '1' and node and node ~= '' then
     redis.call('HDEL', KEYS[1], 'members', 'master_addr', 'master_port', 'members_running', 'members_done')
     for rank = 0, #parts - 1 do redis.call('HDEL', KEYS[1], 'm' .. rank) end
   end
+end
+if ended then
+  acct_final(prefix, ARGV[1], to, ARGV[6])
 end
 if ARGV[11] == '0' then
   return {1, to}
