@@ -246,8 +246,9 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
     assert (root / running.id).is_dir() and (root / "someone-elses").is_dir()
     assert (root / "linked").is_symlink() and (outside / "model.pt").read_text() == "precious"
     # And once the running job ends too and every tombstone expired, Redis holds what the empty
-    # fleet held, the submission counter (it keeps FIFO order across the fleet's life) and the
-    # tenants' job uids (kept for good: a tenant's files keep their owner)
+    # fleet held, the submission counter (it keeps FIFO order across the fleet's life), the
+    # tenants' job uids (kept for good: a tenant's files keep their owner) and the accounting rows of
+    # the two jobs (`fleet history`, kept for accounting_retention_s)
     running.cancel()
     # (but for the webhook sender's outbox, emptied of what it read, its cursor and node states)
     hooks = {K.outbox, K.webhooks("cursor"), K.webhooks("nodes")}
@@ -256,8 +257,13 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
     def held() -> set[str]:
         return {k for k in r.keys("*") if not k.startswith(K.wake(""))} - hooks
 
-    expected = (baseline - hooks) | {K.seq, K.job_uids}
-    wait_for(lambda: held() == expected, timeout=30, what=f"keys back to the baseline {expected}")
+    expected = (baseline - hooks) | {K.seq, K.job_uids, K.acct_days}
+
+    def days() -> set[str]:
+        return {K.acct_day(int(day)) for day in r.zrange(K.acct_days, 0, -1)}
+
+    wait_for(lambda: held() == expected | days(), timeout=30, what=f"keys back to the baseline {expected}")
+    assert sorted(job for key in days() for job in r.hkeys(key)) == sorted([done.id, running.id])
     assert r.xlen(K.outbox) == 0
     assert cli(procs, "show", done.id).stderr == f"fleet: no job '{done.id}' (list jobs with `fleet jobs`)\n"
     r.close()
