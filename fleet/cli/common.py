@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,6 +68,22 @@ def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -
     if value is not None and value <= 0:
         raise click.BadParameter(f"{value:g}: expected seconds above 0, e.g. --watch 5", ctx, param)
     return value
+
+
+@contextmanager
+def job_goes_on(job_id: str, doing: str = "waiting for", array: bool = False) -> Iterator[None]:
+    """Ctrl-C while a command waits for or follows a job ends the command, never the job: say so,
+    with how to cancel it, and exit 130 (as a shell does on SIGINT), without a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        what, cancel = ("job array", f"--array {job_id}") if array else ("job", job_id)
+        print(
+            f"{chr(10) if sys.stderr.isatty() else ''}fleet: stopped {doing} {what} {job_id}; it goes on "
+            f"(cancel it: fleet cancel {cancel})",
+            file=sys.stderr,
+        )
+        raise click.exceptions.Exit(130) from None
 
 
 def pairs(values: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:

@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli import arrays
-from fleet.cli.common import CONTEXT, Globals, complete_jobs, output_option, pairs, pass_globals, watch_option
+from fleet.cli.common import (
+    CONTEXT,
+    Globals,
+    complete_jobs,
+    job_goes_on,
+    output_option,
+    pairs,
+    pass_globals,
+    watch_option,
+)
 from fleet.cli.elastic import fields as elastic_fields
 from fleet.cli.elastic import gpus_cell
 from fleet.cli.output import emit_json, present, show_view
@@ -249,7 +258,12 @@ def _countdown(job: Job) -> str:
 
 @click.command(context_settings=CONTEXT, short_help="a job's output (latest attempt unless --attempt)")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("-f", "--follow", is_flag=True, help="keep printing new lines until the attempt ends")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="keep printing new lines until the attempt ends (Ctrl-C: the job goes on)",
+)
 @click.option("--attempt", type=int, help="this attempt's output (default: the latest)")
 @click.option("--rank", type=int, default=0, show_default=True, help="a multi-node job's member")
 @click.option("-t", "--timestamps", is_flag=True, help="prefix each line with when it was shipped (ISO 8601)")
@@ -260,17 +274,18 @@ def logs(
 ) -> int:
     """A job's output (latest attempt unless --attempt); -o json: one JSON object a line."""
     client = globals_.client()
-    lines: Iterable[LogLine] = (
-        client.follow_logs(job, attempt, rank=rank) if follow else client.logs(job, attempt, rank)
-    )
-    for line in lines:
-        if output == "json":
-            record = {"at": line.at, "time": iso(line.at), "attempt": line.attempt, "line": line.line}
-            print(json.dumps(record), flush=follow)
-            continue
-        report = parse_line(line.line, line.at) if follow else None  # followed: a bar, not the JSON
-        text = line.line if report is None else f"progress {bar(report)}"
-        print(f"{iso(line.at)} {text}" if timestamps else text, flush=follow)
+    with job_goes_on(job, "following" if follow else "reading the output of"):
+        lines: Iterable[LogLine] = (
+            client.follow_logs(job, attempt, rank=rank) if follow else client.logs(job, attempt, rank)
+        )
+        for line in lines:
+            if output == "json":
+                record = {"at": line.at, "time": iso(line.at), "attempt": line.attempt, "line": line.line}
+                print(json.dumps(record), flush=follow)
+                continue
+            report = parse_line(line.line, line.at) if follow else None  # followed: a bar, not the JSON
+            text = line.line if report is None else f"progress {bar(report)}"
+            print(f"{iso(line.at)} {text}" if timestamps else text, flush=follow)
     return 0
 
 
@@ -284,11 +299,14 @@ def logs(
 @pass_globals
 def wait(globals_: Globals, job: str, timeout: float | None, output: str) -> int:
     """Wait for a job (or every task of a job array) to end; exit 0 SUCCEEDED, 1 FAILED, 6 CANCELLED,
-    4 on --timeout."""
+    4 on --timeout. Ctrl-C stops waiting (exit 130); the job goes on."""
     client = globals_.client()
-    found = arrays.job_or_array(client, job)
-    if isinstance(found, JobArray):
-        return arrays.result(ArrayHandle(client, found.id).wait(timeout), output)
-    done = client.wait(job, timeout)
+    with job_goes_on(job):
+        found = arrays.job_or_array(client, job)
+        if isinstance(found, JobArray):
+            with job_goes_on(found.id, array=True):
+                ended = ArrayHandle(client, found.id).wait(timeout)
+            return arrays.result(ended, output)
+        done = client.wait(job, timeout)
     print_job_line(done, output)
     return EXIT_FOR_STATE[done.state]

@@ -4,7 +4,9 @@ Exit codes: 0 ok (``wait``: SUCCEEDED); 1 job FAILED or other error; 2 bad input
 usage); 3 no such job or node (a job deleted by retention: the message says it expired, and when);
 4 ``wait`` timed out; 5 the API or Redis unreachable (or Redis full: maxmemory); 6 job CANCELLED;
 7 the job's or node's record cannot be read (quarantined: the message says why); 8 no token, or
-the token's role or tenant does not allow it (the message says what is missing).
+the token's role or tenant does not allow it (the message says what is missing); 130 Ctrl-C (a job
+waited for goes on, except under ``fleet run``, which cancels it). ``fleet run`` exits with its
+job's own exit code once the job ran.
 
 Built on click. Each group of commands is a module of its own (:data:`COMMANDS` names them),
 imported only when one of its commands runs (or for ``--help`` and completion), so a command
@@ -31,6 +33,7 @@ from fleet.errors import ConfigError, FleetError
 COMMANDS: dict[str, dict[str, str]] = {
     "Jobs": {
         "submit": "fleet.cli.submit:submit",
+        "run": "fleet.cli.run:run",
         "jobs": "fleet.cli.jobs:jobs",
         "show": "fleet.cli.jobs:show",
         "logs": "fleet.cli.jobs:logs",
@@ -40,6 +43,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "release": "fleet.cli.control:release",
         "update": "fleet.cli.control:update",
         "requeue": "fleet.cli.control:requeue",
+        "shell": "fleet.cli.shell:shell",
         "top": "fleet.cli.top:top",
         "resize": "fleet.cli.elastic:resize",
         "history": "fleet.cli.history:history",
@@ -126,7 +130,8 @@ class FleetGroup(click.Group):
     context_settings=CONTEXT,
     epilog="Exit codes: 0 ok, 1 job failed/error, 2 bad input, 3 not found (or expired), 4 timeout, "
     "5 API or Redis unreachable (or Redis full), 6 job cancelled, 7 record unreadable (quarantined), "
-    "8 not allowed (no token, or its role or tenant). Start here: `fleet up`. Shell completion: "
+    "8 not allowed (no token, or its role or tenant), 130 Ctrl-C; fleet run: the job's own. "
+    "Start here: `fleet up`. Shell completion: "
     "`fleet completion --help`.",
 )
 @click.version_option(__version__, "--version", prog_name="fleet", message="%(prog)s %(version)s")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.cli import arrays
-from fleet.cli.common import CONTEXT, Globals, pairs, pass_globals
+from fleet.cli.common import CONTEXT, Globals, job_goes_on, pairs, pass_globals
 from fleet.cli.elastic import count_or_range
 from fleet.cli.output import emit_json
 from fleet.errors import SpecError
@@ -137,7 +137,8 @@ class CommandAfterDashes(click.Command):
 @click.option(
     "--wait",
     is_flag=True,
-    help="print the id, wait for the job (every task of an --array) and exit with its result code",
+    help="print the id, wait for the job (every task of an --array) and exit with its result code; "
+    "Ctrl-C stops waiting, the job goes on (fleet run: Ctrl-C cancels)",
 )
 @click.option("--follow", is_flag=True, help="with --wait: print the job's output as it runs")
 @click.option(
@@ -171,11 +172,12 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
     handle = client.submit(spec, job_id=options["job_id"])
     _warn_unplaceable(client, spec)
     if options["wait"]:
-        if options["output"] != "json":
-            print(handle.id, flush=True)
-        if options["follow"]:
-            follow_every_attempt(client, handle.id)
-        job = handle.wait()
+        with job_goes_on(handle.id):
+            if options["output"] != "json":
+                print(handle.id, flush=True)
+            if options["follow"]:
+                follow_every_attempt(client, handle.id)
+            job = handle.wait()
         print_job_line(job, options["output"])
         return EXIT_FOR_STATE[job.state]
     if options["output"] == "json":
@@ -269,7 +271,9 @@ def submit_array(globals_: Globals, spec: JobSpec, options: dict[str, Any]) -> i
     )
     _warn_unplaceable(client, spec)
     if options["wait"]:
-        return arrays.result(handle.wait(), options["output"])
+        with job_goes_on(handle.id, array=True):
+            done = handle.wait()
+        return arrays.result(done, options["output"])
     if options["output"] == "json":
         emit_json(handle.status())
     else:

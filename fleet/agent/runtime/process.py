@@ -88,7 +88,7 @@ class ProcessRuntime:
             return None
         # /proc first, the exit file second: the supervisor writes the file before it reaps the
         # leader, so a leader already gone from /proc has its file unless the supervisor died
-        leader = _leader(meta["pid"], meta["created"], meta.get("supervisor"))
+        leader = leader_state(meta["pid"], meta["created"], meta.get("supervisor"))
         key = f"{job_id}.{attempt}"
         with contextlib.suppress(FileNotFoundError):
             code = int(json.loads((folder / "exit").read_text())["code"])
@@ -177,7 +177,7 @@ class ProcessRuntime:
         self.supervisor.close()
 
 
-def _leader(pid: int, created: float, supervisor: int | None) -> str:
+def leader_state(pid: int, created: float, supervisor: int | None) -> str:
     """ "running", "exited" (a zombie its live supervisor has not reaped yet) or "gone" (no such
     process, a recycled pid with another start time, or a zombie orphaned by its supervisor)."""
     try:

@@ -1,0 +1,96 @@
+"""``fleet run``: submit a job, wait for its node, stream its output and exit with its exit code,
+as ``srun`` does; Ctrl-C cancels the job (``submit --wait`` leaves it running)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fleet.cli.common import CONTEXT, Globals, pass_globals
+from fleet.cli.submit import CommandAfterDashes, spec_from_options, submit
+from fleet.errors import SpecError
+from fleet.models import Job, JobState
+
+if TYPE_CHECKING:
+    from fleet.client import Client
+
+#: how often a job not yet on its node is looked at (its waiting reason printed when it changes)
+POLL_S = 0.5
+#: submit's options that make no sense for one job whose output is streamed
+_NOT_HERE = ("wait", "follow", "array", "max_running", "output")
+
+
+@click.command(
+    cls=CommandAfterDashes,
+    context_settings=CONTEXT,
+    short_help="submit, wait for a node, stream the output, exit with the job's exit code (srun)",
+    epilog="Examples: fleet run --gpus 1 -- nvidia-smi; fleet run --workdir . --gpus 2 -- python3 "
+    "train.py. stdin is not forwarded (the job reads an empty stdin); the job's stdout and stderr both "
+    "come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes to stderr.",
+)
+@click.argument("stray", nargs=-1, metavar="-- COMMAND [ARGS]...")
+@pass_globals
+@click.pass_context
+def run(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **options: Any) -> int:
+    """Submit a job (the options are `fleet submit`'s), wait until a node runs it (saying why it
+    waits while it is queued), print its output as it comes, attempt after attempt, and exit with
+    its exit code: as `srun` does.
+
+    Ctrl-C cancels the job (unlike `fleet submit --wait`, which leaves it running) and exits 130.
+    A job that failed without an exit code of its own (it never started, its node was lost) exits
+    1, one that was cancelled 6, with the reason on stderr."""
+    if stray:
+        raise SpecError(
+            f"{stray[0]!r} follows the options: give the command after --, as in fleet run --gpus 1 "
+            "-- python3 train.py (a value with a space needs quotes)"
+        )
+    spec = spec_from_options(options, ctx.meta.get("fleet.command", []))
+    client = globals_.client()
+    handle = client.submit(spec, job_id=options["job_id"])
+    try:
+        say(f"job {handle.id} submitted (Ctrl-C cancels it)")
+        job = stream(client, handle.id)
+    except KeyboardInterrupt:
+        client.cancel(handle.id)
+        say(f"cancelled job {handle.id}", newline=sys.stderr.isatty())
+        return 130
+    return exit_code(job)
+
+
+def stream(client: Client, job_id: str) -> Job:
+    """Print each attempt's output as it comes and, while the job waits, why; the job once final."""
+    shown, reason = 0, ""
+    while True:
+        job = client.get(job_id)
+        if job.attempt > shown and (job.state == JobState.RUNNING or job.state.final):
+            shown = job.attempt
+            for line in client.follow_logs(job_id, shown):
+                print(line.line, flush=True)
+            continue
+        if job.state.final:
+            return job
+        if job.reason != reason and job.state != JobState.RUNNING:
+            reason = job.reason
+            say(f"job {job_id} {job.state.value}: {reason}")
+        time.sleep(POLL_S)
+
+
+def exit_code(job: Job) -> int:
+    """The job's own exit code; 1 for a failure without one, 6 for a cancelled job (reason on stderr)."""
+    if job.state == JobState.SUCCEEDED:
+        return 0
+    say(f"job {job.id} {job.state.value}: {job.reason}")
+    if job.state == JobState.CANCELLED:
+        return 6
+    code = job.exit_code or 1
+    return 128 - code if code < 0 else min(code, 255)  # killed by signal N: 128+N, as a shell says
+
+
+def say(text: str, newline: bool = False) -> None:
+    print(f"{chr(10) if newline else ''}fleet: {text}", file=sys.stderr, flush=True)
+
+
+run.params[:0] = [p for p in submit.params if p.name not in (*_NOT_HERE, "stray")]

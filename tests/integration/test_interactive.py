@@ -1,0 +1,161 @@
+"""Interactive work through the real CLI on the process runtime: ``fleet run`` (srun), Ctrl-C on the
+commands that wait for a job, and ``fleet shell`` inside a running job."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import psutil
+import pytest
+
+from fleet import Client, JobState
+from fleet.agent.cgroups import detect
+from tests.conftest import Api, FleetProcs
+from tests.support import until, wait_for
+
+pytestmark = pytest.mark.integration
+
+NODE = "t-interactive"
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def env(procs: FleetProcs, client: Client) -> dict[str, str]:
+    """A node with 2 GPUs and the environment of a ``fleet`` command run there (its agent's config)."""
+    procs.controller()
+    procs.agent(NODE, gpus=2)
+    procs.wait_nodes(client, 1)
+    return procs.cli_env(
+        FLEET_AGENT__NODE_NAME=NODE,
+        FLEET_AGENT__STATE_DIR=str(procs.root / NODE),
+        FLEET_AGENT__CGROUP_PARENT=procs.cgroup_parent,
+    )
+
+
+@pytest.fixture
+def fleet(env: dict[str, str]) -> Cli:
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "fleet", *args]
+        return subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=90)
+
+    return run
+
+
+def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "fleet", *args]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def interrupt(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """Ctrl-C: SIGINT to the command; its exit code and stderr."""
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def read_line(stream: IO[str] | None) -> str:
+    assert stream is not None
+    return stream.readline().strip()
+
+
+def talking_to_api(proc: subprocess.Popen[str], api_url: str) -> bool:
+    """Whether the command holds a connection to the API: it is past its imports, waiting on it."""
+    port = int(api_url.rsplit(":", 1)[1])
+    process = psutil.Process(proc.pid)
+    connections = getattr(process, "net_connections", process.connections)("tcp")
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in connections)
+
+
+def test_fleet_run_prints_the_output_and_exits_with_the_jobs_code(fleet: Cli, client: Client) -> None:
+    ran = fleet("run", "--name", "three", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
+    assert ran.returncode == 3, ran.stderr
+    assert ran.stdout == "hi\noops\n"
+    assert "fleet: job three-" in ran.stderr and "FAILED" in ran.stderr and "Traceback" not in ran.stderr
+    (job,) = client.listing()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    ok = fleet("run", "--max-attempts", "1", "--", "sh", "-c", "echo fine")
+    assert (ok.returncode, ok.stdout) == (0, "fine\n"), ok.stderr
+
+
+def test_fleet_run_says_why_it_waits_and_ctrl_c_cancels_the_job(
+    env: dict[str, str], client: Client, fleet: Cli
+) -> None:
+    blocker = client.submit({"command": ["sleep", "600"], "gpus": 2, "name": "blocker"})
+    wait_for(lambda: client.get(blocker.id).state == JobState.RUNNING, what="the blocker runs")
+    queued = spawn(env, "run", "--gpus", "1", "--name", "later", "--", "sh", "-c", "echo later; sleep 600")
+    said = read_line(queued.stderr)
+    assert said.startswith("fleet: job later-") and "Ctrl-C cancels it" in said
+    waiting = read_line(queued.stderr)
+    assert "QUEUED:" in waiting, waiting  # the scheduler's reason, as `fleet show` gives it
+    client.cancel(blocker.id)
+    assert read_line(queued.stdout) == "later"  # it ran once the GPUs were free, its output streamed
+    job_id = said.split()[2]
+    code, err = interrupt(queued)
+    assert code == 130 and f"cancelled job {job_id}" in err and "Traceback" not in err
+    wait_for(lambda: client.get(job_id).state == JobState.CANCELLED, what="Ctrl-C cancelled the job")
+
+
+def test_ctrl_c_on_the_commands_that_wait_leaves_the_job_running(
+    env: dict[str, str], client: Client, api_server: str
+) -> None:
+    waited = spawn(env, "submit", "--wait", "--", "sh", "-c", "echo started; sleep 600")
+    job_id = read_line(waited.stdout)
+    wait_for(lambda: client.get(job_id).state == JobState.RUNNING, what="the job runs")
+    hint = f"it goes on (cancel it: fleet cancel {job_id})\n"
+    code, err = interrupt(waited)
+    assert (code, err) == (130, f"fleet: stopped waiting for job {job_id}; {hint}")
+    following = spawn(env, "logs", "-f", job_id)
+    assert read_line(following.stdout) == "started"
+    code, err = interrupt(following)
+    assert (code, err) == (
+        130,
+        f"fleet: stopped following job {job_id}; it goes on (cancel it: fleet cancel {job_id})\n",
+    )
+    again = spawn(env, "wait", job_id)
+    until(lambda: talking_to_api(again, api_server), "fleet wait waits on the API")
+    code, err = interrupt(again)
+    assert (code, err) == (
+        130,
+        f"fleet: stopped waiting for job {job_id}; it goes on (cancel it: fleet cancel {job_id})\n",
+    )
+    assert client.get(job_id).state == JobState.RUNNING  # none of them touched the job
+
+
+def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup(
+    fleet: Cli, client: Client, api: Api
+) -> None:
+    job = client.submit({"command": ["sh", "-c", "id -u; pwd; echo started; sleep 600"], "name": "held"})
+    lines = until(lambda: (got := [x.line for x in client.logs(job.id)])[2:] and got, "the job started")
+    uid, cwd = lines[0], lines[1]
+    shelled = fleet(
+        "shell", job.id, "--", "sh", "-c", 'id -u; pwd; echo "$FLEET_JOB_ID"; cat /proc/self/cgroup'
+    )
+    assert shelled.returncode == 0, shelled.stderr
+    out = shelled.stdout.splitlines()
+    assert out[:3] == [uid, cwd, job.id]
+    assert Path(cwd).name == "work" and Path(cwd).parent.name == f"{job.id}.1"
+    if detect().kind != "none":  # where the agent can use cgroups, the shell is in the job's
+        assert any(line.endswith(f"/{NODE}/{job.id}.1") for line in out[3:]), out
+    elsewhere = fleet("shell", job.id, "--", "id", FLEET_AGENT__NODE_NAME="t-other")
+    assert elsewhere.returncode == 1 and elsewhere.stdout == ""
+    assert elsewhere.stderr == (
+        f"fleet: job {job.id} runs on {NODE}, not on this node (t-other): ssh {NODE} and run "
+        f"fleet shell {job.id} there\n"
+    )
+    outsider = api.token_for("eve", "other")
+    hidden = fleet("shell", job.id, "--", "id", FLEET_TOKEN=outsider)
+    assert hidden.returncode in (3, 8) and hidden.stdout == "" and "Traceback" not in hidden.stderr
+    client.cancel(job.id)
+    wait_for(lambda: client.get(job.id).state == JobState.CANCELLED, what="the job ends")
+    ended = fleet("shell", job.id)
+    assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
