@@ -12,7 +12,7 @@ import click
 from fleet.cli.common import CONTEXT, Globals, pass_globals
 from fleet.cli.submit import CommandAfterDashes, spec_from_options, submit
 from fleet.errors import SpecError
-from fleet.models import Job, JobState
+from fleet.models import Job, JobState, LogLine
 
 if TYPE_CHECKING:
     from fleet.client import Client
@@ -65,10 +65,11 @@ def stream(client: Client, job_id: str) -> Job:
     shown, reason = 0, ""
     while True:
         job = client.get(job_id)
-        if job.attempt > shown and (job.state == JobState.RUNNING or job.state.final):
-            shown = job.attempt
-            for line in client.follow_logs(job_id, shown):
-                print(line.line, flush=True)
+        # the job's attempt has output unless it is still being placed or started (queued again: ended)
+        ran = job.attempt - (job.state in (JobState.SCHEDULED, JobState.STARTING))
+        if ran > shown:
+            shown += 1
+            print_attempt(client, job_id, shown)
             continue
         if job.state.final:
             return job
@@ -76,6 +77,23 @@ def stream(client: Client, job_id: str) -> Job:
             reason = job.reason
             say(f"job {job_id} {job.state.value}: {reason}")
         time.sleep(POLL_S)
+
+
+def print_attempt(client: Client, job_id: str, attempt: int) -> None:
+    """An attempt's output as it comes, then what was shipped after its end was recorded."""
+    last = (0, 0)
+    for line in client.follow_logs(job_id, attempt):
+        print(line.line, flush=True)
+        last = _place(line)
+    for line in client.logs(job_id, attempt):
+        if _place(line) > last:
+            print(line.line, flush=True)
+
+
+def _place(line: LogLine) -> tuple[int, int]:
+    """A line's place in its attempt's stream (a Redis stream id, ``ms-seq``)."""
+    ms, _, seq = line.id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def exit_code(job: Job) -> int:

@@ -21,7 +21,7 @@ from fleet.models import JobState
     "container; process runtime: the job's uid, working directory, environment and cgroup (what "
     "you start counts against the job's limits and ends with it).",
 )
-@click.argument("job", metavar="JOB", shell_complete=complete_jobs)
+@click.argument("job", metavar="JOB [-- COMMAND [ARGS]...]", shell_complete=complete_jobs)
 @pass_globals
 @click.pass_context
 def shell(ctx: click.Context, globals_: Globals, /, job: str) -> int:

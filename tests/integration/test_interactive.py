@@ -77,9 +77,11 @@ def talking_to_api(proc: subprocess.Popen[str], api_url: str) -> bool:
 
 
 def test_fleet_run_prints_the_output_and_exits_with_the_jobs_code(fleet: Cli, client: Client) -> None:
-    ran = fleet("run", "--name", "three", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
+    ran = fleet(
+        "run", "--name", "three", "--max-attempts", "2", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"
+    )
     assert ran.returncode == 3, ran.stderr
-    assert ran.stdout == "hi\noops\n"
+    assert ran.stdout == "hi\noops\n" * 2  # attempt after attempt, each line once
     assert "fleet: job three-" in ran.stderr and "FAILED" in ran.stderr and "Traceback" not in ran.stderr
     (job,) = client.listing()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
@@ -161,3 +163,22 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup(
     wait_for(lambda: client.get(job.id).state == JobState.CANCELLED, what="the job ends")
     ended = fleet("shell", job.id)
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
+
+
+def test_fleet_shell_execs_into_the_jobs_container(docker_procs: FleetProcs, client: Client) -> None:
+    node = "t-interactive-dock"
+    docker_procs.controller()
+    docker_procs.agent(node, gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    job = client.submit({"command": ["sh", "-c", "id -u; echo started; sleep 600"], "name": "boxed"})
+    lines = until(lambda: (got := [x.line for x in client.logs(job.id)])[1:] and got, "the job started")
+    env = docker_procs.cli_env(
+        FLEET_AGENT__NODE_NAME=node, FLEET_AGENT__STATE_DIR=str(docker_procs.root / node)
+    )
+    argv = [sys.executable, "-m", "fleet", "shell", job.id, "--", "sh", "-c", 'id -u; echo "$FLEET_JOB_ID"']
+    shelled = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
+    assert shelled.returncode == 0, shelled.stderr
+    assert shelled.stdout.splitlines() == [lines[0], job.id]  # the job's user, in its container
+    client.cancel(job.id)
