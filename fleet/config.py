@@ -71,6 +71,9 @@ class Settings(BaseModel):
     workdir_retention_s: float = Field(default=7 * DAY, gt=0)
     #: what one tenant's uploads (shipped directories, profiles) may hold in Redis at once
     blob_quota_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    #: what one tenant's kept job outputs (spec ``outputs``) may hold on checkpoint_root at once,
+    #: unless the tenant's ``outputs_quota`` says otherwise
+    outputs_quota_bytes: int = Field(default=10 << 30, ge=0)
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)

@@ -57,6 +57,15 @@ def size(n: int | None) -> str:
     return "-" if not n else f"{n / GiB:.0f}GiB" if n >= GiB else f"{n >> 20}MiB"
 
 
+def nbytes(n: int) -> str:
+    """A byte count, exact below a KiB: ``512 B``, ``3.5 KiB``, ``12.0 MiB``, ``2.0 GiB``."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while n >= 1024 ** (power + 1) and power < len(units) - 1:
+        power += 1
+    return f"{n} B" if power == 0 else f"{n / 1024**power:.1f} {units[power]}"
+
+
 def bar(fraction: float, width: int = 30) -> str:
     """``[#########.....................]``: a bar for plain text."""
     filled = round(max(0.0, min(fraction, 1.0)) * width)

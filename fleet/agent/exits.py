@@ -16,16 +16,18 @@ import threading
 from collections.abc import Callable, Sequence
 
 from fleet.agent import checkpoints
+from fleet.agent import outputs as kept_outputs
 from fleet.agent import reconcile as plan
 from fleet.agent.gpucheck import await_released
 from fleet.agent.members import member_failed
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import AttemptStatus
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Stop, node_queue
-from fleet.errors import NotFound, SpecError
+from fleet.errors import FleetError, NotFound, SpecError
 from fleet.lifecycle import TAIL_LINES, decide, explain
 from fleet.log import event
 from fleet.models import Exit, ExitKind, Fault, Job, JobState, MemberPhase
+from fleet.state import Stores
 
 log = logging.getLogger("fleet.agent")
 
@@ -96,6 +98,7 @@ class ExitPath:
     def __init__(self, parts: Parts) -> None:
         self.p = parts
         self.node = parts.node
+        self.tenants = Stores.of(parts.settings, parts.jobs, parts.nodes).tenants
 
     # -- what was seen ---------------------------------------------------------------
 
@@ -182,6 +185,7 @@ class ExitPath:
             )
             p.jobs.record_exit(job, exit, p.clock())
         p.inflight.timed_out.discard(key)
+        kept = self._keep_outputs(job) if rank == 0 else {}
         p.runtime.remove(job.id, job.attempt)
         self._await_gpus_released(job)
         if gang and exit.succeeded:
@@ -193,7 +197,7 @@ class ExitPath:
             wait_s = p.cfg.node_lease_ttl_s + p.cfg.heartbeat_interval_s
             exit = member_failed(p.jobs, p.nodes, job, self.node, exit, wait_s, p.stop_event)
         decision = decide(job, exit, p.policy)
-        if not p.jobs.end_attempt(job, exit, decision, p.clock(), {"checkpoint": self._latest(job)}):
+        if not p.jobs.end_attempt(job, exit, decision, p.clock(), {"checkpoint": self._latest(job), **kept}):
             return
         if gang:  # one member's end is the attempt's: stop the others now, not at a collective's timeout
             grace = p.cfg.stop_grace_s
@@ -221,6 +225,29 @@ class ExitPath:
                 reason=exit.reason,
             ),
         )
+
+    def _keep_outputs(self, job: Job) -> dict[str, object]:
+        """Keep the attempt's outputs (rank 0's, of a multi-node job); the job's fields saying what was
+        kept. Whatever goes wrong is the job's note, never its end."""
+        work = self.p.runtime.work_dir(job.id, job.attempt)
+        if work is None:
+            return {}
+        settings, tenant = self.p.settings, job.spec.tenant
+        try:
+            quota = self.tenants.policy(tenant).outputs_quota
+            quota = settings.outputs_quota_bytes if quota is None else quota
+            outcome = kept_outputs.keep(
+                work, job.spec.outputs, settings.checkpoint_root, tenant, job.id, job.attempt, quota
+            )
+        except (OSError, ValueError, FleetError) as exc:
+            outcome = kept_outputs.Outcome(None, f"outputs of attempt {job.attempt} not kept: {exc}")
+        fields: dict[str, object] = {"outputs_note": outcome.note}
+        if outcome.kept is not None:
+            fields.update(outputs_bytes=outcome.kept.bytes, outputs_attempt=outcome.kept.attempt)
+            event(log, "outputs_kept", job=job.id, attempt=job.attempt, bytes=outcome.kept.bytes)
+        if outcome.note:
+            event(log, "outputs_note", logging.WARNING, job=job.id, attempt=job.attempt, note=outcome.note)
+        return fields
 
     def _latest(self, job: Job) -> str | None:
         try:

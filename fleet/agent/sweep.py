@@ -6,7 +6,8 @@ job has no record and the job's tombstone says retention deleted it. So the dire
 exists is never touched, nor one fleet knows nothing about (another fleet's on the same storage, an
 operator's, one whose tombstone was forgotten before any agent swept). While the tombstone lasts no
 new job can take the id (``submit.lua``), so nothing can start writing there meanwhile. Agents on
-shared storage sweep the same root; whichever comes first removes a directory.
+shared storage sweep the same root; whichever comes first removes a directory. A job's kept outputs
+(``.fleet-outputs/<tenant>/<job id>``, :mod:`fleet.outputs`) go by the same rule, in the same sweep.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fleet.agent import checkpoints
 from fleet.errors import SpecError
 from fleet.log import event
 from fleet.models import check_job_id
+from fleet.outputs import OUTPUTS
 from fleet.state.retention import RetentionStore
 
 
@@ -58,7 +60,8 @@ def remove(root: Path, job_id: str) -> bool:
 
 
 def sweep(root: Path, retention: RetentionStore, log: logging.Logger) -> list[str]:
-    """Remove the directories of expired jobs under ``root``; the ids removed, each logged."""
+    """Remove the directories of expired jobs under ``root``, and their kept outputs; the ids whose
+    checkpoint directory was removed, each removal logged."""
     removed = []
     for job_id in sorted(retention.expired(job_dirs(root))):
         try:
@@ -67,4 +70,23 @@ def sweep(root: Path, retention: RetentionStore, log: logging.Logger) -> list[st
                 event(log, "checkpoint_dir_removed", job=job_id, why="the job expired (job_retention_s)")
         except OSError as exc:
             event(log, "checkpoint_dir_not_removed", logging.WARNING, job=job_id, error=exc)
+    kept = root / OUTPUTS
+    for tenant in _tenants(kept):
+        for job_id in sorted(retention.expired(job_dirs(kept / tenant))):
+            try:
+                if remove(kept / tenant, job_id):
+                    event(log, "outputs_removed", job=job_id, why="the job expired (job_retention_s)")
+            except OSError as exc:
+                event(log, "outputs_not_removed", logging.WARNING, job=job_id, error=exc)
     return removed
+
+
+def _tenants(folder: Path) -> list[str]:
+    try:
+        entries = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    with entries:
+        return sorted(
+            e.name for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+        )

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import __version__
 from fleet.api import blobs as blob_routes
-from fleet.api import control, jobs, nodes, pages, webhooks
+from fleet.api import control, jobs, nodes, outputs, pages, webhooks
 from fleet.api import history as history_routes
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
@@ -109,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
         jobs.routes(backend, blobs, PerToken(settings.api.max_waits_per_token), Waiting(backend, watch)),
         control.routes(backend),
         blob_routes.routes(blobs, settings),
+        outputs.routes(backend, settings),
         nodes.routes(backend),
         tenant_routes.routes(tenants, backend),
         token_routes.routes(tokens),

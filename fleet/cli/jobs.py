@@ -29,7 +29,7 @@ from fleet.cli.view import Bar, Field, Table, View
 from fleet.client import ArrayHandle, Client
 from fleet.models import Job, JobArray, JobState
 from fleet.progress import bar, label, parse_line
-from fleet.text import clock, guarantee, iso, ordinal, size, stamp, took
+from fleet.text import clock, guarantee, iso, nbytes, ordinal, size, stamp, took
 
 if TYPE_CHECKING:
     from fleet.models import LogLine
@@ -210,7 +210,8 @@ def _job_view(job: Job) -> View:
         )
     )
     view.add(Field("Exit code", "-" if job.exit_code is None else str(job.exit_code)))
-    return view.add(Field("Checkpoint", job.checkpoint or "-"))
+    view.add(Field("Checkpoint", job.checkpoint or "-"))
+    return view.add(Field("Outputs", outputs_line(job)))
 
 
 def _progress(job: Job) -> Field | Bar:
@@ -310,3 +311,14 @@ def wait(globals_: Globals, job: str, timeout: float | None, output: str) -> int
         done = client.wait(job, timeout)
     print_job_line(done, output)
     return EXIT_FOR_STATE[done.state]
+
+
+def outputs_line(job: Job) -> str:
+    """What is kept of the job's outputs (``fleet download``), and why something was not."""
+    kept = (
+        f"{nbytes(job.outputs_bytes)} kept from {job.spec.outputs}/ of attempt {job.outputs_attempt} "
+        f"(fleet download {job.id})"
+        if job.outputs_bytes is not None
+        else "-"
+    )
+    return f"{kept}; {job.outputs_note}" if job.outputs_note else kept

@@ -44,6 +44,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "update": "fleet.cli.control:update",
         "requeue": "fleet.cli.control:requeue",
         "shell": "fleet.cli.shell:shell",
+        "download": "fleet.cli.download:download",
         "top": "fleet.cli.top:top",
         "resize": "fleet.cli.elastic:resize",
         "history": "fleet.cli.history:history",

@@ -84,6 +84,12 @@ class CommandAfterDashes(click.Command):
     "directory (.gitignore, .fleetignore honoured; unchanged: not sent again)",
 )
 @click.option(
+    "--outputs",
+    metavar="DIR",
+    help="keep this directory (relative to the working directory; default outputs) when each attempt "
+    "ends, for `fleet download`",
+)
+@click.option(
     "--timeout", metavar="DURATION", help="wall-clock limit of each attempt, e.g. 30m, 2h (then FAILED)"
 )
 @click.option(
@@ -207,6 +213,7 @@ SPEC_FLAGS = (
     "signal_before",
     "requeue_on_timeout",
     "workdir",
+    "outputs",
     "notify",
     "batch_size",
     "profile",

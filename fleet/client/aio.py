@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fleet.client import checks
@@ -232,6 +233,10 @@ class AsyncClient:
                     conn.sock.shutdown(socket.SHUT_RDWR)
             conn.close()
 
+    async def download(self, job_id: str, path: str | None = None, dest: Any = None, **kw: Any) -> list[Path]:
+        """As :meth:`fleet.Client.download` (``checkpoint=``, ``force=``), on a pool thread."""
+        return await self._run(self.sync.download, job_id, path, dest, **kw)
+
     # -- nodes, tenants, identities ---------------------------------------------------------
 
     async def nodes(self) -> list[Node]:
@@ -345,6 +350,9 @@ class AsyncJobHandle:
     async def follow_logs(self, attempt: int | None = None, rank: int = 0) -> AsyncIterator[str]:
         async for line in self.client.follow_logs(self.id, attempt, rank):
             yield line.line
+
+    async def download(self, path: str | None = None, dest: Any = None, **kw: Any) -> list[Path]:
+        return await self.client.download(self.id, path, dest, **kw)
 
     async def history(self) -> list[Event]:
         return await self.client.history(self.id)

@@ -34,6 +34,7 @@ from fleet.models import (
     TokenInfo,
     WebhookOutcome,
     check_job_id,
+    relative_path,
 )
 from fleet.models.usage import GROUPINGS, History, parse_when
 
@@ -205,6 +206,23 @@ def follow(job_id: str, attempt: int | None, rank: int) -> tuple[str, dict[str, 
     """Path and query of a followed log (a stream of JSON lines), arguments checked."""
     query = {"attempt": checks.attempt(attempt), "rank": checks.count(rank, "rank", 0, 64), "follow": "true"}
     return f"/v1/jobs/{_job_segment(job_id)}/logs", query
+
+
+def download(job_id: str, path: str | None, checkpoint: str | None) -> tuple[str, dict[str, Any]]:
+    """Path and query of a job's kept outputs (under ``path``) or of one of its checkpoints (a
+    gzipped tar), arguments checked before anything is sent."""
+    segment = _job_segment(job_id)
+    if checkpoint is not None:
+        if path:
+            raise SpecError("path: give a path or a checkpoint, not both")
+        if not checkpoint or "/" in checkpoint or checkpoint in (".", ".."):
+            raise SpecError(f"checkpoint {checkpoint!r}: give 'latest' or a checkpoint's file name")
+        return f"/v1/jobs/{segment}/checkpoint", {"name": checkpoint}
+    try:
+        inner = relative_path(path or "", "path: give a path inside the job's outputs, without '..'")
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return f"/v1/jobs/{segment}/outputs", {"path": inner or None}
 
 
 def filters(

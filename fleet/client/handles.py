@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Literal, Protocol, overload
 
 from fleet.client import checks
@@ -23,6 +24,15 @@ class Source(Protocol):
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]: ...
     def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> Iterator[LogLine]: ...
     def history(self, job_id: str) -> list[Event]: ...
+    def download(
+        self,
+        job_id: str,
+        path: str | None = None,
+        dest: str | Path | None = None,
+        *,
+        checkpoint: str | None = None,
+        force: bool = False,
+    ) -> list[Path]: ...
     def cancel(self, job_id: str) -> Job: ...
     def array(self, array_id: str) -> JobArray: ...
     def cancel_array(self, array_id: str) -> CancelReport: ...
@@ -65,6 +75,19 @@ class JobHandle:
     def follow_logs(self, attempt: int | None = None, rank: int = 0) -> Iterator[str]:
         """Each line as it is written, until the attempt is over."""
         return (line.line for line in self.client.follow_logs(self.id, attempt, rank))
+
+    def download(
+        self,
+        path: str | None = None,
+        dest: str | Path | None = None,
+        *,
+        checkpoint: str | None = None,
+        force: bool = False,
+    ) -> list[Path]:
+        """Fetch its kept outputs (``path``: only what is under it), or with ``checkpoint`` ("latest"
+        or a name) one of its checkpoints, into ``dest`` (default ``./<job id>``); the files written.
+        An existing file is replaced only with ``force``."""
+        return self.client.download(self.id, path, dest, checkpoint=checkpoint, force=force)
 
     def done(self) -> bool:
         """Whether the job is final (SUCCEEDED, FAILED or CANCELLED)."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from fleet.client import checks
 from fleet.client import endpoints as api
 from fleet.client.credentials import resolve
+from fleet.client.download import unpack
 from fleet.client.endpoints import Call
 from fleet.client.handles import ArrayHandle, JobHandle
 from fleet.client.transport import Transport
@@ -315,6 +316,27 @@ class Client:
         try:
             while line := response.readline():
                 yield LogLine.model_validate_json(line)
+        finally:
+            response.close()
+            conn.close()
+
+    def download(
+        self,
+        job_id: str,
+        path: str | None = None,
+        dest: str | Path | None = None,
+        *,
+        checkpoint: str | None = None,
+        force: bool = False,
+    ) -> list[Path]:
+        """Fetch the job's kept outputs (the latest attempt's ``outputs`` directory; ``path``: only
+        what is under it) or, with ``checkpoint`` ("latest" or a name), one of its checkpoints, into
+        ``dest`` (default ``./<job id>``); the files written. An existing file is replaced only with
+        ``force``."""
+        conn, response = self._stream(*api.download(job_id, path, checkpoint))
+        try:
+            target = Path(dest) if dest is not None else Path(check_job_id(job_id))
+            return [target / name for name in unpack(response, target, force=force)]
         finally:
             response.close()
             conn.close()

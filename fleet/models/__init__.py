@@ -13,6 +13,7 @@ from fleet.models.base import (
     describe_errors,
     parse_duration,
     parse_size,
+    relative_path,
 )
 from fleet.models.job import (
     FINAL_STATES,
@@ -104,5 +105,6 @@ __all__ = [
     "describe_errors",
     "parse_duration",
     "parse_size",
+    "relative_path",
     "uploaded_profile",
 ]

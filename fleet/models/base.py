@@ -69,6 +69,20 @@ def _no_nul(value: str) -> str:
 Text = Annotated[str, Field(max_length=32 << 10), AfterValidator(_no_nul)]
 
 
+def relative_path(value: str, fix: str) -> str:
+    """``value`` as a clean path relative to a directory (``a/b``): never absolute, never ``..``,
+    no NUL, at most 1024 characters; ``ValueError`` saying ``fix`` otherwise. ``.`` parts and doubled
+    slashes are dropped; "" (or ``.``) is the directory itself."""
+    if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:
+        raise ValueError(f"{fix} (at most 1024 characters, no NUL)")
+    if value.startswith("/"):
+        raise ValueError(f"{value!r} is an absolute path; {fix}")
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"{value!r} leads out of the directory ('..'); {fix}")
+    return "/".join(parts)
+
+
 def check_job_id(job_id: str) -> str:
     """``job_id`` if valid, else :class:`SpecError` naming the rule: ids become keys and paths."""
     if not isinstance(job_id, str) or not _JOB_ID.match(job_id):

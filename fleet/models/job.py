@@ -209,6 +209,11 @@ class Job(BaseModel):
     #: the waiting job this attempt is being stopped for (a preemption), or ""
     preempted_for: str = ""
     checkpoint: str | None = None
+    #: what is kept of the spec's ``outputs`` directory: its bytes and the attempt it is from (None,
+    #: 0: nothing kept), and why something was not kept (quota, links skipped), or ""
+    outputs_bytes: int | None = None
+    outputs_attempt: int = 0
+    outputs_note: str = ""
     #: the current attempt's last progress report, or None
     progress: Progress | None = None
     seq: int = 0

@@ -34,6 +34,7 @@ from fleet.models.base import (
     _no_nul,
     _UserModel,
     describe_errors,
+    relative_path,
 )
 
 
@@ -216,6 +217,9 @@ class JobSpec(_UserModel):
     #: a directory shipped with the job, its working directory: a local path for the Client and
     #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
     workdir: str | None = Field(default=None, max_length=4096)
+    #: a directory inside the working directory whose contents fleet keeps when each attempt ends
+    #: (the latest attempt's, within the tenant's outputs quota): ``fleet download JOB``
+    outputs: str = Field(default="outputs", max_length=1024, description="relative path, no '..'")
     mounts: list[Mount] = Field(default_factory=list, max_length=32)
     #: POSTed to when the job ends (SUCCEEDED, FAILED, CANCELLED): a URL, or {url, format}
     notify: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
@@ -261,6 +265,14 @@ class JobSpec(_UserModel):
         if not value[0].strip():
             raise ValueError("the program (first element) must not be empty")
         return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, value: str) -> str:
+        fix = "give a directory inside the job's working directory, e.g. 'outputs' or 'runs/out'"
+        if not (kept := relative_path(value, fix)):
+            raise ValueError(f"the working directory itself cannot be kept; {fix}")
+        return kept
 
     @field_validator("env")
     @classmethod

@@ -93,6 +93,9 @@ class Tenant(_UserModel):
     preempt_grace_s: float = Field(default=120.0, ge=0, le=86_400)
     #: seconds a job of this tenant runs before it may be preempted (so it checkpoints at least once)
     min_run_s: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    #: bytes of its jobs' kept outputs (``fleet download``) on the checkpoint storage at once; None:
+    #: the fleet's ``outputs_quota_bytes``
+    outputs_quota: Size = None
     #: POSTed to when any of its jobs ends (a URL, or {url, format}); shown only to the tenant and admins
     webhook: Annotated[Webhook | None, BeforeValidator(_webhook)] = None
     #: the webhook hears node state changes too (READY, CORDONED, DRAINING, DRAINED, DOWN, removed)

@@ -116,6 +116,11 @@ class Runtime(Protocol):
 
     def remove(self, job_id: str, attempt: int) -> None: ...
 
+    def work_dir(self, job_id: str, attempt: int) -> Path | None:
+        """The attempt's working directory on this host while it is not removed (its spec's
+        ``outputs`` are kept from it), or None where the runtime has none here."""
+        ...
+
     def supervise(self, job_id: str, attempt: int) -> None:
         """Make sure the node supervisor fences this running attempt (after an agent restart)."""
         ...

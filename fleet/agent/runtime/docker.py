@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -295,6 +296,10 @@ class DockerRuntime:
             with contextlib.suppress(NotFound):
                 # Docker counts the grace in whole seconds: rounded up, a grace is never cut short
                 container.stop(timeout=max(math.ceil(grace_s), 0))
+
+    def work_dir(self, job_id: str, attempt: int) -> Path | None:
+        """None: the working directory is the container's own (outputs are not kept yet)."""
+        return None
 
     def remove(self, job_id: str, attempt: int) -> None:
         self._names.pop((job_id, attempt), None)

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
 from fleet.agent.runtime.script import Script, interpret, term, written
@@ -123,6 +124,9 @@ class FakeRuntime:
         self.poll()
         with self._lock:
             return [AttemptStatus(k[0], k[1], r.exit is None, r.exit) for k, r in sorted(self._held.items())]
+
+    def work_dir(self, job_id: str, attempt: int) -> Path | None:
+        return None
 
     def remove(self, job_id: str, attempt: int) -> None:
         with self._lock:

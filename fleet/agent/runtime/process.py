@@ -138,6 +138,9 @@ class ProcessRuntime:
             found.update(self.cgroups.members(folder.name))
         return found
 
+    def work_dir(self, job_id: str, attempt: int) -> Path | None:
+        return self._dir(job_id, attempt) / "work"
+
     def remove(self, job_id: str, attempt: int) -> None:
         key = f"{job_id}.{attempt}"
         status = self.status(job_id, attempt)

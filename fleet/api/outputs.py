@@ -1,0 +1,138 @@
+"""``/v1/jobs/{id}/outputs`` and ``/v1/jobs/{id}/checkpoint``: a job's kept outputs and its
+checkpoints, as a gzipped tar (``fleet download``), read from the checkpoint storage
+(``checkpoint_root``, which this host must mount as the nodes do: :mod:`fleet.outputs`).
+
+Only the job's tenant reads them (operators and admins any): to a user of another tenant the job
+answers as a missing one does. A path sent is checked before it names anything, and what is read is
+read as the job left it: nothing through a link, only directories and regular files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from fleet.agent.checkpoints import job_dir, read_marker
+from fleet.api.commands import Commands
+from fleet.api.deps import User
+from fleet.config import Settings
+from fleet.errors import ConfigError, NotFound, SpecError
+from fleet.models import Identity, Job, Role, relative_path
+from fleet.outputs import FILES, kept_dir, open_dir, open_file, open_under, read_kept, tar_file, tar_tree
+
+TAR = "application/gzip"
+#: a checkpoint is one file name in the job's directory (the SDK's names)
+_CHECKPOINT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
+
+
+def routes(backend: Commands, settings: Settings) -> APIRouter:
+    router = APIRouter()
+    root = settings.checkpoint_root
+
+    def job_of(who: Identity, job_id: str) -> Job:
+        job = backend.get(job_id)
+        if who.role == Role.USER and job.spec.tenant != who.tenant:
+            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")  # as a missing one
+        return job
+
+    @router.get("/v1/jobs/{job_id}/outputs", response_model=None)
+    def outputs(job_id: str, who: User, path: str = "") -> StreamingResponse:
+        """The job's kept outputs (the latest attempt's), or the part of them under ``path``."""
+        job = job_of(who, job_id)
+        return _tar(_outputs(_reachable(root), job, path), job.id)
+
+    @router.get("/v1/jobs/{job_id}/checkpoint", response_model=None)
+    def checkpoint(job_id: str, who: User, name: str = "latest") -> StreamingResponse:
+        """One checkpoint of the job (``latest``: the one its ``latest`` marker names)."""
+        job = job_of(who, job_id)
+        return _tar(_checkpoint(_reachable(root), job, name), job.id)
+
+    return router
+
+
+def _outputs(root: Path, job: Job, path: str) -> Iterator[bytes]:
+    try:
+        inner = relative_path(path, "path: give a path inside the job's outputs, without '..'")
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    folder = kept_dir(root, job.spec.tenant, job.id)
+    why = f": {job.outputs_note}" if job.outputs_note else ""
+    none = NotFound(
+        f"job {job.id} has no kept outputs{why} (it keeps what its attempts leave in "
+        f"{job.spec.outputs}/ of their working directory)"
+    )
+    if read_kept(folder) is None:
+        raise none
+    try:
+        top = _open(folder / FILES)
+    except FileNotFoundError:
+        raise none from None
+    try:
+        fd = open_under(top, inner)
+    except OSError:
+        raise NotFound(f"job {job.id}'s kept outputs hold no directory {inner!r}") from None
+    finally:
+        os.close(top)
+    return tar_tree(fd, "")
+
+
+def _checkpoint(root: Path, job: Job, name: str) -> Iterator[bytes]:
+    folder = job_dir(root, job.id)
+    if name == "latest":
+        marker = read_marker(folder)
+        if marker is None:
+            raise NotFound(f"job {job.id} has no checkpoint (its `latest` marker names none)")
+        name = marker.name
+    elif not _CHECKPOINT.match(name):
+        raise SpecError(
+            f"checkpoint {name!r}: give 'latest' or a checkpoint's file name (letters, digits, '_', "
+            "'.', '-'; no '/' or '..')"
+        )
+    try:
+        top = _open(folder)
+    except FileNotFoundError:
+        raise NotFound(f"job {job.id} has no checkpoints") from None
+    owner = os.fstat(top).st_uid  # a file only of the job's own: never a hard link to another's
+    fd = open_file(top, name, owner)
+    os.close(top)
+    if fd is None:
+        raise NotFound(f"job {job.id} has no checkpoint {name!r}")
+    return tar_file(fd, name)
+
+
+def _reachable(root: Path) -> Path:
+    """``root`` if this host can read it; :class:`ConfigError` saying to mount it otherwise."""
+    if not root.is_dir():
+        raise ConfigError(
+            f"checkpoint_root {root} is not on the API's host: mount the checkpoint storage (as the "
+            "nodes do) at checkpoint_root where the API runs"
+        )
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ConfigError(
+            f"checkpoint_root {root}: the API's user cannot read it; run the API as a user that may "
+            "(root, where the agents write as root)"
+        )
+    return root
+
+
+def _open(folder: Path) -> int:
+    """``folder``'s fd; :class:`NotFound`-like ``FileNotFoundError`` when it is not there (or a link)."""
+    try:
+        return open_dir(folder)
+    except (NotADirectoryError, OSError) as exc:
+        if not isinstance(exc, PermissionError):
+            raise FileNotFoundError(str(folder)) from None
+        raise ConfigError(
+            f"{folder}: the API's user cannot read it; run the API as a user that may read "
+            "checkpoint_root (root, where the agents write as root)"
+        ) from None
+
+
+def _tar(chunks: Iterator[bytes], job_id: str) -> StreamingResponse:
+    disposition = f'attachment; filename="{job_id}.tar.gz"'
+    return StreamingResponse(chunks, media_type=TAR, headers={"Content-Disposition": disposition})
