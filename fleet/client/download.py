@@ -35,13 +35,13 @@ def unpack(stream: IO[bytes], dest: Path, *, force: bool = False) -> list[str]:
     tmp = Path(tempfile.mkdtemp(prefix=".fleet-download-", dir=dest))
     try:
         names = _extract(stream, tmp)
-        if not force:
-            for name in names:
-                if os.path.lexists(dest / name):
-                    raise Exists(
-                        f"{dest / name} exists: give --force (force=True) to replace it, or another "
-                        "destination (-o DIR)"
-                    )
+        for name in names:
+            _folders(dest, name, make=False)
+            if not force and os.path.lexists(dest / name):
+                raise Exists(
+                    f"{dest / name} exists: give --force (force=True) to replace it, or another "
+                    "destination (-o DIR)"
+                )
         for name in names:
             _move(tmp / name, dest, name)
         return names
@@ -82,21 +82,28 @@ def _extract(stream: IO[bytes], into: Path) -> list[str]:
     return files
 
 
-def _move(source: Path, dest: Path, name: str) -> None:
-    """``source`` to ``dest/name``, its folders made where missing and never entered through a link."""
+def _folders(dest: Path, name: str, make: bool) -> Path:
+    """The folder ``dest/name`` goes in: each part a folder (made where missing, with ``make``), never
+    a link; :class:`SpecError` naming the part otherwise."""
     folder = dest
     for part in name.split("/")[:-1]:
         folder = folder / part
         try:
             mode = folder.lstat().st_mode
         except FileNotFoundError:
-            folder.mkdir()
+            if make:
+                folder.mkdir()
             continue
         if not stat.S_ISDIR(mode):
             raise SpecError(
                 f"{folder} is a link or a file, not a folder: move it away, or download elsewhere"
             )
-    target = folder / name.rsplit("/", 1)[-1]
+    return folder
+
+
+def _move(source: Path, dest: Path, name: str) -> None:
+    """``source`` to ``dest/name``, its folders made where missing and never entered through a link."""
+    target = _folders(dest, name, make=True) / name.rsplit("/", 1)[-1]
     if target.is_dir() and not target.is_symlink():
         raise SpecError(f"{target} is a folder; the download has a file there: move it away")
     os.replace(source, target)  # replaces a link there, never writes through it

@@ -1,0 +1,185 @@
+"""Kept outputs and checkpoints fetched with ``fleet download``: real processes on the process
+runtime, an API of the fleet's own that reads the fleet's checkpoint storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleet import Client, JobState
+from fleet.errors import ConfigError
+from fleet.ops.local import free_port
+from tests.conftest import Api, FleetProcs
+
+pytestmark = pytest.mark.integration
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+#: writes outputs/result.txt (and outputs/sub/deep.txt) and a checkpoint, then exits $1
+WRITER = (
+    'mkdir -p outputs/sub && echo "result of $FLEET_ATTEMPT" > outputs/result.txt && '
+    "echo deep > outputs/sub/deep.txt && "
+    'echo "weights $FLEET_ATTEMPT" > "$FLEET_CHECKPOINT_DIR/ckpt-$FLEET_ATTEMPT" && '
+    "printf 'ckpt-%s\\n%s\\n' $FLEET_ATTEMPT $FLEET_ATTEMPT > \"$FLEET_CHECKPOINT_DIR/latest\" && exit $1"
+)
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def fleet_cli(procs: FleetProcs, client: Client, api: Api) -> Run:
+    """A fleet with one node and an API of its own, which sees the fleet's checkpoint_root."""
+    procs.controller()
+    procs.agent("t-outputs", gpus=1)
+    port = free_port()
+    procs.start("api-outputs", ["api", "--port", str(port), "--log-level", "warning"])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, procs.logs()
+            time.sleep(0.05)
+    procs.wait_nodes(client, 1)
+    url = f"http://127.0.0.1:{port}"
+
+    def run(
+        *args: str, token: str | None = None, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**api.env(token), "FLEET_API_URL": url}
+        return subprocess.run(
+            [sys.executable, "-m", "fleet", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=cwd,
+        )
+
+    run.url = url  # type: ignore[attr-defined]
+    return run
+
+
+def submit(fleet_cli: Run, script: str, *args: str) -> str:
+    done = fleet_cli("submit", "--max-attempts", "2", *args, "--wait", "--", "sh", "-c", script, "sh")
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout.split()[0]
+
+
+def test_outputs_and_checkpoints_are_downloaded_after_success_and_failure(
+    fleet_cli: Run, client: Client, tmp_path: Path
+) -> None:
+    # Given a job that succeeds, and one whose two attempts each write outputs and a checkpoint and fail
+    ok = submit(fleet_cli, WRITER + " 0")
+    failed = submit(fleet_cli, WRITER + " $FLEET_ATTEMPT")
+    assert client.get(ok).state == JobState.SUCCEEDED
+    assert client.get(failed).state == JobState.FAILED and client.get(failed).attempt == 2
+    # When each is downloaded
+    for job_id, attempt in ((ok, 1), (failed, 2)):
+        into = tmp_path / job_id
+        fetched = fleet_cli("download", job_id, "-o", str(into))
+        assert fetched.returncode == 0, fetched.stderr
+        # Then the latest attempt's outputs are there, and its checkpoint
+        assert (into / "result.txt").read_text() == f"result of {attempt}\n"
+        assert (into / "sub" / "deep.txt").read_text() == "deep\n"
+        assert sorted(fetched.stdout.split()) == sorted(
+            [str(into / "result.txt"), str(into / "sub/deep.txt")]
+        )
+        ckpt = fleet_cli("download", job_id, "--checkpoint", "latest", "-o", str(tmp_path / f"{job_id}-ckpt"))
+        assert ckpt.returncode == 0, ckpt.stderr
+        assert (tmp_path / f"{job_id}-ckpt" / f"ckpt-{attempt}").read_text() == f"weights {attempt}\n"
+    # a checkpoint by name, a part of the outputs, and `fleet show` says what is kept
+    older = fleet_cli("download", failed, "--checkpoint", "ckpt-1", "-o", str(tmp_path / "older"))
+    assert older.returncode == 0 and (tmp_path / "older" / "ckpt-1").read_text() == "weights 1\n"
+    part = fleet_cli("download", ok, "sub", "-o", str(tmp_path / "part"))
+    assert part.returncode == 0 and os.listdir(tmp_path / "part") == ["deep.txt"]
+    shown = json.loads(fleet_cli("show", ok, "-o", "json").stdout)
+    assert (shown["outputs_bytes"], shown["outputs_attempt"]) == (len("result of 1\ndeep\n"), 1)
+    assert "Outputs:    17 B kept from outputs/ of attempt 1" in fleet_cli("show", ok).stdout
+    # and nothing is overwritten without --force; the current directory's ./JOB by default
+    again = fleet_cli("download", ok, "-o", str(tmp_path / ok))
+    assert again.returncode == 2 and f"{tmp_path / ok}/result.txt exists: give --force" in again.stderr
+    (tmp_path / ok / "result.txt").write_text("mine\n")
+    assert fleet_cli("download", ok, "-o", str(tmp_path / ok), "--force").returncode == 0
+    assert (tmp_path / ok / "result.txt").read_text() == "result of 1\n"
+    assert fleet_cli("download", ok, cwd=tmp_path / "part").returncode == 0
+    assert (tmp_path / "part" / ok / "result.txt").read_text() == "result of 1\n"
+    # Bad paths and names are refused before anything is read
+    for bad in (["../x"], ["/etc"], ["--checkpoint", "../latest"]):
+        refused = fleet_cli("download", ok, *bad, "-o", str(tmp_path / "bad"))
+        assert refused.returncode == 2, refused.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_link_to_a_root_only_file_is_not_followed(
+    fleet_cli: Run, procs: FleetProcs, tmp_path: Path
+) -> None:
+    # Given a file only root may read, and a job whose outputs hold links to it and to /
+    secret = procs.root / "secret.txt"
+    secret.write_text("TOPSECRET\n")
+    secret.chmod(0o600)
+    script = (
+        f"mkdir outputs && ln -s {secret} outputs/leak && ln -s / outputs/root && echo ok > outputs/ok.txt"
+    )
+    job_id = submit(fleet_cli, script)
+    # When its outputs are downloaded
+    fetched = fleet_cli("download", job_id, "-o", str(tmp_path / "got"))
+    assert fetched.returncode == 0, fetched.stderr
+    # Then only its own file came, and the links were left out, said so on the job
+    assert os.listdir(tmp_path / "got") == ["ok.txt"]
+    assert "2 links, devices or files not the job's own left out" in fleet_cli("show", job_id).stdout
+
+
+def test_another_tenants_job_is_no_such_job(fleet_cli: Run, api: Api, tmp_path: Path) -> None:
+    # Given a job of tenant default with outputs
+    job_id = submit(fleet_cli, WRITER + " 0")
+    # When a user of another tenant asks for them (or its checkpoint)
+    stranger = api.token_for("mallory", "other")
+    for extra in ([], ["--checkpoint", "latest"]):
+        denied = fleet_cli("download", job_id, *extra, "-o", str(tmp_path / "x"), token=stranger)
+        # Then the job is as missing as one that never was
+        assert denied.returncode == 3, denied.stderr
+        assert denied.stderr == f"fleet: no job {job_id!r} (list jobs with `fleet jobs`)\n"
+    assert not (tmp_path / "x").exists()
+    # while a user of its own tenant gets them
+    own = api.token_for("alice", "default")
+    assert fleet_cli("download", job_id, "-o", str(tmp_path / "y"), token=own).returncode == 0
+
+
+def test_outputs_over_the_quota_are_not_kept_and_the_job_still_succeeds(
+    fleet_cli: Run, client: Client, tmp_path: Path
+) -> None:
+    # Given a tenant whose kept outputs may hold 1 KiB, and a job of it that writes 4 KiB
+    client.set_tenant("small", outputs_quota=1024)
+    job_id = submit(fleet_cli, "mkdir outputs && head -c 4096 /dev/zero > outputs/big", "--tenant", "small")
+    # Then it succeeded, its outputs are not kept and it says why
+    job = client.get(job_id)
+    assert job.state == JobState.SUCCEEDED and job.outputs_bytes is None
+    assert job.outputs_note == (
+        "outputs of attempt 1 not kept (outputs/): tenant small's kept outputs may hold 1.0 KiB and "
+        "its other jobs' hold 0 B"
+    )
+    missing = fleet_cli("download", job_id, "-o", str(tmp_path / "none"))
+    assert missing.returncode == 3 and "has no kept outputs: outputs of attempt 1 not kept" in missing.stderr
+
+
+def test_an_api_that_cannot_see_the_checkpoint_storage_says_to_mount_it(
+    fleet_cli: Run, client: Client, tmp_path: Path
+) -> None:
+    # Given a job with outputs, and the session's API, whose checkpoint_root is not on its host
+    job_id = submit(fleet_cli, WRITER + " 0")
+    # Then a download through it names the setting and the fix
+    with pytest.raises(ConfigError, match="is not on the API's host: mount the checkpoint storage"):
+        client.download(job_id, dest=tmp_path / "z")
