@@ -4,8 +4,9 @@ its role allows and which tenant it acts for, then calls :class:`fleet.api.backe
 
 Stateless: every answer comes from Redis, so several servers may run behind a load balancer.
 One router per resource, each a module (``jobs``, ``control`` (hold, release, update, cancel
-several, requeue), ``blobs``, ``nodes``, ``tenants``, ``tokens``,
-``webhooks``); it also serves the read-only status pages under ``/ui`` (:mod:`fleet.api.pages`).
+several, requeue), ``outputs`` (kept outputs, checkpoints), ``history`` (accounting), ``blobs``,
+``nodes``, ``tenants``, ``tokens``, ``webhooks``); it also serves the read-only status pages under
+``/ui`` (:mod:`fleet.api.pages`).
 Calls run on worker threads (``api.threads`` at once), except waits for a job and followed logs:
 those wait on the event loop, woken by the process's one blocking read of the streams they watch
 (:mod:`fleet.api.waiting`), holding neither a thread nor a Redis connection meanwhile.

@@ -27,7 +27,7 @@ def download(
     globals_: Globals, job: str, path: str | None, into: str | None, checkpoint: str | None, force: bool
 ) -> int:
     """Fetch what JOB kept: the files its latest attempt left in its outputs directory (spec `outputs`,
-    `fleet submit --output DIR`, default outputs/ of its working directory), or only those under PATH
+    `fleet submit --outputs DIR`, default outputs/ of its working directory), or only those under PATH
     in it; with --checkpoint, one of its checkpoints. Kept whatever way an attempt ended, until the
     job is deleted (job_retention_s), within the tenant's outputs quota (`fleet show` says what is
     kept). Nothing is overwritten without --force. Prints each file written."""

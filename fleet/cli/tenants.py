@@ -69,6 +69,11 @@ def tenant() -> None:
 @click.option(
     "--max-memory", metavar="SIZE", help="most memory its jobs hold at once, e.g. 512g; 'none': no limit"
 )
+@click.option(
+    "--outputs-quota",
+    metavar="SIZE",
+    help="most its jobs' kept outputs hold at once, e.g. 50g; 'none': the fleet's outputs_quota_bytes",
+)
 @click.option("--weight", type=float, help="its part of the GPUs beyond guarantees (default 1)")
 @click.option("--webhook", metavar="URL", help="POST here when its jobs end; 'none': no webhook")
 @click.option(
@@ -131,7 +136,7 @@ def _changes(given: dict[str, Any]) -> dict[str, Any]:
     for field in ("guaranteed_gpus", "guaranteed_cpus", "guaranteed_memory", "weight"):
         if given[field] is not None:
             changes[field] = given[field]
-    for field in ("max_gpus", "max_cpus", "max_memory"):
+    for field in ("max_gpus", "max_cpus", "max_memory", "outputs_quota"):
         if given[field] is not None:
             changes[field] = None if given[field].lower() == "none" else given[field]
     hook = given["webhook"]
