@@ -18,6 +18,7 @@ from fleet import Client, JobState
 from fleet.errors import ConfigError
 from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -140,6 +141,21 @@ def test_a_link_to_a_root_only_file_is_not_followed(
     # Then only its own file came, and the links were left out, said so on the job
     assert os.listdir(tmp_path / "got") == ["ok.txt"]
     assert "2 links, devices or files not the job's own left out" in fleet_cli("show", job_id).stdout
+
+
+def test_a_cancelled_jobs_outputs_are_kept(fleet_cli: Run, procs: FleetProcs, tmp_path: Path) -> None:
+    # Given a running job that wrote its outputs and sleeps
+    script = "mkdir outputs && echo partial > outputs/p.txt && sleep 600"
+    job_id = fleet_cli("submit", "--", "sh", "-c", script).stdout.strip()
+    written = procs.root / "t-outputs" / "attempts" / f"{job_id}.1" / "work" / "outputs" / "p.txt"
+    wait_for(written.exists, timeout=30, what="the job's outputs written")
+    # When it is cancelled
+    assert fleet_cli("cancel", job_id).returncode == 0
+    assert fleet_cli("wait", job_id, "--timeout", "30").returncode == 6
+    # Then what it wrote is kept
+    fetched = fleet_cli("download", job_id, "-o", str(tmp_path / "got"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "got" / "p.txt").read_text() == "partial\n"
 
 
 def test_another_tenants_job_is_no_such_job(fleet_cli: Run, api: Api, tmp_path: Path) -> None:
