@@ -38,18 +38,16 @@ from fleet.models.job import (
     RequeueReport,
 )
 from fleet.models.node import FleetVersions, Gpu, Node, NodeState
+from fleet.models.parts import WEBHOOK_URL_MAX, Mount, Webhook
 from fleet.models.spec import (
     FROM_FLEET,
     LEARN,
     MEMORY_MIN,
     PROFILES,
-    WEBHOOK_URL_MAX,
     BatchSize,
     GpuCount,
     JobSpec,
-    Mount,
     Range,
-    Webhook,
     uploaded_profile,
 )
 from fleet.models.tenant import TENANT_NAME, Identity, Role, Tenant, TenantStatus, TokenInfo, WebhookOutcome

@@ -18,7 +18,7 @@ from pydantic import (
 
 from fleet.errors import SpecError
 from fleet.models.base import _LAZY, _NAME, Size, _UserModel, describe_errors
-from fleet.models.spec import Webhook, _webhook
+from fleet.models.parts import Webhook, _webhook
 
 
 class Role(StrEnum):

@@ -1,0 +1,59 @@
+"""The parts of a job spec a tenant's settings share: host mounts and webhooks."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from fleet.models.base import Text, _UserModel
+
+
+class Mount(_UserModel):
+    """A host directory bind-mounted into the job; allowed only under the operator's allow-list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    source: Text = Field(max_length=4096, description="absolute host path")
+    target: Text = Field(max_length=4096, description="absolute path in the container")
+    read_only: bool = True
+
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "/../" in f"{value}/":
+            raise ValueError("must be an absolute path without '..'")
+        return value
+
+
+#: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)
+WEBHOOK_URL_MAX = 2048
+
+
+class Webhook(_UserModel):
+    """Where fleet POSTs what happened (a job's end, a node's state): JSON signed with the tenant's
+    secret (``X-Fleet-Signature-256``), or ``format="slack"``: the ``{"text": ...}`` a Slack incoming
+    webhook takes. A bare URL string is read as ``Webhook(url=...)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    url: str = Field(max_length=WEBHOOK_URL_MAX, description="http:// or https:// URL")
+    format: Literal["json", "slack"] = "json"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value[:100]!r} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError(f"{value[:100]!r}: expected an http:// or https:// URL with a host")
+        return value
+
+
+def _webhook(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value
