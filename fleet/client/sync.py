@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.client import checks
 from fleet.client import endpoints as api
@@ -44,6 +44,9 @@ from fleet.models import (
     check_job_id,
 )
 from fleet.models.usage import History
+
+if TYPE_CHECKING:
+    from fleet.client.workdir import Progress, Shipped
 
 R = TypeVar("R")
 
@@ -162,21 +165,33 @@ class Client:
 
     def upload_workdir(self, path: str) -> str:
         """Pack the directory (without what its .gitignore / .fleetignore name), upload it unless the
-        fleet holds it already, and return its ``sha256:<hex>`` for a spec's ``workdir``."""
-        from fleet.client.workdir import pack  # tarfile and gzip: only a submit that ships one
+        fleet holds it already, and return its ``sha256:<hex>`` for a spec's ``workdir``. A directory
+        unchanged since it was last packed here is not packed again (``fleet.client.workdir``)."""
+        return self.ship_workdir(path).digest
 
-        return self._upload_blob(pack(path))
+    def ship_workdir(self, path: str, progress: Progress | None = None) -> Shipped:
+        """:meth:`upload_workdir`, saying what it did (files, sizes, whether it uploaded);
+        ``progress(step, done, total)`` is told how packing and uploading go."""
+        from fleet.client.workdir import ship  # tarfile and gzip: only a submit that ships one
+
+        return ship(path, self._holds, self._put_blob, progress=progress)
 
     def _upload_blob(self, data: bytes) -> str:
         """Upload ``data`` named by its SHA-256 unless the fleet holds it already; its ``sha256:<hex>``."""
         from fleet.workdir import digest_of
 
         digest = digest_of(data)
+        if not self._holds(digest):
+            self._put_blob(digest, data)
+        return digest
+
+    def _holds(self, digest: str) -> bool:
         response = self.transport.send("HEAD", api.blob_path(digest))
         response.read()
-        if response.status == 404:
-            self._call("PUT", api.blob_path(digest), data, timeout=max(self._timeout, 600.0))
-        return digest
+        return response.status != 404
+
+    def _put_blob(self, digest: str, data: bytes) -> None:
+        self._call("PUT", api.blob_path(digest), data, timeout=max(self._timeout, 600.0))
 
     def get(self, job_id: str) -> Job:
         return self._do(api.get(job_id))
