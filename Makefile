@@ -68,7 +68,7 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, fair share and preemption, queue positions, webhooks, the API path (submits/s, jobs/s), a live resize, fleet sim and the elastic policy, Slurm if installed; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, a large workdir's submit, fair share and preemption, queue positions, webhooks, the API path (submits/s, jobs/s), a live resize, fleet sim and the elastic policy, Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
@@ -76,6 +76,7 @@ bench: install images-test  ## dispatch, recovery, launch cost, memory under ret
 	$(PYTHON) -m bench.scale
 	$(PYTHON) -m bench.arrays
 	$(PYTHON) -m bench.cli
+	$(PYTHON) -m bench.workdir  # fleet submit --workdir of a 30,000-file, 60 MB tree: cold, unchanged, one file changed
 	$(PYTHON) -m bench.fairness
 	$(PYTHON) -m bench.positions
 	$(PYTHON) -m bench.webhooks

@@ -236,6 +236,13 @@ def _fleet(redis_url: str, runtime: str, root: Path, api: Api) -> Iterator[Fleet
 
 
 @pytest.fixture(autouse=True)
+def _own_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A client cache of the test's own (a shipped directory's digest: ``fleet.client.cache``), for
+    the Client in the test's process and the CLI processes it starts: never the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
     """Jobs run as their tenant's unprivileged uid (``job_uid_range``): let them reach the test's
     directory, as they would reach an operator's checkpoint root. pytest makes its temp dirs

@@ -14,8 +14,9 @@ from fleet.cli import arrays
 from fleet.cli.common import CONTEXT, Globals, job_goes_on, pairs, pass_globals
 from fleet.cli.elastic import count_or_range
 from fleet.cli.output import emit_json
+from fleet.cli.shipping import shipped_on_terminal
 from fleet.errors import SpecError
-from fleet.models import PROFILES, Job, JobSpec, JobState
+from fleet.models import PROFILES, Job, JobSpec, JobState, check_job_id
 
 if TYPE_CHECKING:
     from fleet.client import Client
@@ -174,8 +175,10 @@ def submit(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **o
         raise SpecError("--max-running: only with --array (it limits the tasks of an array on nodes at once)")
     if options["follow"] and not options["wait"]:
         raise SpecError("--follow: only with --wait (fleet logs -f JOB follows a job submitted earlier)")
+    if options["job_id"] is not None:
+        check_job_id(options["job_id"])  # before a shipped directory is uploaded
     client = globals_.client()
-    handle = client.submit(spec, job_id=options["job_id"])
+    handle = client.submit(shipped_on_terminal(client, spec), job_id=options["job_id"])
     _warn_unplaceable(client, spec)
     if options["wait"]:
         with job_goes_on(handle.id):
@@ -274,7 +277,10 @@ def submit_array(globals_: Globals, spec: JobSpec, options: dict[str, Any]) -> i
     indices = arrays.indices(options["array"], options["max_running"])  # checked before connecting
     client = globals_.client()
     handle = client.submit_array(
-        spec, indices, max_running=options["max_running"], array_id=options["job_id"]
+        shipped_on_terminal(client, spec),
+        indices,
+        max_running=options["max_running"],
+        array_id=options["job_id"],
     )
     _warn_unplaceable(client, spec)
     if options["wait"]:

@@ -3,7 +3,9 @@ is not in any image, uploaded once, unpacked safely, the job's working directory
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -18,7 +20,7 @@ from fleet import Client, JobSpec, JobState, SpecError
 from fleet.client.workdir import pack
 from fleet.models import NodeState
 from fleet.workdir import digest_of, unpack
-from tests.conftest import FleetProcs, need_torch
+from tests.conftest import Api, FleetProcs, need_torch
 
 pytestmark = pytest.mark.integration
 
@@ -265,3 +267,42 @@ def test_an_upload_that_would_unpack_too_large_or_too_many_is_refused(client: Cl
         client._upload_blob(many)
     # while a directory within both is taken
     assert client._upload_blob(_archive([("a", 10), ("b", (64 << 20) - 10)])).startswith("sha256:")
+
+
+def _submit_on_terminal(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``argv`` with standard error on a terminal (a pty), as a user's; its exit, stdout, stderr."""
+    import pty
+
+    leader, follower = pty.openpty()
+    done = subprocess.run(
+        argv, cwd=cwd, env={**env, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=follower, timeout=120
+    )
+    os.close(follower)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's other end is closed and read out
+        while chunk := os.read(leader, 65536):
+            seen += chunk
+    os.close(leader)
+    return done.returncode, done.stdout.decode(), seen.decode(errors="replace")
+
+
+def test_on_a_terminal_submit_says_what_it_uploads_and_an_unchanged_directory_is_not_packed_again(
+    api: Api, client: Client, project: Path
+) -> None:
+    for path in project.rglob("*"):  # a project's files, last changed an hour ago
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    argv = [sys.executable, "-m", "fleet", "submit", "--workdir", ".", "--", sys.executable, "train.py"]
+    # When a user submits from a terminal, then again with nothing changed, then after an edit
+    first = _submit_on_terminal(argv, project, api.env())
+    second = _submit_on_terminal(argv, project, api.env())
+    (project / "train.py").write_text("print('edited')\n")
+    third = _submit_on_terminal(argv, project, api.env())
+    # Then each says on stderr what it shipped: packed and uploaded, then unchanged, then uploaded again
+    assert [r[0] for r in (first, second, third)] == [0, 0, 0], first[2] + second[2] + third[2]
+    digest = digest_of(pack(project))
+    assert "workdir .: 5 files" in first[2] and "uploaded" in first[2], first[2]
+    assert "unchanged since it was last packed here, and the fleet holds it" in second[2], second[2]
+    assert "uploaded" in third[2] and digest[:19] in third[2], third[2]
+    # And the jobs name what was shipped: the same digest twice, then the edited tree's
+    workdirs = [client.get(r[1].split()[0]).spec.workdir for r in (first, second, third)]
+    assert workdirs[0] == workdirs[1] != workdirs[2] == digest
