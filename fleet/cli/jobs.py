@@ -24,6 +24,7 @@ from fleet.cli.common import (
 from fleet.cli.elastic import fields as elastic_fields
 from fleet.cli.elastic import gpus_cell
 from fleet.cli.output import emit_json, present, show_view
+from fleet.cli.showing import about
 from fleet.cli.submit import EXIT_FOR_STATE, print_job_line
 from fleet.cli.view import Bar, Field, Table, View
 from fleet.client import ArrayHandle, Client
@@ -67,7 +68,13 @@ NARROW_DROPS = (6, 7, 2, 3, 9)
 @click.option("--limit", type=int, default=100, show_default=True, help="at most this many, newest first")
 @click.option("--tenant", help="only this tenant's (operators and admins; a user sees its own)")
 @click.option("--user", help="only those this user submitted")
-@click.option("--label", multiple=True, metavar="K=V", help="only those carrying it (repeat: all)")
+@click.option(
+    "--label",
+    multiple=True,
+    metavar="K=V",
+    help="only jobs carrying it (repeat: all), array tasks one by one: --label fleet.array=ID lists an "
+    "array's tasks",
+)
 @watch_option
 @output_option
 @pass_globals
@@ -85,8 +92,13 @@ def jobs(
     client = globals_.client()
     labels = pairs(label, "--label") or None
 
-    def frame() -> View | list[Job | JobArray]:
-        found = client.listing(state, limit, tenant, user, labels)
+    def frame() -> View | list[Job] | list[Job | JobArray]:
+        # a label is a job's: an array's tasks carry theirs (fleet.array, fleet.array.index) one by one
+        found: list[Job] | list[Job | JobArray] = (
+            client.jobs(state, limit, tenant, user, labels)
+            if labels
+            else client.listing(state, limit, tenant, user)
+        )
         if output == "json":
             return found
         now = time.time()
@@ -105,9 +117,10 @@ def _state(text: str | None) -> str | None:
 
 
 def job_row(j: Job, now: float) -> tuple[object, ...]:
-    """A job's line: START and ELAPSED are its latest attempt's (a queued job: since submitted)."""
+    """A job's line: START and ELAPSED are its latest attempt's run; "-" for a job not running since
+    it was last queued (waiting, or ended without starting: its ELAPSED does not tick)."""
     start = j.started_at if j.started_at and j.state != JobState.QUEUED else None
-    elapsed = took(((j.finished_at or now) if start else now) - (start or j.created_at))
+    elapsed = took((j.finished_at or now) - start) if start else "-"
     node = f"{j.node}+{len(j.members) - 1}" if len(j.members) > 1 else j.node
     progress = label(j.progress)
     return (
@@ -211,7 +224,10 @@ def _job_view(job: Job) -> View:
     )
     view.add(Field("Exit code", "-" if job.exit_code is None else str(job.exit_code)))
     view.add(Field("Checkpoint", job.checkpoint or "-"))
-    return view.add(Field("Outputs", outputs_line(job)))
+    view.add(Field("Outputs", outputs_line(job)))
+    for line in about(job, time.time()):
+        view.add(line)
+    return view
 
 
 def _progress(job: Job) -> Field | Bar:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import click
@@ -67,7 +68,7 @@ def frame(client: Client, output: str) -> View | dict[str, Any]:
     view.add(
         Table(
             ["TENANT", "QUEUED", "RUNNING", "GPUS", "FAIR SHARE", "GUARANTEED"],
-            [queue_row(t) for t in tenants],
+            [queue_row(t, Counter(j.spec.tenant for j in running)) for t in tenants],
             title="Queues",
         )
     )
@@ -126,11 +127,13 @@ def running_row(job: Job, now: float) -> tuple[object, ...]:
     )
 
 
-def queue_row(status: TenantStatus) -> tuple[object, ...]:
+def queue_row(status: TenantStatus, running: Counter[str]) -> tuple[object, ...]:
+    """A tenant's line: its jobs queued and running now (the API counts the queue as it stands; the
+    running, from this frame's), its GPUs and shares as the leader last published them."""
     return (
         status.tenant.name,
         status.jobs_pending,
-        status.jobs_running,
+        running[status.tenant.name],
         status.gpus_used,
         f"{status.fair_share_gpus:.1f}",
         status.tenant.guaranteed_gpus,

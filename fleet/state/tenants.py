@@ -131,18 +131,20 @@ class TenantStore:
 
     @translated
     def status(self) -> list[TenantStatus]:
-        """Every tenant with a policy or with jobs, by name: its current policy, and its use as the
-        leader last published it (at most ``controller.usage_interval_s`` old; zeros for a tenant
-        configured since, or when no leader ran)."""
+        """Every tenant with a policy or with jobs, by name: its current policy, its queued jobs now,
+        and its use as the leader last published it (at most ``controller.usage_interval_s`` old;
+        zeros for a tenant configured since, or when no leader ran)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.tenants)
         pipe.hgetall(self.keys.tenant_status)
         pipe.hgetall(self.keys.tenant_usage)
-        policies, published, usage = pipe.execute()
+        pipe.smembers(self.keys.queued_tenants)
+        policies, published, usage, queuing = pipe.execute()
         at = float(published.pop(AT, 0) or 0)
         usage.pop(AT, None)
+        queued = self._queued(sorted(queuing))
         out = []
-        for name in sorted(set(policies) | set(published)):
+        for name in sorted(set(policies) | set(published) | set(queued)):
             tenant = _parse(name, policies[name]) if name in policies else None
             try:
                 current = TenantStatus.model_validate_json(published[name]) if name in published else None
@@ -151,9 +153,17 @@ class TenantStore:
             base = current or TenantStatus(
                 tenant=tenant or Tenant(name=name), as_of=at, usage_gpu_s=float(usage.get(name, 0) or 0)
             )
-            policy = {"tenant": tenant or Tenant(name=name), "configured": tenant is not None}
-            out.append(base.model_copy(update=policy))
+            now = {"tenant": tenant or Tenant(name=name), "configured": tenant is not None}
+            out.append(base.model_copy(update={**now, "jobs_pending": queued.get(name, 0)}))
         return out
+
+    def _queued(self, tenants: list[str]) -> dict[str, int]:
+        """Each tenant's QUEUED jobs (array tasks among them) as the queue's index holds them now: a
+        count the leader's published status would give up to a usage interval late."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in tenants:
+            pipe.zcard(self.keys.queued_in(name))
+        return {name: int(n) for name, n in zip(tenants, pipe.execute(), strict=True) if n}
 
     # -- metrics ----------------------------------------------------------------------
 

@@ -77,7 +77,8 @@ def test_status_lists_configured_tenants_and_tenants_with_jobs(store: TenantStor
     store.fold({"nlp": 3}, now=160.0, half_life=HOUR, leader=LEADER, status=[running])
     # Then both are listed, each with its policy and how it stands
     nlp, vision = store.status()
-    assert (nlp.tenant.name, nlp.configured, nlp.gpus_used, nlp.jobs_pending) == ("nlp", False, 3, 5)
+    assert (nlp.tenant.name, nlp.configured, nlp.gpus_used) == ("nlp", False, 3)
+    assert nlp.jobs_pending == 0  # counted from the queue as it is now: nothing queued here
     assert nlp.usage_gpu_s == pytest.approx(180, rel=0.01) and nlp.as_of == 160.0
     assert (vision.tenant.guaranteed_gpus, vision.configured, vision.gpus_used) == (4, True, 0)
     # And a policy set after the last fold shows at once
