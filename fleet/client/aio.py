@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.client import checks
 from fleet.client import endpoints as api
@@ -50,6 +50,9 @@ from fleet.models import (
     WebhookOutcome,
 )
 from fleet.models.usage import History
+
+if TYPE_CHECKING:
+    from fleet.client.workdir import Progress, Shipped
 
 T = TypeVar("T")
 
@@ -118,6 +121,9 @@ class AsyncClient:
 
     async def upload_workdir(self, path: str) -> str:
         return await self._run(self.sync.upload_workdir, path)
+
+    async def ship_workdir(self, path: str, progress: Progress | None = None) -> Shipped:
+        return await self._run(self.sync.ship_workdir, path, progress)
 
     async def upload_profile(self, path: str) -> str:
         return await self._run(self.sync.upload_profile, path)

@@ -180,6 +180,9 @@ def test_every_job_method_of_the_client(ready: Client, tmp_path: Path) -> None:
     (tmp_path / "proj" / "hello.txt").write_text("shipped\n")
     digest = ready.upload_workdir(str(tmp_path / "proj"))
     assert digest.startswith("sha256:") and ready.upload_workdir(str(tmp_path / "proj")) == digest
+    steps: list[str] = []
+    told = ready.ship_workdir(str(tmp_path / "proj"), lambda step, done, total: steps.append(step))
+    assert (told.digest, told.files, told.size, told.uploaded) == (digest, 1, 8, False)
     by_digest = ready.submit(sh("wd", "cat hello.txt", workdir=digest))
     by_digest.result(timeout=60)
     assert list(by_digest.logs(follow=True)) == ["shipped"]

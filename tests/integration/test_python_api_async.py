@@ -108,6 +108,7 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             (tmp_path / "p").mkdir()
             (tmp_path / "p" / "f.txt").write_text("x")
             assert (await client.upload_workdir(str(tmp_path / "p"))).startswith("sha256:")
+            assert (await client.ship_workdir(str(tmp_path / "p"))).files == 1
             bundled = Path(fleet.__file__).parent / "traces" / "profiles" / "ncf"
             assert (await client.upload_profile(str(bundled))).startswith("sha256:")
             assert await client.quarantined_jobs() == {} and await client.quarantined_nodes() == {}
