@@ -82,7 +82,7 @@ class CommandAfterDashes(click.Command):
     "--workdir",
     metavar="DIR",
     help="ship this directory with the job as its working "
-    "directory (.gitignore, .fleetignore honoured; unchanged: not sent again)",
+    "directory (.gitignore, .fleetignore honoured; unchanged: not packed or sent again)",
 )
 @click.option(
     "--outputs",
