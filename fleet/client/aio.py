@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.client import checks
 from fleet.client import endpoints as api
-from fleet.client.endpoints import Call
+from fleet.client import fleet_endpoints as fleet_api
+from fleet.client.calls import Call
 from fleet.client.handles import ALL_COMPLETED, FIRST_COMPLETED
 from fleet.client.sync import Client
 from fleet.errors import JobCancelled, JobFailed, JobTimeout, SpecError
@@ -246,25 +247,25 @@ class AsyncClient:
     # -- nodes, tenants, identities ---------------------------------------------------------
 
     async def nodes(self) -> list[Node]:
-        return await self._do(api.nodes())
+        return await self._do(fleet_api.nodes())
 
     async def node(self, name: str) -> Node:
-        return await self._do(api.node(name))
+        return await self._do(fleet_api.node(name))
 
     async def most_gpus(self) -> int:
-        return await self._do(api.most_gpus())
+        return await self._do(fleet_api.most_gpus())
 
     async def quarantined_nodes(self) -> dict[str, str]:
         return await self._do(api.quarantined("nodes"))
 
     async def versions(self) -> FleetVersions:
-        return await self._do(api.versions())
+        return await self._do(fleet_api.versions())
 
     async def cordon(self, name: str, reason: str = "") -> Node:
-        return await self._do(api.cordon(name, reason))
+        return await self._do(fleet_api.cordon(name, reason))
 
     async def uncordon(self, name: str) -> Node:
-        return await self._do(api.uncordon(name))
+        return await self._do(fleet_api.uncordon(name))
 
     async def drain(
         self,
@@ -275,42 +276,42 @@ class AsyncClient:
         force: bool = False,
         reason: str = "",
     ) -> list[Node]:
-        return await self._do(api.drain(names, deadline_s, grace_s, force, reason))
+        return await self._do(fleet_api.drain(names, deadline_s, grace_s, force, reason))
 
     async def wait_drained(self, names: str | list[str], timeout: float | None = None) -> list[Node]:
         return await self._run(self.sync.wait_drained, names, timeout)
 
     async def tenants(self) -> list[TenantStatus]:
-        return await self._do(api.tenants())
+        return await self._do(fleet_api.tenants())
 
     async def set_tenant(self, name: str, **policy: Any) -> Tenant:
-        return await self._do(api.set_tenant(name, policy))
+        return await self._do(fleet_api.set_tenant(name, policy))
 
     async def delete_tenant(self, name: str) -> Tenant:
-        return await self._do(api.delete_tenant(name))
+        return await self._do(fleet_api.delete_tenant(name))
 
     async def webhook_secret(self, tenant: str | None = None) -> str:
-        return await self._do(api.webhook_secret(tenant))
+        return await self._do(fleet_api.webhook_secret(tenant))
 
     async def rotate_webhook_secret(self, tenant: str | None = None) -> str:
-        return await self._do(api.rotate_webhook_secret(tenant))
+        return await self._do(fleet_api.rotate_webhook_secret(tenant))
 
     async def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
-        return await self._do(api.webhook_deliveries(tenant, limit))
+        return await self._do(fleet_api.webhook_deliveries(tenant, limit))
 
     async def whoami(self) -> Identity:
-        return await self._do(api.whoami())
+        return await self._do(fleet_api.whoami())
 
     async def create_token(
         self, user: str, tenant: str, role: Role | str = Role.USER, expires_in_s: float | None = None
     ) -> tuple[str, TokenInfo]:
-        return await self._do(api.create_token(user, tenant, role, expires_in_s))
+        return await self._do(fleet_api.create_token(user, tenant, role, expires_in_s))
 
     async def tokens(self) -> list[TokenInfo]:
-        return await self._do(api.tokens())
+        return await self._do(fleet_api.tokens())
 
     async def revoke_token(self, token_id: str) -> TokenInfo:
-        return await self._do(api.revoke_token(token_id))
+        return await self._do(fleet_api.revoke_token(token_id))
 
 
 class AsyncJobHandle:

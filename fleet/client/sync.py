@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleet.client import checks
+from fleet.client import calls, checks
 from fleet.client import endpoints as api
+from fleet.client import fleet_endpoints as fleet_api
+from fleet.client.calls import Call
 from fleet.client.credentials import resolve
 from fleet.client.download import unpack
-from fleet.client.endpoints import Call
 from fleet.client.handles import ArrayHandle, JobHandle
 from fleet.client.transport import Transport
 from fleet.errors import DrainTimeout, JobTimeout, SpecError, TooManyRequests, at_index
@@ -133,7 +134,7 @@ class Client:
         """The spec as the API takes it, its ``workdir`` (a local directory) uploaded and named by
         digest: only when the fleet does not hold those bytes yet (an unchanged directory is not sent
         again). ``uploaded``: what this call uploaded already, by field and path."""
-        data = api.spec_body(checks.spec(spec))
+        data = calls.spec_body(checks.spec(spec))
         done = {} if uploaded is None else uploaded
         for field, upload in (("workdir", self.upload_workdir), ("profile", self.upload_profile)):
             value = str(data.get(field) or "")
@@ -364,11 +365,11 @@ class Client:
     # -- nodes -------------------------------------------------------------------------
 
     def nodes(self) -> list[Node]:
-        return self._do(api.nodes())
+        return self._do(fleet_api.nodes())
 
     def most_gpus(self) -> int:
         """The most GPUs one live node has: a job asking for more stays QUEUED until such a node joins."""
-        return self._do(api.most_gpus())
+        return self._do(fleet_api.most_gpus())
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""
@@ -378,18 +379,18 @@ class Client:
         """Which release the API, the leading controller and each live node's agent run ("" for one
         that recorded none: 0.1.0 or older), and ``mixed`` when they differ. An API of 0.1.0 has no
         such route: :class:`NotFound` (and ``server_version`` is "")."""
-        return self._do(api.versions())
+        return self._do(fleet_api.versions())
 
     def node(self, name: str) -> Node:
-        return self._do(api.node(name))
+        return self._do(fleet_api.node(name))
 
     def cordon(self, name: str, reason: str = "") -> Node:
         """No new jobs on ``name``; running ones are untouched. Idempotent. Operators only."""
-        return self._do(api.cordon(name, reason))
+        return self._do(fleet_api.cordon(name, reason))
 
     def uncordon(self, name: str) -> Node:
         """Back to READY (also ends a drain). Operators only."""
-        return self._do(api.uncordon(name))
+        return self._do(fleet_api.uncordon(name))
 
     def drain(
         self,
@@ -405,7 +406,7 @@ class Client:
         Running jobs may finish until the deadline (``force``: now); then each gets SIGTERM and
         ``grace_s`` to checkpoint, and is requeued elsewhere without spending its retries.
         """
-        return self._do(api.drain(names, deadline_s, grace_s, force, reason))
+        return self._do(fleet_api.drain(names, deadline_s, grace_s, force, reason))
 
     def wait_drained(
         self,
@@ -432,50 +433,50 @@ class Client:
     def tenants(self) -> list[TenantStatus]:
         """Every tenant's policy, GPUs in use, fair share and decayed usage (as the leader last
         published them: ``as_of``)."""
-        return self._do(api.tenants())
+        return self._do(fleet_api.tenants())
 
     def set_tenant(self, name: str, **policy: Any) -> Tenant:
         """Create or replace a tenant's policy (``guaranteed_gpus``, ``max_gpus``, ``weight``,
         ``preempt_grace_s``, ``min_run_s``, ``allowed_users``; those left out get their defaults).
         Admins only."""
-        return self._do(api.set_tenant(name, policy))
+        return self._do(fleet_api.set_tenant(name, policy))
 
     def delete_tenant(self, name: str) -> Tenant:
         """Forget a tenant's policy: its jobs get the default one. Admins only."""
-        return self._do(api.delete_tenant(name))
+        return self._do(fleet_api.delete_tenant(name))
 
     # -- webhooks ----------------------------------------------------------------------
 
     def webhook_secret(self, tenant: str | None = None) -> str:
         """The secret the tenant's webhook deliveries are signed with (``X-Fleet-Signature-256``;
         check it with :func:`fleet.webhooks.verify`): the token's tenant's, or an admin's any."""
-        return self._do(api.webhook_secret(tenant))
+        return self._do(fleet_api.webhook_secret(tenant))
 
     def rotate_webhook_secret(self, tenant: str | None = None) -> str:
         """A new signing secret for the tenant, used from now on. Admins only."""
-        return self._do(api.rotate_webhook_secret(tenant))
+        return self._do(fleet_api.rotate_webhook_secret(tenant))
 
     def webhook_deliveries(self, tenant: str | None = None, limit: int = 100) -> list[WebhookOutcome]:
         """How the newest delivery attempts went, newest first (failures say why, and retries when
         the next attempt is due): the token's tenant's; an operator's every tenant's or ``tenant``'s."""
-        return self._do(api.webhook_deliveries(tenant, limit))
+        return self._do(fleet_api.webhook_deliveries(tenant, limit))
 
     # -- identities --------------------------------------------------------------------
 
     def whoami(self) -> Identity:
-        return self._do(api.whoami())
+        return self._do(fleet_api.whoami())
 
     def create_token(
         self, user: str, tenant: str, role: Role | str = Role.USER, expires_in_s: float | None = None
     ) -> tuple[str, TokenInfo]:
         """A new token (shown only now) and its record. Admins only."""
-        return self._do(api.create_token(user, tenant, role, expires_in_s))
+        return self._do(fleet_api.create_token(user, tenant, role, expires_in_s))
 
     def tokens(self) -> list[TokenInfo]:
-        return self._do(api.tokens())
+        return self._do(fleet_api.tokens())
 
     def revoke_token(self, token_id: str) -> TokenInfo:
-        return self._do(api.revoke_token(token_id))
+        return self._do(fleet_api.revoke_token(token_id))
 
     def __enter__(self) -> Client:
         return self

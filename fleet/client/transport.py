@@ -19,8 +19,8 @@ import weakref
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
+from fleet.client.calls import Call
 from fleet.client.credentials import Credentials
-from fleet.client.endpoints import Call
 from fleet.errors import (
     ApiUnavailable,
     ConfigError,

@@ -170,7 +170,7 @@ def test_every_job_method_of_the_client(ready: Client, tmp_path: Path) -> None:
     assert [line.line for line in ready.follow_logs(first.id, attempt=1)] == ["hi"]
     assert [e.state for e in ready.history(first.id)][-1] == "SUCCEEDED" == first.history()[-1].state
     # a job too big for the node waits, with its place in the queue; cancel ends it
-    big = ready.submit(sh("big", "true", gpus=3, labels={"exp": "big"}))
+    big = ready.submit(sh("big", "true", gpus=3, labels={"exp": "big"}, allow_unplaceable=True))
     place = until(lambda: ready.position(big.id), "a queue position")
     assert (place.in_tenant, place.tenant, ready.most_gpus()) == (1, "default", 2)
     assert ready.cancel_labels({"exp": "big"}).cancelled == [big.id]
@@ -233,9 +233,38 @@ def test_arrays_through_their_handles(ready: Client) -> None:
     assert done.wait(timeout=60).tasks[JobState.SUCCEEDED] == 3
     assert done.task(1).result(timeout=10).state == JobState.SUCCEEDED and done.task(1).logs() == "task 1"
     assert ready.array(done.id).size == 3 == done.status().size
-    waiting = ready.submit_array(sh("arr", "true", gpus=3), [0, 1])
+    waiting = ready.submit_array(sh("arr", "true", gpus=3, allow_unplaceable=True), [0, 1])
     assert sorted(waiting.cancel().cancelled) == [f"{waiting.id}-0", f"{waiting.id}-1"]
     assert ready.cancel_array(waiting.id).already_final == 2
+
+
+def test_hold_update_release_cancel_several_requeue_and_usage(ready: Client, tmp_path: Path) -> None:
+    # Given both GPUs busy and a job queued behind them, held and raised in priority
+    busy = ready.submit(sh("busy", "sleep 600", gpus=2))
+    until(lambda: busy.status().state == JobState.RUNNING, "the busy job runs", 60)
+    queued = ready.submit(sh("queued", "echo ran", gpus=1))
+    assert ready.hold(queued.id).held_by and ready.update(queued.id, priority=5).spec.priority == 5
+    # When the busy job is cancelled by id: the held job waits, saying who holds it
+    assert ready.cancel_jobs([busy.id]).stopping == [busy.id]  # running: its agent stops it
+    assert busy.wait(timeout=60).state == JobState.CANCELLED
+    assert queued.status().state == JobState.QUEUED and queued.status().held_by
+    # Then released, it runs
+    assert not ready.release(queued.id).held_by
+    assert queued.wait(timeout=60).state == JobState.SUCCEEDED
+    # And an array's failed task runs again under its id once its cause is fixed
+    mark = tmp_path / "fixed"
+    array = ready.submit_array(sh("rq", f"test -e {mark} || [ $FLEET_ARRAY_INDEX -eq 0 ]"), "0-1")
+    assert array.wait(timeout=60).tasks[JobState.FAILED] == 1
+    mark.write_text("")
+    assert ready.requeue(array.id).requeued == [f"{array.id}-1"]
+    assert array.wait(timeout=60).tasks[JobState.SUCCEEDED] == 2
+    # And the accounting counts every job that ended; a download path outside the job is refused
+    counted = {r.id for r in ready.usage(since="1h", by="job").jobs}
+    assert {busy.id, queued.id, f"{array.id}-1"} <= counted
+    with pytest.raises(SpecError, match="path"):
+        ready.download(queued.id, "../etc", tmp_path / "out")
+    with pytest.raises(SpecError, match="path"):
+        queued.download("/etc", tmp_path / "out")
 
 
 def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> None:

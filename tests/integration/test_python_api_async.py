@@ -139,6 +139,44 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
     asyncio.run(main())
 
 
+def test_hold_update_release_cancel_several_requeue_and_usage_awaited(ready: Api, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncClient(ready.url, ready.token) as client:
+            # Given both GPUs busy and a job queued behind them, held and raised in priority
+            busy = await client.submit(sh("busy", "sleep 600", gpus=2))
+            for _ in range(600):
+                if (await busy.status()).state == JobState.RUNNING:
+                    break
+                await asyncio.sleep(0.1)
+            queued = await client.submit(sh("queued", "echo ran", gpus=1))
+            assert (await client.hold(queued.id)).held_by
+            assert (await client.update(queued.id, priority=5)).spec.priority == 5
+            # When the busy job is cancelled: the held job waits; released, it runs
+            assert (await client.cancel_jobs([busy.id])).stopping == [busy.id]
+            assert (await busy.wait(timeout=60)).state == JobState.CANCELLED
+            assert (await queued.status()).state == JobState.QUEUED
+            assert not (await client.release(queued.id)).held_by
+            assert (await queued.wait(timeout=60)).state == JobState.SUCCEEDED
+            # And an array's failed task runs again once its cause is fixed
+            mark = tmp_path / "fixed"
+            array = await client.submit_array(
+                sh("rq", f"test -e {mark} || [ $FLEET_ARRAY_INDEX -eq 0 ]"), "0-1"
+            )
+            assert (await array.wait(timeout=60)).tasks[JobState.FAILED] == 1
+            mark.write_text("")
+            assert (await client.requeue(array.id)).requeued == [f"{array.id}-1"]
+            assert (await array.wait(timeout=60)).tasks[JobState.SUCCEEDED] == 2
+            # And the accounting counts them; a download path outside the job is refused
+            counted = {r.id for r in (await client.usage(since="1h", by="job")).jobs}
+            assert {busy.id, queued.id, f"{array.id}-1"} <= counted
+            with pytest.raises(SpecError, match="path"):
+                await client.download(queued.id, "../etc", tmp_path / "out")
+            with pytest.raises(SpecError, match="path"):
+                await queued.download("/etc", tmp_path / "out")
+
+    asyncio.run(main())
+
+
 def test_an_elastic_job_is_resized_awaited(api: Api) -> None:
     # Given a queued elastic job (no node: it stays queued)
     ranges = {"gpus": "1-4", "batch_size": "128-1024", "profile": "cifar10"}

@@ -19,8 +19,6 @@ LONG: dict[str, str] = {
     " only, no package on sys.path, and recognised by that argv): a sibling module cannot be imported",
     "fleet/client/sync.py": "Client is the Python API's surface: one short method per API call, each with"
     " the docstring users read; the calls themselves are declared in endpoints.py",
-    "fleet/client/endpoints.py": "every call of the API declared once, one short function each; to be split"
-    " by area",
     "fleet/client/aio.py": "AsyncClient is the Python API's async surface: one short method per API call,"
     " as Client's; the calls themselves are declared in endpoints.py",
 }
