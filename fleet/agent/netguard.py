@@ -71,12 +71,14 @@ class Plan:
     jumps: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
 
-def plan(family: int, uids: str, blocked: Sequence[str], forward: str = "DOCKER-USER") -> Plan:
+def plan(family: int, uids: str | None, blocked: Sequence[str], forward: str = "DOCKER-USER") -> Plan:
     """Pure: the rules for ``family`` (4 or 6). ``uids`` is what jobs on the host's network run as
-    (``uid`` or ``first-last``); ``blocked`` the networks jobs may not reach (those of other
-    families are left out); ``forward`` the chain forwarded packets meet first."""
+    (``uid`` or ``first-last``; None when they run as root: no owner rule then, see
+    :func:`guarded_uids`); ``blocked`` the networks jobs may not reach (those of other families are
+    left out); ``forward`` the chain forwarded packets meet first."""
     nets = [n for n in blocked if ipaddress.ip_network(n, strict=False).version == family]
-    owner = ("-m", "owner", "--uid-owner", uids)
+    owner = ("-m", "owner", "--uid-owner", uids or "")
+    targets = [] if uids is None else [LOOPBACK[family], *nets]
     return Plan(
         family,
         {
@@ -86,7 +88,7 @@ def plan(family: int, uids: str, blocked: Sequence[str], forward: str = "DOCKER-
                 ("-o", BRIDGE, "-j", "DROP"),
                 *(("-d", n, "-j", "REJECT") for n in nets),
             ],
-            CHAIN_OUTPUT: [_REPLIES, *(("-d", n, *owner, "-j", "REJECT") for n in [LOOPBACK[family], *nets])],
+            CHAIN_OUTPUT: [_REPLIES, *(("-d", n, *owner, "-j", "REJECT") for n in targets)],
         },
         [
             ("INPUT", ("-i", BRIDGE, "-j", CHAIN_INPUT)),
@@ -96,11 +98,13 @@ def plan(family: int, uids: str, blocked: Sequence[str], forward: str = "DOCKER-
     )
 
 
-def guarded_uids(cfg: AgentSettings) -> str:
+def guarded_uids(cfg: AgentSettings) -> str | None:
     """The uids jobs run as, for ``--uid-owner``: the fixed ``job_user``'s where one is set, else
-    ``job_uid_range`` (one uid per tenant)."""
+    ``job_uid_range`` (one uid per tenant). None for jobs run as root (``job_user = "0"``, as `fleet
+    up` started by root does): a rule on root's packets would cut the node's own services (Redis,
+    the agent, the API) off loopback, so host-network jobs of such a node are not kept off it."""
     if cfg.fixed_user is not None:
-        return str(cfg.fixed_user[0])
+        return None if cfg.fixed_user[0] == 0 else str(cfg.fixed_user[0])
     start, count = cfg.uid_range
     return f"{start}-{start + count - 1}"
 
@@ -279,6 +283,12 @@ class NetGuard:
                 "node's services and the blocked networks; install iptables",
             )
             found = []
+        if found and self.uids is None:
+            self._once(
+                "root_jobs",
+                "jobs run as root (job_user 0): host-network jobs are not kept off this node's "
+                "loopback services (that rule would cut the node's own services off too)",
+            )
         for family in found:
             try:
                 p = plan(family, self.uids, self.cfg.job_blocked_networks, forward_chain(family))

@@ -59,6 +59,8 @@ DEMO_JOBS: list[dict[str, Any]] = [
 #: Signals that stop ``fleet up`` as Ctrl-C (SIGINT) does.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: how long a spawned redis-server may take to answer before `fleet up` gives up
+REDIS_START_S = 30.0
 _Handler = Callable[[int, Any], Any] | int | None
 
 
@@ -219,8 +221,9 @@ class LocalFleet:
         self._spawn("redis", [binary, "-"], None, stdin=config, umask=0o077)
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url, password=password)
+        deadline = time.monotonic() + REDIS_START_S  # a busy machine may take seconds
         try:
-            for _ in range(100):
+            while time.monotonic() < deadline:
                 try:
                     client.ping()
                     return url
@@ -228,7 +231,7 @@ class LocalFleet:
                     time.sleep(0.05)
         finally:
             client.close()
-        raise FleetError(f"redis-server did not answer on port {port}")
+        raise FleetError(f"redis-server did not answer on port {port} in {REDIS_START_S:g} s")
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -249,6 +252,11 @@ class LocalFleet:
         )
         if self.redis_password_file is not None:  # the Redis it spawned: its password, for the services
             env["FLEET_REDIS_PASSWORD_FILE"] = str(self.redis_password_file)
+        # process-runtime jobs get the agent's PATH: fleet's own environment first, so `python3` in a
+        # job is the one fleet runs on, with what it installed (torch for the README's example)
+        here = str(Path(sys.executable).parent)
+        if here not in env.get("PATH", "").split(os.pathsep):
+            env["PATH"] = os.pathsep.join([here, *filter(None, [env.get("PATH")])])
         return env
 
     def _spawn(

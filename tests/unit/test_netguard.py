@@ -56,6 +56,10 @@ def test_ipv6_gets_its_own_loopback_and_networks_and_forward_where_docker_made_n
 
 def test_the_guarded_uids_are_the_fixed_job_users_else_the_tenants_range() -> None:
     assert guarded_uids(AgentSettings(job_user="1234:99")) == "1234"
+    # jobs run as root (fleet up started by root): no rule on root's packets, or the node's own
+    # services would lose loopback (Redis, the agent, the API)
+    assert guarded_uids(AgentSettings(job_user="0", allow_root_jobs=True)) is None
+    assert plan(4, None, BLOCKED).chains[CHAIN_OUTPUT] == [plan(4, "1", BLOCKED).chains[CHAIN_OUTPUT][0]]
     assert guarded_uids(AgentSettings(job_user="", job_uid_range="2000000000-2000000999")) == (
         "2000000000-2000000999"
     )
