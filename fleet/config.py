@@ -34,6 +34,7 @@ from pydantic import (
 
 from fleet.config_sections import DAY, AgentSettings, ApiSettings, ControllerSettings
 from fleet.errors import ConfigError
+from fleet.models.base import in_words
 
 
 class Settings(BaseModel):
@@ -179,9 +180,18 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         return Settings.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+            f"{'.'.join(str(p) for p in e['loc'])}: {_said(e)}" for e in exc.errors(include_url=False)
         )
         raise ConfigError(f"invalid configuration ({path or 'environment'}): {problems}") from None
+
+
+def _said(error: Any) -> str:
+    """A setting's error, a pattern said in words (what the value may hold)."""
+    if error["type"] == "string_pattern_mismatch":
+        return (
+            f"must be {in_words(str(error.get('ctx', {}).get('pattern', '')))} (got {error.get('input')!r})"
+        )
+    return str(error["msg"])
 
 
 def _toml(path: str | Path | None) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from fleet.errors import (
     Unauthorized,
     error_body,
 )
+from fleet.models.base import in_words
 from fleet.state.watch import StreamWatch
 from fleet.versions import HEADER
 
@@ -151,6 +152,8 @@ def _said(error: dict[str, Any]) -> str:
     """What is wrong with one field of a request; a key the call does not define named as such."""
     if error["type"] == "extra_forbidden":
         return "not a field of this call: leave it out (misspelt?)"
+    if error["type"] == "string_pattern_mismatch":
+        return f"must be {in_words(str(error.get('ctx', {}).get('pattern', '')))}"
     return str(error["msg"])
 
 

@@ -9,7 +9,7 @@ import logging
 from fastapi import APIRouter
 from pydantic import Field
 
-from fleet.api.deps import StrictBody, User, own, whom
+from fleet.api.deps import StrictBody, User, own_array, own_job, whom
 from fleet.api.jobctl import JobCommands
 from fleet.errors import Forbidden
 from fleet.log import event
@@ -40,7 +40,7 @@ def routes(backend: JobCommands) -> APIRouter:
 
     def mine(who: Identity, job_id: str, done: str) -> Job:
         job = backend.get(job_id)
-        own(who, job.spec.tenant, f"job {job_id}")
+        own_job(who, job.spec.tenant, job_id)
         allowed(who, job.owner, f"job {job_id}", done)
         return job
 
@@ -87,7 +87,7 @@ def routes(backend: JobCommands) -> APIRouter:
     def requeue(array_id: str, body: Requeue, who: User) -> RequeueReport:
         """Run a job array's failed (or cancelled) tasks again, under the same ids."""
         array = backend.array(array_id)
-        own(who, array.spec.tenant, f"job array {array_id}")
+        own_array(who, array.spec.tenant, array_id)
         allowed(who, array.owner, f"job array {array_id}", "requeue")
         report = backend.requeue(array_id, body.states, who.user)
         event(log, "requeue", array=array_id, user=who.user, tasks=len(report.requeued))

@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from fleet.errors import Forbidden, Unauthorized
+from fleet.errors import Forbidden, NotFound, Unauthorized
 from fleet.models import Identity, Role
 from fleet.state.tokens import TokenStore
 
@@ -107,6 +107,19 @@ def own(who: Identity, tenant: str, what: str) -> None:
         raise Forbidden(
             f"{what} belongs to tenant {tenant!r}; {whom(who)} acts for tenant {who.tenant!r} only"
         )
+
+
+def own_job(who: Identity, tenant: str, job_id: str) -> None:
+    """A user reads and acts on its tenant's jobs only; another tenant's job is answered as a missing
+    one (404, the same words), so a user learns nothing of it, not even that it exists."""
+    if who.role == Role.USER and tenant != who.tenant:
+        raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+
+
+def own_array(who: Identity, tenant: str, array_id: str) -> None:
+    """:func:`own_job` for a job array."""
+    if who.role == Role.USER and tenant != who.tenant:
+        raise NotFound(f"no job or job array {array_id!r} (list them with `fleet jobs`)")
 
 
 def sees_all(who: Identity) -> bool:

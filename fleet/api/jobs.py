@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from fleet.api.commands import Commands
-from fleet.api.deps import StrictBody, User, bearer, own, whom
+from fleet.api.deps import StrictBody, User, bearer, own, own_array, own_job, whom
 from fleet.api.limits import PerToken
 from fleet.api.queries import known_attempt
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
@@ -70,7 +70,7 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     def job_of(who: Identity, job_id: str) -> Job:
         job = backend.get(job_id)
-        own(who, job.spec.tenant, f"job {job_id}")
+        own_job(who, job.spec.tenant, job_id)
         return job
 
     def spec_for(who: Identity, raw: dict[str, Any]) -> JobSpec:
@@ -86,6 +86,8 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
             raise Forbidden(
                 f"{whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for tenant {who.tenant!r} only"
             )
+        if spec.tenant != who.tenant:
+            backend.check_tenant(spec.tenant)
         return spec
 
     def tenant_filter(who: Identity, tenant: str | None) -> str | None:
@@ -231,12 +233,12 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
     @router.get("/v1/arrays/{array_id}")
     def array(array_id: str, who: User) -> JobArray:
         found = backend.array(array_id)
-        own(who, found.spec.tenant, f"job array {array_id}")
+        own_array(who, found.spec.tenant, array_id)
         return found
 
     @router.post("/v1/arrays/{array_id}/cancel")
     def cancel_array(array_id: str, who: User) -> CancelReport:
-        own(who, backend.array(array_id).spec.tenant, f"job array {array_id}")
+        own_array(who, backend.array(array_id).spec.tenant, array_id)
         return backend.cancel_array(array_id)
 
     return router

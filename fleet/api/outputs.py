@@ -19,10 +19,10 @@ from fastapi.responses import StreamingResponse
 
 from fleet.agent.checkpoints import job_dir, read_marker
 from fleet.api.commands import Commands
-from fleet.api.deps import User
+from fleet.api.deps import User, own_job
 from fleet.config import Settings
 from fleet.errors import ConfigError, NotFound, SpecError
-from fleet.models import Identity, Job, Role, relative_path
+from fleet.models import Identity, Job, relative_path
 from fleet.outputs import FILES, kept_dir, open_dir, open_file, open_under, read_kept, tar_file, tar_tree
 
 TAR = "application/gzip"
@@ -36,8 +36,7 @@ def routes(backend: Commands, settings: Settings) -> APIRouter:
 
     def job_of(who: Identity, job_id: str) -> Job:
         job = backend.get(job_id)
-        if who.role == Role.USER and job.spec.tenant != who.tenant:
-            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")  # as a missing one
+        own_job(who, job.spec.tenant, job_id)
         return job
 
     @router.get("/v1/jobs/{job_id}/outputs", response_model=None)

@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from fleet.api import views
-from fleet.api.deps import COOKIE, Reader, identify, own, sees_all
+from fleet.api.deps import COOKIE, Reader, identify, own_array, own_job, sees_all
 from fleet.api.queries import Queries
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
@@ -201,7 +201,7 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
             raise
         except NotFound as missing:
             return array(request, job_id, who, missing)
-        own(who, found.spec.tenant, f"job {job_id}")
+        own_job(who, found.spec.tenant, job_id)
         position = backend.position(job_id) if found.state == JobState.QUEUED else None
         lines = backend.logs(job_id)[-LOG_TAIL:] if found.attempt else []
         wait, refresh = countdown(found, time.time()), 0 if found.state.final else REFRESH_S
@@ -223,7 +223,7 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
             found = backend.array(array_id)
         except NotFound:
             raise missing from None
-        own(who, found.spec.tenant, f"job array {array_id}")
+        own_array(who, found.spec.tenant, array_id)
         return page(request, "array.html", who, array=found)
 
     return router

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fleet.api import admission
 from fleet.errors import JobTimeout, NotFound, SpecError
 from fleet.models import (
     Event,
@@ -169,6 +170,10 @@ class Queries:
                 return
 
     # -- nodes -------------------------------------------------------------------------
+
+    def check_tenant(self, tenant: str) -> None:
+        """:class:`SpecError` for a tenant nobody created (see :func:`admission.check_tenant`)."""
+        admission.check_tenant(tenant, self.stores.tenants)
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()

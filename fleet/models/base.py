@@ -118,6 +118,24 @@ else:
         pass
 
 
+#: what each pattern a user's value must match says, in words
+PATTERN_WORDS = {
+    _NAME: "1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit",
+    _LABEL_KEY: "1 to 63 letters, digits, '_', '.', '/' or '-', starting with a letter or digit",
+    _USER: "a numeric uid, or uid:gid (e.g. 1000 or 1000:1000)",
+    r"^\d{1,10}-\d{1,10}$": "a range of numbers FIRST-LAST (e.g. 1000000000-1000999999)",
+    _IMAGE: (
+        "an image reference (repo/name:tag or name@sha256:...): up to 255 letters, digits and "
+        "'.', '_', ':', '/', '@', '+', '-', starting with a letter or digit"
+    ),
+}
+
+
+def in_words(pattern: str) -> str:
+    """What a value matching ``pattern`` looks like, said in words (the pattern itself if unknown)."""
+    return PATTERN_WORDS.get(pattern, f"text matching {pattern}")
+
+
 def describe_errors(
     exc: ValidationError, model: type[BaseModel] | None = None, what: str = "job spec"
 ) -> str:
@@ -134,6 +152,9 @@ def describe_errors(
                 message += f"; did you mean {near[0]!r}?"
         elif err["type"] == "missing":
             message = "is required"
+        elif err["type"] == "string_pattern_mismatch":
+            said = in_words(str(err.get("ctx", {}).get("pattern", "")))
+            message = f"must be {said} (got {_clip(repr(err.get('input')))})"
         elif "input" in err and err["type"] not in ("value_error",):
             message = f"{message} (got {_clip(repr(err['input']))})"
         lines.append(f"{field}: {message.removeprefix('Value error, ')}")

@@ -61,6 +61,11 @@ class TenantStore:
             )
         return tenant
 
+    @translated
+    def names(self) -> list[str]:
+        """The tenants an admin created (``fleet tenant set``), by name."""
+        return sorted(self.redis.hkeys(self.keys.tenants))
+
     def policy(self, name: str) -> Tenant:
         """What applies to ``name``'s jobs: its record, or the default policy."""
         try:

@@ -55,10 +55,15 @@ def test_a_user_acts_within_its_tenant_only(api: Api) -> None:
     theirs = bob.submit(spec("theirs"))
     # Then each job runs in its submitter's tenant
     assert (alice.get(mine.id).spec.tenant, bob.get(theirs.id).spec.tenant) == ("a", "b")
-    # And bob can neither read, wait for, read the logs of, nor cancel alice's job: 403, saying why
+    # And bob can neither read, wait for, read the logs of, nor cancel alice's job: to him it is no
+    # job at all, answered as an id nobody holds is (404, the same words), so he learns nothing of it
+    ghost = "mine-000000000000"
     for call in (bob.get, bob.history, bob.logs, bob.cancel, lambda i: bob.wait(i, 0.1)):
-        with pytest.raises(Forbidden, match=r"job mine-\w+ belongs to tenant 'a'; .*'bob'.* tenant 'b' only"):
+        with pytest.raises(NotFound) as missing:
+            call(ghost)
+        with pytest.raises(NotFound) as hidden:
             call(mine.id)
+        assert str(hidden.value) == str(missing.value).replace(ghost, mine.id)
     # And bob's listing holds only his own, even when he asks for another tenant's
     assert [j.id for j in bob.listing()] == [theirs.id]
     assert [j.id for j in bob.jobs()] == [theirs.id]
@@ -71,6 +76,22 @@ def test_a_user_acts_within_its_tenant_only(api: Api) -> None:
     with pytest.raises(Forbidden, match="cannot submit to tenant 'a'"):
         bob.submit(spec("sneaky", tenant="a"))
     assert {j.spec.tenant for j in api.client().jobs()} == {"a", "b"}
+
+
+def test_a_tenant_is_created_by_tenant_set_never_by_a_submit_naming_it(api: Api) -> None:
+    # Given an admin and a tenant "vision" it created
+    admin = api.client()
+    admin.set_tenant("vision", weight=2)
+    # When it submits to a misspelt tenant: refused (exit 2 from the CLI), naming the closest and
+    # how to create one, and no tenant or job appears
+    with pytest.raises(
+        SpecError, match=r"tenant: no tenant 'vison' \(did you mean 'vision'\?\).*fleet tenant set"
+    ):
+        admin.submit(spec("typo", tenant="vison"))
+    assert "vison" not in [t.tenant.name for t in admin.tenants()] and admin.jobs() == []
+    # Then the tenant it created, and the default one, take jobs
+    assert admin.submit(spec("ok", tenant="vision")).status().spec.tenant == "vision"
+    assert admin.submit(spec("plain")).status().spec.tenant == "default"
 
 
 def test_only_operators_cordon_and_drain_and_only_admins_issue_tokens(api: Api) -> None:

@@ -127,8 +127,8 @@ def test_jobs_run_as_per_tenant_uids_by_default() -> None:
         ("0-99", "'0-99': expected START-END with 1 <= START <= END <= 4294967294 (uid 0 is root)"),
         ("500-499", "'500-499': expected START-END"),
         ("1-4294967295", "'1-4294967295': expected START-END"),
-        ("1000", "agent.job_uid_range: String should match pattern"),
-        ("-5-9", "agent.job_uid_range: String should match pattern"),
+        ("1000", "agent.job_uid_range: must be a range of numbers FIRST-LAST"),
+        ("-5-9", "agent.job_uid_range: must be a range of numbers FIRST-LAST"),
     ],
 )
 def test_a_bad_job_uid_range_is_refused_naming_it(
