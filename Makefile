@@ -15,7 +15,7 @@ TEST_WORKERS ?= 3
 TEST_TMP ?= /tmp/fleet-test
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python images-test bench clean
+.PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -28,6 +28,9 @@ install: $(STAMP)/installed  ## system packages, dockerd, and fleet with its dev
 images-test: install  ## images the tests run jobs in: tiny busybox, and localhost/fleet/torch
 	@docker image inspect localhost/fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
 	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	@$(MAKE) --no-print-directory image-torch
+
+image-torch: install  ## localhost/fleet/torch, the image of the README's training example (built once)
 	@docker image inspect localhost/fleet/torch:latest >/dev/null 2>&1 || PYTHON=$(PYTHON) bash images/torch/build.sh
 
 image-python: install  ## localhost/fleet/python, the default job image (debootstrap rootfs + SDK)
@@ -39,7 +42,7 @@ images: images-test image-python  ## every image, rebuilt, without any registry
 	PYTHON=$(PYTHON) bash images/torch/build.sh
 
 demo: install  ## start a local fleet, run example jobs to completion, stop
-	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image-python; fi
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image-python image-torch; fi
 	$(VENV)/bin/fleet up --demo
 
 up: install  ## a local fleet in the foreground (Ctrl-C stops it)
