@@ -31,8 +31,9 @@ SHAPES_TTL_S = 5.0
 
 class Shapes:
     """The registered nodes' shapes, read at most every :data:`SHAPES_TTL_S` for accepting a job and
-    read afresh before refusing one (a node that joined a moment ago is never missed), so a stream
-    of submits costs one read of the nodes every few seconds, not one each."""
+    read afresh before refusing one (a node that joined a moment ago is never missed) and while none
+    is registered (a fleet coming up accepts everything), so a stream of submits costs one read of
+    the nodes every few seconds, not one each."""
 
     def __init__(self, nodes: Callable[[], list[Node]], clock: Callable[[], float] = time.monotonic) -> None:
         self._nodes, self._clock = nodes, clock
@@ -41,7 +42,8 @@ class Shapes:
 
     def views(self, fresh: bool = False) -> list[NodeView]:
         now = self._clock()
-        if fresh or self._read_at is None or now - self._read_at >= SHAPES_TTL_S:
+        stale = self._read_at is None or now - self._read_at >= SHAPES_TTL_S
+        if fresh or stale or not self._views:  # none registered yet: the first may join any moment
             self._views, self._read_at = [_shape(n) for n in self._nodes()], now
         return self._views
 

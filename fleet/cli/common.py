@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,17 +76,23 @@ def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -
 @contextmanager
 def job_goes_on(job_id: str, doing: str = "waiting for", array: bool = False) -> Iterator[None]:
     """Ctrl-C while a command waits for or follows a job ends the command, never the job: say so,
-    with how to cancel it, and exit 130 (as a shell does on SIGINT), without a traceback."""
+    with how to cancel it, and exit 130 (as a shell does on SIGINT), without a traceback. Done in the
+    signal handler itself: a KeyboardInterrupt raised inside a library's callback (pydantic building
+    a model on first use) can be swallowed, and the command would go on waiting."""
+    what, cancel = ("job array", f"--array {job_id}") if array else ("job", job_id)
+
+    def stop(signum: int, frame: object) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        message = f"fleet: stopped {doing} {what} {job_id}; it goes on (cancel it: fleet cancel {cancel})"
+        os.write(2, f"{chr(10) if sys.stderr.isatty() else ''}{message}\n".encode())
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
     try:
         yield
-    except KeyboardInterrupt:
-        what, cancel = ("job array", f"--array {job_id}") if array else ("job", job_id)
-        print(
-            f"{chr(10) if sys.stderr.isatty() else ''}fleet: stopped {doing} {what} {job_id}; it goes on "
-            f"(cancel it: fleet cancel {cancel})",
-            file=sys.stderr,
-        )
-        raise click.exceptions.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def pairs(values: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:

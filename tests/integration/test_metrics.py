@@ -44,7 +44,9 @@ def test_controller_and_agent_metrics(procs: FleetProcs, client: Client) -> None
     flaky = client.submit(JobSpec(name="flaky", gpus=1, max_attempts=2, command=["sh", "-c", "exit 1"]))
     assert flaky.wait(timeout=30).state == JobState.FAILED
     running = client.submit(JobSpec(name="busy", gpus=1, command=["sleep", "60"]))
-    waiting = client.submit(JobSpec(name="big", gpus=3, priority=5, tenant="research", command=["true"]))
+    client.set_tenant("research")
+    big = JobSpec(name="big", gpus=3, priority=5, tenant="research", command=["true"], allow_unplaceable=True)
+    waiting = client.submit(big)
     wait_for(lambda: running.status().state == JobState.RUNNING, what="running")
     time.sleep(0.5)
 
