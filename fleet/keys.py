@@ -20,6 +20,13 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | per-tenant indexes (``RankIndex.backfill``)             |
 | ``<p>:jobs:state:<STATE>``        | set    | ids of jobs in STATE                                    |
 | ``<p>:jobs:ended``                | zset   | ids of final (or quarantined) jobs, scored by end time  |
+| ``<p>:jobs:changed``              | zset   | ids of jobs a user changed in the queue (hold, release, |
+|                                   |        | update, requeue), scored by ``<p>:jobs:changed:version``|
+|                                   |        | at the change: the leader reads those since its last    |
+|                                   |        | look (``lua/lib/changed.lua``), newest 10,000 kept      |
+| ``<p>:jobs:changed:version``      | string | counter of those changes                                |
+| ``<p>:jobs:changed:trimmed``      | string | the newest version trimmed from the zset (a leader      |
+|                                   |        | behind it reads its whole queue again)                  |
 | ``<p>:job:<id>``                  | hash   | the job record (spec JSON, state, attempt, node, ...);  |
 |                                   |        | an array task holds ``array`` and ``index``, not a spec |
 | ``<p>:job:<id>:events``           | stream | transitions with their reasons (``fleet show``); absent |
@@ -173,6 +180,20 @@ class Keys:
     @property
     def ended(self) -> str:
         return f"{self.prefix}:jobs:ended"
+
+    @property
+    def changed(self) -> str:
+        """Zset: job id -> the ``changed_version`` of its last change by a user in the queue (hold,
+        release, update, requeue): what the leader's queue in memory reads again, message or not."""
+        return f"{self.prefix}:jobs:changed"
+
+    @property
+    def changed_version(self) -> str:
+        return f"{self.prefix}:jobs:changed:version"
+
+    @property
+    def changed_trimmed(self) -> str:
+        return f"{self.prefix}:jobs:changed:trimmed"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"

@@ -1,7 +1,9 @@
 """What the leader keeps in memory between passes: the pending queue and the nodes' views.
 
 Cost follows what changed: messages name jobs and nodes (``touch``), and a refresh reads only
-those, the nodes the nodes-changed feed names, and the queue fully again from Redis every
+those, the jobs the changed-jobs feed names (a user's hold, release, update, requeue: they take
+effect at the next pass even when their message is lost), the nodes the nodes-changed feed names,
+and the queue fully again from Redis every
 ``resync_interval_s`` (or when a cheap count says it drifted). The full reconcile reads every node
 each ``resync_interval_s`` too and installs it here, the scheduler's safety net. Records that do
 not parse are left out and quarantined (fenced by the leader token like every controller write).
@@ -44,6 +46,8 @@ class ViewCache:
         #: each node as last read, and the nodes-changed version that read saw (see fleet.keys)
         self.known: dict[str, Node] = {}
         self._node_version = 0
+        #: the changed-jobs feed's version at the last look; -1: none yet (see fleet.keys)
+        self._job_version = -1
         self._views_changed = False
         #: max_running of the arrays whose tasks are queued (read with the tasks)
         self._array_limits: dict[str, int] = {}
@@ -83,7 +87,8 @@ class ViewCache:
             self._touched_jobs, self._touched_nodes = set(), set()
         if self._reload:
             self._reload, self.queue, self.views, self._next_resync = False, PendingQueue(), {}, 0.0
-            self.known, self._next_full_read = {}, 0.0
+            self.known, self._next_full_read, self._job_version = {}, 0.0, -1
+        jobs |= self._changed_jobs()
         if time.monotonic() >= self._next_resync or self._queue_drifted():
             self._next_resync = time.monotonic() + self.cfg.resync_interval_s
             jobs |= self._resync_queue()
@@ -97,6 +102,16 @@ class ViewCache:
             return {}
         active = self.jobs.array_active_counts(arrays)
         return {a: self._array_limits[a] - active.get(a, 0) for a in arrays}
+
+    def _changed_jobs(self) -> set[str]:
+        """The jobs users changed in the queue since the last look, from state, not messages: one
+        cheap read when none did. Every queued job when some changes are no longer listed; none at
+        the first look (the resync that follows reads the whole queue)."""
+        ids, version, missed = self.jobs.changed_since(self._job_version)
+        first, self._job_version = self._job_version < 0, version
+        if first:
+            return set()
+        return set(self.queue.jobs) if missed else set(ids)
 
     def _queue_drifted(self) -> bool:
         """Each ``schedule_interval_s``, one cheap count: a submit whose message was lost shows up

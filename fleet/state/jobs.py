@@ -253,6 +253,20 @@ class JobStore(JobTransitions, JobLogs):
         return int(self.redis.zcard(self.keys.queued))
 
     @translated
+    def changed_since(self, version: int) -> tuple[list[str], int, bool]:
+        """Jobs a user changed in the queue after ``version`` (``lib/changed.lua``), the version now,
+        and whether some changes since ``version`` are no longer listed (trimmed, or the counter went
+        back: a Redis restored or flushed): then the caller reads its whole queue again."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(k.changed_version)
+        pipe.get(k.changed_trimmed)
+        pipe.zrangebyscore(k.changed, f"({version}", "+inf")
+        now, trimmed, ids = pipe.execute()
+        now = int(now or 0)
+        return ids, now, now < version or int(trimmed or 0) > version
+
+    @translated
     def queued_ids(self) -> list[str]:
         return list(self.redis.zrange(self.keys.queued, 0, -1))
 

@@ -73,9 +73,10 @@ class MemFleet:
             "metrics_port": 0,
             **overrides.pop("agent", {}),
         }
+        controller = {"metrics_port": 0, **overrides.pop("controller", {})}
         return load_settings(
             redis_url=redis_url,
-            controller={"metrics_port": 0},
+            controller=controller,
             agent=agent,
             checkpoint_root=self.root / "checkpoints",
             **overrides,

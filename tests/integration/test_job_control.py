@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,9 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from fleet.client import ArrayHandle
 from fleet.errors import SpecError
+from fleet.state.control import JobControl, Need
 from tests.conftest import Api, FleetProcs
+from tests.integration.memfleet import MemFleet
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -38,6 +40,15 @@ def cli(api: Api) -> Cli:
         )
 
     return run
+
+
+@pytest.fixture
+def mem(redis_url: str, tmp_path: Path) -> Iterator[MemFleet]:
+    """A controller and an agent of one GPU in memory (``memfleet.py``); the queue's full resync is
+    an hour away, so only what a pass reads each time can move a job."""
+    fleet = MemFleet(redis_url, tmp_path, {"m-ctl": 1}, controller={"resync_interval_s": 3600})
+    yield fleet
+    fleet.close()
 
 
 def spec(*command: str, **fields: object) -> JobSpec:
@@ -179,3 +190,22 @@ def test_requeue_failed_runs_exactly_the_failed_tasks_again(
     assert client.requeue(array.id).requeued == []
     again = cli("requeue", array.id, "--failed")
     assert again.returncode == 0 and again.stdout.startswith(f"no task of {array.id} to run again")
+
+
+def test_a_release_whose_message_is_lost_still_lets_the_job_start(mem: MemFleet) -> None:
+    # Given a job held in the queue of a free node, as the controller knows it
+    control = JobControl(mem.jobs)
+    job_id = mem.submit(spec("sleep", "60"))
+    held = control.change_queued(job_id, mem.clock(), "held by tester", {"held_by": "tester"}, Need.FREE)
+    assert held.applied
+    mem.settle()
+    assert mem.job(job_id).state == JobState.QUEUED
+
+    # When it is released in state and no message tells the controller
+    released = control.change_queued(job_id, mem.clock(), "released by tester", {"held_by": ""}, Need.HELD)
+    assert released.applied and mem.bus.deliver() == 0
+    mem.settle()
+
+    # Then the controller's next pass read the change all the same: the job runs on the node
+    job = mem.job(job_id)
+    assert (job.state, job.nodes_held) == (JobState.RUNNING, ["m-ctl"])

@@ -4,13 +4,14 @@
 -- KEYS[1] ended zset (retention's: a job queued again leaves it)  KEYS[2] QUEUED set
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[1]:
 --   <prefix>:job:<id> hashes and <prefix>:job:<id>:events streams, <prefix>:jobs:state:<STATE>
---   sets, and the queue's index (lib/ranked.lua).
+--   sets, the queue's index (lib/ranked.lua) and the changed-jobs feed (lib/changed.lua).
 -- ARGV[1] key prefix  ARGV[2] now  ARGV[3] reason  ARGV[4] the states a job may be requeued from,
 --   comma separated (final ones)
 -- ARGV[5], ARGV[6], ...: job ids
 -- Returns, for each id in order, two values: code (1 requeued, 0 not in ARGV[4], -1 no such job)
 -- and the state it was in.
 --! include ranked
+--! include changed
 local prefix, now, reason = ARGV[1], ARGV[2], ARGV[3]
 local allowed = {}
 for s in string.gmatch(ARGV[4], '[^,]+') do
@@ -39,6 +40,7 @@ for i = 5, #ARGV do
     redis.call('SADD', KEYS[2], id)
     redis.call('ZREM', KEYS[1], id)
     ranked_add(prefix, id)
+    mark_changed(prefix, id)
     redis.call('XADD', key .. ':events', 'MAXLEN', '~', 1000, '*', 'at', now, 'state', 'QUEUED',
       'attempt', job[2] or '0', 'reason', reason, 'node', '')
     answer(1, state)
