@@ -1,6 +1,7 @@
-"""``/v1/jobs/.../hold``, ``release``, ``update``, ``/v1/jobs/cancel`` and ``/v1/arrays/.../requeue``:
-a user's control of jobs already submitted (:mod:`fleet.api.jobctl`). A user acts on its own jobs
-(cancels: any of its tenant's, as a single cancel does); operators and admins on any tenant's."""
+"""``/v1/jobs/.../hold``, ``release``, ``update``, ``/v1/jobs/cancel`` and ``/v1/arrays/.../hold``,
+``release``, ``requeue``: a user's control of jobs already submitted (:mod:`fleet.api.jobctl`). A
+user acts on its own jobs (cancels: any of its tenant's, as a single cancel does); operators and
+admins on any tenant's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fleet.api.deps import StrictBody, User, own_array, own_job, whom
 from fleet.api.jobctl import JobCommands
 from fleet.errors import Forbidden
 from fleet.log import event
-from fleet.models import CancelReport, Identity, Job, RequeueReport, Role
+from fleet.models import CancelReport, Identity, Job, RequeueReport, Role, TasksChanged
 
 log = logging.getLogger("fleet.api")
 
@@ -44,6 +45,11 @@ def routes(backend: JobCommands) -> APIRouter:
         allowed(who, job.owner, f"job {job_id}", done)
         return job
 
+    def mine_array(who: Identity, array_id: str, done: str) -> None:
+        array = backend.array(array_id)
+        own_array(who, array.spec.tenant, array_id)
+        allowed(who, array.owner, f"job array {array_id}", done)
+
     @router.post("/v1/jobs/{job_id}/hold")
     def hold(job_id: str, who: User) -> Job:
         """Keep a queued job from being placed until released (it stays QUEUED, "held by USER")."""
@@ -58,6 +64,21 @@ def routes(backend: JobCommands) -> APIRouter:
         job = backend.release(job_id, who.user)
         event(log, "release", job=job_id, user=who.user)
         return job
+
+    @router.post("/v1/arrays/{array_id}/hold")
+    def hold_array(array_id: str, who: User) -> TasksChanged:
+        """Hold every queued task of a job array (tasks on nodes or ended are counted, left as are)."""
+        mine_array(who, array_id, "hold")
+        report = backend.hold_array(array_id, who.user)
+        event(log, "hold", array=array_id, user=who.user, tasks=report.changed)
+        return report
+
+    @router.post("/v1/arrays/{array_id}/release")
+    def release_array(array_id: str, who: User) -> TasksChanged:
+        mine_array(who, array_id, "release")
+        report = backend.release_array(array_id, who.user)
+        event(log, "release", array=array_id, user=who.user, tasks=report.changed)
+        return report
 
     @router.post("/v1/jobs/{job_id}/update")
     def update(job_id: str, body: Update, who: User) -> Job:
@@ -86,9 +107,7 @@ def routes(backend: JobCommands) -> APIRouter:
     @router.post("/v1/arrays/{array_id}/requeue")
     def requeue(array_id: str, body: Requeue, who: User) -> RequeueReport:
         """Run a job array's failed (or cancelled) tasks again, under the same ids."""
-        array = backend.array(array_id)
-        own_array(who, array.spec.tenant, array_id)
-        allowed(who, array.owner, f"job array {array_id}", "requeue")
+        mine_array(who, array_id, "requeue")
         report = backend.requeue(array_id, body.states, who.user)
         event(log, "requeue", array=array_id, user=who.user, tasks=len(report.requeued))
         return report

@@ -1,7 +1,8 @@
 """What a user does to jobs already submitted, as Slurm's ``scontrol`` and ``scancel`` do: hold and
-release a queued job, update one (priority, GPUs, time limit), cancel several at once (by ids, user,
-state), and queue the failed tasks of a job array again. The API checks who may (tenant, owner)
-before calling these; the state changes are atomic scripts (:mod:`fleet.state.control`)."""
+release a queued job (or every queued task of a job array), update one (priority, GPUs, time
+limit), cancel several at once (by ids, user, state), and queue the failed tasks of a job array
+again. The API checks who may (tenant, owner) before calling these; the state changes are atomic
+scripts (:mod:`fleet.state.control`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from fleet.api.commands import Commands
 from fleet.api.queries import known_id
 from fleet.config import Settings
 from fleet.errors import SpecError
-from fleet.models import ON_NODE_STATES, CancelReport, Job, JobSpec, JobState, Range, RequeueReport
+from fleet.models import (
+    ON_NODE_STATES,
+    CancelReport,
+    Job,
+    JobSpec,
+    JobState,
+    Range,
+    RequeueReport,
+    TasksChanged,
+)
 from fleet.models.arrays import task_ids
 from fleet.state import Stores
 from fleet.state.control import JobControl, Need
@@ -55,6 +65,26 @@ class JobCommands(Commands):
         )
         self._changed(job, changed.applied or changed.unmet, "released")
         return self._jobs.get(job.id)
+
+    def hold_array(self, array_id: str, who: str) -> TasksChanged:
+        """:meth:`hold` every QUEUED task of a job array (each in an atomic step of its own)."""
+        return self._array_tasks(array_id, f"held by {who}", {"held_by": who}, Need.FREE)
+
+    def release_array(self, array_id: str, who: str) -> TasksChanged:
+        """:meth:`release` every held task of a job array."""
+        return self._array_tasks(array_id, f"released by {who}", {"held_by": ""}, Need.HELD)
+
+    def _array_tasks(self, array_id: str, reason: str, fields: dict[str, str], need: Need) -> TasksChanged:
+        array = self._arrays.get(known_id(array_id))
+        outcome = self._control.change_many(
+            task_ids(array.id, array.indices), time.time(), reason, fields, need
+        )
+        changed = [job_id for job_id, done in outcome if done.applied]
+        self._hints.name(changed)
+        report = TasksChanged(changed=len(changed))
+        report.already = sum(1 for _, done in outcome if done.unmet)
+        report.not_queued = len(outcome) - report.changed - report.already
+        return report
 
     def update(self, job_id: str, changes: dict[str, Any], who: str) -> Job:
         """Change a QUEUED job's ``priority``, ``gpus`` or ``timeout``, checked as a submit checks its

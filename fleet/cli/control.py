@@ -1,6 +1,6 @@
 """Ending and changing submitted jobs, as Slurm's ``scancel`` and ``scontrol`` do: ``fleet cancel``
-(one job, several, by user or state, an array, labels), ``hold``, ``release``, ``update`` and
-``requeue`` (a job array's failed tasks)."""
+(one job, several, by user or state, an array, labels), ``hold`` and ``release`` (jobs, or arrays'
+queued tasks), ``update`` and ``requeue`` (a job array's failed tasks)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fleet.cli.output import emit_json
 from fleet.cli.submit import print_job_line
 from fleet.client import Client
 from fleet.errors import CorruptRecord, FleetError, NotFound, SpecError
-from fleet.models import CancelReport, Job, JobState
+from fleet.models import CancelReport, Job, JobState, TasksChanged
 
 #: the states ``cancel --state`` takes (any not final), as users type them
 CANCEL_STATES = [s.value.lower() for s in JobState if not s.final]
@@ -98,39 +98,76 @@ def _print_report(report: CancelReport, output: str) -> None:
     print(f"cancelled {done} job(s): {len(report.cancelled)} at once, {len(report.stopping)} stopping{final}")
 
 
-@click.command(context_settings=CONTEXT, short_help="keep queued jobs from starting until released")
+@click.command(context_settings=CONTEXT, short_help="keep queued jobs (or arrays' tasks) from starting")
 @click.argument("job_ids", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
 @output_option
 @pass_globals
 def hold(globals_: Globals, job_ids: tuple[str, ...], output: str) -> int:
     """Keep queued jobs from being placed (as Slurm's `scontrol hold`): each stays QUEUED, its
-    reason "held by USER", until `fleet release`. A job already on a node, or ended, is refused
-    (exit 2); the others named are held all the same."""
+    reason "held by USER", until `fleet release`. A job array's id holds every queued task of it
+    (counted; its tasks on nodes or ended are left as they are). A job already on a node, or ended,
+    is refused (exit 2); the others named are held all the same."""
     client = globals_.client()
-    return _each(job_ids, client.hold, output)
+    return _each(job_ids, client.hold, client.hold_array, "held", output)
 
 
-@click.command(context_settings=CONTEXT, short_help="let held jobs start again")
+@click.command(context_settings=CONTEXT, short_help="let held jobs (or arrays' tasks) start again")
 @click.argument("job_ids", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
 @output_option
 @pass_globals
 def release(globals_: Globals, job_ids: tuple[str, ...], output: str) -> int:
-    """Let held jobs be placed again (a job not held is left as it is)."""
+    """Let held jobs be placed again (a job not held is left as it is); a job array's id releases
+    every held task of it (counted)."""
     client = globals_.client()
-    return _each(job_ids, client.release, output)
+    return _each(job_ids, client.release, client.release_array, "released", output)
 
 
-def _each(job_ids: tuple[str, ...], act: Callable[[str], Job], output: str) -> int:
-    """``act`` on every job named: each one's line, and a ``fleet:`` line for each refused; the
-    exit code of the first refusal (0 when none)."""
+def _each(
+    job_ids: tuple[str, ...],
+    act: Callable[[str], Job],
+    on_array: Callable[[str], TasksChanged],
+    done: str,
+    output: str,
+) -> int:
+    """``act`` on every job named (``on_array`` on a job array's id): each one's line, and a
+    ``fleet:`` line for each refused; the exit code of the first refusal (0 when none)."""
     code = 0
     for job_id in job_ids:
         try:
-            print_job_line(act(job_id), output)
+            _one(job_id, act, on_array, done, output)
         except FleetError as exc:
             print(f"fleet: {exc}", file=sys.stderr)
             code = code or exc.exit_code
     return code
+
+
+def _one(
+    job_id: str, act: Callable[[str], Job], on_array: Callable[[str], TasksChanged], done: str, output: str
+) -> None:
+    try:
+        print_job_line(act(job_id), output)
+        return
+    except CorruptRecord:
+        raise
+    except NotFound as missing:
+        report = _array_or(job_id, on_array, missing)
+    if output == "json":
+        emit_json(report)
+        return
+    print(
+        f"{job_id}: {done} {report.changed} task(s); {report.already} already {done}, "
+        f"{report.not_queued} not queued (on nodes or ended)"
+    )
+
+
+def _array_or(array_id: str, on_array: Callable[[str], TasksChanged], missing: NotFound) -> TasksChanged:
+    """``on_array`` for the job array ``array_id``, else ``missing`` (no job or array by that id)."""
+    try:
+        return on_array(array_id)
+    except CorruptRecord:
+        raise
+    except NotFound:
+        raise missing from None
 
 
 @click.command(context_settings=CONTEXT, short_help="change a queued job's priority, GPUs or time limit")

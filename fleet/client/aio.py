@@ -45,6 +45,7 @@ from fleet.models import (
     QueuePosition,
     RequeueReport,
     Role,
+    TasksChanged,
     Tenant,
     TenantStatus,
     TokenInfo,
@@ -198,6 +199,12 @@ class AsyncClient:
 
     async def release(self, job_id: str) -> Job:
         return await self._do(api.release(job_id))
+
+    async def hold_array(self, array_id: str) -> TasksChanged:
+        return await self._do(api.array_tasks(array_id, "hold"))
+
+    async def release_array(self, array_id: str) -> TasksChanged:
+        return await self._do(api.array_tasks(array_id, "release"))
 
     async def update(
         self,

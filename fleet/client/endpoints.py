@@ -22,6 +22,7 @@ from fleet.models import (
     LogLine,
     QueuePosition,
     RequeueReport,
+    TasksChanged,
     check_job_id,
     relative_path,
 )
@@ -134,6 +135,12 @@ def hold(job_id: str) -> Call[Job]:
 
 def release(job_id: str) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{job_segment(job_id)}/release", job)
+
+
+def array_tasks(array_id: str, act: str) -> Call[TasksChanged]:
+    """Hold (``act`` "hold") or release every queued task of a job array."""
+    path = f"/v1/arrays/{segment(checks.ident(array_id, 'array id'))}/{act}"
+    return Call("POST", path, TasksChanged.model_validate)
 
 
 def update(job_id: str, priority: int | None, gpus: int | None, timeout: float | str | None) -> Call[Job]:

@@ -38,6 +38,7 @@ from fleet.models import (
     QueuePosition,
     RequeueReport,
     Role,
+    TasksChanged,
     Tenant,
     TenantStatus,
     TokenInfo,
@@ -282,6 +283,14 @@ class Client:
     def release(self, job_id: str) -> Job:
         """Let a held job be placed again."""
         return self._do(api.release(job_id))
+
+    def hold_array(self, array_id: str) -> TasksChanged:
+        """:meth:`hold` every queued task of a job array; how many it held."""
+        return self._do(api.array_tasks(array_id, "hold"))
+
+    def release_array(self, array_id: str) -> TasksChanged:
+        """:meth:`release` every held task of a job array; how many it released."""
+        return self._do(api.array_tasks(array_id, "release"))
 
     def update(
         self,

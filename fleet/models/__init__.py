@@ -4,6 +4,7 @@ identities. One module each (``spec``, ``job``, ``node``, ``tenant``; ``base`` w
 
 from __future__ import annotations
 
+from fleet.models.arrays import TasksChanged
 from fleet.models.base import (
     SPEC_BYTES_MAX,
     Duration,
@@ -93,6 +94,7 @@ __all__ = [
     "RequeueReport",
     "Role",
     "Size",
+    "TasksChanged",
     "Tenant",
     "TenantStatus",
     "Text",

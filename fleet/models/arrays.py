@@ -3,7 +3,7 @@
 An array is one submit of many tasks; task ``i`` of array ``A`` is the job ``A-i``. Indices are
 kept sorted and without duplicates; their normal form (runs of consecutive indices written as
 ``a-b``) is what the array record stores, so a 10,000-task sweep stores ``0-9999``, not 10,000
-numbers.
+numbers. ``TasksChanged`` counts what a hold or release of every queued task of an array did.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable
+
+from pydantic import BaseModel
+
+from fleet.models.base import _LAZY
 
 #: most tasks one array may hold: each costs ~0.5 KB of Redis while queued, and the controller
 #: reads every queued task on each pass
@@ -90,3 +94,14 @@ def task_id(array_id: str, index: int) -> str:
 def task_ids(array_id: str, indices: str) -> list[str]:
     """Every task id of the array whose normal-form indices are ``indices``."""
     return [task_id(array_id, i) for i in parse_indices(indices)]
+
+
+class TasksChanged(BaseModel):
+    """What ``fleet hold ARRAY`` or ``fleet release ARRAY`` did: how many queued tasks it held (or
+    released), how many were so already, and how many were not queued (on nodes or ended)."""
+
+    model_config = _LAZY
+
+    changed: int = 0
+    already: int = 0
+    not_queued: int = 0

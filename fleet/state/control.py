@@ -60,9 +60,26 @@ class JobControl:
         code, detail = self._scripts["change_queued"](keys=[k.job(job_id), k.events(job_id)], args=args)
         if int(code) == -1:
             raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
-        if int(code) == 2:
-            return Changed(False, JobState.QUEUED.value, detail, unmet=True)
-        return Changed(int(code) == 1, detail)
+        return _changed(int(code), detail)
+
+    @translated
+    def change_many(
+        self, job_ids: Sequence[str], now: float, reason: str, fields: dict[str, Any], need: Need
+    ) -> list[tuple[str, Changed]]:
+        """:meth:`change_queued` for each of ``job_ids`` (a job array's tasks), pipelined by
+        ``ARRAY_BATCH``: each an atomic step of its own; an id no job holds is left out."""
+        k, script, body = self.keys, self._scripts["change_queued"], json.dumps(fields)
+        out: list[tuple[str, Changed]] = []
+        for start in range(0, len(job_ids), ARRAY_BATCH):
+            batch = job_ids[start : start + ARRAY_BATCH]
+            pipe = self.jobs.redis.pipeline(transaction=False)
+            for job_id in batch:
+                args = [check_job_id(job_id), now, reason, body, k.prefix, need.value, ""]
+                script(keys=[k.job(job_id), k.events(job_id)], args=args, client=pipe)
+            for job_id, (code, detail) in zip(batch, pipe.execute(), strict=True):
+                if int(code) != -1:
+                    out.append((job_id, _changed(int(code), detail)))
+        return out
 
     @translated
     def requeue(
@@ -80,3 +97,10 @@ class JobControl:
             flat = self._scripts["requeue_final"](keys=keys, args=[*head, *batch])
             out.extend((job_id, int(flat[2 * i]), flat[2 * i + 1]) for i, job_id in enumerate(batch))
         return out
+
+
+def _changed(code: int, detail: str) -> Changed:
+    """What ``change_queued.lua`` answered (a job it found)."""
+    if code == 2:
+        return Changed(False, JobState.QUEUED.value, detail, unmet=True)
+    return Changed(code == 1, detail)

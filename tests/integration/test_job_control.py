@@ -209,3 +209,37 @@ def test_a_release_whose_message_is_lost_still_lets_the_job_start(mem: MemFleet)
     # Then the controller's next pass read the change all the same: the job runs on the node
     job = mem.job(job_id)
     assert (job.state, job.nodes_held) == (JobState.RUNNING, ["m-ctl"])
+
+
+def test_hold_and_release_an_array_by_its_id_count_its_queued_tasks(
+    api: Api, client: Client, cli: Cli
+) -> None:
+    # Given an array of four tasks queued (no node), one of them cancelled
+    array = client.submit_array(spec("true"), "0-3")
+    tasks = [f"{array.id}-{i}" for i in range(4)]
+    client.cancel(tasks[3])
+
+    # When the array is held by its id, Then every queued task is, and the count says so
+    held = cli("hold", array.id)
+    assert held.returncode == 0, held.stderr
+    said = f"{array.id}: held 3 task(s); 0 already held, 1 not queued (on nodes or ended)"
+    assert held.stdout.strip() == said
+    assert [client.get(t).held_by for t in tasks] == ["tester", "tester", "tester", ""]
+    assert client.get(tasks[0]).reason == "held by tester"
+
+    # When one task is released alone, then the array, Then the others are, counted
+    assert cli("release", tasks[0]).returncode == 0
+    released = cli("release", array.id, "-o", "json")
+    assert released.returncode == 0, released.stderr
+    assert json.loads(released.stdout) == {"changed": 2, "already": 1, "not_queued": 1}
+    assert [client.get(t).held_by for t in tasks[:3]] == ["", "", ""]
+    # And from Python as from the CLI
+    assert client.hold_array(array.id).changed == 3
+
+    # And an id that is neither a job nor an array is no such job (exit 3)
+    nothing = cli("hold", "ctl-nothing")
+    assert nothing.returncode == 3 and "ctl-nothing" in nothing.stderr
+    # And another user of the tenant may not release tester's array (exit 8): its tasks stay held
+    alice = cli("release", array.id, token=api.token_for("alice", "default"))
+    assert alice.returncode == 8 and f"job array {array.id}" in alice.stderr
+    assert [client.get(t).held_by for t in tasks[:3]] == ["tester", "tester", "tester"]

@@ -90,6 +90,13 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
         async with AsyncClient(ready.url, ready.token, max_threads=4) as client:
             array = await client.submit_array(sh("arr", "true"), "0-1")
             assert (await array.wait(timeout=60)).tasks[JobState.SUCCEEDED] == 2
+            # And holding or releasing an array whose tasks ended changes nothing, counted
+            assert (await client.hold_array(array.id)).model_dump() == {
+                "changed": 0,
+                "already": 0,
+                "not_queued": 2,
+            }
+            assert (await client.release_array(array.id)).not_queued == 2
             assert (await array.status()).size == 2 == (await client.array(array.id)).size
             assert (await array.task(0).result(timeout=10)).state == JobState.SUCCEEDED
             big = await client.submit(
@@ -166,6 +173,13 @@ def test_hold_update_release_cancel_several_requeue_and_usage_awaited(ready: Api
             mark.write_text("")
             assert (await client.requeue(array.id)).requeued == [f"{array.id}-1"]
             assert (await array.wait(timeout=60)).tasks[JobState.SUCCEEDED] == 2
+            # And holding or releasing an array whose tasks ended changes nothing, counted
+            assert (await client.hold_array(array.id)).model_dump() == {
+                "changed": 0,
+                "already": 0,
+                "not_queued": 2,
+            }
+            assert (await client.release_array(array.id)).not_queued == 2
             # And the accounting counts them; a download path outside the job is refused
             counted = {r.id for r in (await client.usage(since="1h", by="job")).jobs}
             assert {busy.id, queued.id, f"{array.id}-1"} <= counted
