@@ -82,7 +82,8 @@ def routes(backend: JobCommands) -> APIRouter:
 
     @router.post("/v1/jobs/{job_id}/update")
     def update(job_id: str, body: Update, who: User) -> Job:
-        """Change a queued job's priority, GPUs or time limit (checked as a submit is)."""
+        """Change a queued job's priority, GPUs or time limit (checked as a submit is); a job on a
+        node, its time limit only."""
         mine(who, job_id, "update")
         job = backend.update(job_id, body.model_dump(), who.user)
         event(log, "update", job=job_id, user=who.user, **body.model_dump(exclude_none=True))

@@ -89,21 +89,28 @@ class JobCommands(Commands):
     def update(self, job_id: str, changes: dict[str, Any], who: str) -> Job:
         """Change a QUEUED job's ``priority``, ``gpus`` or ``timeout``, checked as a submit checks its
         spec (the same validation and admission); it keeps its place in submission order. A job on a
-        node is refused: its GPUs are claimed and its time limit is armed on the node."""
+        node may change only its ``timeout``: its agents read it each reconcile and stop the running
+        attempt at the new limit (its GPUs are claimed, its place in the queue is past)."""
         given = {k: v for k, v in changes.items() if v is not None}
         if not given:
             raise SpecError(f"update: give at least one of {', '.join(UPDATABLE)}")
         unknown = sorted(set(given) - set(UPDATABLE))
         if unknown:
             raise SpecError(f"update: {unknown[0]}: cannot be changed; only {', '.join(UPDATABLE)}")
-        job = self._queued(
-            job_id, "updated", "cancel it and submit it again (an elastic job: `fleet resize`)"
-        )
+        job = self.get(job_id)
         if job.array_id is not None:
             raise SpecError(
                 f"job {job.id} is task {job.array_index} of job array {job.array_id}, whose tasks share "
                 "one spec: it cannot be changed alone (cancel it, or the array, and submit again)"
             )
+        if job.state.on_node and set(given) == {"timeout"}:
+            return self._update_on_node(job, given["timeout"], who)
+        job = self._queued(
+            job_id,
+            "updated",
+            "only its time limit (--timeout) can change on a node; for more, cancel it and submit it "
+            "again (an elastic job: `fleet resize`)",
+        )
         if "gpus" in given and isinstance(job.spec.gpus, Range):
             raise SpecError(
                 f"gpus: job {job.id} is elastic ({job.spec.gpus} GPUs): size it with `fleet resize`"
@@ -111,13 +118,31 @@ class JobCommands(Commands):
         spec = self.admit(JobSpec.parse({**job.spec.model_dump(mode="json"), **given}))
         if spec == job.spec:
             return job
-        said = ", ".join(f"{k} {_shown(getattr(job.spec, k))} -> {_shown(getattr(spec, k))}" for k in given)
         queue = f"{spec.priority} {spec.tenant}" if spec.priority != job.spec.priority else ""
         fields = {"spec": spec.model_dump_json()}
         changed = self._control.change_queued(
-            job.id, time.time(), f"updated by {who}: {said}", fields, queue=queue
+            job.id, time.time(), f"updated by {who}: {_said(job.spec, spec, given)}", fields, queue=queue
         )
         self._changed(job, changed.applied, "updated")
+        return self._jobs.get(job.id)
+
+    def _update_on_node(self, job: Job, timeout: object, who: str) -> Job:
+        """A new time limit for the attempt on its nodes (raised or lowered; one already reached stops
+        the attempt at the agents' next reconcile, as a timeout)."""
+        spec = self.admit(JobSpec.parse({**job.spec.model_dump(mode="json"), "timeout": timeout}))
+        if spec.timeout is None:
+            raise SpecError(f"timeout: job {job.id} runs: give its new limit, e.g. 2h")
+        if spec == job.spec:
+            return job
+        reason = f"updated by {who}: {_said(job.spec, spec, {'timeout': timeout})}"
+        changed = self._control.set_time_limit(
+            job.id, job.attempt, spec.model_dump_json(), reason, time.time()
+        )
+        if not changed.applied:
+            raise SpecError(
+                f"job {job.id} is {changed.state} now (its attempt {job.attempt} ended meanwhile): "
+                "its time limit was not changed"
+            )
         return self._jobs.get(job.id)
 
     def _queued(self, job_id: str, done: str, instead: str) -> Job:
@@ -194,6 +219,10 @@ class JobCommands(Commands):
         report.gone = sum(1 for _, code, _ in outcome if code == -1)
         self._hints.name(report.requeued)
         return report
+
+
+def _said(old: JobSpec, new: JobSpec, given: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {_shown(getattr(old, k))} -> {_shown(getattr(new, k))}" for k in given)
 
 
 def _shown(value: object) -> str:

@@ -170,19 +170,22 @@ def _array_or(array_id: str, on_array: Callable[[str], TasksChanged], missing: N
         raise missing from None
 
 
-@click.command(context_settings=CONTEXT, short_help="change a queued job's priority, GPUs or time limit")
+@click.command(context_settings=CONTEXT, short_help="change a queued job, or a running job's time limit")
 @click.argument("job", shell_complete=complete_jobs)
 @click.option("--priority", type=int, help="-1000..1000; higher runs first within its tenant")
 @click.option("--gpus", type=int, help="GPUs (a rigid job's; an elastic one: `fleet resize`)")
-@click.option("--timeout", metavar="DURATION", help="wall-clock limit of each attempt, e.g. 30m, 2h")
+@click.option(
+    "--timeout", metavar="DURATION", help="wall-clock limit of each attempt, e.g. 30m, 2h (a running job too)"
+)
 @output_option
 @pass_globals
 def update(
     globals_: Globals, job: str, priority: int | None, gpus: int | None, timeout: str | None, output: str
 ) -> int:
     """Change a queued job (as Slurm's `scontrol update`), checked as a submit is: the same limits,
-    the job keeps its submission order. A job already on a node is refused (exit 2): its GPUs are
-    claimed and its time limit is armed on the node; cancel it and submit again."""
+    the job keeps its submission order. Of a job already on a node only --timeout changes: its node
+    stops the running attempt at the new limit, counted from the attempt's start (`fleet show` says
+    the time left); anything else is refused (exit 2): cancel it and submit again."""
     print_job_line(globals_.client().update(job, priority=priority, gpus=gpus, timeout=timeout), output)
     return 0
 

@@ -300,7 +300,8 @@ class Client:
         gpus: int | None = None,
         timeout: float | str | None = None,
     ) -> Job:
-        """Change a queued job's priority, GPUs or time limit (seconds, or "90m"), checked as a submit is."""
+        """Change a queued job's priority, GPUs or time limit (seconds, or "90m"), checked as a submit is;
+        a job on a node, its time limit only."""
         return self._do(api.update(job_id, priority, gpus, timeout))
 
     def cancel_jobs(

@@ -1,7 +1,8 @@
 """A user's control of jobs already submitted, in Redis: hold, release and update a queued job
-(``change_queued.lua``), queue final ones again (``requeue_final.lua``). Each is one atomic script,
-so a placement lands wholly before or after it; each change bumps the job's revision, and a
-placement the leader decided from an older one is refused (``place_many.lua``)."""
+(``change_queued.lua``), change the time limit of one on its nodes (``set_time_limit.lua``), queue
+final ones again (``requeue_final.lua``). Each is one atomic script, so a placement lands wholly
+before or after it; each change bumps the job's revision, and a placement the leader decided from
+an older one is refused (``place_many.lua``)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,16 @@ class JobControl:
         if int(code) == -1:
             raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
         return _changed(int(code), detail)
+
+    @translated
+    def set_time_limit(self, job_id: str, attempt: int, spec: str, reason: str, now: float) -> Changed:
+        """Replace the spec (``spec``, JSON: its time limit changed) of ``job_id`` while it is on its
+        nodes in ``attempt`` (``set_time_limit.lua``); :class:`NotFound` for no such job."""
+        keys = [self.keys.job(check_job_id(job_id)), self.keys.events(job_id)]
+        code, state = self._scripts["set_time_limit"](keys=keys, args=[now, reason, spec, attempt])
+        if int(code) == -1:
+            raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+        return Changed(int(code) == 1, state)
 
     @translated
     def change_many(

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from fleet import Client, JobSpec, JobState
+from fleet.api.backend import Backend
+from fleet.cli.showing import time_limit
 from fleet.client import ArrayHandle
 from fleet.errors import SpecError
 from fleet.state.control import JobControl, Need
@@ -78,6 +80,12 @@ def test_a_held_job_waits_on_a_free_node_until_released(procs: FleetProcs, clien
         running.returncode == 2
         and f"job {blocker} is RUNNING: only a queued job can be held" in running.stderr
     )
+    # And a running job's time limit can be set, and nothing else of it
+    limited = cli("update", blocker, "--timeout", "2h")
+    assert limited.returncode == 0 and limited.stdout.startswith(f"{blocker} RUNNING"), limited.stderr
+    assert "2h00m an attempt" in cli("show", blocker).stdout
+    resized = cli("update", blocker, "--gpus", "2")
+    assert resized.returncode == 2 and "only its time limit (--timeout) can change" in resized.stderr
 
     # When the node comes free and a later job (ranked after it) is submitted
     client.cancel(blocker)
@@ -243,3 +251,31 @@ def test_hold_and_release_an_array_by_its_id_count_its_queued_tasks(
     alice = cli("release", array.id, token=api.token_for("alice", "default"))
     assert alice.returncode == 8 and f"job array {array.id}" in alice.stderr
     assert [client.get(t).held_by for t in tasks[:3]] == ["tester", "tester", "tester"]
+
+
+def test_a_running_jobs_time_limit_can_be_raised_and_its_node_keeps_the_new_one(mem: MemFleet) -> None:
+    # Given a job of a 1-minute limit running on the node for 30 s
+    backend = Backend(settings=mem.settings)
+    job_id = mem.submit(spec("sleep", "600", timeout="1m"))
+    mem.settle()
+    mem.advance(30)
+    assert mem.job(job_id).state == JobState.RUNNING
+
+    # When its limit is raised to 3 minutes
+    job = backend.update(job_id, {"timeout": "3m"}, "tester")
+    assert (job.state, job.spec.timeout) == (JobState.RUNNING, 180.0)
+    assert time_limit(job, mem.clock()) == "3m00s an attempt, 2m30s left"
+    assert mem.jobs.history(job_id)[-1].reason == "updated by tester: timeout 60 -> 180"
+
+    # Then it runs past its old limit, and is stopped at the new one
+    mem.advance(60)
+    assert mem.job(job_id).state == JobState.RUNNING
+    mem.advance(91)
+    job = mem.job(job_id)
+    assert job.state == JobState.FAILED and job.reason.startswith("time limit of 180s reached")
+    # And a job on a node may change nothing else (exit 2, saying what it may)
+    running = mem.submit(spec("sleep", "600"))
+    mem.settle()
+    with pytest.raises(SpecError, match=r"only its time limit \(--timeout\) can change on a node"):
+        backend.update(running, {"priority": 5}, "tester")
+    backend.close()
