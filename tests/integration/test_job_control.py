@@ -279,3 +279,25 @@ def test_a_running_jobs_time_limit_can_be_raised_and_its_node_keeps_the_new_one(
     with pytest.raises(SpecError, match=r"only its time limit \(--timeout\) can change on a node"):
         backend.update(running, {"priority": 5}, "tester")
     backend.close()
+
+
+def test_the_changed_jobs_feed_says_when_the_leader_must_read_its_whole_queue(redis_url: str) -> None:
+    # Given a job held, as the leader last looked at the feed before it
+    backend = Backend(redis_url)
+    jobs = backend.stores.jobs
+    single = backend.submit(spec("true")).id
+    _, before, _ = jobs.changed_since(0)
+    backend.hold(single, "tester")
+    # Then the feed names it, and nothing else, since that look
+    assert jobs.changed_since(before) == ([single], before + 1, False)
+    assert jobs.changed_since(before + 1) == ([], before + 1, False)
+
+    # When more jobs change than the feed keeps (every task of a 10,001-task array held)
+    array = backend.submit_array(spec("true"), "0-10000")
+    assert backend.hold_array(array.id, "tester").changed == 10_001
+    # Then a leader that looked before them is told it missed some: it reads its whole queue again
+    names, now, missed = jobs.changed_since(before + 1)
+    assert missed and now == before + 10_002 and len(names) == 10_000
+    # And one that looked lately still gets just what changed since
+    assert jobs.changed_since(now - 2) == ([f"{array.id}-9999", f"{array.id}-10000"], now, False)
+    backend.close()
