@@ -57,7 +57,9 @@ class _Attempt:
     pid: int
     script: Script
     exit: Exit | None = None
-    ended_at: float | None = None
+    #: seconds after its start it ended: kept as the offset, not a clock time, so the lines its
+    #: script wrote at that very offset are read back (started + e - started can fall short of e)
+    ended_after: float | None = None
     #: (signal name, clock) of every signal it was sent
     signals: list[tuple[str, float]] = field(default_factory=list)
     seen: bool = False
@@ -152,7 +154,7 @@ class FakeRuntime:
             run = self._held.get((job_id, attempt))
             if run is None:
                 return []
-            upto = (run.ended_at if run.ended_at is not None else self.clock()) - run.started
+            upto = run.ended_after if run.ended_after is not None else self.clock() - run.started
             lines = [(text, whole) for _, text, whole in written(run.script, upto)]
         found = []
         for index, (text, whole) in enumerate(lines[int(cursor or 0) :], start=int(cursor or 0)):
@@ -187,7 +189,7 @@ class FakeRuntime:
             for run in self._held.values():
                 ends_after = run.script.ends_after
                 if run.exit is None and ends_after is not None and now - run.started >= ends_after:
-                    self._end(run, run.script.code, at=run.started + ends_after)
+                    self._end(run, run.script.code, after=ends_after)
                 if run.exit is not None and not run.seen:
                     run.seen = True
                     ended.append((run.spec.job_id, run.spec.attempt))
@@ -224,14 +226,12 @@ class FakeRuntime:
         with self._lock:
             return run.exit is None
 
-    def _end(self, run: _Attempt, code: int, *, oom: bool = False, at: float | None = None) -> None:
+    def _end(self, run: _Attempt, code: int, *, oom: bool = False, after: float | None = None) -> None:
         if run.exit is not None:
             return
         reason = "OOMKilled" if oom else exit_reason(code)
-        run.exit, run.ended_at = (
-            Exit(code=code, oom=oom, reason=reason),
-            at if at is not None else self.clock(),
-        )
+        run.exit = Exit(code=code, oom=oom, reason=reason)
+        run.ended_after = after if after is not None else self.clock() - run.started
 
 
 class ManualClock:
