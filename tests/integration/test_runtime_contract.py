@@ -44,7 +44,7 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]
     else:
         from fleet.agent.runtime.docker import DockerRuntime
 
-        held = DockerRuntime(node, supervisor)
+        held = DockerRuntime(node, tmp_path / "state" / "attempts", supervisor)
     try:
         yield held
     finally:

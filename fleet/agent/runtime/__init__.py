@@ -30,7 +30,11 @@ def open_runtime(settings: AgentSettings, supervisor: SupervisorClient, cgroups:
         try:
             guard = settings if settings.job_network_guard else None
             runtime: Runtime = DockerRuntime(
-                settings.node_name, supervisor, pull=settings.docker_pull, guard=guard
+                settings.node_name,
+                settings.state_dir / "attempts",
+                supervisor,
+                pull=settings.docker_pull,
+                guard=guard,
             )
         except RuntimeUnavailable as exc:
             raise RuntimeUnavailable(

@@ -13,7 +13,8 @@ from fleet.models import Exit, Mount
 
 #: where the Docker runtime mounts a job's checkpoint directory
 CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
-#: where the Docker runtime mounts a job's shipped directory (read-only), its working directory
+#: where the Docker runtime mounts the attempt's writable copy of a job's shipped directory, its
+#: working directory
 CONTAINER_WORKDIR = "/fleet/workdir"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
 
@@ -47,8 +48,10 @@ class LaunchSpec:
     members: int = 1
     master_addr: str = ""
     master_port: int = 0
-    #: the job's shipped directory, unpacked on this node (read-only): its working directory
+    #: the job's shipped directory, unpacked on this node (read-only): the attempt works in a copy
     workdir: Path | None = None
+    #: the directory, relative to the working directory, whose contents are kept when it ends
+    outputs: str = "outputs"
     #: the job's global batch size (``FLEET_BATCH_SIZE``): an elastic job's at its current size
     batch_size: int | None = None
 

@@ -12,6 +12,14 @@ Images named ``localhost/...`` are built on the node and never pulled. Exits are
 Docker events, and the agent's periodic reconcile lists containers by label in case one was missed.
 Single-node jobs run on fleet's guarded network, multi-node members on the host's (see
 :mod:`fleet.agent.netguard`), unless the operator turned the guard off.
+
+Each attempt has a working directory on the host as the process runtime's
+(:mod:`fleet.agent.runtime.workspace`, ``<root>/<job>.<attempt>/work``, the job's, 0700), bind-mounted
+writable, so what the job leaves in its ``outputs`` directory is on the host when it ends, kept by the
+same code as a process's (:mod:`fleet.agent.outputs`) without reading anything out of the container.
+With a shipped directory, ``work`` is its copy and is mounted at ``/fleet/workdir``, the working
+directory. Without one the job starts in its image's ``WORKDIR`` (``/`` when it names none), and only
+``work/<outputs>`` is mounted there, at ``<WORKDIR>/<outputs>``: the image's files stay as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import posixpath
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +44,7 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.errors import ImageNotFound as DockerImageNotFound
 from docker.types import DeviceRequest, Mount
 
+from fleet.agent.checkpoints import traversable
 from fleet.agent.netguard import NetGuard
 from fleet.agent.runtime.base import (
     CONTAINER_CHECKPOINT_DIR,
@@ -43,6 +55,7 @@ from fleet.agent.runtime.base import (
     AttemptStatus,
     LaunchSpec,
 )
+from fleet.agent.runtime.workspace import make_work
 from fleet.agent.supervision import SupervisorClient
 from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
@@ -68,13 +81,17 @@ class DockerRuntime:
     def __init__(
         self,
         node: str,
+        root: Path,
         supervisor: SupervisorClient,
         pull: str = "missing",
         client: Any = None,
         guard: AgentSettings | None = None,
     ) -> None:
-        """``guard``: the settings of the network guard, None to run jobs on Docker's default bridge."""
-        self.node, self.supervisor, self.pull = node, supervisor, pull
+        """``root``: where attempts' working directories live on this host (dockerd's: it mounts
+        them); ``guard``: the settings of the network guard, None to run jobs on Docker's default
+        bridge."""
+        self.node, self.root, self.supervisor, self.pull = node, root, supervisor, pull
+        traversable(root)
         try:
             self.client = client or docker.from_env(timeout=30)
             self.client.ping()
@@ -89,6 +106,9 @@ class DockerRuntime:
     def _filters(self, **extra: str) -> dict[str, Any]:
         labels = [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]
         return {"label": labels}
+
+    def _dir(self, job_id: str, attempt: int) -> Path:
+        return self.root / f"{job_id}.{attempt}"
 
     def _container(self, job_id: str, attempt: int) -> Any:
         found = self.client.containers.list(
@@ -133,16 +153,15 @@ class DockerRuntime:
         if pid:
             self.supervisor.adopt(f"{job_id}.{attempt}", pid)
 
-    def _ensure_image(self, image: str) -> None:
+    def _ensure_image(self, image: str) -> Any:
         try:
-            self.client.images.get(image)
-            return
+            return self.client.images.get(image)
         except DockerImageNotFound:
             if self.pull == "never" or image.startswith(LOCAL_REGISTRY):
                 raise
         try:
             event(log, "image_pull", image=image, node=self.node)
-            self.client.images.pull(image)
+            return self.client.images.pull(image)
         except DockerException as exc:
             raise ImageNotFound(
                 f"image {image!r} not found on node {self.node} and pull failed: "
@@ -150,13 +169,21 @@ class DockerRuntime:
             ) from exc
 
     def _create(self, spec: LaunchSpec) -> Any:
-        self._ensure_image(spec.image)
+        image = self._ensure_image(spec.image)
         checkpoint = CONTAINER_CHECKPOINT_DIR if spec.checkpoint_dir else None
         mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
         if spec.checkpoint_dir:
             mounts.append(Mount(CONTAINER_CHECKPOINT_DIR, str(spec.checkpoint_dir), type="bind"))
-        if spec.workdir is not None:
-            mounts.append(Mount(CONTAINER_WORKDIR, str(spec.workdir), type="bind", read_only=True))
+        folder = self._dir(spec.job_id, spec.attempt)
+        if spec.workdir is not None:  # its copy, writable, the working directory
+            work = make_work(folder, spec.workdir, spec.user)
+            mounts.append(Mount(CONTAINER_WORKDIR, str(work), type="bind"))
+        else:  # the image's working directory, with the job's outputs directory mounted in it
+            work = make_work(folder, None, spec.user, spec.outputs)
+            cwd = (image.attrs.get("Config") or {}).get("WorkingDir") or "/"
+            mounts.append(Mount(posixpath.join(cwd, spec.outputs), str(work / spec.outputs), type="bind"))
+        # no user of its own: this agent's (it may not hand out another), as in the process runtime
+        user = spec.user or (os.getuid(), os.getgid())
         devices = (
             [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])] if spec.gpu_devices else []
         )
@@ -173,7 +200,7 @@ class DockerRuntime:
             privileged=False,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            user=f"{spec.user[0]}:{spec.user[1]}" if spec.user else None,
+            user=f"{user[0]}:{user[1]}",
             pids_limit=spec.pids_limit,
             mounts=mounts,
             device_requests=devices,
@@ -298,8 +325,8 @@ class DockerRuntime:
                 container.stop(timeout=max(math.ceil(grace_s), 0))
 
     def work_dir(self, job_id: str, attempt: int) -> Path | None:
-        """None: the working directory is the container's own (outputs are not kept yet)."""
-        return None
+        work = self._dir(job_id, attempt) / "work"
+        return work if work.is_dir() else None
 
     def remove(self, job_id: str, attempt: int) -> None:
         self._names.pop((job_id, attempt), None)
@@ -308,6 +335,7 @@ class DockerRuntime:
             with contextlib.suppress(NotFound):
                 container.remove(force=True)
         self.supervisor.forget_fence(f"{job_id}.{attempt}")
+        shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
     def close(self) -> None:
         if self._events is not None:

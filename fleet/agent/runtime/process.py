@@ -4,8 +4,9 @@ The node supervisor (``fleet/agent/supervisor.py``) starts them, as the job's us
 their exit, so an agent restarted later learns how an attempt it did not start ended, and an
 attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
 (root-owned, 0711 as ``<root>`` is: ``meta.json`` with the pid, ``output.log``, ``exit`` once it
-ended, each 0600) with a ``work`` directory the job owns (0700) as its working and home directory:
-a job passes through to its own, and reads nothing of another's, not even its output. Each attempt
+ended, each 0600) with a ``work`` directory the job owns (0700) as its working and home directory
+(:mod:`fleet.agent.runtime.workspace`): a job passes through to its own, and reads nothing of
+another's, not even its output. Each attempt
 runs in a cgroup of its own (``fleet.agent.cgroups``) with its memory, CPU and pids limits; killing
 it kills every process it started. Where cgroups cannot be used, attempts are killed by process
 group and not limited.
@@ -27,6 +28,7 @@ import psutil
 from fleet.agent.cgroups import Cgroups, Layout, Limits
 from fleet.agent.checkpoints import traversable
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
+from fleet.agent.runtime.workspace import make_work
 from fleet.agent.supervision import SupervisorClient
 from fleet.errors import LaunchError
 from fleet.models import Exit
@@ -56,16 +58,8 @@ class ProcessRuntime:
         folder = self._dir(spec.job_id, spec.attempt)
         if (folder / "meta.json").exists():
             return
-        traversable(folder)
-        work = folder / "work"
-        if spec.workdir is not None and not work.exists():  # a copy of its own, writable by the job
-            shutil.copytree(spec.workdir, work, symlinks=True)
-        work.mkdir(parents=True, exist_ok=True)
+        work = make_work(folder, spec.workdir, spec.user)  # a copy of its own, writable by the job
         uid, gid = spec.user if spec.user else (None, None)
-        if uid is not None and os.geteuid() == 0:
-            for path in [work, *work.rglob("*")]:
-                os.chown(path, uid, gid if gid is not None else -1, follow_symlinks=False)
-        work.chmod(0o700)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))
         env.update(spec.fleet_env(str(spec.checkpoint_dir) if spec.checkpoint_dir else None))

@@ -1,0 +1,35 @@
+"""An attempt's working directory on the host, the same for both runtimes that run one.
+
+Each attempt lives in ``<root>/<job>.<attempt>/`` (root's, 0711) with a ``work`` directory the job
+owns (0700): a private, writable copy of the job's shipped directory, or empty when it ships none.
+The process runtime starts the job in it; the Docker runtime bind-mounts it into the container
+(:mod:`fleet.agent.runtime.docker`). When the attempt ends the agent keeps the spec's ``outputs``
+from it (:mod:`fleet.agent.outputs`), then the runtime removes the whole attempt directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from fleet.agent.checkpoints import traversable
+
+
+def make_work(folder: Path, workdir: Path | None, user: tuple[int, int] | None, *inner: str) -> Path:
+    """``folder/work``: a copy of ``workdir`` (links copied as links) when it is not there yet, with
+    each of the ``inner`` relative directories made in it, all given to ``user`` (where this runs as
+    root; None: this process's own user), ``work`` itself 0700."""
+    traversable(folder)
+    work = folder / "work"
+    if workdir is not None and not work.exists():
+        shutil.copytree(workdir, work, symlinks=True)
+    work.mkdir(parents=True, exist_ok=True)
+    for relative in inner:
+        (work / relative).mkdir(mode=0o700, parents=True, exist_ok=True)
+    uid, gid = user if user else (None, None)
+    if uid is not None and os.geteuid() == 0:
+        for path in [work, *work.rglob("*")]:
+            os.chown(path, uid, gid if gid is not None else -1, follow_symlinks=False)
+    work.chmod(0o700)
+    return work
