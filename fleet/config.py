@@ -75,6 +75,10 @@ class Settings(BaseModel):
     #: what one tenant's kept job outputs (spec ``outputs``) may hold on checkpoint_root at once,
     #: unless the tenant's ``outputs_quota`` says otherwise
     outputs_quota_bytes: int = Field(default=10 << 30, ge=0)
+    #: the group that may read kept outputs and checkpoints on checkpoint_root (the API's, which
+    #: serves ``fleet download``; ``fleet install`` makes it). A node where it does not exist, or
+    #: "": root's alone (0700), as the API cannot read them unless it runs as root
+    storage_group: str = Field(default="fleet", pattern=r"^([a-z_][a-z0-9_-]{0,31})?$")
     max_infra_requeues: int = Field(default=10, ge=0)
     retry_backoff_s: float = Field(default=5.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)

@@ -5,9 +5,10 @@ working directory) to ``<checkpoint_root>/.fleet-outputs/<tenant>/<job id>/files
 job's checkpoints in ``<checkpoint_root>/<job id>/`` (:mod:`fleet.agent.outputs`), with a small
 ``kept.json`` (the attempt, its bytes and files). The latest attempt's replace the earlier ones, the
 tenant's jobs together hold at most its outputs quota, and every agent's checkpoint sweep removes
-them with the job (``job_retention_s``). ``.fleet-outputs`` is the agent's, 0700: no job reads it,
-not even its own outputs; the API (``fleet download``) reads it, and so must run as a user that
-may (root, where the agents write as root).
+them with the job (``job_retention_s``). ``.fleet-outputs`` is root's and the storage group's
+(``storage_group``, the API's: directories 0750, files 0640), or root's alone (0700, 0600) on a node
+without that group: no job reads it, not even its own outputs. The API (``fleet download``) reads
+it as a member of that group (``fleet install api``), or as root.
 
 Both directions read what a job wrote as hostile input: nothing is followed through a symbolic link
 (``O_NOFOLLOW``, ``lstat`` under directory fds), only directories and regular files are read, and
@@ -17,6 +18,7 @@ a path a user sends is checked (:func:`fleet.models.relative_path`) before it na
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import re
@@ -45,6 +47,26 @@ class Kept:
     attempt: int
     bytes: int
     files: int
+
+
+def storage_gid(group: str) -> int | None:
+    """The gid of ``group`` (``storage_group``) where kept outputs and checkpoints are given to it;
+    None where they stay root's alone: no group named, none of that name here, or this process is
+    not root (it may not give a file to a group it is not in)."""
+    if not group or os.geteuid() != 0:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
+
+
+def share(fd: int, gid: int | None, mode: int) -> None:
+    """Give the open file or directory ``fd`` to the storage group ``gid`` with ``mode`` (0750 a
+    directory, 0640 a file); with no group, ``mode`` without the group's bits (root's alone)."""
+    if gid is not None:
+        os.fchown(fd, -1, gid)
+    os.fchmod(fd, mode if gid is not None else mode & 0o7700)
 
 
 def tenant_dir(root: Path, tenant: str) -> Path:

@@ -1,12 +1,14 @@
 """The host side of the checkpoint contract (the writer side is the ``fleet_worker`` SDK).
 
 A job's checkpoints live in ``<checkpoint_root>/<job id>/``, a directory the agent (root) creates
-and gives to the job's user with mode 0700; the root itself is 0711, so a job reaches its own
-directory but no job can list the others'. The SDK writes each checkpoint under a temporary name,
-renames it into place, then replaces the ``latest`` marker: the checkpoint's file name and, on a
-second line, the attempt that wrote it. Before each attempt the agent writes ``.fleet-attempt``
-(the attempt number); the SDK refuses to save when that number is past its own, so a stale attempt
-cannot move ``latest`` once a newer one exists.
+and gives to the job's user with mode 0700, or, where the node has the storage group (the API's,
+``storage_group``), to the job's user and that group with mode 2750: the API reads what the job
+writes there (``fleet download --checkpoint``), as new files take the directory's group. The root
+itself is 0711, so a job reaches its own directory but no job can list the others'. The SDK writes
+each checkpoint under a temporary name, renames it into place, then replaces the ``latest`` marker:
+the checkpoint's file name and, on a second line, the attempt that wrote it. Before each attempt the
+agent writes ``.fleet-attempt`` (the attempt number); the SDK refuses to save when that number is
+past its own, so a stale attempt cannot move ``latest`` once a newer one exists.
 
 Everything in the directory is the job's to write, so the agent reads it as hostile input: no
 symlink is followed (``O_NOFOLLOW`` and ``lstat`` under a directory fd), nothing outside the
@@ -42,8 +44,11 @@ def job_dir(root: Path, job_id: str) -> Path:
     return root / check_job_id(job_id)
 
 
-def prepare(root: Path, job_id: str, attempt: int, uid: int | None, gid: int | None) -> Path:
-    """Create the job's directory (0700, owned by the job's user), record ``attempt`` in it.
+def prepare(
+    root: Path, job_id: str, attempt: int, uid: int | None, gid: int | None, shared: int | None = None
+) -> Path:
+    """Create the job's directory (0700, owned by the job's user), record ``attempt`` in it; with
+    ``shared`` (the storage group's gid) the directory is that group's instead, 2750.
 
     ``uid``/``gid`` None: leave ownership as is (an agent that is not root cannot change it).
     """
@@ -53,9 +58,10 @@ def prepare(root: Path, job_id: str, attempt: int, uid: int | None, gid: int | N
         os.mkdir(directory, 0o700)
     fd = _open_dir(directory)
     try:
-        if uid is not None:
-            os.fchown(fd, uid, gid if gid is not None else -1)
-        os.fchmod(fd, 0o700)
+        if uid is not None or shared is not None:
+            group = shared if shared is not None else gid
+            os.fchown(fd, uid if uid is not None else -1, group if group is not None else -1)
+        os.fchmod(fd, 0o2750 if shared is not None else 0o700)
         _replace_file(fd, ATTEMPT_FILE, f"{attempt}\n".encode())
     finally:
         os.close(fd)

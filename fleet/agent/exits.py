@@ -236,8 +236,9 @@ class ExitPath:
         try:
             quota = self.tenants.policy(tenant).outputs_quota
             quota = settings.outputs_quota_bytes if quota is None else quota
+            root, group = settings.checkpoint_root, settings.storage_group
             outcome = kept_outputs.keep(
-                work, job.spec.outputs, settings.checkpoint_root, tenant, job.id, job.attempt, quota
+                work, job.spec.outputs, root, tenant, job.id, job.attempt, quota, group
             )
         except (OSError, ValueError, FleetError) as exc:
             outcome = kept_outputs.Outcome(None, f"outputs of attempt {job.attempt} not kept: {exc}")

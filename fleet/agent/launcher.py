@@ -28,6 +28,7 @@ from fleet.log import event
 from fleet.models import Exit, ExitKind, Fault, Job, JobSpec, JobState, MemberPhase, NodeState
 from fleet.models.spec import MEMORY_MIN
 from fleet.mounts import check_mounts
+from fleet.outputs import storage_gid
 from fleet.registries import check_image
 from fleet.state import Stores
 from fleet.workdir import MAX_BYTES, check_digest, unpack
@@ -188,7 +189,13 @@ class Launcher:
         check_image(image, settings.allowed_registries)
         user = self._job_user(spec)
         uid, gid = user if user else (None, None)
-        ckpt = checkpoints.prepare(settings.checkpoint_root, job.id, job.attempt, uid, gid)
+        shared = storage_gid(settings.storage_group)
+        if shared is not None and gid == shared:
+            raise SpecError(
+                f"user: gid {gid} is the storage group's ({settings.storage_group}), which reads every "
+                "tenant's kept outputs and checkpoints; run the job with another group"
+            )
+        ckpt = checkpoints.prepare(settings.checkpoint_root, job.id, job.attempt, uid, gid, shared)
         gpus = tuple(job.gpus_on(self.node))
         cpus, memory = job_limits(spec.cpus, spec.memory, len(gpus), cfg, self._capacity())
         return LaunchSpec(
@@ -213,6 +220,7 @@ class Launcher:
             master_addr=job.master_addr,
             master_port=job.master_port,
             workdir=self._workdir(job),
+            outputs=spec.outputs,
             batch_size=job.global_batch,
         )
 

@@ -5,7 +5,9 @@ read or write something else. So the copy works on directory fds only and follow
 symbolic link is left out (never dereferenced, never copied), as are devices, FIFOs and sockets; a
 file is read only if it is a regular file owned by whoever owns the working directory (the job's
 user), checked on the open fd, so a hard link to a file of root's is not read; names come from the
-directory listing, so nothing a job names becomes a path outside its own storage. The copy is built
+directory listing, so nothing a job names becomes a path outside its own storage. What is kept is
+root's and the storage group's (the API's: directories 0750, files 0640), root's alone where the node
+has no such group (:func:`fleet.outputs.storage_gid`). The copy is built
 under a temporary name and renamed into place; a copy that would take the tenant past its outputs
 quota is dropped whole (the earlier attempt's stay), and the job says so. It never fails the job.
 """
@@ -20,7 +22,19 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.outputs import CHUNK, FILES, META, Kept, kept_dir, open_dir, open_under, tenant_dir, usage
+from fleet.outputs import (
+    CHUNK,
+    FILES,
+    META,
+    Kept,
+    kept_dir,
+    open_dir,
+    open_under,
+    share,
+    storage_gid,
+    tenant_dir,
+    usage,
+)
 from fleet.text import nbytes
 
 #: most files (and directories) one attempt's outputs may hold, and how deep they may nest
@@ -41,8 +55,8 @@ class _Over(Exception):
 
 
 class _Copy:
-    def __init__(self, budget: int, owner: int) -> None:
-        self.budget, self.owner = budget, owner
+    def __init__(self, budget: int, owner: int, gid: int | None) -> None:
+        self.budget, self.owner, self.gid = budget, owner, gid
         self.bytes = self.files = self.skipped = 0
 
     def tree(self, src: int, dst: int, depth: int) -> None:
@@ -62,6 +76,7 @@ class _Copy:
                     os.mkdir(name, 0o700, dir_fd=dst)
                     out = open_dir(name, dst)
                     try:
+                        share(out, self.gid, 0o750)
                         self.tree(inner, out, depth + 1)
                     finally:
                         os.close(out)
@@ -90,6 +105,7 @@ class _Copy:
                 return
             self._count()
             out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
+            share(out, self.gid, 0o640)
             with os.fdopen(out, "wb") as sink:
                 while data := os.read(fd, CHUNK):
                     self.bytes += len(data)
@@ -101,11 +117,12 @@ class _Copy:
 
 
 def keep(
-    work: Path, relative: str, root: Path, tenant: str, job_id: str, attempt: int, quota: int
+    work: Path, relative: str, root: Path, tenant: str, job_id: str, attempt: int, quota: int, group: str = ""
 ) -> Outcome:
     """Copy ``work/relative`` (the attempt's outputs; ``relative`` checked at submit) to the job's kept
     outputs under ``root``, replacing an earlier attempt's, if the tenant's kept outputs stay within
-    ``quota`` bytes. Nothing there (or not a directory): nothing new kept, no note."""
+    ``quota`` bytes; readable by ``group`` (``storage_group``) where it exists. Nothing there (or not a
+    directory): nothing new kept, no note."""
     try:
         top = open_dir(work)
     except OSError:
@@ -119,23 +136,35 @@ def keep(
     finally:
         os.close(top)
     try:
-        return _keep(src, owner, root, tenant, job_id, attempt, quota, relative)
+        return _keep(src, owner, root, tenant, job_id, attempt, quota, relative, storage_gid(group))
     finally:
         os.close(src)
 
 
 def _keep(
-    src: int, owner: int, root: Path, tenant: str, job_id: str, attempt: int, quota: int, relative: str
+    src: int,
+    owner: int,
+    root: Path,
+    tenant: str,
+    job_id: str,
+    attempt: int,
+    quota: int,
+    relative: str,
+    gid: int | None,
 ) -> Outcome:
     folder = tenant_dir(root, tenant)
-    for made in (root / ".fleet-outputs", folder):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(made, 0o700)
-    used = usage(root, tenant, but=job_id)
     tmp = folder / f".{job_id}.{attempt}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / FILES).mkdir(mode=0o700, parents=True)
-    copy = _Copy(max(quota - used, 0), owner)
+    for made in (root / ".fleet-outputs", folder, tmp, tmp / FILES):  # made here, or by an older one
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(made, 0o700)
+        fd = open_dir(made)
+        try:
+            share(fd, gid, 0o750)
+        finally:
+            os.close(fd)
+    used = usage(root, tenant, but=job_id)
+    copy = _Copy(max(quota - used, 0), owner, gid)
     try:
         out = open_dir(tmp / FILES)
         try:
@@ -155,7 +184,10 @@ def _keep(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     kept = Kept(attempt, copy.bytes, copy.files)
-    (tmp / META).write_text(json.dumps({"attempt": attempt, "bytes": kept.bytes, "files": kept.files}))
+    meta = os.open(tmp / META, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    share(meta, gid, 0o640)
+    with os.fdopen(meta, "w") as sink:
+        sink.write(json.dumps({"attempt": attempt, "bytes": kept.bytes, "files": kept.files}))
     _swap(tmp, kept_dir(root, tenant, job_id))
     note = f"{copy.skipped} links, devices or files not the job's own left out" if copy.skipped else ""
     return Outcome(kept, note)

@@ -2,15 +2,18 @@
 checkpoints, as a gzipped tar (``fleet download``), read from the checkpoint storage
 (``checkpoint_root``, which this host must mount as the nodes do: :mod:`fleet.outputs`).
 
-Only the job's tenant reads them (operators and admins any): to a user of another tenant the job
-answers as a missing one does. A path sent is checked before it names anything, and what is read is
-read as the job left it: nothing through a link, only directories and regular files.
+The API reads them as a member of the storage group (``storage_group``; ``fleet install api`` runs
+it with that group), to which the agents give them, or as root. Only the job's tenant reads them
+(operators and admins any): to a user of another tenant the job answers as a missing one does. A
+path sent is checked before it names anything, and what is read is read as the job left it: nothing
+through a link, only directories and regular files.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +68,10 @@ def _outputs(root: Path, job: Job, path: str) -> Iterator[bytes]:
         f"job {job.id} has no kept outputs{why} (it keeps what its attempts leave in "
         f"{job.spec.outputs}/ of their working directory)"
     )
+    try:
+        os.close(_open(folder))  # a folder the API may not read says so, not that there is none
+    except FileNotFoundError:
+        raise none from None
     if read_kept(folder) is None:
         raise none
     try:
@@ -81,27 +88,44 @@ def _outputs(root: Path, job: Job, path: str) -> Iterator[bytes]:
 
 
 def _checkpoint(root: Path, job: Job, name: str) -> Iterator[bytes]:
-    folder = job_dir(root, job.id)
-    if name == "latest":
-        marker = read_marker(folder)
-        if marker is None:
-            raise NotFound(f"job {job.id} has no checkpoint (its `latest` marker names none)")
-        name = marker.name
-    elif not _CHECKPOINT.match(name):
+    if name != "latest" and not _CHECKPOINT.match(name):
         raise SpecError(
             f"checkpoint {name!r}: give 'latest' or a checkpoint's file name (letters, digits, '_', "
             "'.', '-'; no '/' or '..')"
         )
+    folder = job_dir(root, job.id)
     try:
-        top = _open(folder)
+        top = _open(folder)  # first: a folder the API may not read says so, not that there is none
     except FileNotFoundError:
         raise NotFound(f"job {job.id} has no checkpoints") from None
-    owner = os.fstat(top).st_uid  # a file only of the job's own: never a hard link to another's
-    fd = open_file(top, name, owner)
-    os.close(top)
-    if fd is None:
-        raise NotFound(f"job {job.id} has no checkpoint {name!r}")
+    try:
+        if name == "latest":
+            marker = read_marker(folder)
+            if marker is None:
+                raise NotFound(f"job {job.id} has no checkpoint (its `latest` marker names none)")
+            name = marker.name
+        owner = os.fstat(top).st_uid  # a file only of the job's own: never a hard link to another's
+        fd = open_file(top, name, owner)
+        if fd is None:
+            raise NotFound(f"job {job.id} has no checkpoint {name!r}{_private(top, name)}")
+    finally:
+        os.close(top)
     return tar_file(fd, name)
+
+
+def _private(top: int, name: str) -> str:
+    """Why a regular file the API could not open is not served: it is the job's alone."""
+    try:
+        info = os.stat(name, dir_fd=top, follow_symlinks=False)
+    except OSError:
+        return ""
+    if not stat.S_ISREG(info.st_mode) or os.access(name, os.R_OK, dir_fd=top):
+        return ""
+    mode = stat.S_IMODE(info.st_mode)
+    return (
+        f" the API may read: the job wrote it readable by itself alone (mode {mode:04o}); write "
+        "checkpoints readable by their group (the fleet_worker SDK does, under the usual umask 022)"
+    )
 
 
 def _reachable(root: Path) -> Path:
@@ -111,10 +135,10 @@ def _reachable(root: Path) -> Path:
             f"checkpoint_root {root} is not on the API's host: mount the checkpoint storage (as the "
             "nodes do) at checkpoint_root where the API runs"
         )
-    if not os.access(root, os.R_OK | os.X_OK):
+    if not os.access(root, os.X_OK):  # passed through to known names only (0711, as the agents make it)
         raise ConfigError(
-            f"checkpoint_root {root}: the API's user cannot read it; run the API as a user that may "
-            "(root, where the agents write as root)"
+            f"checkpoint_root {root}: the API's user cannot read it; run the API in the storage group "
+            "(storage_group; `fleet install api` does) or as root"
         )
     return root
 
@@ -127,8 +151,9 @@ def _open(folder: Path) -> int:
         if not isinstance(exc, PermissionError):
             raise FileNotFoundError(str(folder)) from None
         raise ConfigError(
-            f"{folder}: the API's user cannot read it; run the API as a user that may read "
-            "checkpoint_root (root, where the agents write as root)"
+            f"{folder}: the API's user cannot read it; run the API in the storage group (storage_group; "
+            "`fleet install api` does) or as root, and give the nodes that group (`fleet install "
+            "agent` does): what they kept before they had it stays root's alone"
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import shutil
 import signal
 import threading
@@ -213,7 +214,8 @@ def install(
     redis_username: str | None,
 ) -> int:
     """Write SERVICE's config and systemd unit, enable and start it (bare metal). redis: write
-    /etc/fleet/redis.conf, users.acl and each service's password."""
+    /etc/fleet/redis.conf, users.acl and each service's password. agent, api: make the storage
+    group (storage_group, fleet) if missing; the API runs in it to read kept outputs."""
     from fleet.ops.install import install as do_install
     from fleet.ops.install import read_password
 
@@ -225,6 +227,11 @@ def install(
     print(f"wrote {done.unit}\nconfig {done.config}")
     if done.secret:
         print(f"secret {done.secret} (0600), given to the service alone (LoadCredential=)")
+    if done.group:
+        reads = "reads kept outputs and checkpoints as" if service == "api" else "gives kept outputs to"
+        gid = grp.getgrnam(done.group).gr_gid if done.made_group else 0
+        made = f" (made here, gid {gid}: the same on every host of checkpoint_root)" if gid else ""
+        print(f"fleet-{service} {reads} group {done.group}{made}")
     print(f"started fleet-{service}" if done.started else "not started (use systemctl, or --root was given)")
     return 0
 

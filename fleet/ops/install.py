@@ -6,10 +6,16 @@ A Redis password never goes into fleet.toml, onto a command line or into the env
 is read from a file (or standard input) and written to a root-only ``redis-<service>.password``,
 which its unit hands to the service alone (systemd ``LoadCredential=``), with the service's Redis
 user (``fleet-<service>``, config/users.acl) as ``FLEET_REDIS_USERNAME``.
+
+The agent and the API share the storage group (``storage_group``, ``fleet``): the agent gives kept
+outputs and checkpoint directories to it, the API's unit (a ``DynamicUser``) runs in it, so it reads
+them for ``fleet download`` and nothing else of root's. Installing either makes the group on this
+host where it is missing.
 """
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import os
 import pwd
@@ -37,6 +43,10 @@ class Installed:
     config: Path
     secret: Path | None
     started: bool
+    #: the storage group the service reads (api) or gives kept outputs to (agent); "" for none
+    group: str = ""
+    #: the group was made here, now
+    made_group: bool = False
 
 
 #: a drop-in of the service's unit: its Redis user, and its password file readable by it alone
@@ -181,10 +191,11 @@ def install(
         if redis_url:
             text = text.replace('redis_url = "redis://127.0.0.1:6379/0"', f"redis_url = {redis_url!r}")
         config.write_text(text)
+    group = storage_group(config) if service in ("agent", "api") else ""
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     unit.parent.mkdir(parents=True, exist_ok=True)
-    unit.write_text(_template(unit_name).replace("@FLEET@", fleet_executable()))
+    unit.write_text(with_group(_template(unit_name).replace("@FLEET@", fleet_executable()), group))
     if password is not None:
         secret = etc / f"redis-{service}.password"
         _write_private(secret, password + "\n")
@@ -192,12 +203,43 @@ def install(
         dropin.mkdir(exist_ok=True)
         text = _CREDENTIALS.format(service=service, username=username or f"fleet-{service}")
         (dropin / "redis.conf").write_text(text)
+    made = ensure_group(group) if group and root == Path("/") else False  # before the unit starts in it
     started = False
     if root == Path("/") and shutil.which("systemctl"):
         subprocess.run(["systemctl", "daemon-reload"], check=True)
         subprocess.run(["systemctl", "enable", "--now", unit_name], check=True)
         started = True
-    return Installed(unit=unit, config=config, secret=secret, started=started)
+    return Installed(unit=unit, config=config, secret=secret, started=started, group=group, made_group=made)
+
+
+def storage_group(config: Path) -> str:
+    """``storage_group`` of the config file ``config`` (and the environment's ``FLEET_*``)."""
+    from fleet.config import load_settings
+
+    return load_settings(config).storage_group
+
+
+def with_group(unit: str, group: str) -> str:
+    """The unit's ``@STORAGE_GROUP@`` line naming ``group``; without that line when there is none."""
+    if group:
+        return unit.replace("@STORAGE_GROUP@", group)
+    return "".join(line for line in unit.splitlines(keepends=True) if "@STORAGE_GROUP@" not in line)
+
+
+def ensure_group(name: str) -> bool:
+    """Make the system group ``name`` unless it exists; whether it was made."""
+    try:
+        grp.getgrnam(name)
+        return False
+    except KeyError:
+        pass
+    if shutil.which("groupadd") is None:
+        raise ConfigError(
+            f"storage_group: no group {name!r} on this host and no groupadd to make it: make it (with "
+            'the gid the other hosts give it), or set storage_group = "" (root alone reads kept outputs)'
+        )
+    subprocess.run(["groupadd", "--system", name], check=True)
+    return True
 
 
 def installed_credentials(service: str, root: Path = Path("/")) -> tuple[str | None, Path | None]:

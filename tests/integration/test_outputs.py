@@ -1,16 +1,20 @@
 """Kept outputs and checkpoints fetched with ``fleet download``: real processes on the process
-runtime, an API of the fleet's own that reads the fleet's checkpoint storage."""
+runtime (and real containers on the Docker daemon), an API of the fleet's own that reads the fleet's
+checkpoint storage."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,25 +45,25 @@ def runtime() -> str:
 @pytest.fixture
 def fleet_cli(procs: FleetProcs, client: Client, api: Api) -> Run:
     """A fleet with one node and an API of its own, which sees the fleet's checkpoint_root."""
+    return _fleet_cli(procs, client, api, "t-outputs")
+
+
+@pytest.fixture
+def docker_cli(docker_procs: FleetProcs, client: Client, api: Api) -> Run:
+    """The same on the Docker runtime (a node name of its own: the daemon is shared)."""
+    return _fleet_cli(docker_procs, client, api, "t-outputs-docker")
+
+
+def _fleet_cli(procs: FleetProcs, client: Client, api: Api, node: str, **agent_env: str) -> Run:
     procs.controller()
-    procs.agent("t-outputs", gpus=1)
-    port = free_port()
-    procs.start("api-outputs", ["api", "--port", str(port), "--log-level", "warning"])
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, procs.logs()
-            time.sleep(0.05)
+    procs.agent(node, gpus=1, **agent_env)
+    url = _start_api(procs, "api-outputs")
     procs.wait_nodes(client, 1)
-    url = f"http://127.0.0.1:{port}"
 
     def run(
-        *args: str, token: str | None = None, cwd: Path | None = None
+        *args: str, token: str | None = None, cwd: Path | None = None, via: str = url
     ) -> subprocess.CompletedProcess[str]:
-        env = {**api.env(token), "FLEET_API_URL": url}
+        env = {**api.env(token), "FLEET_API_URL": via}
         return subprocess.run(
             [sys.executable, "-m", "fleet", *args],
             env=env,
@@ -71,6 +75,23 @@ def fleet_cli(procs: FleetProcs, client: Client, api: Api) -> Run:
 
     run.url = url  # type: ignore[attr-defined]
     return run
+
+
+def _start_api(procs: FleetProcs, name: str, **popen: Any) -> str:
+    """An API of the fleet's own (``popen``: the user and groups it runs as); its URL once it listens."""
+    port = free_port()
+    argv = [sys.executable, "-m", "fleet.cli.main", "api", "--port", str(port), "--log-level", "warning"]
+    with open(procs.root / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(argv, env=procs.env, stdout=log, stderr=subprocess.STDOUT, **popen)
+    procs.procs[name] = proc
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, procs.logs()
+            time.sleep(0.05)
 
 
 def submit(fleet_cli: Run, script: str, *args: str) -> str:
@@ -199,3 +220,74 @@ def test_an_api_that_cannot_see_the_checkpoint_storage_says_to_mount_it(
     # Then a download through it names the setting and the fix
     with pytest.raises(ConfigError, match="is not on the API's host: mount the checkpoint storage"):
         client.download(job_id, dest=tmp_path / "z")
+
+
+def test_a_containers_outputs_are_kept_with_or_without_a_shipped_workdir(
+    docker_cli: Run, docker_procs: FleetProcs, client: Client, tmp_path: Path
+) -> None:
+    # Given a file only root may read on the node, and a project directory to ship
+    secret = docker_procs.root / "secret.txt"
+    secret.write_text("TOPSECRET\n")
+    secret.chmod(0o600)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.sh").write_text(WRITER.replace("exit $1", f"ln -s {secret} outputs/leak; exit 0"))
+    # When a container job ships it and runs it in its working directory
+    shipped = docker_cli("submit", "--workdir", str(project), "--wait", "--", "sh", "train.sh", cwd=project)
+    assert shipped.returncode == 0, shipped.stderr + docker_procs.logs()
+    # and another ships nothing and writes outputs/ in its image's working directory
+    bare = submit(docker_cli, WRITER + " 0")
+    # Then each one's outputs and checkpoint are downloaded as the job left them
+    for job_id in (shipped.stdout.split()[0], bare):
+        assert client.get(job_id).state == JobState.SUCCEEDED
+        into = tmp_path / job_id
+        fetched = docker_cli("download", job_id, "-o", str(into))
+        assert fetched.returncode == 0, fetched.stderr
+        assert (into / "result.txt").read_text() == "result of 1\n"
+        assert (into / "sub" / "deep.txt").read_text() == "deep\n"
+        ckpt = docker_cli("download", job_id, "--checkpoint", "latest", "-o", str(tmp_path / f"{job_id}-c"))
+        assert ckpt.returncode == 0 and (tmp_path / f"{job_id}-c" / "ckpt-1").read_text() == "weights 1\n"
+    # And the link to the root-only file was left out, not followed, and said so
+    assert sorted(os.listdir(tmp_path / shipped.stdout.split()[0])) == ["result.txt", "sub"]
+    shown = docker_cli("show", shipped.stdout.split()[0]).stdout
+    assert "1 links, devices or files not the job's own left out" in shown
+    # and nothing of the attempts is left on the node once they ended
+    assert os.listdir(docker_procs.root / "t-outputs-docker" / "attempts") == []
+
+
+#: a group every Debian system has, none of whose members runs jobs here: the storage group below
+GROUP = "daemon"
+NOBODY = 65534
+
+
+def test_an_api_in_the_storage_group_reads_what_is_kept_and_other_users_cannot(
+    procs: FleetProcs, client: Client, api: Api, tmp_path: Path
+) -> None:
+    # Given nodes whose storage group (the API's) is GROUP, and a job that kept outputs and a checkpoint
+    fleet_cli = _fleet_cli(procs, client, api, "t-outputs-group", FLEET_STORAGE_GROUP=GROUP)
+    gid = grp.getgrnam(GROUP).gr_gid
+    job_id = submit(fleet_cli, WRITER + " 0")
+    # Then what was kept is root's and the group's, and nothing of it is anyone else's to read
+    kept = procs.root / "checkpoints" / ".fleet-outputs" / "default" / job_id
+    for path in [kept.parent.parent, kept.parent, kept, *kept.rglob("*")]:
+        info = path.stat()
+        assert (info.st_uid, info.st_gid) == (0, gid), path
+        assert stat.S_IMODE(info.st_mode) == (0o750 if path.is_dir() else 0o640), path
+    ckpt = (procs.root / "checkpoints" / job_id).stat()
+    assert (ckpt.st_gid, stat.S_IMODE(ckpt.st_mode)) == (gid, 0o2750)
+    # When an API runs as an unprivileged user in that group, as `fleet install api`'s unit does
+    member = _start_api(procs, "api-member", user=NOBODY, group=NOBODY, extra_groups=[gid])
+    # Then it serves the job's outputs and its checkpoint
+    got = fleet_cli("download", job_id, "-o", str(tmp_path / "got"), via=member)
+    assert got.returncode == 0, got.stderr
+    attempt = client.get(job_id).attempt  # 1, unless a loaded machine lost the first
+    assert (tmp_path / "got" / "result.txt").read_text() == f"result of {attempt}\n"
+    got = fleet_cli("download", job_id, "--checkpoint", "latest", "-o", str(tmp_path / "ck"), via=member)
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "ck" / f"ckpt-{attempt}").read_text() == f"weights {attempt}\n"
+    # while the same user outside the group reads neither, and is told how to fix it
+    outsider = _start_api(procs, "api-outsider", user=NOBODY, group=NOBODY, extra_groups=[])
+    for extra in ([], ["--checkpoint", "latest"]):
+        denied = fleet_cli("download", job_id, *extra, "-o", str(tmp_path / "no"), via=outsider)
+        assert denied.returncode != 0 and "run the API in the storage group" in denied.stderr, denied.stderr
+    assert not (tmp_path / "no").exists()

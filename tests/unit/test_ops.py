@@ -144,6 +144,30 @@ def test_install_api_runs_the_api_as_its_own_redis_user(tmp_path: Path) -> None:
     assert "FLEET_REDIS_USERNAME=fleet-api" in dropin
 
 
+def test_install_api_runs_the_api_in_the_storage_group_and_only_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the config's storage group (the default, fleet), the API's unit runs in it, with no
+    # other privilege: still a dynamic user, no supplementary group but that one
+    monkeypatch.delenv("FLEET_STORAGE_GROUP", raising=False)
+    assert main(["install", "api", "--root", str(tmp_path)]) == 0
+    unit = (tmp_path / "etc/systemd/system/fleet-api.service").read_text()
+    groups = [line for line in unit.splitlines() if line.startswith("SupplementaryGroups=")]
+    assert groups == ["SupplementaryGroups=fleet"] and "DynamicUser=yes" in unit and "@" not in unit
+    assert "fleet-api reads kept outputs and checkpoints as group fleet" in capsys.readouterr().out
+    # the agent's unit stays as it was (it runs as root), and says what it gives the group
+    assert main(["install", "agent", "--root", str(tmp_path)]) == 0
+    agent = (tmp_path / "etc/systemd/system/fleet-agent.service").read_text()
+    assert "SupplementaryGroups" not in agent
+    assert "fleet-agent gives kept outputs to group fleet" in capsys.readouterr().out
+    # With none configured (storage_group = ""), the API's unit gets no group at all
+    config = tmp_path / "etc/fleet/fleet.toml"
+    config.write_text(config.read_text().replace('storage_group = "fleet"', 'storage_group = ""'))
+    assert main(["install", "api", "--root", str(tmp_path)]) == 0
+    unit = (tmp_path / "etc/systemd/system/fleet-api.service").read_text()
+    assert "SupplementaryGroups" not in unit and "DynamicUser=yes" in unit
+
+
 def test_install_redis_writes_users_with_generated_passwords_only_as_hashes(tmp_path: Path) -> None:
     # When an operator installs Redis' config
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0

@@ -3,19 +3,22 @@ and the client's unpacking of whatever archive it receives."""
 
 from __future__ import annotations
 
+import grp
 import io
 import os
+import stat
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from fleet.agent import checkpoints
 from fleet.agent.outputs import keep
 from fleet.client import endpoints as api
 from fleet.client.download import Exists, unpack
 from fleet.errors import SpecError
 from fleet.models import JobSpec, relative_path
-from fleet.outputs import FILES, kept_dir, open_dir, read_kept, tar_tree, tenant_dir, usage
+from fleet.outputs import FILES, kept_dir, open_dir, read_kept, storage_gid, tar_tree, tenant_dir, usage
 
 FIX = "give a relative path"
 
@@ -97,6 +100,34 @@ def test_the_outputs_are_kept_and_the_latest_attempt_wins(tmp_path: Path) -> Non
     # an attempt that left no outputs directory keeps the earlier attempt's
     assert keep(tmp_path / "empty", "outputs", root, "team", "j1", 3, 1 << 20).kept is None
     assert read_kept(folder) == second.kept
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to a group")
+@pytest.mark.parametrize(("group", "shared"), [("daemon", True), ("", False), ("no-such-group", False)])
+def test_what_is_kept_and_checkpoints_are_the_storage_groups_to_read_and_no_one_elses(
+    tmp_path: Path, group: str, shared: bool
+) -> None:
+    # Given a storage group (the API's: "daemon" here, a group every Debian system has), or none
+    gid = grp.getgrnam("daemon").gr_gid if shared else 0
+    root, work = storage(tmp_path), tmp_path / "work"
+    job_tree(work)
+    (root / ".fleet-outputs").mkdir(mode=0o700)  # kept before there was a group: given to it now
+    # When outputs are kept and a checkpoint directory is made
+    assert keep(work, "outputs", root, "team", "j1", 1, 1 << 20, group).kept is not None
+    ckpt = checkpoints.prepare(root, "j1", 1, 4321, 4321, storage_gid(group))
+    # Then everything kept is root's and the group's to read, or root's alone: never anyone else's
+    folder = kept_dir(root, "team", "j1")
+    kept = [root / ".fleet-outputs", folder.parent, folder, *folder.rglob("*")]
+    assert len(kept) == 8  # .fleet-outputs, team, j1, kept.json, files, result.txt, sub, deep.txt
+    for path in kept:
+        info = path.stat()
+        mode = (0o750 if path.is_dir() else 0o640) if shared else (0o700 if path.is_dir() else 0o600)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, gid, mode), path
+    # and the job's checkpoint directory is the job's, the group's to read, its new files the group's
+    info = ckpt.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
+        (4321, gid, 0o2750) if shared else (4321, 4321, 0o700)
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user")
