@@ -8,8 +8,8 @@ spec carries ``workdir: sha256:<hex>``. The agent fetches it once per node, chec
 unpacks it member by member (:func:`unpack`: no absolute paths, no ``..``, no links out, no devices,
 no set-id bits, nothing written through a link; the same checks on every Python fleet runs on,
 whether or not its tarfile has the ``data`` filter) into ``state_dir/workdirs/<hex>``, and each
-attempt starts in a copy of it (process runtime) or with it mounted read-only as its working
-directory (Docker runtime).
+attempt starts in a writable copy of its own (:mod:`fleet.agent.runtime.workspace`; the Docker
+runtime mounts the copy as the container's working directory).
 
 A symbolic link is shipped as a link when it stays inside the directory; one that is absolute or
 leads out of it (``data -> /datasets/x``) is refused at submit, naming it and the fix (leave it out

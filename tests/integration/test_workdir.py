@@ -135,22 +135,30 @@ def test_a_directory_too_large_to_ship_is_refused_naming_the_fix(project: Path) 
         pack(project, max_bytes=10)
 
 
-def test_in_a_container_the_shipped_directory_is_mounted_read_only(
+def test_in_a_container_the_shipped_directory_is_a_private_writable_copy(
     docker_procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
+    # Given a project whose script reads a file, then writes over it and beside it
     project = tmp_path / "shell-project"
     project.mkdir()
     (project / "run.sh").write_text(
-        "cat model.txt; pwd; touch here 2>/dev/null && echo writable || echo read-only\n"
+        "cat model.txt; pwd; ls here 2>/dev/null; echo changed > model.txt && touch here && echo writable\n"
     )
     (project / "model.txt").write_text("tiny-model\n")
     docker_procs.controller()
     docker_procs.agent("t-wd", gpus=1)
     docker_procs.wait_nodes(client, 1)
-    job = client.submit(JobSpec(name="sh", command=["sh", "run.sh"], workdir=str(project)))
-    status = job.wait(timeout=120)
-    assert status.state == JobState.SUCCEEDED, docker_procs.logs()
-    assert job.logs() == "tiny-model\n/fleet/workdir\nread-only"
+    # When two jobs ship it, one after the other
+    for _ in range(2):
+        job = client.submit(JobSpec(name="sh", command=["sh", "run.sh"], workdir=str(project)))
+        status = job.wait(timeout=120)
+        assert status.state == JobState.SUCCEEDED, docker_procs.logs()
+        # Then each starts in /fleet/workdir with the shipped files and may write there, and what
+        # the first wrote is not what the second finds: each attempt has a copy of its own
+        assert job.logs() == "tiny-model\n/fleet/workdir\nwritable"
+    # and the node's unpacked copy, which later jobs start from, is as shipped
+    (unpacked,) = (docker_procs.root / "t-wd" / "workdirs").glob("*/model.txt")
+    assert unpacked.read_text() == "tiny-model\n" and not (unpacked.parent / "here").exists()
 
 
 def test_the_readme_training_example_runs_shipped_from_the_examples_directory(
