@@ -130,12 +130,19 @@ def _private(top: int, name: str) -> str:
 
 def _reachable(root: Path) -> Path:
     """``root`` if this host can read it; :class:`ConfigError` saying to mount it otherwise."""
-    if not root.is_dir():
+    try:
+        there = stat.S_ISDIR(root.stat().st_mode)
+    except PermissionError:  # a folder above it is closed to the API's user
+        there = None
+    except OSError:
+        there = False
+    if there is False:
         raise ConfigError(
             f"checkpoint_root {root} is not on the API's host: mount the checkpoint storage (as the "
             "nodes do) at checkpoint_root where the API runs"
         )
-    if not os.access(root, os.X_OK):  # passed through to known names only (0711, as the agents make it)
+    # passed through to known names only (0711, as the agents make it)
+    if there is None or not os.access(root, os.X_OK):
         raise ConfigError(
             f"checkpoint_root {root}: the API's user cannot read it; run the API in the storage group "
             "(storage_group; `fleet install api` does) or as root"

@@ -291,3 +291,18 @@ def test_an_api_in_the_storage_group_reads_what_is_kept_and_other_users_cannot(
         denied = fleet_cli("download", job_id, *extra, "-o", str(tmp_path / "no"), via=outsider)
         assert denied.returncode != 0 and "run the API in the storage group" in denied.stderr, denied.stderr
     assert not (tmp_path / "no").exists()
+
+
+def test_a_job_whose_group_is_the_storage_group_is_refused(
+    procs: FleetProcs, client: Client, api: Api
+) -> None:
+    # Given a node that runs every job as nobody with the storage group's gid
+    gid = grp.getgrnam(GROUP).gr_gid
+    env = {"FLEET_STORAGE_GROUP": GROUP, "FLEET_AGENT__JOB_USER": f"{NOBODY}:{gid}"}
+    fleet_cli = _fleet_cli(procs, client, api, "t-outputs-gid", **env)
+    # When a job is submitted, it does not run: it could read every tenant's kept outputs
+    done = fleet_cli("submit", "--wait", "--", "sh", "-c", "echo ran")
+    job = client.get(done.stdout.split()[0])
+    assert job.state == JobState.FAILED and job.attempt == 1, job.reason
+    assert f"user: gid {gid} is the storage group's ({GROUP})" in job.reason
+    assert "run the job with another group" in job.reason
