@@ -209,3 +209,18 @@ def test_starting_an_attempt_again_neither_restarts_nor_duplicates_it(runtime: R
     runtime.start(running)
     assert [a.running for a in runtime.attempts() if a.job_id == running.job_id] == [True]
     wait_for(lambda: lines(runtime, running, done=False) == ["up"], what="its output")
+
+
+def test_what_an_attempt_leaves_in_its_outputs_is_on_the_host_until_it_is_removed(runtime: Runtime) -> None:
+    if runtime.name == "fake":
+        pytest.skip("the fake runs no command: it has no working directory")
+    # Given an attempt that writes outputs/ in its working directory (a container: its image's, /)
+    spec = launch(runtime, "mkdir -p outputs/sub && echo kept > outputs/sub/r.txt")
+    wait_for(lambda: ended(runtime, spec), what="the attempt to end")
+    # Then, once it ended, what it wrote is in its working directory on this host, where the agent
+    # keeps it from
+    work = runtime.work_dir(spec.job_id, 1)
+    assert work is not None and (work / "outputs" / "sub" / "r.txt").read_text() == "kept\n"
+    # and once it is removed, nothing of it is left there
+    runtime.remove(spec.job_id, 1)
+    assert not work.exists() and runtime.work_dir(spec.job_id, 1) in (None, work)
