@@ -85,6 +85,11 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | week after the last write, older entries are dropped    |
 | ``<p>:doctor:clock:<node>``       | string | ``fleet doctor``'s probe of Redis' clock (when ``TIME`` |
 |                                   |        | is not allowed): set for 60 s, read, deleted at once    |
+| ``<p>:shell:<session>``           | string | a ``fleet shell`` session the API offered and no agent  |
+|                                   |        | took yet (30 s); the agent deletes it as it takes it    |
+| ``<p>:shell:<session>:in``        | stream | the session's input (bytes, EOF, resizes, close), and   |
+| ``<p>:shell:<session>:out``       | stream | its output and exit code; both expire 10 min after the  |
+|                                   |        | last entry and are deleted when the session ends        |
 | ``<p>:acct:<day>``                | hash   | job id -> its accounting row (JSON: tenant, user, name, |
 |                                   |        | state, GPUs, times, run/GPU/CPU-seconds over attempts), |
 |                                   |        | for jobs that ended that day (day = end // 86400)       |
@@ -200,6 +205,10 @@ class Keys:
 
     def events(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:events"
+
+    def shell(self, session: str, side: str = "") -> str:
+        """A ``fleet shell`` session's offer (``side`` ""), or its ``in`` or ``out`` stream."""
+        return f"{self.prefix}:shell:{session}" + (f":{side}" if side else "")
 
     def logs(self, job_id: str, attempt: int, rank: int = 0) -> str:
         """An attempt's output; a multi-node job's other members (rank > 0) each have their own."""

@@ -1,20 +1,25 @@
-"""``fleet shell`` on a node: a command inside a running attempt's environment, as its user.
+"""``fleet shell``, on the agent of the job's node: a command inside a running attempt's environment,
+as its user.
 
 Docker runtime: ``docker exec`` into the attempt's container, whose user, working directory and
 environment are the job's. Process runtime: the command joins the attempt's cgroups (so it is
 limited, counted and killed with the job), takes the attempt leader's uid and gid (no supplementary
-groups, as the job), working directory and environment, then execs. Both need what the agent has:
-root on the node (or, on the process runtime, the uid the jobs run as when the agent runs them as
-its own user).
+groups, as the job), working directory and environment, then execs. The agent starts
+``python -m fleet.agent.enter`` (``main``) with the :class:`Entry` in its environment: that process
+drops the agent's privileges for the job's before it execs the command, so the command never holds
+more than the job does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
-from dataclasses import dataclass, field
+import sys
+import termios
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -42,20 +47,24 @@ class Entry:
     procs: list[str] = field(default_factory=list)
 
 
-def entry(settings: AgentSettings, job_id: str, attempt: int, command: list[str], tty: bool) -> Entry:
-    """How to run ``command`` (none: a shell) in attempt ``attempt`` of ``job_id`` on this node."""
+#: the variable that carries the :class:`Entry` to ``main``
+ENTRY_VAR = "FLEET_SHELL_ENTRY"
+
+
+def entry(
+    settings: AgentSettings, job_id: str, attempt: int, command: list[str], tty: bool, term: str = ""
+) -> Entry:
+    """How to run ``command`` (none: a shell) in attempt ``attempt`` of ``job_id`` on this node;
+    ``term``: the caller's TERM (none: the job's own)."""
     runtime = recorded_runtime(settings.state_dir)
     if runtime == "docker":
-        return _docker(settings.node_name, job_id, attempt, command, tty)
+        return _docker(settings.node_name, job_id, attempt, command, tty, term)
     if runtime == "process":
-        return _process(settings, job_id, attempt, command)
-    raise FleetError(
-        f"no agent has run jobs with state_dir {settings.state_dir} on this node: give fleet shell the "
-        "agent's configuration (--config FILE or FLEET_CONFIG, e.g. /etc/fleet/fleet.toml)"
-    )
+        return _process(settings, job_id, attempt, command, term)
+    raise FleetError(f"no attempt has run with state_dir {settings.state_dir} on node {settings.node_name}")
 
 
-def _docker(node: str, job_id: str, attempt: int, command: list[str], tty: bool) -> Entry:
+def _docker(node: str, job_id: str, attempt: int, command: list[str], tty: bool, term: str) -> Entry:
     import docker
     from docker.errors import DockerException
 
@@ -63,25 +72,25 @@ def _docker(node: str, job_id: str, attempt: int, command: list[str], tty: bool)
     try:
         found = docker.from_env(timeout=30).containers.list(filters={"label": labels})
     except DockerException as exc:
-        raise FleetError(
-            f"Docker daemon not reachable: {exc} (run fleet shell as the agent's user)"
-        ) from None
+        raise FleetError(f"Docker daemon not reachable: {exc}") from None
     if not found:
         raise FleetError(f"job {job_id}: no running container of attempt {attempt} on node {node}")
     if shutil.which("docker") is None:
-        raise FleetError("the docker command is not installed on this node (fleet shell execs `docker exec`)")
-    return Entry(["docker", "exec", "-it" if tty else "-i", found[0].id, *(command or _CONTAINER_SHELL)])
+        raise FleetError(
+            f"the docker command is not installed on node {node} (fleet shell runs `docker exec` there)"
+        )
+    env = ["-e", f"TERM={term}"] if term else []
+    return Entry(
+        ["docker", "exec", "-it" if tty else "-i", *env, found[0].id, *(command or _CONTAINER_SHELL)]
+    )
 
 
-def _process(settings: AgentSettings, job_id: str, attempt: int, command: list[str]) -> Entry:
+def _process(settings: AgentSettings, job_id: str, attempt: int, command: list[str], term: str) -> Entry:
     key = f"{job_id}.{attempt}"
     try:
         meta = json.loads((settings.state_dir / "attempts" / key / "meta.json").read_text())
     except (OSError, ValueError):
-        raise FleetError(
-            f"job {job_id}: attempt {attempt} is not in {settings.state_dir}/attempts on this node "
-            "(run fleet shell as root, with the agent's configuration)"
-        ) from None
+        raise FleetError(f"job {job_id}: attempt {attempt} is not on node {settings.node_name}") from None
     pid = int(meta["pid"])
     if leader_state(pid, meta["created"], meta.get("supervisor")) != "running":
         raise FleetError(f"job {job_id}: attempt {attempt} has ended on this node")
@@ -94,11 +103,9 @@ def _process(settings: AgentSettings, job_id: str, attempt: int, command: list[s
         env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
         cwd = os.readlink(proc / "cwd")
     except OSError as exc:
-        raise FleetError(
-            f"job {job_id}: cannot read its process {pid} ({exc.strerror}): run fleet shell as root"
-        ) from None
-    if "TERM" in os.environ:
-        env["TERM"] = os.environ["TERM"]
+        raise FleetError(f"job {job_id}: cannot read its process {pid} ({exc.strerror})") from None
+    if term:
+        env["TERM"] = term
     cgroups = Cgroups(detect(), settings.cgroup_parent, settings.node_name)
     procs = [str(d / "cgroup.procs") for d in cgroups.dirs(key)] if cgroups.enabled else []
     argv = command or ["/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"]
@@ -110,15 +117,13 @@ def _process(settings: AgentSettings, job_id: str, attempt: int, command: list[s
 def enter(e: Entry) -> NoReturn:
     """Become the attempt's (cgroups, user, directory) and exec its command in place of this process."""
     if e.uid is not None and os.geteuid() not in (0, e.uid):
-        raise FleetError(f"the job runs as uid {e.uid}: run fleet shell as root on this node (sudo)")
+        raise FleetError(f"the job runs as uid {e.uid}: the agent (uid {os.geteuid()}) cannot take it")
     for path in e.procs:
         try:
             with open(path, "w") as f:
                 f.write("0")
         except OSError as exc:
-            raise FleetError(
-                f"cannot join the job's cgroup {path} ({exc.strerror}): run fleet shell as root"
-            ) from None
+            raise FleetError(f"cannot join the job's cgroup {path} ({exc.strerror})") from None
     if e.uid is not None and os.geteuid() != e.uid:
         os.setgroups([])
         if e.gid is not None:
@@ -134,3 +139,26 @@ def enter(e: Entry) -> NoReturn:
         os.execvpe(e.argv[0], e.argv, e.env)
     except OSError as exc:
         raise FleetError(f"{e.argv[0]}: cannot run it in the job ({exc.strerror})") from None
+
+
+def carried(e: Entry) -> dict[str, str]:
+    """The environment of the ``main`` that enters ``e``: the agent's own, and the entry."""
+    return {**os.environ, ENTRY_VAR: json.dumps(asdict(e))}
+
+
+def main() -> NoReturn:
+    """``python -m fleet.agent.enter``, started by the agent with :func:`carried`'s environment and
+    the session's terminal (or pipes) as stdin, stdout and stderr: take the terminal as the
+    controlling one, then :func:`enter`. Exits 127 where the command cannot be run."""
+    e = Entry(**json.loads(os.environ.pop(ENTRY_VAR)))
+    if os.isatty(0):
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    try:
+        enter(e)
+    except FleetError as exc:
+        print(f"fleet: {exc}", file=sys.stderr, flush=True)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main()

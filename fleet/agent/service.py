@@ -31,15 +31,18 @@ from fleet.agent.launcher import Launcher
 from fleet.agent.logship import LogShipper
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import Runtime
+from fleet.agent.shells import Shells
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
-from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, Stop, node_queue
+from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, ShellOpen, Stop, node_queue
 from fleet.config import Settings
 from fleet.errors import FleetError, LaunchError
 from fleet.log import StepHealth, event
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore, Stores
+from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
+from fleet.state.shells import ShellRelay
 from fleet.versions import VERSION
 from fleet.workdir import clean_temp
 
@@ -96,6 +99,9 @@ class Agent:
         self.inflight = self.parts.inflight
         self.exits = ExitPath(self.parts)
         self.launcher = Launcher(self.parts, self.exits)
+        self.shells = Shells(
+            settings, jobs, self.stop_event, lambda: ShellRelay(connect_binary(settings), jobs.keys)
+        )
 
     # -- main loop -------------------------------------------------------------------
 
@@ -122,6 +128,7 @@ class Agent:
         queue = node_queue(self.node)
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)
+        self.bus.handle(queue, ShellOpen, self.shells.open)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
         self.logs.start()
         self.runtime.watch(self.on_exit, self.stop_event)

@@ -120,6 +120,28 @@ class Waiting:
                     if not await self._run(allowed):
                         return
 
+    async def tail(
+        self, key: str, read: Callable[[bytes], list[tuple[bytes, T]]], poll_s: float
+    ) -> AsyncGenerator[list[tuple[bytes, T]], None]:
+        """Batches of stream ``key``'s entries as they arrive (``read(after)``: those past ``after``),
+        without end; an empty batch at least every ``poll_s`` while none arrives."""
+
+        def look(interest: Interest, after: bytes) -> list[tuple[bytes, T]]:
+            got = read(after)
+            self.watch.want(interest, {key: (got[-1][0] if got else after).decode()})
+            return got
+
+        cursor = b"0"
+        with self._waiter() as waiter:
+            while True:
+                waiter.rearm()
+                got = await self._run(look, waiter.interest, cursor)
+                if got:
+                    cursor = got[-1][0]
+                else:
+                    await waiter.woken(poll_s)
+                yield got
+
 
 async def unless_gone(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """``work``'s result; :class:`ClientGone`, ``work`` cancelled, once the client hangs up first."""

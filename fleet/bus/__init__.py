@@ -16,6 +16,7 @@ from fleet.bus.messages import (
     Launch,
     NodeChanged,
     QueueLeft,
+    ShellOpen,
     Stop,
     node_queue,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "Launch",
     "NodeChanged",
     "QueueLeft",
+    "ShellOpen",
     "Stop",
     "node_queue",
     "stop_attempt",

@@ -78,3 +78,19 @@ class NodeChanged(Message):
 
     actor: str = "node_changed"
     node: str = Field(min_length=1)
+
+
+class ShellOpen(Message):
+    """API -> agent: run ``command`` (none: a shell) in job J attempt A's environment on this node,
+    its bytes relayed through the session's streams (``fleet.state.shells``); ``user`` opened it."""
+
+    actor: str = "shell_open"
+    session: str = Field(pattern="^[0-9a-f]{32}$")
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    user: str
+    command: list[str] = Field(default_factory=list, max_length=1000)
+    tty: bool = False
+    term: str = Field(default="", max_length=64)
+    rows: int = Field(default=0, ge=0, le=10_000)
+    cols: int = Field(default=0, ge=0, le=10_000)

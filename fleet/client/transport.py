@@ -216,4 +216,9 @@ def _error(response: http.client.HTTPResponse, url: str) -> FleetError:
         return JobExpired(**body["expired"])
     if name == "ApiUnavailable" or response.status == 503:
         return ApiUnavailable(detail)
+    return error_named(name, detail)
+
+
+def error_named(name: str, detail: str) -> FleetError:
+    """The fleet error an API answer names (its ``error``), as its type."""
     return _ERRORS.get(name, FleetError)(detail)

@@ -3,6 +3,7 @@ commands that wait for a job, and ``fleet shell`` inside a running job."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -133,35 +134,44 @@ def test_ctrl_c_on_the_commands_that_wait_leaves_the_job_running(
     assert client.get(job_id).state == JobState.RUNNING  # none of them touched the job
 
 
-def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup(
-    fleet: Cli, client: Client, api: Api
+def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
+    procs: FleetProcs, client: Client, api: Api
 ) -> None:
+    procs.controller()
+    procs.agent(NODE, gpus=1)
+    procs.wait_nodes(client, 1)
     job = client.submit({"command": ["sh", "-c", "id -u; pwd; echo started; sleep 600"], "name": "held"})
     lines = until(lambda: (got := [x.line for x in client.logs(job.id)])[2:] and got, "the job started")
     uid, cwd = lines[0], lines[1]
-    shelled = fleet(
-        "shell", job.id, "--", "sh", "-c", 'id -u; pwd; echo "$FLEET_JOB_ID"; cat /proc/self/cgroup'
-    )
+    remote = api.env(api.token_for("ann", "default"))  # the API's URL and a user's token: nothing else
+
+    def shell(*args: str, stdin: str = "", env: dict[str, str] = remote) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "fleet", "shell", job.id, *args]
+        return subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True, timeout=90)
+
+    shelled = shell("--", "sh", "-c", 'id -u; pwd; echo "$FLEET_JOB_ID"; cat /proc/self/cgroup')
     assert shelled.returncode == 0, shelled.stderr
     out = shelled.stdout.splitlines()
-    assert out[:3] == [uid, cwd, job.id]
+    assert out[:3] == [uid, cwd, job.id]  # the job's user, never the agent's (root here)
+    assert os.geteuid() != 0 or uid != "0"
     assert Path(cwd).name == "work" and Path(cwd).parent.name == f"{job.id}.1"
     if detect().kind != "none":  # where the agent can use cgroups, the shell is in the job's
         assert any(line.endswith(f"/{NODE}/{job.id}.1") for line in out[3:]), out
-    elsewhere = fleet("shell", job.id, "--", "id", FLEET_AGENT__NODE_NAME="t-other")
-    assert elsewhere.returncode == 1 and elsewhere.stdout == ""
-    assert elsewhere.stderr == (
-        f"fleet: job {job.id} runs on {NODE}, not on this node (t-other): ssh {NODE} and run "
-        f"fleet shell {job.id} there\n"
-    )
+    failed = shell("--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (failed.returncode, failed.stdout, failed.stderr) == (7, "out\n", "err\n")
+    typed = shell("--", "sh", stdin="echo hi\nexit 3\n")  # a script's stdin is the command's
+    assert (typed.returncode, typed.stdout) == (3, "hi\n"), typed.stderr
+    missing = shell("--", "no-such-command-here")
+    assert missing.returncode == 127 and "no-such-command-here" in missing.stderr
     outsider = api.token_for("eve", "other")
-    hidden = fleet("shell", job.id, "--", "id", FLEET_TOKEN=outsider)  # the API refuses as for show
-    shown = fleet("show", job.id, FLEET_TOKEN=outsider)
-    assert (hidden.returncode, hidden.stdout, hidden.stderr) == (shown.returncode, "", shown.stderr)
-    assert hidden.returncode in (3, 8), hidden.stderr
+    hidden = shell("--", "id", env=api.env(outsider))  # another tenant's job is no job, as for show
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleet", "show", job.id], env=api.env(outsider), capture_output=True, text=True
+    )
+    assert (hidden.returncode, hidden.stdout, hidden.stderr) == (3, "", shown.stderr), hidden.stderr
     client.cancel(job.id)
     wait_for(lambda: client.get(job.id).state == JobState.CANCELLED, what="the job ends")
-    ended = fleet("shell", job.id)
+    ended = shell()
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
 
 
