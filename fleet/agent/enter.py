@@ -118,19 +118,17 @@ def enter(e: Entry) -> NoReturn:
     """Become the attempt's (cgroups, user, directory) and exec its command in place of this process."""
     if e.uid is not None and os.geteuid() not in (0, e.uid):
         raise FleetError(f"the job runs as uid {e.uid}: the agent (uid {os.geteuid()}) cannot take it")
-    for path in e.procs:
-        try:
-            with open(path, "w") as f:
-                f.write("0")
-        except OSError as exc:
-            raise FleetError(f"cannot join the job's cgroup {path} ({exc.strerror})") from None
+    _join(e.procs)
     if e.uid is not None and os.geteuid() != e.uid:
         os.setgroups([])
         if e.gid is not None:
             os.setgid(e.gid)
         os.setuid(e.uid)
     if e.cwd is not None:
-        os.chdir(e.cwd)
+        try:
+            os.chdir(e.cwd)
+        except OSError as exc:
+            raise FleetError(f"cannot enter the job's directory {e.cwd} ({exc.strerror})") from None
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them, and an exec keeps that
         signal.signal(sig, signal.SIG_DFL)
     try:
@@ -139,6 +137,16 @@ def enter(e: Entry) -> NoReturn:
         os.execvpe(e.argv[0], e.argv, e.env)
     except OSError as exc:
         raise FleetError(f"{e.argv[0]}: cannot run it in the job ({exc.strerror})") from None
+
+
+def _join(procs: list[str]) -> None:
+    """Move this process into the attempt's cgroups (its ``cgroup.procs`` files)."""
+    for path in procs:
+        try:
+            with open(path, "w") as f:
+                f.write("0")
+        except OSError as exc:
+            raise FleetError(f"cannot join the job's cgroup {path} ({exc.strerror})") from None
 
 
 def carried(e: Entry) -> dict[str, str]:

@@ -3,6 +3,7 @@ its input and output relayed over a WebSocket (the exchange is described in ``fl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 from collections.abc import Iterator, Sequence
@@ -95,8 +96,6 @@ def open_shell(
         raise ApiUnavailable(f"fleet API at {creds.url} unreachable: {exc}") from None
     rows, cols = size or (0, 0)
     hello = {"command": list(command), "tty": tty, "term": term, "rows": rows, "cols": cols}
-    try:
+    with contextlib.suppress(ConnectionClosed):  # refused unread: output() raises the refusal
         conn.send(json.dumps(hello))
-    except ConnectionClosed:  # refused before it read the request: output() raises the refusal
-        pass
     return ShellSession(conn)

@@ -3,10 +3,15 @@ commands that wait for a job, and ``fleet shell`` inside a running job."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -163,32 +168,79 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     assert (typed.returncode, typed.stdout) == (3, "hi\n"), typed.stderr
     missing = shell("--", "no-such-command-here")
     assert missing.returncode == 127 and "no-such-command-here" in missing.stderr
+    on_terminal(job.id, remote)
     outsider = api.token_for("eve", "other")
     hidden = shell("--", "id", env=api.env(outsider))  # another tenant's job is no job, as for show
     shown = subprocess.run(
         [sys.executable, "-m", "fleet", "show", job.id], env=api.env(outsider), capture_output=True, text=True
     )
     assert (hidden.returncode, hidden.stdout, hidden.stderr) == (3, "", shown.stderr), hidden.stderr
+    inside = spawn(remote, "shell", job.id, "--", "sh", "-c", "echo in; exec sleep 600")
+    assert read_line(inside.stdout) == "in"
     client.cancel(job.id)
     wait_for(lambda: client.get(job.id).state == JobState.CANCELLED, what="the job ends")
+    _, err = inside.communicate(timeout=60)  # the shell ends with the job
+    assert inside.returncode != 0 and "Traceback" not in err, err
     ended = shell()
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
 
 
-def test_fleet_shell_execs_into_the_jobs_container(docker_procs: FleetProcs, client: Client) -> None:
+def on_terminal(job_id: str, env: dict[str, str]) -> None:
+    """``fleet shell JOB -- sh`` on a terminal: the command gets one of the caller's size, keys go
+    through as typed, the exit code comes back and the caller's terminal is as it was after."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+    before = termios.tcgetattr(slave)
+    argv = [sys.executable, "-m", "fleet", "shell", job_id, "--", "sh"]
+    proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    seen = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):  # EIO once the last holder of the terminal closed it
+            while data := os.read(master, 4096):
+                seen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    until(
+        lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, "fleet shell put the terminal in raw mode"
+    )
+    os.write(master, b"stty size; test -t 0 && echo on-a-tty; exit 4\r")
+    assert proc.wait(timeout=60) == 4, bytes(seen)
+    assert termios.tcgetattr(slave) == before  # raw mode undone
+    os.close(slave)
+    reader.join(timeout=10)
+    os.close(master)
+    lines = bytes(seen).decode(errors="replace").splitlines()
+    assert any(line.endswith("33 101") for line in lines) and "on-a-tty" in lines, lines  # after a prompt
+
+
+def test_fleet_shell_execs_into_the_jobs_container(
+    docker_procs: FleetProcs, client: Client, api: Api
+) -> None:
     node = "t-interactive-dock"
     docker_procs.controller()
     docker_procs.agent(node, gpus=1)
     docker_procs.wait_nodes(client, 1)
     job = client.submit({"command": ["sh", "-c", "id -u; echo started; sleep 600"], "name": "boxed"})
     lines = until(lambda: (got := [x.line for x in client.logs(job.id)])[1:] and got, "the job started")
-    env = docker_procs.cli_env(
-        FLEET_AGENT__NODE_NAME=node, FLEET_AGENT__STATE_DIR=str(docker_procs.root / node)
-    )
-    argv = [sys.executable, "-m", "fleet", "shell", job.id, "--", "sh", "-c", 'id -u; echo "$FLEET_JOB_ID"']
-    shelled = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
-    )
-    assert shelled.returncode == 0, shelled.stderr
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "shell",
+        job.id,
+        "--",
+        "sh",
+        "-c",
+        'id -u; echo "$FLEET_JOB_ID"; exit 5',
+    ]
+    shelled = subprocess.run(argv, env=api.env(), capture_output=True, text=True, timeout=90)
+    assert shelled.returncode == 5, shelled.stderr
     assert shelled.stdout.splitlines() == [lines[0], job.id]  # the job's user, in its container
+    typed = subprocess.run(
+        [*argv[:5], "--", "sh"], env=api.env(), input="echo hi\nexit 3\n", capture_output=True, text=True
+    )
+    assert (typed.returncode, typed.stdout) == (3, "hi\n"), typed.stderr
+    on_terminal(job.id, api.env())  # docker exec -it, on the agent's terminal for the session
     client.cancel(job.id)
