@@ -99,7 +99,7 @@ class Shells:
         token = token.strip() if scheme.lower() == "bearer" else ""
         try:
             who, job = await run_in_threadpool(self.opening, token, job_id)
-            hello = _hello(await ws.receive_text())
+            hello = _hello(await _first(ws))
             self.waits.acquire(who, f"a shell in {job_id}")
         except FleetError as exc:
             await _close(ws, error_body(exc))
@@ -200,6 +200,19 @@ class Shells:
         finally:
             await stream.aclose()
         raise AssertionError("unreachable: the stream has no end")
+
+
+async def _first(ws: WebSocket) -> str:
+    """The request: the first frame, JSON text, within ``OPEN_S``."""
+    try:
+        got = await asyncio.wait_for(ws.receive(), OPEN_S)
+    except TimeoutError:
+        raise SpecError(f"shell request: none came within {OPEN_S:.0f} s of the connection") from None
+    if got["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(got.get("code", 1000))
+    if got.get("text") is None:
+        raise SpecError('shell request: send it first, as a JSON text frame ({"command": [...], ...})')
+    return str(got["text"])
 
 
 def _hello(text: str) -> Hello:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import struct
@@ -18,6 +19,7 @@ from typing import IO
 
 import psutil
 import pytest
+from websockets.sync.client import connect
 
 from fleet import Client, JobState
 from fleet.agent.cgroups import detect
@@ -169,6 +171,13 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     missing = shell("--", "no-such-command-here")
     assert missing.returncode == 127 and "no-such-command-here" in missing.stderr
     on_terminal(job.id, remote)
+    unknown = shell("--", "id", env=api.env("not-a-token"))
+    assert unknown.returncode == 8 and "token unknown" in unknown.stderr, unknown.stderr
+    assert bad_request(api.url, remote["FLEET_TOKEN"], job.id) == {
+        "error": "SpecError",
+        "detail": "shell request: command: Input should be a valid array",
+        "exit_code": 2,
+    }
     outsider = api.token_for("eve", "other")
     hidden = shell("--", "id", env=api.env(outsider))  # another tenant's job is no job, as for show
     shown = subprocess.run(
@@ -183,6 +192,15 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     assert inside.returncode != 0 and "Traceback" not in err, err
     ended = shell()
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
+
+
+def bad_request(api_url: str, token: str, job_id: str) -> dict[str, object]:
+    """What the API answers a shell request whose command is not a list."""
+    address = api_url.replace("http://", "ws://") + f"/v1/jobs/{job_id}/shell"
+    with connect(address, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+        ws.send(json.dumps({"command": "id"}))
+        said: dict[str, object] = json.loads(ws.recv(timeout=30))
+    return said
 
 
 def on_terminal(job_id: str, env: dict[str, str]) -> None:
