@@ -92,6 +92,10 @@ class AgentSettings(_Section):
     #: the supervisor kills every attempt this long before an unrenewed lease would expire
     fence_margin_s: float = Field(default=2.0, ge=0.2)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
+    #: ``fleet shell`` sessions this node runs at once (0: none), and how long one may pass no byte
+    #: either way before it is ended
+    shell_max_sessions: int = Field(default=8, ge=0, le=1000)
+    shell_idle_s: float = Field(default=3600.0, gt=0)
     #: how often running attempts' new output is shipped to Redis (one round for all of them)
     log_ship_interval_s: float = Field(default=0.2, gt=0, le=10)
     gpus: Literal["auto", "nvml", "simulated"] = "auto"

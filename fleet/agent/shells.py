@@ -5,8 +5,8 @@ The API offers a session and sends :class:`ShellOpen`; the agent takes the offer
 attempt runs here, and starts ``python -m fleet.agent.enter`` (which becomes the job's user in the
 job's cgroups, directory and environment, or ``docker exec``s into its container) on a terminal of
 its own (the caller has one) or on pipes (a script). A session ends when its command exits, its
-caller hangs up, nothing passed either way for ``IDLE_S``, the attempt ends or the agent stops; at
-most ``MAX_SESSIONS`` run at once on a node.
+caller hangs up, nothing passed either way for ``agent.shell_idle_s``, the attempt ends or the agent
+stops (saying which on the session's stderr); at most ``agent.shell_max_sessions`` run at once.
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ from fleet.state import JobStore
 from fleet.state.shells import ShellRelay
 
 log = logging.getLogger("fleet.agent.shell")
-#: sessions one node runs at once (one more is refused, naming the limit)
-MAX_SESSIONS = 8
-#: a session through which no byte passed either way for this long is ended
-IDLE_S = 3600.0
 #: how long one read of the session's input blocks (the loop then looks at the command and the job)
 BLOCK_MS = 1000
 #: how often a session checks that its attempt still runs
@@ -72,15 +68,16 @@ class Shells:
             event(log, "shell_offer_lapsed", logging.WARNING, job=msg.job_id, session=msg.session)
             return
         with self._lock:
-            full = len(self._live) >= MAX_SESSIONS
+            most = self.cfg.shell_max_sessions
+            full = len(self._live) >= most
             if not full:
                 self._live.add(msg.session)
         if full:
             self._refuse(
                 msg.session,
                 FleetError(
-                    f"node {self.cfg.node_name} runs {MAX_SESSIONS} shells "
-                    "already, its most: try again once one ended"
+                    f"node {self.cfg.node_name} runs {most} shells already, its most "
+                    "(agent.shell_max_sessions): try again once one ended"
                 ),
             )
             return
@@ -104,7 +101,7 @@ class Shells:
                 uid=e.uid,
                 command=shlex.join(e.argv),
             )
-            code = Session(self.relay, msg, e, lambda: self._alive(msg)).run()
+            code = Session(self.relay, msg, e, lambda: self._alive(msg), self.cfg.shell_idle_s).run()
             event(log, "shell_ended", job=msg.job_id, user=msg.user, session=msg.session, exit_code=code)
         except FleetError as exc:
             self._refuse(msg.session, exc)
@@ -136,8 +133,10 @@ class Shells:
 class Session:
     """One command and its relay: output pumped out by reader threads, input fed in by ``run``."""
 
-    def __init__(self, relay: ShellRelay, msg: ShellOpen, e: Entry, alive: Callable[[], bool]) -> None:
-        self.relay, self.msg, self.entry, self.alive = relay, msg, e, alive
+    def __init__(
+        self, relay: ShellRelay, msg: ShellOpen, e: Entry, alive: Callable[[], bool], idle_s: float
+    ) -> None:
+        self.relay, self.msg, self.entry, self.alive, self.idle_s = relay, msg, e, alive, idle_s
         self.last = time.monotonic()
         self.master: int | None = None
 
@@ -210,13 +209,22 @@ class Session:
                     return
                 self._input(proc, fields)
             now = time.monotonic()
-            if now - self.last > IDLE_S:
-                event(log, "shell_idle", session=self.msg.session, idle_s=IDLE_S)
+            if now - self.last > self.idle_s:
+                event(log, "shell_idle", session=self.msg.session, idle_s=self.idle_s)
+                self._say(f"no input nor output for {self.idle_s:g} s (agent.shell_idle_s): ended")
                 return
             if now - checked > CHECK_S:
                 checked = now
                 if not self.alive():
+                    self._say(f"job {self.msg.job_id} attempt {self.msg.attempt} ended: so does this shell")
                     return
+
+    def _say(self, text: str) -> None:
+        """A line of fleet's own on the session's stderr (a terminal's: its output)."""
+        line = f"fleet shell: {text}\n"
+        if self.msg.tty:  # raw mode on the caller's side: a line of its own, carriage returns
+            line = "\r\n" + line.replace("\n", "\r\n")
+        self.relay.put(self.msg.session, "out", {"o" if self.msg.tty else "e": line.encode()})
 
     def _input(self, proc: subprocess.Popen[bytes], fields: dict[bytes, bytes]) -> None:
         self.last = time.monotonic()

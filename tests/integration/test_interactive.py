@@ -194,6 +194,36 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
 
 
+def test_fleet_shell_sessions_are_capped_per_node_and_end_when_idle(
+    procs: FleetProcs, client: Client, api: Api
+) -> None:
+    node = "t-interactive-caps"
+    procs.controller()
+    procs.agent(node, gpus=1, FLEET_AGENT__SHELL_MAX_SESSIONS="1", FLEET_AGENT__SHELL_IDLE_S="2")
+    procs.wait_nodes(client, 1)
+    job = client.submit({"command": ["sh", "-c", "echo started; sleep 600"], "name": "capped"})
+    until(lambda: client.logs(job.id), "the job started")
+
+    def shell(*command: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "fleet", "shell", job.id, "--", *command]
+        return subprocess.run(argv, env=api.env(), capture_output=True, text=True, timeout=90)
+
+    busy = spawn(api.env(), "shell", job.id, "--", "sh", "-c", "while :; do echo busy; sleep 0.5; done")
+    assert read_line(busy.stdout) == "busy"  # output keeps it from being idle
+    refused = shell("true")
+    assert refused.returncode == 1 and "runs 1 shells already" in refused.stderr, refused.stderr
+    code, err = interrupt(busy)  # the caller hangs up: the agent ends the session, freeing its place
+    assert code == 130 and "Traceback" not in err, err
+
+    def idle() -> subprocess.CompletedProcess[str] | None:
+        ran = shell("sleep", "600")
+        return None if "shells already" in ran.stderr else ran
+
+    ended = until(idle, "a session once the hung-up one ended")
+    assert ended.returncode == 129, ended.stderr  # hung up (SIGHUP), saying why
+    assert "fleet shell: no input nor output for 2 s (agent.shell_idle_s): ended" in ended.stderr
+
+
 def bad_request(api_url: str, token: str, job_id: str) -> dict[str, object]:
     """What the API answers a shell request whose command is not a list."""
     address = api_url.replace("http://", "ws://") + f"/v1/jobs/{job_id}/shell"
