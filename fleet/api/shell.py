@@ -116,8 +116,12 @@ class Shells:
         msg = ShellOpen(
             session=session, job_id=job.id, attempt=job.attempt, user=who.user, **hello.model_dump()
         )
-        await run_in_threadpool(self.relay.offer, session)
-        await run_in_threadpool(self.backend.bus.send, node_queue(node), msg)
+        try:
+            await run_in_threadpool(self.relay.offer, session)
+            await run_in_threadpool(self.backend.bus.send, node_queue(node), msg)
+        except FleetError as exc:  # Redis unreachable: said as any call says it
+            await _close(ws, error_body(exc))
+            return
         said = shlex.join(hello.command) or "(a shell)"
         event(
             log,
