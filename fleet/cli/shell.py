@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import termios
@@ -48,19 +47,18 @@ def shell(ctx: click.Context, globals_: Globals, /, job: str) -> int:
 
     command = ctx.meta.get("fleet.command", [])
     on_tty = sys.stdin.isatty() and sys.stdout.isatty()
-    size = shutil.get_terminal_size()
     session = open_shell(
         job,
         command,
         tty=on_tty,
         term=os.environ.get("TERM", "") if on_tty else "",
-        size=(size.lines, size.columns) if on_tty else None,
+        size=_size() if on_tty else None,
         url=globals_.api_url,
     )
     try:
         with _raw(on_tty):
             if on_tty:
-                _on_resize(lambda: session.resize(*reversed(shutil.get_terminal_size())))
+                _on_resize(lambda: session.resize(*_size()))
             threading.Thread(target=_pump_input, args=(session, on_tty), daemon=True).start()
             for kind, data in session.output():
                 out = sys.stderr if kind == "e" else sys.stdout
@@ -105,3 +103,10 @@ def _on_resize(tell: Callable[[], None]) -> None:
             tell()
 
     signal.signal(signal.SIGWINCH, handler)
+
+
+def _size() -> tuple[int, int]:
+    """(rows, columns) of the terminal on stdout, as the kernel has it (not $LINES/$COLUMNS, which a
+    parent may have set for a terminal of another size)."""
+    size = os.get_terminal_size(sys.stdout.fileno())
+    return size.lines, size.columns
