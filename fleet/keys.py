@@ -210,6 +210,10 @@ class Keys:
         """A ``fleet shell`` session's offer (``side`` ""), or its ``in`` or ``out`` stream."""
         return f"{self.prefix}:shell:{session}" + (f":{side}" if side else "")
 
+    def stdin(self, job_id: str, part: str = "") -> str:
+        """A job's forwarded input (a stream), or how many bytes it was sent (``part`` "bytes")."""
+        return f"{self.prefix}:job:{job_id}:stdin" + (f":{part}" if part else "")
+
     def logs(self, job_id: str, attempt: int, rank: int = 0) -> str:
         """An attempt's output; a multi-node job's other members (rank > 0) each have their own."""
         base = f"{self.prefix}:job:{job_id}:logs:{attempt}"

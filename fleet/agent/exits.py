@@ -199,6 +199,8 @@ class ExitPath:
         decision = decide(job, exit, p.policy)
         if not p.jobs.end_attempt(job, exit, decision, p.clock(), {"checkpoint": self._latest(job), **kept}):
             return
+        if decision.state.final:
+            p.stdin.drop(job)
         if gang:  # one member's end is the attempt's: stop the others now, not at a collective's timeout
             grace = p.cfg.stop_grace_s
             stop = Stop(job_id=job.id, attempt=job.attempt, reason=decision.reason, grace_s=grace)

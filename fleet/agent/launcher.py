@@ -102,6 +102,7 @@ class Launcher:
             self.exits.remove(job_id, attempt)
             return
         p.logs.follow(job_id, attempt, rank)
+        p.stdin.follow(job, attempt, rank)
         event(
             log,
             "attempt_started",
@@ -222,6 +223,7 @@ class Launcher:
             workdir=self._workdir(job),
             outputs=spec.outputs,
             batch_size=job.global_batch,
+            stdin=spec.stdin and rank == 0,
         )
 
     def _job_user(self, spec: JobSpec) -> tuple[int, int] | None:

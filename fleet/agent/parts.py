@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fleet.agent.gpus import GpuInventory
 from fleet.agent.logship import LogShipper
 from fleet.agent.runtime import Runtime
+from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
 from fleet.bus import Bus
 from fleet.config import Settings
@@ -80,6 +81,8 @@ class Parts:
     runtime: Runtime
     supervisor: SupervisorClient
     logs: LogShipper
+    #: the forwarded input of the attempts that read it
+    stdin: StdinPumps
     clock: Callable[[], float]
     stop_event: threading.Event
     #: publish this node's GPUs now (a guarded heartbeat): one found busy, or not released

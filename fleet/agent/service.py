@@ -32,6 +32,7 @@ from fleet.agent.logship import LogShipper
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import Runtime
 from fleet.agent.shells import Shells
+from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, ShellOpen, Stop, node_queue
@@ -43,6 +44,7 @@ from fleet.state import JobStore, NodeStore, Stores
 from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
 from fleet.state.shells import ShellRelay
+from fleet.state.stdin import StdinStreams
 from fleet.versions import VERSION
 from fleet.workdir import clean_temp
 
@@ -82,6 +84,9 @@ class Agent:
             max_bytes=settings.log_max_bytes,
         )
         self._health = StepHealth(log)
+        self.pumps = StdinPumps(
+            runtime, supervisor, self.stop_event, lambda: StdinStreams(connect_binary(settings), jobs.keys)
+        )
         self.notifier = Notifier()
         self.parts = Parts(
             settings,
@@ -92,6 +97,7 @@ class Agent:
             runtime,
             supervisor,
             self.logs,
+            self.pumps,
             clock,
             self.stop_event,
             publish=lambda: self._guarded(self.heartbeat),
@@ -272,7 +278,10 @@ class Agent:
             event(log, "attempt_reattached", job=status.job_id, attempt=status.attempt)
             self.runtime.supervise(status.job_id, status.attempt)
             job = jobs.get(status.job_id)
-            self.logs.follow(status.job_id, status.attempt, (job.rank_on(self.node) or 0) if job else 0)
+            rank = (job.rank_on(self.node) or 0) if job else 0
+            self.logs.follow(status.job_id, status.attempt, rank)
+            if job is not None:
+                self.pumps.follow(job, status.attempt, rank)
         for status in todo.finish:
             assert status.exit is not None
             self.exits.finish(status.job_id, status.attempt, status.exit)

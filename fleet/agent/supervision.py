@@ -175,6 +175,7 @@ class SupervisorClient:
         uid: int | None,
         gid: int | None,
         cgroup: Joined | None = None,
+        stdin: bool = False,
     ) -> int:
         joined = cgroup or Joined([], None)
         reply = self.request(
@@ -187,6 +188,7 @@ class SupervisorClient:
             gid=gid,
             cgroup_procs=joined.procs,
             cgroup_kill=joined.kill,
+            stdin=stdin,
         )
         if "error" in reply:
             raise LaunchError(f"supervisor refused to start the attempt: {reply['error']}", retryable=True)
@@ -198,6 +200,10 @@ class SupervisorClient:
         if "error" in reply:
             raise LaunchError(f"supervisor refused the attempt: {reply['error']}", retryable=True)
         return not reply.get("gone", False)
+
+    def stdin_end(self, key: str) -> None:
+        """The attempt's forwarded input ended: the supervisor lets go of its stdin pipe."""
+        self.request("stdin_end", key=key)
 
     def stop(self, key: str, grace_s: float) -> None:
         self.request("stop", key=key, grace=grace_s)

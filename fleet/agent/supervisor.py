@@ -14,7 +14,10 @@ then, over that socket (JSON lines):
   made them and wrote their limits), as ``uid``/``gid``, output to ``attempts/<key>/output.log``,
   with a parent-death signal. Its pid goes to ``meta.json``, its exit code to ``exit`` when it
   ends, and ``{"exit": key}`` is pushed to connections that sent ``watch``. These three files are
-  0600 in a 0711 folder: no job reads another's output.
+  0600 in a 0711 folder: no job reads another's output. With ``stdin``, the attempt's stdin is the
+  named pipe ``attempts/<key>/stdin`` (0600, for the agent to write into) instead of /dev/null; the
+  supervisor holds a writing end of its own, so the job reads no EOF while no agent writes (before
+  the agent opens it, across agent restarts), until ``stdin_end {key}`` (the input ended) closes it.
 - ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
 - ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
 - ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
@@ -54,9 +57,9 @@ from pathlib import Path
 from typing import Any
 
 SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attempts", "fenced"
-#: what this supervisor can do, in its ``ping`` answer: 2 puts attempts in their cgroups (one of an
-#: older release answers no ``protocol``: 1)
-PROTOCOL = 2
+#: what this supervisor can do, in its ``ping`` answer: 2 puts attempts in their cgroups, 3 gives them
+#: a named pipe as stdin (one of an older release answers no ``protocol``: 1)
+PROTOCOL = 3
 _PR_SET_PDEATHSIG = 1
 _EXITED = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _SELF = [os.getpid()]
@@ -74,6 +77,8 @@ class Held:
     cgroup: tuple[str | None, str] | None = None
     kill_at: float | None = None
     fenced: bool = False
+    #: the supervisor's own writing end of the attempt's stdin pipe, until its input ends
+    stdin_hold: int | None = None
 
 
 @dataclass
@@ -152,21 +157,29 @@ class Supervisor:
         folder = self.state_dir / ATTEMPTS / key
         folder.mkdir(mode=0o711, parents=True, exist_ok=True)
         os.chmod(folder, 0o711)  # the job passes through to its work dir; lists nothing
+        stdin, hold = _stdin_pipe(folder / "stdin") if req.get("stdin") else (subprocess.DEVNULL, None)
         with _private(folder / "output.log", os.O_WRONLY | os.O_APPEND) as out:
             try:
-                proc = _popen(req, out, procs)
+                proc = _popen(req, out, procs, stdin)
             except subprocess.SubprocessError:  # its cgroup, or the switch to its user, failed
+                _close(hold)
                 return {"error": f"cannot put the attempt in its cgroup {procs[:1]} or switch to its user"}
             except OSError as exc:
                 out.write(f"fleet: cannot run {req['argv'][0]!r}: {exc.strerror}\n".encode())
                 _write_json(folder / "exit", {"code": 127 if isinstance(exc, FileNotFoundError) else 126})
                 _write_json(folder / "meta.json", {"pid": 0, "created": 0})
                 self._notify(key)
+                _close(hold)
                 return {"pid": 0}
+            finally:
+                if isinstance(stdin, int) and stdin >= 0:
+                    os.close(stdin)  # the job's reading end is the job's alone
         meta = {"pid": proc.pid, "created": _created(proc.pid), "supervisor": os.getpid()}
         _write_json(folder / "meta.json", meta)
         cgroup = (kill, procs[0]) if procs else None
-        self.held[key] = Held(key, proc.pid, os.pidfd_open(proc.pid), True, proc, cgroup=cgroup)
+        self.held[key] = Held(
+            key, proc.pid, os.pidfd_open(proc.pid), True, proc, cgroup=cgroup, stdin_hold=hold
+        )
         return {"pid": proc.pid}
 
     def adopt(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -202,10 +215,19 @@ class Supervisor:
             elif held.proc is None and not _alive(held.pidfd):
                 self._forget(held.key)
 
+    def stdin_end(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The attempt's input ended: the job reads EOF once no agent holds the pipe open either."""
+        held = self.held.get(_key(req["key"]))
+        if held is not None:
+            _close(held.stdin_hold)
+            held.stdin_hold = None
+        return {"held": held is not None}
+
     def _forget(self, key: str) -> None:
         held = self.held.pop(key, None)
         if held is not None:
             os.close(held.pidfd)
+            _close(held.stdin_hold)
 
     def _notify(self, key: str) -> None:
         for conn in list(self.watchers):
@@ -237,7 +259,8 @@ class Supervisor:
         if op == "shutdown":
             self.shutdown()
             return {"ok": True}
-        handler = {"spawn": self.spawn, "adopt": self.adopt, "stop": self.stop}.get(str(op))
+        handlers = {"spawn": self.spawn, "adopt": self.adopt, "stop": self.stop, "stdin_end": self.stdin_end}
+        handler = handlers.get(str(op))
         if handler is None:
             return {"error": f"unknown op {op!r}"}
         return handler(req)
@@ -259,7 +282,26 @@ def _cgroup_file(path: object, name: str) -> str:
     return text
 
 
-def _popen(req: dict[str, Any], out: Any, procs: list[str]) -> subprocess.Popen[bytes]:
+def _stdin_pipe(path: Path) -> tuple[int, int]:
+    """A fresh named pipe at ``path`` (0600: the agent writes into it as root, or as the user the
+    supervisor runs as): its reading end (the job's stdin) and a writing end the supervisor holds."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    os.mkfifo(path, 0o600)
+    os.chmod(path, 0o600)
+    # non-blocking, or the open would wait for a writer; the job's end then blocks as a pipe does
+    reading = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    os.set_blocking(reading, True)
+    return reading, os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _popen(req: dict[str, Any], out: Any, procs: list[str], stdin: int) -> subprocess.Popen[bytes]:
     uid: int | None = req.get("uid")
     gid: int | None = req.get("gid")
     if uid is None or os.geteuid() != 0:  # an agent that is not root runs jobs as itself
@@ -268,7 +310,7 @@ def _popen(req: dict[str, Any], out: Any, procs: list[str]) -> subprocess.Popen[
         [str(a) for a in req["argv"]],
         env={str(k): str(v) for k, v in req["env"].items()},
         cwd=req.get("cwd"),
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import __version__
 from fleet.api import blobs as blob_routes
-from fleet.api import control, jobs, nodes, outputs, pages, shell, webhooks
+from fleet.api import control, jobs, nodes, outputs, pages, shell, stdin, webhooks
 from fleet.api import history as history_routes
 from fleet.api import tenants as tenant_routes
 from fleet.api import tokens as token_routes
@@ -51,6 +51,7 @@ from fleet.errors import (
 from fleet.models.base import in_words
 from fleet.state.connection import connect_binary
 from fleet.state.shells import ShellRelay
+from fleet.state.stdin import StdinStreams
 from fleet.state.watch import StreamWatch
 from fleet.versions import HEADER
 
@@ -111,9 +112,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(VersionHeader)
     waits, waiting = PerToken(settings.api.max_waits_per_token), Waiting(backend, watch)
     relay = ShellRelay(connect_binary(settings), stores.keys)
+    streams = StdinStreams(relay.redis, stores.keys)
     for router in (
         jobs.routes(backend, blobs, waits, waiting),
         shell.routes(backend, relay, tokens, waits, waiting),
+        stdin.routes(backend, streams),
         control.routes(backend),
         blob_routes.routes(blobs, settings),
         outputs.routes(backend, settings),

@@ -127,12 +127,11 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     @router.post("/v1/arrays", status_code=201)
     def submit_array(body: SubmitArray, who: User) -> JobArray:
+        spec = spec_for(who, body.spec)
+        if spec.stdin:
+            raise SpecError("stdin: a job array's tasks read no forwarded input; drop stdin")
         array = backend.submit_array(
-            spec_for(who, body.spec),
-            body.indices,
-            max_running=body.max_running,
-            array_id=body.id,
-            owner=who.user,
+            spec, body.indices, max_running=body.max_running, array_id=body.id, owner=who.user
         )
         event(
             log, "submitted_array", array=array.id, size=array.size, user=who.user, tenant=array.spec.tenant

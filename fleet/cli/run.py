@@ -3,7 +3,11 @@ as ``srun`` does; Ctrl-C cancels the job (``submit --wait`` leaves it running)."
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -11,14 +15,16 @@ import click
 
 from fleet.cli.common import CONTEXT, Globals, pass_globals
 from fleet.cli.submit import CommandAfterDashes, spec_from_options, submit
-from fleet.errors import SpecError
-from fleet.models import Job, JobState, LogLine
+from fleet.errors import FleetError, SpecError
+from fleet.models import Job, JobSpec, JobState, LogLine
 
 if TYPE_CHECKING:
     from fleet.client import Client
 
 #: how often a job not yet on its node is looked at (its waiting reason printed when it changes)
 POLL_S = 0.5
+#: the most stdin bytes sent in one call
+CHUNK = 64 << 10
 #: submit's options that make no sense for one job whose output is streamed
 _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
 
@@ -28,13 +34,26 @@ _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
     context_settings=CONTEXT,
     short_help="submit, wait for a node, stream the output, exit with the job's exit code (srun)",
     epilog="Examples: fleet run --gpus 1 -- nvidia-smi; fleet run --workdir . --gpus 2 -- python3 "
-    "train.py. stdin is not forwarded (the job reads an empty stdin); the job's stdout and stderr both "
-    "come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes to stderr.",
+    "train.py; zcat data.gz | fleet run -- python3 count.py. A piped or redirected stdin is forwarded "
+    "to the job (up to 16 MiB; the job reads EOF where it ends), a terminal or /dev/null is not (the "
+    "job reads an empty stdin): --stdin forwards a terminal too (Ctrl-D ends it), --no-stdin forwards "
+    "nothing. A requeued job goes on with the input its earlier attempts did not read: it is not sent "
+    "again. Forwarded stdin needs a job on one node of the process runtime. The job's stdout and "
+    "stderr both come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes "
+    "to stderr.",
+)
+@click.option(
+    "--stdin/--no-stdin",
+    "forward",
+    default=None,
+    help="forward this command's stdin to the job [default: when it is a pipe or a file]",
 )
 @click.argument("stray", nargs=-1, metavar="-- COMMAND [ARGS]...")
 @pass_globals
 @click.pass_context
-def run(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **options: Any) -> int:
+def run(
+    ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], forward: bool | None, **options: Any
+) -> int:
     """Submit a job (the options are `fleet submit`'s), wait until a node runs it (saying why it
     waits while it is queued), print its output as it comes, attempt after attempt, and exit with
     its exit code: as `srun` does.
@@ -48,8 +67,11 @@ def run(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **opti
             "-- python3 train.py (a value with a space needs quotes)"
         )
     spec = spec_from_options(options, ctx.meta.get("fleet.command", []))
+    spec = spec.model_copy(update={"stdin": forwarded(forward, spec)})
     client = globals_.client()
     handle = client.submit(spec, job_id=options["job_id"])
+    if spec.stdin:
+        threading.Thread(target=feed, args=(client, handle.id), name="stdin", daemon=True).start()
     try:
         say(f"job {handle.id} submitted (Ctrl-C cancels it)")
         job = stream(client, handle.id)
@@ -58,6 +80,40 @@ def run(ctx: click.Context, globals_: Globals, /, stray: tuple[str, ...], **opti
         say(f"cancelled job {handle.id}", newline=sys.stderr.isatty())
         return 130
     return exit_code(job)
+
+
+def forwarded(asked: bool | None, spec: JobSpec) -> bool:
+    """Whether the job reads this command's stdin: as asked, else when it is a pipe or a file (a
+    terminal would hold the job waiting for typing; /dev/null has nothing to say), for a job that
+    can (one node)."""
+    if asked is not None or spec.stdin:  # -f's spec may ask for it
+        return bool(asked if asked is not None else spec.stdin)
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError):  # no stdin at all
+        return False
+    one_node = (spec.nodes or 1) == 1 and not spec.elastic
+    return (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)) and one_node
+
+
+def feed(client: Client, job_id: str) -> None:
+    """Send this command's stdin to the job as it comes, then its end; what stops it, on stderr
+    (nothing when the job ended: it reads no more)."""
+    try:
+        while data := os.read(sys.stdin.fileno(), CHUNK):
+            client.send_stdin(job_id, data)
+        client.send_stdin(job_id, b"", eof=True)
+    except FleetError as exc:
+        try:
+            ended = client.get(job_id).state.final
+        except FleetError:
+            ended = False
+        if not ended:
+            say(f"stdin is not forwarded any further: {exc}")
+    except OSError as exc:
+        say(f"stdin is not forwarded any further: cannot read it ({exc.strerror})")
+        with contextlib.suppress(FleetError):
+            client.send_stdin(job_id, b"", eof=True)  # the job reads EOF, not a hang
 
 
 def stream(client: Client, job_id: str) -> Job:

@@ -185,6 +185,9 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> Job:
         return await self._do(api.cancel(job_id))
 
+    async def send_stdin(self, job_id: str, data: bytes, eof: bool = False) -> int:
+        return await self._do(api.send_stdin(job_id, data, eof))
+
     async def resize(self, job_id: str, gpus: int, batch_size: int | None = None) -> Job:
         return await self._do(api.resize(job_id, gpus, batch_size))
 

@@ -114,6 +114,12 @@ def cancel(job_id: str) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{job_segment(job_id)}/cancel", job)
 
 
+def send_stdin(job_id: str, data: bytes, eof: bool) -> Call[int]:
+    """Bytes for a job's stdin (``spec.stdin``); ``eof`` ends it after them."""
+    path = f"/v1/jobs/{job_segment(job_id)}/stdin"
+    return Call("POST", path, lambda got: int(got["sent"]), data, {"eof": "true"} if eof else None)
+
+
 def resize(job_id: str, gpus: int, batch_size: int | None) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{segment(job_id)}/resize", job, {"gpus": gpus, "batch_size": batch_size})
 

@@ -262,6 +262,11 @@ class Client:
         """Cancel: a queued job at once; a running one is stopped by its agent, then CANCELLED."""
         return self._do(api.cancel(job_id))
 
+    def send_stdin(self, job_id: str, data: bytes, eof: bool = False) -> int:
+        """Bytes for the stdin of a job submitted with ``stdin`` (``eof``: its input ends after them);
+        the bytes it was sent so far (-1 once ended). Only its submitter may, until it is final."""
+        return self._do(api.send_stdin(job_id, data, eof))
+
     def resize(self, job_id: str, gpus: int, batch_size: int | None = None) -> Job:
         """Resize an elastic job within its range (``batch_size`` default: scaled with the GPUs). A running
         job checkpoints on SIGTERM and starts again at the new size, spending no retry."""

@@ -188,6 +188,9 @@ class JobSpec(_UserModel):
     #: queue it even when no registered node could ever hold it (for a node not registered yet);
     #: without it such a job is refused at submit (see fleet.api.placeable)
     allow_unplaceable: bool = False
+    #: the job's stdin is a pipe fed through the API (``POST /v1/jobs/{id}/stdin``, which ``fleet run``
+    #: sends its own stdin to) instead of /dev/null: a job of one node, not an array's task
+    stdin: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -330,6 +333,16 @@ class JobSpec(_UserModel):
         ):
             got = "" if self.profile is None else f" (got {_clip(repr(self.profile))})"
             raise ValueError(f"profile: an elastic job needs a scaling profile{got}: {_PROFILE_KINDS}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_stdin(self) -> JobSpec:
+        """Forwarded input has one reader: a job of one node, of a fixed size."""
+        if self.stdin and ((self.nodes or 1) > 1 or self.elastic):
+            raise ValueError(
+                "stdin: only a job on one node reads forwarded input; drop stdin (fleet run --no-stdin) "
+                "or nodes/elastic gpus"
+            )
         return self
 
     @model_validator(mode="after")

@@ -158,3 +158,18 @@ def test_an_image_from_a_registry_the_operator_does_not_list_is_refused() -> Non
         SpecError, match=r"image: 'evil.example.com/miner' comes from registry 'evil.example.com'"
     ):
         check_image("evil.example.com/miner", ["localhost", "docker.io"])
+
+
+@pytest.mark.parametrize(
+    "extra", [{"nodes": 2, "gpus": 2}, {"gpus": {"min": 1, "max": 4}, "batch_size": 64, "profile": "learn"}]
+)
+def test_forwarded_stdin_is_refused_for_a_job_on_several_nodes(extra: dict[str, object]) -> None:
+    with pytest.raises(SpecError, match=r"stdin: only a job on one node reads forwarded input; drop stdin"):
+        JobSpec.parse({"name": "j", "command": ["cat"], "stdin": True, **extra})
+
+
+def test_stdin_is_off_unless_asked_and_must_be_a_boolean() -> None:
+    assert JobSpec.parse({"name": "j", "command": ["cat"]}).stdin is False
+    assert JobSpec.parse({"name": "j", "command": ["cat"], "stdin": True}).stdin is True
+    with pytest.raises(SpecError, match="stdin: "):
+        JobSpec.parse({"name": "j", "command": ["cat"], "stdin": "sometimes"})

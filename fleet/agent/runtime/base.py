@@ -54,6 +54,8 @@ class LaunchSpec:
     outputs: str = "outputs"
     #: the job's global batch size (``FLEET_BATCH_SIZE``): an elastic job's at its current size
     batch_size: int | None = None
+    #: the job's stdin is forwarded input (``spec.stdin``), not /dev/null: process runtime only
+    stdin: bool = False
 
     @property
     def name(self) -> str:

@@ -119,6 +119,11 @@ class DockerRuntime:
     # -- start -----------------------------------------------------------------------
 
     def start(self, spec: LaunchSpec) -> None:
+        if spec.stdin:
+            raise LaunchError(
+                f"stdin: node {self.node} runs jobs in Docker containers, which fleet gives no forwarded "
+                "input yet (process-runtime nodes do); submit without stdin (fleet run --no-stdin)"
+            )
         try:
             container = self._container(spec.job_id, spec.attempt) or self._create(spec)
             self._names[(spec.job_id, spec.attempt)] = container.name

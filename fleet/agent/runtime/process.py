@@ -66,7 +66,7 @@ class ProcessRuntime:
         key = f"{spec.job_id}.{spec.attempt}"
         joined = self.cgroups.create(key, Limits(spec.memory, spec.cpus, spec.pids_limit))
         try:
-            self.supervisor.spawn(key, list(spec.command), env, str(work), uid, gid, joined)
+            self.supervisor.spawn(key, list(spec.command), env, str(work), uid, gid, joined, spec.stdin)
         except LaunchError:
             self.cgroups.remove(key)
             raise
@@ -131,6 +131,10 @@ class ProcessRuntime:
                 continue
             found.update(self.cgroups.members(folder.name))
         return found
+
+    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
+        """The named pipe an attempt started with ``stdin`` reads as its stdin (the supervisor's)."""
+        return self._dir(job_id, attempt) / "stdin"
 
     def work_dir(self, job_id: str, attempt: int) -> Path | None:
         return self._dir(job_id, attempt) / "work"

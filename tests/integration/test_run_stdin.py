@@ -1,0 +1,98 @@
+"""``fleet run`` forwards its stdin to the job (srun does), on the process runtime: through the API,
+Redis and the node's agent into the named pipe the supervisor gave the attempt as its stdin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fleet import Client, JobState
+from fleet.errors import Forbidden, NotFound, SpecError
+from tests.conftest import Api, FleetProcs
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+NODE = "t-stdin"
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def env(procs: FleetProcs, client: Client) -> dict[str, str]:
+    procs.controller()
+    procs.agent(NODE, gpus=1)
+    procs.wait_nodes(client, 1)
+    return procs.cli_env()
+
+
+def fleet_run(env: dict[str, str], *args: str, stdin: bytes) -> subprocess.CompletedProcess[str]:
+    """``fleet run ARGS`` with ``stdin`` piped in (and closed once written)."""
+    argv = [sys.executable, "-m", "fleet", "run", *args]
+    return subprocess.run(argv, env=env, input=stdin.decode(), capture_output=True, text=True, timeout=90)
+
+
+def test_a_piped_stdin_reaches_the_job_which_then_reads_eof(env: dict[str, str], client: Client) -> None:
+    ran = fleet_run(env, "--", "sh", "-c", "cat; echo done", stdin=b"a\nb\n")
+    assert (ran.returncode, ran.stdout) == (0, "a\nb\ndone\n"), ran.stderr
+    (job,) = client.listing()
+    assert job.spec.stdin and job.state == JobState.SUCCEEDED
+
+
+def test_the_job_reads_what_was_piped_and_exits_with_its_code(env: dict[str, str]) -> None:
+    ran = fleet_run(env, "--", "sh", "-c", "read n; exit $n", stdin=b"5\n")
+    assert ran.returncode == 5, ran.stderr
+
+
+def test_without_stdin_the_job_reads_eof_at_once(env: dict[str, str], client: Client) -> None:
+    """--no-stdin while this side's stdin stays open: the job's stdin is /dev/null."""
+    argv = [sys.executable, "-m", "fleet", "run", "--no-stdin", "--", "sh", "-c", "cat; echo done"]
+    proc = subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b"never sent\n")
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=90) == 0, proc.stderr.read()
+        assert proc.stdout.read() == b"done\n"
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.stderr.close()
+    (job,) = client.listing()
+    assert not job.spec.stdin
+
+
+def test_only_the_jobs_submitter_writes_its_stdin(env: dict[str, str], api: Api, client: Client) -> None:
+    owner = api.client(api.token_for("ann", "default"))
+    handle = owner.submit({"name": "reads", "command": ["sh", "-c", "cat; echo end"], "stdin": True})
+    stranger = api.client(api.token_for("eve", "elsewhere"))
+    with pytest.raises(NotFound):
+        stranger.send_stdin(handle.id, b"from another tenant\n", eof=True)
+    colleague = api.client(api.token_for("bob", "default"))
+    with pytest.raises(Forbidden, match="only the user who submitted it sends its stdin"):
+        colleague.send_stdin(handle.id, b"from bob\n", eof=True)
+    owner.send_stdin(handle.id, b"from ann\n", eof=True)
+    wait_for(lambda: client.get(handle.id).state.final, timeout=60)
+    assert client.get(handle.id).state == JobState.SUCCEEDED
+    assert [line.line for line in client.logs(handle.id, 1)] == ["from ann", "end"]
+    with pytest.raises(SpecError, match="stdin takes no more input"):
+        owner.send_stdin(handle.id, b"late\n")
+
+
+def test_stdin_is_refused_for_an_array_and_for_a_job_that_reads_none(
+    env: dict[str, str], client: Client
+) -> None:
+    spec = {"name": "sweep", "command": ["cat"], "stdin": True}
+    with pytest.raises(SpecError, match="stdin: a job array's tasks read no forwarded input"):
+        client.submit_array(spec, "0-1")
+    plain = client.submit({"name": "plain", "command": ["sleep", "30"]})
+    with pytest.raises(SpecError, match=r"stdin: job .* reads no forwarded input"):
+        client.send_stdin(plain.id, b"x")
+    client.cancel(plain.id)
