@@ -38,7 +38,8 @@ _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
     "to the job (up to 16 MiB; the job reads EOF where it ends), a terminal or /dev/null is not (the "
     "job reads an empty stdin): --stdin forwards a terminal too (Ctrl-D ends it), --no-stdin forwards "
     "nothing. A requeued job goes on with the input its earlier attempts did not read: it is not sent "
-    "again. Forwarded stdin needs a job on one node of the process runtime. The job's stdout and "
+    "again. Forwarded stdin needs a job on one node of the process runtime (unasked, a fleet of Docker "
+    "nodes only is not sent it; a Docker node refuses it). The job's stdout and "
     "stderr both come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes "
     "to stderr.",
 )
@@ -67,8 +68,8 @@ def run(
             "-- python3 train.py (a value with a space needs quotes)"
         )
     spec = spec_from_options(options, ctx.meta.get("fleet.command", []))
-    spec = spec.model_copy(update={"stdin": forwarded(forward, spec)})
     client = globals_.client()
+    spec = spec.model_copy(update={"stdin": forwarded(forward, spec, client)})
     handle = client.submit(spec, job_id=options["job_id"])
     if spec.stdin:
         threading.Thread(target=feed, args=(client, handle.id), name="stdin", daemon=True).start()
@@ -82,10 +83,10 @@ def run(
     return exit_code(job)
 
 
-def forwarded(asked: bool | None, spec: JobSpec) -> bool:
+def forwarded(asked: bool | None, spec: JobSpec, client: Client) -> bool:
     """Whether the job reads this command's stdin: as asked, else when it is a pipe or a file (a
     terminal would hold the job waiting for typing; /dev/null has nothing to say), for a job that
-    can (one node)."""
+    can (one node) in a fleet that can (a process-runtime node: a Docker node refuses it)."""
     if asked is not None or spec.stdin:  # -f's spec may ask for it
         return bool(asked if asked is not None else spec.stdin)
     try:
@@ -93,7 +94,8 @@ def forwarded(asked: bool | None, spec: JobSpec) -> bool:
     except (OSError, ValueError):  # no stdin at all
         return False
     one_node = (spec.nodes or 1) == 1 and not spec.elastic
-    return (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)) and one_node
+    piped = stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+    return piped and one_node and any(node.runtime == "process" for node in client.nodes())
 
 
 def feed(client: Client, job_id: str) -> None:

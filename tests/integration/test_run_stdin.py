@@ -3,6 +3,8 @@ Redis and the node's agent into the named pipe the supervisor gave the attempt a
 
 from __future__ import annotations
 
+import signal
+import stat
 import subprocess
 import sys
 
@@ -96,3 +98,40 @@ def test_stdin_is_refused_for_an_array_and_for_a_job_that_reads_none(
     with pytest.raises(SpecError, match=r"stdin: job .* reads no forwarded input"):
         client.send_stdin(plain.id, b"x")
     client.cancel(plain.id)
+
+
+def test_an_agent_restarted_mid_input_goes_on_where_it_left(
+    env: dict[str, str], procs: FleetProcs, client: Client
+) -> None:
+    job = client.submit(
+        {"name": "two", "command": ["sh", "-c", "read a; echo got $a; read b; echo got $b"], "stdin": True}
+    )
+    client.send_stdin(job.id, b"one\n")
+    wait_for(lambda: job.logs() == "got one", what="the first line read", procs=procs)
+    pipe = (procs.root / NODE / "attempts" / f"{job.id}.1" / "stdin").lstat()
+    assert stat.S_ISFIFO(pipe.st_mode) and stat.S_IMODE(pipe.st_mode) == 0o600  # no other job opens it
+    # When the agent is SIGKILLed (the job and its supervisor go on), input comes meanwhile, and it
+    # starts again
+    procs.procs[NODE].send_signal(signal.SIGKILL)
+    procs.procs[NODE].wait()
+    client.send_stdin(job.id, b"two\n", eof=True)
+    procs.agent(NODE, gpus=1)
+    # Then the same attempt read the rest, once, and its EOF
+    status = job.wait(timeout=60)
+    assert (status.state, status.attempt) == (JobState.SUCCEEDED, 1), procs.logs()
+    assert job.logs() == "got one\ngot two"
+
+
+def test_a_requeued_job_goes_on_with_the_input_not_yet_read(
+    env: dict[str, str], procs: FleetProcs, client: Client
+) -> None:
+    """Each byte goes to one attempt: the second reads what the first did not, then EOF."""
+    script = 'read a; echo "attempt $FLEET_ATTEMPT read $a"; [ "$FLEET_ATTEMPT" = 2 ] || exit 1; cat'
+    job = client.submit({"name": "again", "command": ["sh", "-c", script], "stdin": True, "max_attempts": 2})
+    client.send_stdin(job.id, b"first\n")
+    wait_for(lambda: client.get(job.id).attempt == 2, what="the second attempt", procs=procs)
+    client.send_stdin(job.id, b"second\nrest\n", eof=True)
+    status = job.wait(timeout=60)
+    assert status.state == JobState.SUCCEEDED, procs.logs()
+    assert job.logs(attempt=1) == "attempt 1 read first"
+    assert job.logs(attempt=2) == "attempt 2 read second\nrest"
