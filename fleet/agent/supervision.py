@@ -51,6 +51,8 @@ class SupervisorClient:
         self._file: Any = None
         self._lock = threading.Lock()
         self._started: subprocess.Popen[bytes] | None = None
+        #: what the supervisor reached can do (one of an older release, kept while it holds attempts)
+        self.protocol = server.PROTOCOL
 
     # -- connection ------------------------------------------------------------------
 
@@ -99,19 +101,24 @@ class SupervisorClient:
 
     def _current(self) -> bool:
         """Whether to keep the supervisor just reached. One of an older release (an agent upgraded in
-        place) would start attempts outside their cgroups: it is replaced while it holds nothing, and
-        kept, with a warning, while it holds attempts (they stay fenced; drain the node to move on)."""
+        place) would start attempts outside their cgroups, or without forwarded stdin: it is replaced
+        while it holds nothing, and kept, with a warning, while it holds attempts (they stay fenced;
+        drain the node to move on)."""
         reply = self._exchange({"op": "ping"})
-        protocol = int(reply.get("protocol", 1))
+        protocol = self.protocol = int(reply.get("protocol", 1))
         if protocol >= server.PROTOCOL:
             return True
         if reply.get("held"):
-            fix = "drain the node, then restart the agent: new attempts are not in cgroups until then"
+            fix = (
+                "drain the node, then restart the agent: until then new attempts are not in cgroups "
+                "(protocol 1) or refuse forwarded stdin (protocol 2)"
+            )
             held = len(reply["held"])
             event(log, "supervisor_outdated", logging.WARNING, protocol=protocol, held=held, fix=fix)
             return True
         self._exchange({"op": "shutdown"})
         self._drop()
+        self.protocol = server.PROTOCOL  # the one started next
         pid, deadline = int(reply.get("pid", 0)), time.monotonic() + 10
         while pid and _running(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -178,6 +185,12 @@ class SupervisorClient:
         stdin: bool = False,
     ) -> int:
         joined = cgroup or Joined([], None)
+        if stdin and self.protocol < 3:
+            raise LaunchError(
+                f"the node supervisor predates forwarded stdin (its protocol {self.protocol}): drain the "
+                "node, then restart its agent",
+                retryable=True,
+            )
         reply = self.request(
             "spawn",
             key=key,
