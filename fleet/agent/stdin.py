@@ -18,6 +18,8 @@ import os
 import threading
 from collections.abc import Callable
 
+from redis.exceptions import RedisError
+
 from fleet.agent.runtime.base import Runtime
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.supervision import SupervisorClient
@@ -28,6 +30,8 @@ from fleet.state.stdin import StdinStreams
 log = logging.getLogger("fleet.agent.stdin")
 #: how long one read of the stream blocks (the thread then checks that the attempt still runs)
 BLOCK_MS = 1000
+#: how long to wait after a failed read before the next
+RETRY_S = 2.0
 
 
 class StdinPumps:
@@ -81,8 +85,14 @@ class StdinPumps:
             # non-blocking: with no reader (the job ended already) the open fails instead of waiting
             fd = os.open(runtime.stdin_pipe(job_id, attempt), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             os.set_blocking(fd, True)
+            cursor = b"0"  # past the last entry written: a deletion that failed writes nothing twice
             while not self.stop.is_set():
-                entries = self.streams.read(job_id, BLOCK_MS)
+                try:
+                    entries = self.streams.read(job_id, cursor, BLOCK_MS)
+                except RedisError as exc:  # Redis away for a while: the input waits there
+                    event(log, "stdin_unreadable", logging.WARNING, job=job_id, attempt=attempt, error=exc)
+                    self.stop.wait(RETRY_S)
+                    entries = []
                 for entry_id, fields in entries:
                     if b"eof" in fields:
                         os.close(fd)
@@ -91,7 +101,9 @@ class StdinPumps:
                         event(log, "stdin_ended", job=job_id, attempt=attempt)
                         return
                     _write(fd, fields.get(b"d", b""))
-                    self.streams.given(job_id, entry_id)
+                    cursor = entry_id
+                    with contextlib.suppress(RedisError):  # kept: a later attempt may get it again
+                        self.streams.given(job_id, entry_id)
                 if not entries and not _running(runtime, job_id, attempt):
                     return
         except OSError as exc:

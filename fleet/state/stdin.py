@@ -71,9 +71,10 @@ class StdinStreams:
             )
         return used
 
-    def read(self, job_id: str, block_ms: int) -> list[Entry]:
-        """The entries not yet given to the job, waiting up to ``block_ms`` for one."""
-        got = self.redis.xread({self.keys.stdin(job_id): b"0"}, count=64, block=block_ms)
+    def read(self, job_id: str, after: bytes, block_ms: int) -> list[Entry]:
+        """The entries past ``after`` (``b"0"``: all those not given to an attempt yet), waiting up to
+        ``block_ms`` for one."""
+        got = self.redis.xread({self.keys.stdin(job_id): after}, count=64, block=block_ms)
         return list(got[0][1]) if got else []
 
     def given(self, job_id: str, entry_id: bytes) -> None:
