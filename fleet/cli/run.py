@@ -37,9 +37,10 @@ _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
     "train.py; zcat data.gz | fleet run -- python3 count.py. A piped or redirected stdin is forwarded "
     "to the job (up to 16 MiB; the job reads EOF where it ends), a terminal or /dev/null is not (the "
     "job reads an empty stdin): --stdin forwards a terminal too (Ctrl-D ends it), --no-stdin forwards "
-    "nothing. A requeued job goes on with the input its earlier attempts did not read: it is not sent "
-    "again. Forwarded stdin needs a job on one node of the process runtime (unasked, a fleet of Docker "
-    "nodes only is not sent it; a Docker node refuses it). The job's stdout and "
+    "nothing. Its input is not sent again: a job reading it is not retried after a failure of its own "
+    "unless --max-attempts says so (one requeued for its node's fault goes on with what its earlier "
+    "attempts did not read). Forwarded stdin needs a job on one node of the process runtime (unasked, "
+    "a fleet of Docker nodes only is not sent it; a Docker node refuses it). The job's stdout and "
     "stderr both come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes "
     "to stderr.",
 )
@@ -70,6 +71,9 @@ def run(
     spec = spec_from_options(options, ctx.meta.get("fleet.command", []))
     client = globals_.client()
     spec = spec.model_copy(update={"stdin": forwarded(forward, spec, client)})
+    if spec.stdin and "max_attempts" not in spec.model_fields_set:
+        # its input is not sent again: an attempt after a failure of its own would read only the rest
+        spec = spec.model_copy(update={"max_attempts": 1})
     handle = client.submit(spec, job_id=options["job_id"])
     if spec.stdin:
         threading.Thread(target=feed, args=(client, handle.id), name="stdin", daemon=True).start()

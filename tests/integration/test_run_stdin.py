@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fleet import Client, JobState
-from fleet.errors import Forbidden, NotFound, SpecError
+from fleet.errors import FleetError, Forbidden, NotFound, SpecError
 from tests.conftest import Api, FleetProcs
 from tests.support import wait_for
 
@@ -84,7 +84,7 @@ def test_only_the_jobs_submitter_writes_its_stdin(env: dict[str, str], api: Api,
     wait_for(lambda: client.get(handle.id).state.final, timeout=60)
     assert client.get(handle.id).state == JobState.SUCCEEDED
     assert [line.line for line in client.logs(handle.id, 1)] == ["from ann", "end"]
-    with pytest.raises(SpecError, match="stdin takes no more input"):
+    with pytest.raises(FleetError, match="stdin takes no more input"):
         owner.send_stdin(handle.id, b"late\n")
 
 
