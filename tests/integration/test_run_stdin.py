@@ -135,3 +135,20 @@ def test_a_requeued_job_goes_on_with_the_input_not_yet_read(
     assert status.state == JobState.SUCCEEDED, procs.logs()
     assert job.logs(attempt=1) == "attempt 1 read first"
     assert job.logs(attempt=2) == "attempt 2 read second\nrest"
+
+
+def test_a_docker_node_refuses_forwarded_stdin_and_is_not_sent_it_unasked(
+    docker_procs: FleetProcs, client: Client
+) -> None:
+    docker_procs.controller()
+    docker_procs.agent("t-stdin-dock", gpus=1)
+    docker_procs.wait_nodes(client, 1)
+    env = docker_procs.cli_env()
+    # A pipe is not forwarded unasked to a fleet with no process-runtime node: the job runs as before
+    ran = fleet_run(env, "--", "sh", "-c", "cat; echo done", stdin=b"not sent\n")
+    assert (ran.returncode, ran.stdout) == (0, "done\n"), ran.stderr
+    # Asked for, the Docker node refuses it at launch, saying why
+    asked = fleet_run(env, "--stdin", "--", "cat", stdin=b"x\n")
+    assert asked.returncode == 1, asked.stderr
+    assert "stdin: node t-stdin-dock runs jobs in Docker containers" in asked.stderr
+    assert [j.state for j in client.listing()].count(JobState.FAILED) == 1
