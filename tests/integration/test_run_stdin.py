@@ -67,8 +67,11 @@ def test_without_stdin_the_job_reads_eof_at_once(env: dict[str, str], client: Cl
         proc.stdin.close()
         proc.stdout.close()
         proc.stderr.close()
-    (job,) = client.listing()
-    assert not job.spec.stdin
+    # And a stdin of /dev/null is not forwarded unasked either
+    argv.remove("--no-stdin")
+    quiet = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=90)
+    assert (quiet.returncode, quiet.stdout) == (0, b"done\n"), quiet.stderr
+    assert [job.spec.stdin for job in client.listing()] == [False, False]
 
 
 def test_only_the_jobs_submitter_writes_its_stdin(env: dict[str, str], api: Api, client: Client) -> None:
