@@ -6,8 +6,9 @@ of the node that runs it, which writes them into the attempt's stdin and deletes
 written. So an attempt reads what no attempt before it was given: a requeued job is not given its
 input again (as ``srun``), it goes on from where the last attempt stopped, and sees EOF at once when
 the input ended before. A counter beside the stream holds the bytes sent (``-1`` once it ended):
-a job is sent at most ``MAX_BYTES``. Both expire ``TTL_S`` after the last write or read, and the
-agent deletes them once the job is final.
+a job is sent at most ``MAX_BYTES``. Both expire ``TTL_S`` after the last write or read; the
+agent deletes them once the job is final, and retention with the job's record (a job cancelled
+while queued never reached an agent).
 """
 
 from __future__ import annotations

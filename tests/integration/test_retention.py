@@ -23,6 +23,7 @@ from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy, decide
 from fleet.models import Exit
 from fleet.state.retention import RetentionStore
+from fleet.state.stdin import StdinStreams
 from tests.conftest import Api, FleetProcs
 from tests.integration.inprocess import Harness, info
 from tests.support import wait_for
@@ -96,14 +97,15 @@ def test_retention_deletes_exactly_the_jobs_that_ended_longer_ago_than_the_reten
         submit(h, job_id, now - 1200, max_attempts=2)
     run_attempt(h, "old-ok", 0, now - 120)
     h.jobs.request_cancel("old-cancel", now - 61)
+    StdinStreams(h.client, h.jobs.keys).put("old-cancel", b"forwarded stdin never read\n")
     run_attempt(h, "old-failed", 1, now - 200)
     run_attempt(h, "old-failed", 1, now - 100)
     run_attempt(h, "recent", 0, now - 59)
     run_attempt(h, "running", None, now - 1200)
     # When the controller's retention pass runs
     deleted = h.controller.expire()
-    # Then the three jobs that ended more than 60 s ago are gone, record, history and every
-    # attempt's logs, leaving only a tombstone each
+    # Then the three jobs that ended more than 60 s ago are gone, record, history, every
+    # attempt's logs and input left unread, leaving only a tombstone each
     assert deleted == 3
     for job_id in ("old-ok", "old-cancel", "old-failed"):
         assert job_keys(h, job_id) == [f"fleet:job:{job_id}:expired"]

@@ -9,6 +9,7 @@
 -- KEYS[4] queued zset  KEYS[5] leader key
 -- Derived keys (fleet runs on one Redis or a Sentinel pair, never Cluster), from ARGV[2]:
 --   <prefix>:job:<id>, <prefix>:job:<id>:events, <prefix>:job:<id>:logs:<1..attempt>[:<rank>],
+--   <prefix>:job:<id>:stdin[:bytes] (forwarded input left unread, as a job cancelled while queued),
 --   <prefix>:job:<id>:expired (the tombstone), <prefix>:jobs:state:<STATE> sets and the tenant's
 --   listing <prefix>:jobs:of:<tenant> (its tenant from the record: lib/ranked.lua); for a task of a
 --   job array, <prefix>:array:<array id> (its count of tasks left), and once the array's last task
@@ -54,7 +55,7 @@ for i = 7, #ARGV do
       ranked_remove(prefix, id)  -- never there once final: only a record damaged while queued
       local _, _, tenant = rank_of(prefix, id)
       if tenant then redis.call('ZREM', prefix .. ':jobs:of:' .. tenant, id) end
-      redis.call('DEL', job, job .. ':events')
+      redis.call('DEL', job, job .. ':events', job .. ':stdin', job .. ':stdin:bytes')
       if state then
         redis.call('SREM', prefix .. ':jobs:state:' .. state, id)
         if quarantined then state = 'QUARANTINED' end
