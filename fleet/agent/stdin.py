@@ -83,7 +83,8 @@ class StdinPumps:
         fd = -1
         try:
             # non-blocking: with no reader (the job ended already) the open fails instead of waiting
-            fd = os.open(runtime.stdin_pipe(job_id, attempt), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(runtime.stdin_pipe(job_id, attempt), flags)
             os.set_blocking(fd, True)
             cursor = b"0"  # past the last entry written: a deletion that failed writes nothing twice
             while not self.stop.is_set():

@@ -4,12 +4,12 @@ The node supervisor (``fleet/agent/supervisor.py``) starts them, as the job's us
 their exit, so an agent restarted later learns how an attempt it did not start ended, and an
 attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
 (root-owned, 0711 as ``<root>`` is: ``meta.json`` with the pid, ``output.log``, ``exit`` once it
-ended, each 0600) with a ``work`` directory the job owns (0700) as its working and home directory
+ended, each 0600, and ``stdin``, a named pipe, for a job that reads forwarded input) with a
+``work`` directory the job owns (0700) as its working and home directory
 (:mod:`fleet.agent.runtime.workspace`): a job passes through to its own, and reads nothing of
-another's, not even its output. Each attempt
-runs in a cgroup of its own (``fleet.agent.cgroups``) with its memory, CPU and pids limits; killing
-it kills every process it started. Where cgroups cannot be used, attempts are killed by process
-group and not limited.
+another's, not even its output. Each attempt runs in a cgroup of its own (``fleet.agent.cgroups``)
+with its memory, CPU and pids limits; killing it kills every process it started. Where cgroups
+cannot be used, attempts are killed by process group and not limited.
 """
 
 from __future__ import annotations
