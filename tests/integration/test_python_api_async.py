@@ -62,6 +62,12 @@ def test_jobs_and_handles_awaited(ready: Api, tmp_path: Path) -> None:
             batch = await client.submit_many([sh("b0", "echo 0"), sh("b1", "echo 1")])
             assert [(await h.result(timeout=60)).state for h in batch] == [JobState.SUCCEEDED] * 2
             assert [await h.logs() for h in batch] == ["0", "1"]
+            # And a job submitted with stdin reads what is sent to it, then its end
+            reader = await client.submit(sh("reader", "cat", stdin=True))
+            assert await client.send_stdin(reader.id, b"typed\n") == 6
+            assert await client.send_stdin(reader.id, b"", eof=True) == -1
+            assert (await reader.result(timeout=60)).state == JobState.SUCCEEDED
+            assert await reader.logs() == "typed"
             assert (await client.history(ok.id))[0].state == "QUEUED"
             # And waiting on many: the first to finish, then each as it does
             done, pending = await aio.wait([slow, ok], timeout=30, return_when=aio.FIRST_COMPLETED)
