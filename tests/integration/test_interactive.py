@@ -253,6 +253,9 @@ def on_terminal(job_id: str, env: dict[str, str]) -> None:
     until(
         lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, "fleet shell put the terminal in raw mode"
     )
+    # typed once the shell shows its prompt, as a person does (docker exec sizes its terminal only
+    # once the command started: a line typed ahead may run before that)
+    until(lambda: b"$ " in seen, "the shell's prompt")
     os.write(master, b"stty size; test -t 0 && echo on-a-tty; exit 4\r")
     assert proc.wait(timeout=60) == 4, bytes(seen)
     assert termios.tcgetattr(slave) == before  # raw mode undone
