@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shlex
@@ -52,15 +53,12 @@ class Shells:
     ) -> None:
         self.cfg, self.jobs, self.stop = settings.agent, jobs, stop
         self._relay_of = relay
-        self._relay: ShellRelay | None = None
         self._live: set[str] = set()
         self._lock = threading.Lock()
 
-    @property
+    @functools.cached_property
     def relay(self) -> ShellRelay:
-        if self._relay is None:  # its connections only once a shell is asked for
-            self._relay = self._relay_of()
-        return self._relay
+        return self._relay_of()  # its connections only once a shell is asked for
 
     def open(self, msg: ShellOpen) -> None:
         """Start the session on a thread of its own (a message handler returns at once)."""

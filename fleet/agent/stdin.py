@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import threading
@@ -46,15 +47,12 @@ class StdinPumps:
     ) -> None:
         self.runtime, self.supervisor, self.stop = runtime, supervisor, stop
         self._streams_of = streams
-        self._streams: StdinStreams | None = None
         self._live: set[str] = set()
         self._lock = threading.Lock()
 
-    @property
+    @functools.cached_property
     def streams(self) -> StdinStreams:
-        if self._streams is None:  # its connections only once a job asks for stdin
-            self._streams = self._streams_of()
-        return self._streams
+        return self._streams_of()  # its connections only once a job asks for stdin
 
     def follow(self, job: Job, attempt: int, rank: int) -> None:
         """Feed the attempt's stdin, unless it reads none or is fed already."""
