@@ -241,22 +241,42 @@ def _member_name(raw: str) -> str | None:
     return "/".join(parts) or None
 
 
-def _make_parents(dest: Path, name: str) -> Path:
-    """The directory ``name`` goes in, made where missing; never reached through a link."""
+class NotAFolder(Exception):
+    """A part of a path to unpack into is a link or a file (see :func:`parent_folder`)."""
+
+    def __init__(self, folder: Path, link: bool) -> None:
+        super().__init__(f"{folder} is a {'link' if link else 'file'}")
+        self.folder, self.link = folder, link
+
+
+def parent_folder(dest: Path, name: str, make: bool = True, mode: int | None = None) -> Path:
+    """The folder ``dest/name`` goes in, each part a folder never reached through a link: made
+    where missing with ``make`` (then ``chmod mode``, whatever the umask, if given); a part that is
+    a link or a file raises :class:`NotAFolder`. Unpacking a shipped directory and a download
+    both walk it."""
     folder = dest
     for part in name.split("/")[:-1]:
         folder = folder / part
         try:
-            mode = folder.lstat().st_mode
+            found = folder.lstat().st_mode
         except FileNotFoundError:
-            folder.mkdir()
-            folder.chmod(0o755)
+            if make:
+                folder.mkdir()
+                if mode is not None:
+                    folder.chmod(mode)
             continue
-        if stat.S_ISLNK(mode):
-            raise _Unsafe(f"{name!r} is under a link ({part!r})")
-        if not stat.S_ISDIR(mode):
-            raise _Unsafe(f"{name!r} is under a file ({part!r})")
+        if not stat.S_ISDIR(found):
+            raise NotAFolder(folder, stat.S_ISLNK(found))
     return folder
+
+
+def _make_parents(dest: Path, name: str) -> Path:
+    """The directory ``name`` goes in, made where missing (0755); never reached through a link."""
+    try:
+        return parent_folder(dest, name, mode=0o755)
+    except NotAFolder as found:
+        kind = "link" if found.link else "file"
+        raise _Unsafe(f"{name!r} is under a {kind} ({found.folder.name!r})") from None
 
 
 def _exclusive(member: tarfile.TarInfo, make: Callable[..., T], *args: Any, **kwargs: Any) -> T:

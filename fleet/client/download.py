@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tarfile
 import tempfile
 import zlib
@@ -22,6 +21,7 @@ from typing import IO
 
 from fleet.errors import FleetError, SpecError
 from fleet.models import relative_path
+from fleet.workdir import NotAFolder, parent_folder
 
 
 class Exists(SpecError):
@@ -83,22 +83,14 @@ def _extract(stream: IO[bytes], into: Path) -> list[str]:
 
 
 def _folders(dest: Path, name: str, make: bool) -> Path:
-    """The folder ``dest/name`` goes in: each part a folder (made where missing, with ``make``), never
-    a link; :class:`SpecError` naming the part otherwise."""
-    folder = dest
-    for part in name.split("/")[:-1]:
-        folder = folder / part
-        try:
-            mode = folder.lstat().st_mode
-        except FileNotFoundError:
-            if make:
-                folder.mkdir()
-            continue
-        if not stat.S_ISDIR(mode):
-            raise SpecError(
-                f"{folder} is a link or a file, not a folder: move it away, or download elsewhere"
-            )
-    return folder
+    """The folder ``dest/name`` goes in (:func:`fleet.workdir.parent_folder`); :class:`SpecError`
+    naming a part that is a link or a file."""
+    try:
+        return parent_folder(dest, name, make)
+    except NotAFolder as found:
+        raise SpecError(
+            f"{found.folder} is a link or a file, not a folder: move it away, or download elsewhere"
+        ) from None
 
 
 def _move(source: Path, dest: Path, name: str) -> None:
