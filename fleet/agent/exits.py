@@ -22,7 +22,7 @@ from fleet.agent.gpucheck import await_released
 from fleet.agent.members import member_failed
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import AttemptStatus
-from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Stop, node_queue
+from fleet.bus import Stop, node_queue
 from fleet.errors import FleetError, NotFound, SpecError
 from fleet.lifecycle import TAIL_LINES, decide, explain
 from fleet.log import event
@@ -215,18 +215,7 @@ class ExitPath:
             state=decision.state,
             reason=decision.reason,
         )
-        p.bus.send(
-            CONTROLLER_QUEUE,
-            AttemptUpdate(
-                job_id=job.id,
-                attempt=job.attempt,
-                node=self.node,
-                phase="exited",
-                exit_code=exit.code,
-                oom=exit.oom,
-                reason=exit.reason,
-            ),
-        )
+        p.hints.name([job.id])
 
     def _keep_outputs(self, job: Job) -> dict[str, object]:
         """Keep the attempt's outputs (rank 0's, of a multi-node job); the job's fields saying what was

@@ -21,7 +21,6 @@ from fleet.agent.exits import ExitPath
 from fleet.agent.gpucheck import check_assigned
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import LaunchSpec
-from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate
 from fleet.config_sections import AgentSettings
 from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
 from fleet.log import event
@@ -112,9 +111,7 @@ class Launcher:
             rank=rank,
             gpus=",".join(job.gpus_on(self.node)) or "-",
         )
-        p.bus.send(
-            CONTROLLER_QUEUE, AttemptUpdate(job_id=job_id, attempt=attempt, node=self.node, phase="started")
-        )
+        p.hints.name([job_id])
 
     def _launch_failed(self, job: Job, exc: LaunchError | SpecError | OSError) -> None:
         """End an attempt that could not start: the job's fault (a spec this node refuses) fails it;

@@ -20,6 +20,7 @@ from fleet.agent.runtime import Runtime
 from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
 from fleet.bus import Bus
+from fleet.bus.hints import Hints
 from fleet.config import Settings
 from fleet.config_sections import AgentSettings
 from fleet.lifecycle import RetryPolicy
@@ -77,6 +78,8 @@ class Parts:
     jobs: JobStore
     nodes: NodeStore
     bus: Bus
+    #: names to the controller the jobs whose attempts started or ended here (a thread sends them)
+    hints: Hints
     inventory: GpuInventory
     runtime: Runtime
     supervisor: SupervisorClient

@@ -36,6 +36,7 @@ from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
 from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, ShellOpen, Stop, node_queue
+from fleet.bus.hints import Hints
 from fleet.config import Settings
 from fleet.errors import FleetError, LaunchError
 from fleet.log import StepHealth, event
@@ -93,6 +94,7 @@ class Agent:
             jobs,
             nodes,
             bus,
+            Hints(lambda: bus, background=True, log=log, failed="attempt_notify_failed"),
             inventory,
             runtime,
             supervisor,
@@ -153,6 +155,7 @@ class Agent:
         finally:
             self.notifier.stopping()
             worker.stop(timeout=2000)
+            self.parts.hints.close()
             reconciler.join(timeout=10)
             sweeper.join(timeout=10)
             self.logs.close()

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.api import admission
-from fleet.api.hints import Hints
 from fleet.api.placeable import Shapes
 from fleet.api.queries import Queries, known_id
 from fleet.bus import stop_attempt
+from fleet.bus.hints import Hints
 from fleet.bus.messages import CONTROLLER_QUEUE, MAX_NAMED, NodeChanged, QueueLeft
 from fleet.config import Settings
 from fleet.errors import FleetError, IdInUse, SpecError, StoreUnavailable, at_index
@@ -142,7 +142,7 @@ class Commands(Queries):
         return True
 
     def _notify_submitted(self, job_id: str) -> None:
-        """Wake the controller (:mod:`fleet.api.hints`: a hint, never failing the submit)."""
+        """Wake the controller (:mod:`fleet.bus.hints`: a hint, never failing the submit)."""
         self._hints.name([job_id])
 
     def submit_many(

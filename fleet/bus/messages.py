@@ -51,9 +51,10 @@ MAX_NAMED = 100
 
 
 class QueueLeft(Message):
-    """client -> controller: jobs joined the queue (a batch submit) or left it (cancelled); the
-    controller reads each named job again, into its queue in memory or out of it (at most
-    ``MAX_NAMED`` named; past that, ``resync``: read the whole queue again)."""
+    """client or agent -> controller: jobs joined the queue (a batch submit, a requeue) or left it
+    (cancelled, started, ended); the controller reads each named job again, into its queue in memory
+    or out of it (at most ``MAX_NAMED`` named; past that, ``resync``: read the whole queue again).
+    Agents name the attempts they started and ended this way (``fleet.bus.hints``)."""
 
     actor: str = "queue_left"
     job_ids: list[str] = Field(default_factory=list, max_length=MAX_NAMED)
@@ -61,7 +62,9 @@ class QueueLeft(Message):
 
 
 class AttemptUpdate(Message):
-    """agent -> controller: an attempt started or exited (the state is already in Redis)."""
+    """agent -> controller: an attempt started or exited (the state is already in Redis). Sent by
+    agents of 0.1.0; agents now name such jobs in ``JobSubmitted``/``QueueLeft`` hints, and the
+    freed GPUs reach the controller through the nodes-changed feed."""
 
     actor: str = "attempt_update"
     job_id: str = Field(min_length=1)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from fleet.api.hints import Hints
+from fleet.bus.hints import Hints
 from fleet.bus.messages import CONTROLLER_QUEUE, JobSubmitted, Message, QueueLeft
 
 

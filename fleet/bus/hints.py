@@ -1,10 +1,13 @@
-"""Telling the controller which jobs joined the queue: a hint, never the truth (its periodic pass
-finds every queued job anyway, within ``schedule_interval_s``), so a submit need not wait for it.
+"""Telling the controller which jobs changed: a hint, never the truth (its periodic pass finds every
+queued job anyway, within ``schedule_interval_s``, and freed GPUs come through the nodes-changed
+feed), so whoever changed a job need not wait for it.
 
 One job is named by a ``JobSubmitted``; more by one ``QueueLeft`` per ``MAX_NAMED`` (the controller
 reads each named job again, into its queue or out of it), and past ten of those by a resync. The
-API sends hints from a thread of its own: a submit answers once its job is stored, and a burst of
-submits (a loop of ``Client.submit``) goes out as a few messages instead of one a job.
+API names the jobs a submit or a cancel queued or took away; an agent names the jobs whose attempts
+started or ended. Both send hints from a thread of their own: a submit answers once its job is
+stored, an attempt's end is not held up by the bus, and a burst (a loop of ``Client.submit``, a
+node ending many short jobs) goes out as a few messages instead of one a job.
 """
 
 from __future__ import annotations
@@ -20,16 +23,23 @@ from fleet.log import event
 if TYPE_CHECKING:
     from fleet.bus.broker import Bus
 
-log = logging.getLogger("fleet.api.backend")
+SUBMIT_LOG = logging.getLogger("fleet.api.backend")
 #: QueueLeft messages naming jobs one hint sends at most; more jobs ask for a resync instead
 MOST_MESSAGES = 10
 
 
 class Hints:
-    def __init__(self, bus: Callable[[], Bus], background: bool = False) -> None:
+    def __init__(
+        self,
+        bus: Callable[[], Bus],
+        background: bool = False,
+        log: logging.Logger = SUBMIT_LOG,
+        failed: str = "submit_notify_failed",
+    ) -> None:
         """``background``: sent by a thread of this object's (started on the first hint), not by
-        the caller; :meth:`close` sends what is left."""
-        self._bus, self._background = bus, background
+        the caller; :meth:`close` sends what is left. A send that fails is logged to ``log`` as the
+        event ``failed``."""
+        self._bus, self._background, self._log, self._failed = bus, background, log, failed
         self._pending: list[str] = []
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -45,7 +55,7 @@ class Hints:
             if not self._closed:
                 self._pending.extend(job_ids)
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="submit-hints", daemon=True)
+                    self._thread = threading.Thread(target=self._run, name="hints", daemon=True)
                     self._thread.start()
                 self._wake.notify()
                 return
@@ -89,13 +99,13 @@ class Hints:
         try:
             for message in messages:
                 self._bus().send(CONTROLLER_QUEUE, message)
-        except Exception as exc:  # a hint that fails must not fail a submit whose job is stored
+        except Exception as exc:  # a hint that fails must not fail what the job's record already holds
             named = {"job": job_ids[0]} if len(job_ids) == 1 else {"jobs": len(job_ids), "first": job_ids[0]}
             event(
-                log,
-                "submit_notify_failed",
+                self._log,
+                self._failed,
                 logging.WARNING,
                 **named,
                 error=exc,
-                effect="placed by the controller's next periodic pass",
+                effect="seen by the controller's next periodic pass",
             )
