@@ -224,9 +224,12 @@ class ExitPath:
         if work is None:
             return {}
         settings, tenant = self.p.settings, job.spec.tenant
+
+        def quota() -> int:  # a read of the tenant's, only for an attempt that left outputs
+            own = self.tenants.policy(tenant).outputs_quota
+            return settings.outputs_quota_bytes if own is None else own
+
         try:
-            quota = self.tenants.policy(tenant).outputs_quota
-            quota = settings.outputs_quota_bytes if quota is None else quota
             root, group = settings.checkpoint_root, settings.storage_group
             outcome = kept_outputs.keep(
                 work, job.spec.outputs, root, tenant, job.id, job.attempt, quota, group

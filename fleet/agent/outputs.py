@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,12 +118,20 @@ class _Copy:
 
 
 def keep(
-    work: Path, relative: str, root: Path, tenant: str, job_id: str, attempt: int, quota: int, group: str = ""
+    work: Path,
+    relative: str,
+    root: Path,
+    tenant: str,
+    job_id: str,
+    attempt: int,
+    quota: int | Callable[[], int],
+    group: str = "",
 ) -> Outcome:
     """Copy ``work/relative`` (the attempt's outputs; ``relative`` checked at submit) to the job's kept
     outputs under ``root``, replacing an earlier attempt's, if the tenant's kept outputs stay within
-    ``quota`` bytes; readable by ``group`` (``storage_group``) where it exists. Nothing there (or not a
-    directory): nothing new kept, no note."""
+    ``quota`` bytes (or what ``quota()`` reads, only once there is something to keep); readable by
+    ``group`` (``storage_group``) where it exists. Nothing there (or not a directory): nothing new
+    kept, no note."""
     try:
         top = open_dir(work)
     except OSError:
@@ -136,7 +145,8 @@ def keep(
     finally:
         os.close(top)
     try:
-        return _keep(src, owner, root, tenant, job_id, attempt, quota, relative, storage_gid(group))
+        limit = quota if isinstance(quota, int) else quota()
+        return _keep(src, owner, root, tenant, job_id, attempt, limit, relative, storage_gid(group))
     finally:
         os.close(src)
 

@@ -52,6 +52,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,18 @@ SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attemp
 #: a named pipe as stdin (one of an older release answers no ``protocol``: 1)
 PROTOCOL = 3
 _PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once here: a child calls it between fork and exec, where every
+    microsecond is paid for each job started."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
 _EXITED = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _SELF = [os.getpid()]
 _WAKEUP: list[socket.socket] = []
@@ -334,8 +347,8 @@ def _in_child(procs: list[str], uid: int | None, gid: int | None) -> None:
         if gid is not None:
             os.setgid(gid)
         os.setuid(uid)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != _SELF[0]:  # the supervisor died before the signal was armed
         os._exit(137)
 
