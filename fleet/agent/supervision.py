@@ -111,7 +111,7 @@ class SupervisorClient:
         if reply.get("held"):
             fix = (
                 "drain the node, then restart the agent: until then new attempts are not in cgroups "
-                "(protocol 1) or refuse forwarded stdin (protocol 2)"
+                "(protocol 1) or refuse forwarded stdin (protocol 2; in containers, protocol 3)"
             )
             held = len(reply["held"])
             event(log, "supervisor_outdated", logging.WARNING, protocol=protocol, held=held, fix=fix)
@@ -213,6 +213,18 @@ class SupervisorClient:
         if "error" in reply:
             raise LaunchError(f"supervisor refused the attempt: {reply['error']}", retryable=True)
         return not reply.get("gone", False)
+
+    def stdin_hold(self, key: str, path: Path) -> None:
+        """The supervisor holds a writing end of a container's stdin pipe until its input ends."""
+        if self.protocol < 4:
+            raise LaunchError(
+                f"the node supervisor predates forwarded stdin in containers (its protocol "
+                f"{self.protocol}): drain the node, then restart its agent",
+                retryable=True,
+            )
+        reply = self.request("stdin_hold", key=key, path=str(path))
+        if "error" in reply:
+            raise LaunchError(f"supervisor refused the attempt's stdin: {reply['error']}", retryable=True)
 
     def stdin_end(self, key: str) -> None:
         """The attempt's forwarded input ended: the supervisor lets go of its stdin pipe."""

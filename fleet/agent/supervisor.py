@@ -19,6 +19,9 @@ then, over that socket (JSON lines):
   supervisor holds a writing end of its own, so the job reads no EOF while no agent writes (before
   the agent opens it, across agent restarts), until ``stdin_end {key}`` (the input ended) closes it.
 - ``adopt {key, pid}``: also fence this process (a Docker container's init), through a pidfd.
+- ``stdin_hold {key, path}``: hold a writing end of the named pipe at ``path`` (the agent made it in
+  a Docker attempt's folder, and the container reads it as stdin), as for a spawned attempt's, until
+  ``stdin_end {key}``, ``drop {key}`` or the adopted process's end.
 - ``stop {key, grace}``: SIGTERM the attempt's process group, SIGKILL after ``grace`` seconds.
 - ``drop {key}`` (forget an attempt), ``ping``, ``shutdown`` (kill everything and exit).
 
@@ -49,6 +52,7 @@ import select
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -59,8 +63,8 @@ from typing import Any
 
 SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attempts", "fenced"
 #: what this supervisor can do, in its ``ping`` answer: 2 puts attempts in their cgroups, 3 gives them
-#: a named pipe as stdin (one of an older release answers no ``protocol``: 1)
-PROTOCOL = 3
+#: a named pipe as stdin, 4 holds one for a container (one of an older release answers no ``protocol``: 1)
+PROTOCOL = 4
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,6 +110,8 @@ class Supervisor:
     #: a SIGTERM arrived and is not handled yet
     terminate: bool = False
     held: dict[str, Held] = field(default_factory=dict)
+    #: writing ends of containers' stdin pipes (``stdin_hold``) whose init is not adopted yet
+    stdin_holds: dict[str, int] = field(default_factory=dict)
     watchers: list[socket.socket] = field(default_factory=list)
     running: bool = True
 
@@ -203,8 +209,29 @@ class Supervisor:
             try:
                 self.held[key] = Held(key, pid, os.pidfd_open(pid), False)
             except ProcessLookupError:
+                _close(self.stdin_holds.pop(key, None))
                 return {"gone": True}
+        if key in self.stdin_holds:
+            _close(self.held[key].stdin_hold)
+            self.held[key].stdin_hold = self.stdin_holds.pop(key)
         return {"pid": pid}
+
+    def stdin_hold(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Hold a writing end of a container's stdin pipe: the job reads no EOF while no agent writes.
+        A new one (a launch tried again) replaces the one held, opened before that one is let go."""
+        key = _key(req["key"])
+        try:
+            fd = _fifo_writer(str(req["path"]))
+        except (OSError, ValueError) as exc:
+            return {"error": f"cannot hold the stdin pipe {req['path']!r}: {exc}"}
+        held = self.held.get(key)
+        if held is not None:
+            _close(held.stdin_hold)
+            held.stdin_hold = fd
+        else:
+            _close(self.stdin_holds.get(key))
+            self.stdin_holds[key] = fd
+        return {"ok": True}
 
     def stop(self, req: dict[str, Any]) -> dict[str, Any]:
         held = self.held.get(_key(req["key"]))
@@ -230,13 +257,16 @@ class Supervisor:
 
     def stdin_end(self, req: dict[str, Any]) -> dict[str, Any]:
         """The attempt's input ended: the job reads EOF once no agent holds the pipe open either."""
-        held = self.held.get(_key(req["key"]))
+        key = _key(req["key"])
+        _close(self.stdin_holds.pop(key, None))
+        held = self.held.get(key)
         if held is not None:
             _close(held.stdin_hold)
             held.stdin_hold = None
         return {"held": held is not None}
 
     def _forget(self, key: str) -> None:
+        _close(self.stdin_holds.pop(key, None))
         held = self.held.pop(key, None)
         if held is not None:
             os.close(held.pidfd)
@@ -272,7 +302,13 @@ class Supervisor:
         if op == "shutdown":
             self.shutdown()
             return {"ok": True}
-        handlers = {"spawn": self.spawn, "adopt": self.adopt, "stop": self.stop, "stdin_end": self.stdin_end}
+        handlers = {
+            "spawn": self.spawn,
+            "adopt": self.adopt,
+            "stop": self.stop,
+            "stdin_end": self.stdin_end,
+            "stdin_hold": self.stdin_hold,
+        }
         handler = handlers.get(str(op))
         if handler is None:
             return {"error": f"unknown op {op!r}"}
@@ -306,6 +342,22 @@ def _stdin_pipe(path: Path) -> tuple[int, int]:
     reading = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     os.set_blocking(reading, True)
     return reading, os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+def _fifo_writer(path: str) -> int:
+    """A writing end of the named pipe at ``path`` (the agent's word, checked since it is opened):
+    opened while a reading end of this process's own is, which is closed again, so the job's end
+    alone reads it."""
+    if not path.startswith("/") or "/../" in path or "\x00" in path or Path(path).name != "stdin":
+        raise ValueError("not an attempt's stdin pipe")
+    flags = os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+    reading = os.open(path, os.O_RDONLY | flags)
+    try:
+        if not stat.S_ISFIFO(os.fstat(reading).st_mode):
+            raise ValueError("not a named pipe")
+        return os.open(path, os.O_WRONLY | flags)
+    finally:
+        os.close(reading)
 
 
 def _close(fd: int | None) -> None:

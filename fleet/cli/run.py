@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 #: the most stdin bytes sent in one call
 CHUNK = 64 << 10
+#: the runtimes whose nodes give a job forwarded stdin
+PIPED = ("process", "docker")
 #: submit's options that make no sense for one job whose output is streamed
 _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
 
@@ -39,8 +41,8 @@ _NOT_HERE = ("wait", "follow", "array", "max_running", "output")
     "job reads an empty stdin): --stdin forwards a terminal too (Ctrl-D ends it), --no-stdin forwards "
     "nothing. Its input is not sent again: a job reading it is not retried after a failure of its own "
     "unless --max-attempts says so (one requeued for its node's fault goes on with what its earlier "
-    "attempts did not read). Forwarded stdin needs a job on one node of the process runtime (unasked, "
-    "a fleet of Docker nodes only is not sent it; a Docker node refuses it). The job's stdout and "
+    "attempts did not read). Forwarded stdin needs a job on one node (process or Docker runtime). "
+    "The job's stdout and "
     "stderr both come out on stdout; what fleet says itself (waiting reasons, a failure's reason) goes "
     "to stderr.",
 )
@@ -90,7 +92,7 @@ def run(
 def forwarded(asked: bool | None, spec: JobSpec, client: Client) -> bool:
     """Whether the job reads this command's stdin: as asked, else when it is a pipe or a file (a
     terminal would hold the job waiting for typing; /dev/null has nothing to say), for a job that
-    can (one node) in a fleet that can (a process-runtime node: a Docker node refuses it)."""
+    can (one node) in a fleet that can (a node of the process or Docker runtime)."""
     if asked is not None or spec.stdin:  # -f's spec may ask for it
         return bool(asked if asked is not None else spec.stdin)
     try:
@@ -99,7 +101,7 @@ def forwarded(asked: bool | None, spec: JobSpec, client: Client) -> bool:
         return False
     one_node = (spec.nodes or 1) == 1 and not spec.elastic
     piped = stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
-    return piped and one_node and any(node.runtime == "process" for node in client.nodes())
+    return piped and one_node and any(node.runtime in PIPED for node in client.nodes())
 
 
 def feed(client: Client, job_id: str) -> None:

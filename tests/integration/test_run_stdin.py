@@ -1,5 +1,6 @@
-"""``fleet run`` forwards its stdin to the job (srun does), on the process runtime: through the API,
-Redis and the node's agent into the named pipe the supervisor gave the attempt as its stdin."""
+"""``fleet run`` forwards its stdin to the job (srun does): through the API, Redis and the node's
+agent into the named pipe the attempt reads as its stdin (the process runtime's supervisor gave it
+one; a Docker attempt's is mounted into its container)."""
 
 from __future__ import annotations
 
@@ -140,18 +141,48 @@ def test_a_requeued_job_goes_on_with_the_input_not_yet_read(
     assert job.logs(attempt=2) == "attempt 2 read second\nrest"
 
 
-def test_a_docker_node_refuses_forwarded_stdin_and_is_not_sent_it_unasked(
+def test_a_job_that_reads_no_input_holds_up_no_other_jobs_input(
+    env: dict[str, str], procs: FleetProcs, client: Client
+) -> None:
+    """Its pipe full (64 KiB) and the rest of its input waiting, a job that does not read leaves
+    the agent feeding the others; cancelled, it ends as any job."""
+    stuck = client.submit({"name": "stuck", "command": ["sleep", "600"], "stdin": True})
+    for _ in range(4):
+        client.send_stdin(stuck.id, b"x" * (64 << 10))
+    wait_for(lambda: client.get(stuck.id).state == JobState.RUNNING, what="the stuck job", procs=procs)
+    quick = client.submit({"name": "quick", "command": ["sh", "-c", "wc -c"], "stdin": True})
+    client.send_stdin(quick.id, b"y" * 1000, eof=True)
+    assert quick.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
+    assert quick.logs() == "1000"
+    client.cancel(stuck.id)
+    assert stuck.wait(timeout=60).state == JobState.CANCELLED
+
+
+def test_a_docker_job_reads_its_piped_stdin_and_eof_across_an_agent_restart(
     docker_procs: FleetProcs, client: Client
 ) -> None:
+    node = "t-stdin-dock"
     docker_procs.controller()
-    docker_procs.agent("t-stdin-dock", gpus=1)
+    docker_procs.agent(node, gpus=1)
     docker_procs.wait_nodes(client, 1)
-    env = docker_procs.cli_env()
-    # A pipe is not forwarded unasked to a fleet with no process-runtime node: the job runs as before
-    ran = fleet_run(env, "--", "sh", "-c", "cat; echo done", stdin=b"not sent\n")
-    assert (ran.returncode, ran.stdout) == (0, "done\n"), ran.stderr
-    # Asked for, the Docker node refuses it at launch, saying why
-    asked = fleet_run(env, "--stdin", "--", "cat", stdin=b"x\n")
-    assert asked.returncode == 1, asked.stderr
-    assert "stdin: node t-stdin-dock runs jobs in Docker containers" in asked.stderr
-    assert [j.state for j in client.listing()].count(JobState.FAILED) == 1
+    # A pipe is forwarded unasked to a fleet of Docker nodes: the container reads it, then EOF
+    ran = fleet_run(docker_procs.cli_env(), "--", "sh", "-c", "cat; echo done", stdin=b"a\nb\n\nc\n")
+    assert (ran.returncode, ran.stdout) == (0, "a\nb\n\nc\ndone\n"), ran.stderr
+    script = "id -u; read a; echo got $a; read b; echo got $b; cat"
+    job = client.submit({"name": "boxed", "command": ["sh", "-c", script], "stdin": True})
+    client.send_stdin(job.id, b"one\n")
+    wait_for(lambda: job.logs().endswith("got one"), what="the first line read", procs=docker_procs)
+    uid = int(job.logs().splitlines()[0])
+    pipe = (docker_procs.root / node / "attempts" / f"{job.id}.1" / "stdin").lstat()
+    assert stat.S_ISFIFO(pipe.st_mode) and stat.S_IMODE(pipe.st_mode) == 0o600
+    assert uid != 0 and pipe.st_uid == uid  # the job's user alone reads it
+    # When the agent is SIGKILLed (the container and the supervisor go on), input comes meanwhile,
+    # and it starts again
+    docker_procs.procs[node].send_signal(signal.SIGKILL)
+    docker_procs.procs[node].wait()
+    client.send_stdin(job.id, b"two\nthree\n", eof=True)
+    docker_procs.agent(node, gpus=1)
+    # Then the same container read the rest, once, and its EOF
+    status = job.wait(timeout=60)
+    assert (status.state, status.attempt) == (JobState.SUCCEEDED, 1), docker_procs.logs()
+    assert job.logs().splitlines()[1:] == ["got one", "got two", "three"]

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fleet.models import Exit, Mount
 
@@ -16,6 +16,8 @@ CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
 #: where the Docker runtime mounts the attempt's writable copy of a job's shipped directory, its
 #: working directory
 CONTAINER_WORKDIR = "/fleet/workdir"
+#: where a container reads its forwarded stdin from (a named pipe, mounted read-only), as its stdin
+CONTAINER_STDIN = "/fleet/stdin"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
 
 
@@ -54,7 +56,7 @@ class LaunchSpec:
     outputs: str = "outputs"
     #: the job's global batch size (``FLEET_BATCH_SIZE``): an elastic job's at its current size
     batch_size: int | None = None
-    #: the job's stdin is forwarded input (``spec.stdin``), not /dev/null: process runtime only
+    #: the job's stdin is forwarded input (``spec.stdin``), a named pipe, not /dev/null
     stdin: bool = False
 
     @property
@@ -101,6 +103,19 @@ class AttemptStatus:
     attempt: int
     running: bool
     exit: Exit | None = None
+
+
+@runtime_checkable
+class Piped(Protocol):
+    """A runtime whose attempts read forwarded input (``LaunchSpec.stdin``) from a named pipe."""
+
+    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
+        """The pipe the attempt reads as its stdin, for the agent to write into."""
+        ...
+
+    def running(self, job_id: str, attempt: int) -> bool:
+        """Whether the attempt still runs (False once it ended, or when it is not there)."""
+        ...
 
 
 class Runtime(Protocol):

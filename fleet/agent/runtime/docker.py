@@ -20,6 +20,9 @@ same code as a process's (:mod:`fleet.agent.outputs`) without reading anything o
 With a shipped directory, ``work`` is its copy and is mounted at ``/fleet/workdir``, the working
 directory. Without one the job starts in its image's ``WORKDIR`` (``/`` when it names none), and only
 ``work/<outputs>`` is mounted there, at ``<WORKDIR>/<outputs>``: the image's files stay as they are.
+A job that reads forwarded stdin has a named pipe beside ``work``, mounted read-only at
+``/fleet/stdin``, which ``/bin/sh`` opens as the stdin of the image's entrypoint and command (the
+node supervisor holds a writing end, as for a process: :mod:`fleet.agent.stdin`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from fleet.agent.checkpoints import traversable
 from fleet.agent.netguard import NetGuard
 from fleet.agent.runtime.base import (
     CONTAINER_CHECKPOINT_DIR,
+    CONTAINER_STDIN,
     CONTAINER_WORKDIR,
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -55,7 +59,7 @@ from fleet.agent.runtime.base import (
     AttemptStatus,
     LaunchSpec,
 )
-from fleet.agent.runtime.workspace import make_work
+from fleet.agent.runtime.workspace import make_stdin_pipe, make_work
 from fleet.agent.supervision import SupervisorClient
 from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
@@ -119,15 +123,15 @@ class DockerRuntime:
     # -- start -----------------------------------------------------------------------
 
     def start(self, spec: LaunchSpec) -> None:
-        if spec.stdin:
-            raise LaunchError(
-                f"stdin: node {self.node} runs jobs in Docker containers, which fleet gives no forwarded "
-                "input yet (process-runtime nodes do); submit without stdin (fleet run --no-stdin)"
-            )
         try:
+            if spec.stdin:  # held before the job can open it: it reads no EOF before its input ends
+                pipe = make_stdin_pipe(self._dir(spec.job_id, spec.attempt), spec.user)
+                self.supervisor.stdin_hold(f"{spec.job_id}.{spec.attempt}", pipe)
             container = self._container(spec.job_id, spec.attempt) or self._create(spec)
             self._names[(spec.job_id, spec.attempt)] = container.name
             if container.status == "created":
+                if spec.stdin:
+                    self._need_shell(spec.image, container)
                 container.start()
             self._supervise(spec.job_id, spec.attempt, container)
         except LaunchError:
@@ -157,6 +161,16 @@ class DockerRuntime:
         pid = int(container.attrs["State"].get("Pid") or 0)
         if pid:
             self.supervisor.adopt(f"{job_id}.{attempt}", pid)
+
+    def _need_shell(self, image: str, container: Any) -> None:
+        """Refuse an image without ``/bin/sh``, which gives the job its stdin (else: tini's 127)."""
+        api = self.client.api
+        found = api.head(api._url("/containers/{0}/archive", container.id), params={"path": "/bin/sh"})
+        if found.status_code == 404:
+            raise LaunchError(
+                f"stdin: image {image!r} has no /bin/sh, which gives a container its forwarded input; use "
+                "an image with a shell (busybox's will do), or submit without stdin (fleet run --no-stdin)"
+            )
 
     def _ensure_image(self, image: str) -> Any:
         try:
@@ -195,9 +209,17 @@ class DockerRuntime:
         # a multi-node job's members meet on the hosts' addresses (MASTER_ADDR:MASTER_PORT and the
         # ports NCCL/gloo open): host networking, as Slurm and most bare-metal stacks run them
         network = "host" if spec.members > 1 else self._network()
+        command, entrypoint = list(spec.command), None
+        if spec.stdin:  # the image's entrypoint and the command, with the pipe as their stdin
+            config = image.attrs.get("Config") or {}
+            shell = ["/bin/sh", "-c", f'exec "$@" <{CONTAINER_STDIN}', "sh"]
+            entrypoint = shell + list(config.get("Entrypoint") or [])
+            command = command or list(config.get("Cmd") or [])
+            mounts.append(Mount(CONTAINER_STDIN, str(folder / "stdin"), type="bind", read_only=True))
         return self.client.containers.create(
             spec.image,
-            list(spec.command),
+            command,
+            entrypoint=entrypoint,
             name=spec.name,
             labels={LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(spec.attempt), LABEL_NODE: self.node},
             environment={**spec.fleet_env(checkpoint), KILL_PROCESS_GROUP: "1"},
@@ -329,6 +351,14 @@ class DockerRuntime:
                 # Docker counts the grace in whole seconds: rounded up, a grace is never cut short
                 container.stop(timeout=max(math.ceil(grace_s), 0))
 
+    def running(self, job_id: str, attempt: int) -> bool:
+        container = self._container(job_id, attempt)
+        return container is not None and container.status in ("running", "created", "restarting")
+
+    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
+        """The named pipe an attempt started with ``stdin`` reads as its stdin (mounted read-only)."""
+        return self._dir(job_id, attempt) / "stdin"
+
     def work_dir(self, job_id: str, attempt: int) -> Path | None:
         work = self._dir(job_id, attempt) / "work"
         return work if work.is_dir() else None
@@ -340,6 +370,8 @@ class DockerRuntime:
             with contextlib.suppress(NotFound):
                 container.remove(force=True)
         self.supervisor.forget_fence(f"{job_id}.{attempt}")
+        if self.stdin_pipe(job_id, attempt).exists():  # the supervisor's end goes, container or not
+            self.supervisor.stdin_end(f"{job_id}.{attempt}")
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
 
     def close(self) -> None:

@@ -132,6 +132,10 @@ class ProcessRuntime:
             found.update(self.cgroups.members(folder.name))
         return found
 
+    def running(self, job_id: str, attempt: int) -> bool:
+        status = self.status(job_id, attempt)
+        return status is not None and status.running
+
     def stdin_pipe(self, job_id: str, attempt: int) -> Path:
         """The named pipe an attempt started with ``stdin`` reads as its stdin (the supervisor's)."""
         return self._dir(job_id, attempt) / "stdin"

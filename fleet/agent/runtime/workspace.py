@@ -4,11 +4,14 @@ Each attempt lives in ``<root>/<job>.<attempt>/`` (root's, 0711) with a ``work``
 owns (0700): a private, writable copy of the job's shipped directory, or empty when it ships none.
 The process runtime starts the job in it; the Docker runtime bind-mounts it into the container
 (:mod:`fleet.agent.runtime.docker`). When the attempt ends the agent keeps the spec's ``outputs``
-from it (:mod:`fleet.agent.outputs`), then the runtime removes the whole attempt directory.
+from it (:mod:`fleet.agent.outputs`), then the runtime removes the whole attempt directory. A Docker
+attempt that reads forwarded input also has ``stdin`` there, a named pipe the job's user alone may
+read (0600), mounted into its container.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -33,3 +36,16 @@ def make_work(folder: Path, workdir: Path | None, user: tuple[int, int] | None, 
             os.chown(path, uid, gid if gid is not None else -1, follow_symlinks=False)
     work.chmod(0o700)
     return work
+
+
+def make_stdin_pipe(folder: Path, user: tuple[int, int] | None) -> Path:
+    """``folder/stdin``, a named pipe (made when it is not there yet) the job's ``user`` alone reads
+    (0600, given to it where this runs as root; root, the agent, writes into it)."""
+    traversable(folder)
+    pipe = folder / "stdin"
+    with contextlib.suppress(FileExistsError):
+        os.mkfifo(pipe, 0o600)
+    if user is not None and os.geteuid() == 0:
+        os.chown(pipe, user[0], user[1], follow_symlinks=False)
+    os.chmod(pipe, 0o600)  # past the umask
+    return pipe
