@@ -4,12 +4,20 @@ one; a Docker attempt's is mounted into its container)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import signal
 import stat
 import subprocess
 import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import docker
 import pytest
+from docker.errors import DockerException
 
 from fleet import Client, JobState
 from fleet.errors import FleetError, Forbidden, NotFound, SpecError
@@ -159,7 +167,7 @@ def test_a_job_that_reads_no_input_holds_up_no_other_jobs_input(
 
 
 def test_a_docker_job_reads_its_piped_stdin_and_eof_across_an_agent_restart(
-    docker_procs: FleetProcs, client: Client
+    docker_procs: FleetProcs, client: Client, shellless: Any
 ) -> None:
     node = "t-stdin-dock"
     docker_procs.controller()
@@ -186,3 +194,23 @@ def test_a_docker_job_reads_its_piped_stdin_and_eof_across_an_agent_restart(
     status = job.wait(timeout=60)
     assert (status.state, status.attempt) == (JobState.SUCCEEDED, 1), docker_procs.logs()
     assert job.logs().splitlines()[1:] == ["got one", "got two", "three"]
+    # And an image without /bin/sh, which would open the pipe, is refused at launch, saying why
+    bare = client.submit({"name": "bare", "command": ["cat"], "image": shellless.tags[0], "stdin": True})
+    status = bare.wait(timeout=60)
+    assert status.state == JobState.FAILED and "has no /bin/sh" in status.reason, status.reason
+
+
+@pytest.fixture
+def shellless(tmp_path: Path) -> Iterator[Any]:
+    """An image of one empty file: no shell (and no pull: ``localhost/`` images never are)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
+    api = docker.from_env(timeout=30)
+    name = f"localhost/fleet-test/no-shell-{tmp_path.name.lower()}"
+    api.api.import_image_from_data(layer.getvalue(), repository=name, tag="latest")
+    image = api.images.get(f"{name}:latest")
+    yield image
+    with contextlib.suppress(DockerException):
+        api.images.remove(image.id, force=True)
+    api.close()
