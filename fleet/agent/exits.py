@@ -102,12 +102,13 @@ class ExitPath:
 
     # -- what was seen ---------------------------------------------------------------
 
-    def finish(self, job_id: str, attempt: int, exit: Exit) -> None:
+    def finish(self, job_id: str, attempt: int, exit: Exit) -> bool:
         """The runtime says the attempt exited: end it if it is the job's current attempt here,
-        else only remove it."""
+        else only remove it. False when another thread holds the attempt (its launch is not done
+        yet, or the reconcile finishes it): the caller tries again."""
         with self.p.inflight.held((job_id, attempt)) as claimed:
             if not claimed:
-                return
+                return False
             try:
                 job = self.p.jobs.get(job_id)
             except NotFound:
@@ -121,6 +122,7 @@ class ExitPath:
             else:
                 self.remove(job_id, attempt)
         self.p.inflight.stopping.discard((job_id, attempt))  # only once recorded: an error above keeps it
+        return True
 
     def lost(self, job: Job) -> None:
         """An attempt Redis places here that the runtime does not hold: the end recorded before its

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from fleet.agent.launcher import Launcher
 from fleet.agent.logship import LogShipper
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import Runtime
+from fleet.agent.runtime.base import status_of
 from fleet.agent.shells import Shells
 from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
@@ -50,6 +52,9 @@ from fleet.versions import VERSION
 from fleet.workdir import clean_temp
 
 log = logging.getLogger("fleet.agent")
+#: an attempt that ended while another thread holds it is tried again this often, this many times
+#: (about 10 s: a launch's last steps; past that the reconcile finishes it)
+BUSY_WAIT_S, BUSY_TRIES = 0.01, 1000
 
 
 class Agent:
@@ -63,8 +68,12 @@ class Agent:
         runtime: Runtime,
         supervisor: SupervisorClient,
         clock: Callable[[], float] = time.time,
+        background: bool = True,
     ) -> None:
+        """``background``: hints to the controller are sent, and ended attempts are finished, on
+        threads of the agent's own; False: on the caller's (a harness that steps the agent itself)."""
         self.settings, self.cfg = settings, settings.agent
+        self.background = background
         self.address = self.cfg.address or address_of(self.cfg.node_name)
         self.node = self.cfg.node_name
         self.jobs, self.nodes, self.bus = jobs, nodes, bus
@@ -85,6 +94,8 @@ class Agent:
             max_bytes=settings.log_max_bytes,
         )
         self._health = StepHealth(log)
+        #: attempts the runtime says ended, for the threads that finish them (None: stop)
+        self._ended: queue.SimpleQueue[tuple[str, int, int] | None] = queue.SimpleQueue()
         self.pumps = StdinPumps(
             runtime, supervisor, self.stop_event, lambda: StdinStreams(connect_binary(settings), jobs.keys)
         )
@@ -94,7 +105,7 @@ class Agent:
             jobs,
             nodes,
             bus,
-            Hints(lambda: bus, background=True, log=log, failed="attempt_notify_failed"),
+            Hints(lambda: bus, background=background, log=log, failed="attempt_notify_failed"),
             inventory,
             runtime,
             supervisor,
@@ -139,7 +150,13 @@ class Agent:
         self.bus.handle(queue, ShellOpen, self.shells.open)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
         self.logs.start()
-        self.runtime.watch(self.on_exit, self.stop_event)
+        enders = [
+            threading.Thread(target=self._end_loop, name=f"ended-{i}", daemon=True)
+            for i in range(self.cfg.worker_threads)
+        ]
+        for thread in enders:
+            thread.start()
+        self.runtime.watch(lambda job_id, attempt: self._ended.put((job_id, attempt, 0)), self.stop_event)
         reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         reconciler.start()
         sweeper = threading.Thread(target=self._sweep_loop, name="checkpoint-sweep", daemon=True)
@@ -155,6 +172,10 @@ class Agent:
         finally:
             self.notifier.stopping()
             worker.stop(timeout=2000)
+            for _ in enders:
+                self._ended.put(None)
+            for thread in enders:
+                thread.join(timeout=10)
             self.parts.hints.close()
             reconciler.join(timeout=10)
             sweeper.join(timeout=10)
@@ -247,16 +268,27 @@ class Agent:
         finally:
             self.inflight.stopping.discard(key)
 
-    def on_exit(self, job_id: str, attempt: int) -> None:
-        """Runtime callback (its own thread); on a Redis error the next reconcile finishes the attempt."""
+    def _end_loop(self) -> None:
+        """Finish the attempts the runtime says ended, ``worker_threads`` at a time: one attempt's
+        Redis round trips and last log lines do not hold up the next one's end (and its GPUs). One
+        that ended before its launch was done is finished as soon as the launch is: a job that exits
+        at once does not hold its GPUs until the next reconcile."""
+        while (ended := self._ended.get()) is not None:
+            job_id, attempt, tries = ended
+            if not self.on_exit(job_id, attempt) and tries < BUSY_TRIES and not self.stop_event.is_set():
+                time.sleep(BUSY_WAIT_S)
+                self._ended.put((job_id, attempt, tries + 1))
+
+    def on_exit(self, job_id: str, attempt: int) -> bool:
+        """An attempt ended: finish it now. False when another thread holds it (its launch is not
+        done yet). On a Redis error the next reconcile finishes it."""
         try:
-            status = next(
-                (a for a in self.runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None
-            )
+            status = status_of(self.runtime, job_id, attempt)
             if status is not None and status.exit is not None:
-                self.exits.finish(job_id, attempt, status.exit)
+                return self.exits.finish(job_id, attempt, status.exit)
         except FleetError as exc:
             event(log, "exit_not_recorded", logging.WARNING, job=job_id, attempt=attempt, error=exc)
+        return True
 
     # -- reconcile -------------------------------------------------------------------
 

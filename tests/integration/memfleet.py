@@ -94,6 +94,7 @@ class MemFleet:
             runtime,
             cast(SupervisorClient, FakeSupervisor()),
             clock=self.clock,
+            background=False,
         )
         self.bus.handle(node_queue(name), Launch, agent.on_launch)
         self.bus.handle(node_queue(name), Stop, agent.on_stop)

@@ -118,6 +118,20 @@ class Piped(Protocol):
         ...
 
 
+@runtime_checkable
+class Lookup(Protocol):
+    """A runtime that reads one attempt's status without listing every attempt."""
+
+    def status(self, job_id: str, attempt: int) -> AttemptStatus | None: ...
+
+
+def status_of(runtime: Runtime, job_id: str, attempt: int) -> AttemptStatus | None:
+    """One attempt's status (None: the runtime does not hold it)."""
+    if isinstance(runtime, Lookup):
+        return runtime.status(job_id, attempt)
+    return next((a for a in runtime.attempts() if (a.job_id, a.attempt) == (job_id, attempt)), None)
+
+
 class Runtime(Protocol):
     name: str
 
