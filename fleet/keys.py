@@ -314,6 +314,10 @@ class Keys:
     def blob(self, hexdigest: str) -> str:
         return f"{self.prefix}:blob:{hexdigest}"
 
+    def blob_size(self, hexdigest: str) -> str:
+        """What a packed directory holds ("<packed> <bytes> <files>"), kept as long as its blob."""
+        return f"{self.prefix}:blobsize:{hexdigest}"
+
     def blobs_of(self, tenant: str) -> str:
         return f"{self.prefix}:blobs:of:{tenant}"
 

@@ -127,16 +127,18 @@ def unpack(data: bytes, digest: str, into: Path, max_bytes: int = MAX_BYTES) -> 
     return target
 
 
-def check_archive(data: bytes, max_bytes: int = MAX_BYTES) -> None:
+def check_archive(data: bytes, max_bytes: int = MAX_BYTES) -> tuple[int, int]:
     """At upload, before a node unpacks it: a gzipped tar holding at most ``max_bytes`` of content and
     :data:`MAX_MEMBERS` entries (a 2 MiB upload unpacked to 2 GiB on every node and 600 KB of 100,000
     files delayed launches by minutes); :class:`SpecError` otherwise, naming the limit. Reads the
-    headers in one pass, stopping at the first limit."""
-    content, count = 0, 0
+    headers in one pass, stopping at the first limit. Returns the bytes of content and the number
+    of members that are not folders (files and links)."""
+    content, count, files = 0, 0, 0
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r|gz") as tar:
             for member in tar:
                 count += 1
+                files += not member.isdir()
                 content += member.size if member.isreg() else 0
                 if count > MAX_MEMBERS:
                     raise SpecError(
@@ -150,6 +152,7 @@ def check_archive(data: bytes, max_bytes: int = MAX_BYTES) -> None:
                     )
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise SpecError(f"workdir: not a packed directory (tar.gz): {exc}") from None
+    return content, files
 
 
 class _Unsafe(Exception):

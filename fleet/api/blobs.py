@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from fleet.api.deps import User
 from fleet.config import Settings
 from fleet.errors import SpecError
+from fleet.models import WorkdirSize
 from fleet.state.blobs import BlobStore
 from fleet.workdir import check_archive, check_digest, digest_of
 
@@ -46,10 +47,12 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
                 raise SpecError(f"workdir: more than workdir_max_bytes ({limit}) packed")
         if digest_of(bytes(data)) != digest:
             raise SpecError(f"workdir: the bytes sent do not hash to {digest}")
+        size = None
         if data.startswith(GZIP):  # a packed directory (a profile is JSON): bounded before a node unpacks it
-            await anyio.to_thread.run_sync(check_archive, bytes(data), limit)
+            content, files = await anyio.to_thread.run_sync(check_archive, bytes(data), limit)
+            size = WorkdirSize(packed=len(data), bytes=content, files=files)
         created = await anyio.to_thread.run_sync(
-            blobs.put, digest, bytes(data), who.tenant, settings.blob_quota_bytes
+            blobs.put, digest, bytes(data), who.tenant, settings.blob_quota_bytes, size
         )
         return {"digest": digest, "bytes": len(data), "created": created}
 

@@ -82,6 +82,9 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
                 f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
                 "as the CLI and Client do"
             )
+        size = None if spec.workdir is None else blobs.size(spec.workdir)
+        if size != spec.workdir_size:  # what the upload held, never what the body says
+            spec = spec.model_copy(update={"workdir_size": size})
         if spec.tenant != who.tenant and who.role != Role.ADMIN:
             raise Forbidden(
                 f"{whom(who)} cannot submit to tenant {spec.tenant!r}: it acts for tenant {who.tenant!r} only"

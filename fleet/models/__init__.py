@@ -39,7 +39,7 @@ from fleet.models.job import (
     RequeueReport,
 )
 from fleet.models.node import FleetVersions, Gpu, Node, NodeState
-from fleet.models.parts import WEBHOOK_URL_MAX, Mount, Webhook
+from fleet.models.parts import WEBHOOK_URL_MAX, Mount, Webhook, WorkdirSize
 from fleet.models.spec import (
     FROM_FLEET,
     LEARN,
@@ -101,6 +101,7 @@ __all__ = [
     "TokenInfo",
     "Webhook",
     "WebhookOutcome",
+    "WorkdirSize",
     "check_job_id",
     "describe_errors",
     "parse_duration",

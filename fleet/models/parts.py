@@ -1,4 +1,5 @@
-"""The parts of a job spec a tenant's settings share: host mounts and webhooks."""
+"""The parts of a job spec a tenant's settings share (host mounts and webhooks), and what fleet
+records of a shipped directory."""
 
 from __future__ import annotations
 
@@ -24,6 +25,20 @@ class Mount(_UserModel):
         if not value.startswith("/") or "/../" in f"{value}/":
             raise ValueError("must be an absolute path without '..'")
         return value
+
+
+class WorkdirSize(_UserModel):
+    """What a shipped directory holds, as the API found it when it was uploaded (``fleet show``
+    tells it without asking for the blob, which would keep it longer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    #: the archive's bytes
+    packed: int = Field(ge=0)
+    #: the bytes of its files, unpacked
+    bytes: int = Field(ge=0)
+    #: its files and links
+    files: int = Field(ge=0)
 
 
 #: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)

@@ -36,7 +36,7 @@ from fleet.models.base import (
     describe_errors,
     relative_path,
 )
-from fleet.models.parts import Mount, Webhook, _webhook
+from fleet.models.parts import Mount, Webhook, WorkdirSize, _webhook
 
 
 class Range(BaseModel):
@@ -168,6 +168,9 @@ class JobSpec(_UserModel):
     #: a directory shipped with the job, its working directory: a local path for the Client and
     #: CLI (``--workdir .``), which upload it and send ``sha256:<hex>`` of its packed bytes
     workdir: str | None = Field(default=None, max_length=4096)
+    #: what that directory holds: set by the API at submit from what was uploaded (a value sent is
+    #: replaced); None for no workdir, or one uploaded before fleet recorded sizes
+    workdir_size: WorkdirSize | None = None
     #: a directory inside the working directory whose contents fleet keeps when each attempt ends
     #: (the latest attempt's, within the tenant's outputs quota): ``fleet download JOB``
     outputs: str = Field(default="outputs", max_length=1024, description="relative path, no '..'")

@@ -9,8 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from fleet.errors import SpecError
 from fleet.keys import Keys
+from fleet.models import WorkdirSize
 from fleet.state.connection import translated
 from fleet.workdir import check_digest
 
@@ -22,18 +25,41 @@ class BlobStore:
         self.redis, self.keys, self.ttl_ms = redis, keys, int(ttl_s * 1000)
 
     @translated
-    def put(self, digest: str, data: bytes, tenant: str | None = None, quota: int | None = None) -> bool:
+    def put(
+        self,
+        digest: str,
+        data: bytes,
+        tenant: str | None = None,
+        quota: int | None = None,
+        size: WorkdirSize | None = None,
+    ) -> bool:
         """Store the bytes (the caller checked their digest); False when they were there already.
         With ``tenant``, the blob counts against its ``quota`` (bytes) until it expires:
         :class:`SpecError` when it would go over (checked, then written: two uploads racing may pass
-        it by one blob)."""
+        it by one blob). ``size``: what a packed directory holds, kept as long as the blob."""
         hexdigest = check_digest(digest)
         if tenant is not None:
             self._charge(tenant, hexdigest, len(data), quota)
+        if size is not None:
+            held = f"{size.packed} {size.bytes} {size.files}"
+            self.redis.set(self.keys.blob_size(hexdigest), held, px=self.ttl_ms)
         if self.redis.set(self.keys.blob(hexdigest), data, px=self.ttl_ms, nx=True):
             return True
         self.touch(digest)
         return False
+
+    @translated
+    def size(self, digest: str) -> WorkdirSize | None:
+        """What the packed directory holds, as found when it was uploaded; None for a blob that is not
+        a packed directory, or one uploaded before sizes were recorded. Does not keep it longer."""
+        raw = self.redis.get(self.keys.blob_size(check_digest(digest)))
+        if raw is None:
+            return None
+        try:
+            packed, content, files = (int(n) for n in raw.split())
+            return WorkdirSize(packed=packed, bytes=content, files=files)
+        except (ValueError, ValidationError):  # not what put wrote: no size is better than a wrong one
+            return None
 
     def _charge(self, tenant: str, hexdigest: str, size: int, quota: int | None) -> None:
         key, now = self.keys.blobs_of(tenant), int(time.time() * 1000)
@@ -59,7 +85,11 @@ class BlobStore:
     @translated
     def touch(self, digest: str) -> bool:
         """Keep a blob another ``ttl_s``; False when it is not stored (never uploaded, or expired)."""
-        return bool(self.redis.pexpire(self.keys.blob(check_digest(digest)), self.ttl_ms))
+        hexdigest = check_digest(digest)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.pexpire(self.keys.blob(hexdigest), self.ttl_ms)
+        pipe.pexpire(self.keys.blob_size(hexdigest), self.ttl_ms)
+        return bool(pipe.execute()[0])
 
     @translated
     def get(self, digest: str) -> bytes | None:

@@ -1,7 +1,8 @@
 """Displays that tell the truth: ``fleet show`` says who submitted a job, its time limit and the time
-left, its labels, its environment's names (never values) and its workdir; a job that never started
-shows no ticking ELAPSED; ``fleet jobs --label fleet.array=ID`` lists an array's tasks; ``fleet
-top`` counts queued array tasks, as they are now (no leader has published anything here)."""
+left, its labels, its environment's names (never values) and its workdir (digest and size); a job
+that never started shows no ticking ELAPSED; ``fleet jobs --label fleet.array=ID`` lists an array's
+tasks; ``fleet top`` counts queued array tasks, as they are now (no leader has published anything
+here)."""
 
 from __future__ import annotations
 
@@ -60,10 +61,44 @@ def test_show_tells_the_user_the_time_left_labels_env_names_and_workdir(
     assert re.fullmatch(r"10m00s an attempt, [89]m\d\ds left", fields["Time limit"]), fields["Time limit"]
     assert fields["Labels"] == "exp=7 team=vision"
     assert fields["Env"] == "SEED WANDB_API_KEY"
-    assert fields["Workdir"] == client.get(job.id).spec.workdir and fields["Workdir"].startswith("sha256:")
+    digest = client.get(job.id).spec.workdir or ""
+    assert fields["Workdir"] == f"{digest[:19]}… (9 B, 1 file; {fields['Workdir'].split('; ')[1]}"
     # and never an environment variable's value
     assert "s3cret-value" not in shown.stdout
     job.cancel()
+
+
+def test_show_tells_the_size_of_the_shipped_directory_as_uploaded(
+    client: Client, api: Api, tmp_path: Path
+) -> None:
+    # Given a job shipped with a directory of three files (one in a folder) and a link
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "train.py").write_text("print(1)\n")  # 9 bytes
+    (code / "pkg" / "model.py").write_bytes(b"x" * 2000)
+    (code / "README").write_text("")
+    (code / "main.py").symlink_to("train.py")
+    job = client.submit(JobSpec(name="shipped", command=["python3", "train.py"], workdir=str(code)))
+    digest = client.get(job.id).spec.workdir or ""
+    # When the user shows it, as text and as JSON
+    shown, as_json = cli(api, "show", job.id), cli(api, "show", job.id, "-o", "json")
+    # Then both say what it holds (files and links, their bytes, the archive's), as the API found it
+    assert shown.returncode == 0 and as_json.returncode == 0, shown.stderr + as_json.stderr
+    size = json.loads(as_json.stdout)["spec"]["workdir_size"]
+    assert (size["bytes"], size["files"]) == (2009, 4) and 0 < size["packed"] < 2009
+    line = re.search(r"^Workdir:\s+(.*)$", shown.stdout, re.MULTILINE)
+    assert line is not None, shown.stdout
+    assert line[1] == f"{digest[:19]}… (2.0 KiB, 4 files; {size['packed']} B packed)"
+    # And a size a client sends with a spec is replaced by what was uploaded
+    forged = client.submit(
+        {
+            "name": "forged",
+            "command": ["true"],
+            "workdir": digest,
+            "workdir_size": {"packed": 1, "bytes": 1, "files": 1},
+        }
+    )
+    assert client.get(forged.id).spec.workdir_size == client.get(job.id).spec.workdir_size
 
 
 def test_elapsed_of_a_job_that_never_started_does_not_tick(client: Client, api: Api) -> None:
