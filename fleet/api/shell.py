@@ -4,8 +4,9 @@ The caller authenticates as for every call (``Authorization: Bearer``) and may e
 read (``fleet show``; another tenant's job is a missing one). The exchange, once the socket is open:
 
 - caller -> API: first a text frame, ``{"command": [...], "tty": bool, "term": "xterm", "rows": N,
-  "cols": N}``; then binary frames (input bytes) and text frames ``{"eof": true}`` (input ended)
-  and ``{"resize": [rows, cols]}``;
+  "cols": N, "rank": N}`` (``rank``: which member of a multi-node job, default 0); then binary
+  frames (input bytes) and text frames ``{"eof": true}`` (input ended) and ``{"resize": [rows,
+  cols]}``;
 - API -> caller: binary frames, ``o`` or ``e`` then output bytes (stdout, stderr; a terminal's all
   ``o``), then one text frame: ``{"exit": CODE}``, or an error as every call answers one
   (``{"error", "detail", "exit_code"}``); then the API closes the socket.
@@ -52,6 +53,8 @@ class Hello(StrictBody):
     term: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9._+-]*$")
     rows: int = Field(default=0, ge=0, le=10_000)
     cols: int = Field(default=0, ge=0, le=10_000)
+    #: the member of a multi-node job to enter (its node's agent runs the command)
+    rank: int = Field(default=0, ge=0, le=1000)
 
 
 def routes(
@@ -100,6 +103,7 @@ class Shells:
         try:
             who, job = await run_in_threadpool(self.opening, token, job_id)
             hello = _hello(await _first(ws))
+            _member(job, hello.rank)
             self.waits.acquire(who, f"a shell in {job_id}")
         except FleetError as exc:
             await _close(ws, error_body(exc))
@@ -112,9 +116,13 @@ class Shells:
             self.waits.release(who)
 
     async def _session(self, ws: WebSocket, who: Identity, job: Job, hello: Hello, token: str) -> None:
-        session, node = secrets.token_hex(16), job.nodes_held[0]
+        session, node = secrets.token_hex(16), job.nodes_held[hello.rank]
         msg = ShellOpen(
-            session=session, job_id=job.id, attempt=job.attempt, user=who.user, **hello.model_dump()
+            session=session,
+            job_id=job.id,
+            attempt=job.attempt,
+            user=who.user,
+            **hello.model_dump(exclude={"rank"}),
         )
         try:
             await run_in_threadpool(self.relay.offer, session)
@@ -130,6 +138,7 @@ class Shells:
             user=who.user,
             tenant=who.tenant,
             node=node,
+            rank=hello.rank,
             session=session,
             command=said,
         )
@@ -225,6 +234,14 @@ def _hello(text: str) -> Hello:
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise SpecError(f"shell request: {fields}") from None
+
+
+def _member(job: Job, rank: int) -> None:
+    """A rank the job's current attempt has; :class:`SpecError` naming those it has otherwise."""
+    held = len(job.nodes_held)
+    if rank >= held:
+        there = "rank 0 only (it runs on one node)" if held == 1 else f"ranks 0-{held - 1}"
+        raise SpecError(f"rank {rank}: job {job.id} has {there}; give --rank 0 to {held - 1}")
 
 
 def _control(text: str) -> dict[str, bytes | str | int] | None:

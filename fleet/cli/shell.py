@@ -27,15 +27,23 @@ if TYPE_CHECKING:
     context_settings=CONTEXT,
     short_help="a shell (or -- CMD) inside a running job, from anywhere (srun --pty, det shell)",
     epilog="Examples: fleet shell JOB; fleet shell JOB -- nvidia-smi; printf 'echo hi\\n' | fleet shell "
-    "JOB -- sh. It runs on the job's node (a multi-node job's rank 0) as the job does: Docker runtime, "
+    "JOB -- sh; fleet shell JOB --rank 1. It runs on the job's node (a multi-node job's member "
+    "--rank, default 0) as the job does: Docker runtime, "
     "in the job's container; process runtime, as the job's user, in its working directory, "
     "environment and cgroup (what you start counts against the job's limits and ends with it). It "
     "ends when the command exits, the job ends, or after an hour with no input nor output.",
 )
 @click.argument("job", metavar="JOB [-- COMMAND [ARGS]...]", shell_complete=complete_jobs)
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="a multi-node job's member to enter (`fleet show JOB` lists them)",
+)
 @pass_globals
 @click.pass_context
-def shell(ctx: click.Context, globals_: Globals, /, job: str) -> int:
+def shell(ctx: click.Context, globals_: Globals, /, job: str, rank: int) -> int:
     """A shell, or the command after `--`, inside the running job JOB: as the job's user, in its
     working directory, with its environment, as `srun --pty` or `det shell` give. Exits with the
     command's exit code.
@@ -54,6 +62,7 @@ def shell(ctx: click.Context, globals_: Globals, /, job: str) -> int:
         term=os.environ.get("TERM", "") if on_tty else "",
         size=_size() if on_tty else None,
         url=globals_.api_url,
+        rank=rank,
     )
     try:
         with _raw(on_tty):

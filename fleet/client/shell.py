@@ -71,9 +71,11 @@ def open_shell(
     url: str | None = None,
     token: str | None = None,
     ca_file: str | None = None,
+    rank: int = 0,
 ) -> ShellSession:
     """Run ``command`` (none: a shell) in the running job ``job_id``, as the job's user in its
-    directory and environment; ``tty``: on a terminal of its own (``size``: rows, columns)."""
+    directory and environment; ``tty``: on a terminal of its own (``size``: rows, columns);
+    ``rank``: in that member of a multi-node job (a rank it does not have is refused)."""
     creds = resolve(url, token, ca_file)
     parts = creds.parts
     scheme = "wss" if parts.scheme == "https" else "ws"
@@ -96,6 +98,8 @@ def open_shell(
         raise ApiUnavailable(f"fleet API at {creds.url} unreachable: {exc}") from None
     rows, cols = size or (0, 0)
     hello = {"command": list(command), "tty": tty, "term": term, "rows": rows, "cols": cols}
+    if rank:  # only when asked: an API older than ranks refuses the field
+        hello["rank"] = rank
     with contextlib.suppress(ConnectionClosed):  # refused unread: output() raises the refusal
         conn.send(json.dumps(hello))
     return ShellSession(conn)

@@ -194,6 +194,44 @@ def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     assert ended.returncode == 1 and f"job {job.id} is CANCELLED" in ended.stderr
 
 
+def test_fleet_shell_rank_enters_that_member_of_a_multi_node_job(
+    procs: FleetProcs, client: Client, api: Api
+) -> None:
+    # Given a job of two members, one on each of two nodes
+    procs.controller()
+    nodes = ["t-interactive-r0", "t-interactive-r1"]
+    for node in nodes:
+        procs.agent(node, gpus=1, FLEET_AGENT__ADDRESS="127.0.0.1")
+    procs.wait_nodes(client, 2)
+    script = "echo started; sleep 600"
+    job = client.submit({"command": ["sh", "-c", script], "name": "pair", "nodes": 2, "gpus": 2})
+    wait_for(lambda: client.get(job.id).members_running == 2, what="both members run")
+
+    def shell(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "fleet",
+            "shell",
+            job.id,
+            *args,
+            "--",
+            "sh",
+            "-c",
+            'echo "$FLEET_NODE_RANK"',
+        ]
+        return subprocess.run(argv, env=api.env(), capture_output=True, text=True, timeout=90)
+
+    # When the user enters each member, and one the job does not have
+    first, second, missing = shell(), shell("--rank", "1"), shell("--rank", "2")
+    # Then each shell runs beside that member (its rank in the job's environment)
+    assert (first.returncode, first.stdout) == (0, "0\n"), first.stderr
+    assert (second.returncode, second.stdout) == (0, "1\n"), second.stderr
+    # and a rank the job does not have is bad input, naming those it has
+    assert missing.returncode == 2 and f"rank 2: job {job.id} has ranks 0-1" in missing.stderr, missing.stderr
+    client.cancel(job.id)
+
+
 def test_fleet_shell_sessions_are_capped_per_node_and_end_when_idle(
     procs: FleetProcs, client: Client, api: Api
 ) -> None:
