@@ -12,6 +12,7 @@ more than the job does.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -19,6 +20,7 @@ import shutil
 import signal
 import sys
 import termios
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -45,26 +47,40 @@ class Entry:
     gid: int | None = None
     #: the attempt's ``cgroup.procs`` files, joined before the switch of user
     procs: list[str] = field(default_factory=list)
+    #: ``FLEET_SHELL_SESSION=<session>`` in the environment of a ``docker exec``'d command: what finds
+    #: its processes in the container once the session ends (:func:`stop_marked`); "" otherwise
+    marker: str = ""
 
 
 #: the variable that carries the :class:`Entry` to ``main``
 ENTRY_VAR = "FLEET_SHELL_ENTRY"
+#: the variable that marks a ``docker exec``'d shell's processes with its session
+SESSION_VAR = "FLEET_SHELL_SESSION"
 
 
 def entry(
-    settings: AgentSettings, job_id: str, attempt: int, command: list[str], tty: bool, term: str = ""
+    settings: AgentSettings,
+    job_id: str,
+    attempt: int,
+    command: list[str],
+    tty: bool,
+    term: str = "",
+    session: str = "",
 ) -> Entry:
     """How to run ``command`` (none: a shell) in attempt ``attempt`` of ``job_id`` on this node;
-    ``term``: the caller's TERM (none: the job's own)."""
+    ``term``: the caller's TERM (none: the job's own); ``session``: the shell's id (it marks the
+    processes a ``docker exec`` starts)."""
     runtime = recorded_runtime(settings.state_dir)
     if runtime == "docker":
-        return _docker(settings.node_name, job_id, attempt, command, tty, term)
+        return _docker(settings.node_name, job_id, attempt, command, tty, term, session)
     if runtime == "process":
         return _process(settings, job_id, attempt, command, term)
     raise FleetError(f"no attempt has run with state_dir {settings.state_dir} on node {settings.node_name}")
 
 
-def _docker(node: str, job_id: str, attempt: int, command: list[str], tty: bool, term: str) -> Entry:
+def _docker(
+    node: str, job_id: str, attempt: int, command: list[str], tty: bool, term: str, session: str
+) -> Entry:
     import docker
     from docker.errors import DockerException
 
@@ -79,10 +95,51 @@ def _docker(node: str, job_id: str, attempt: int, command: list[str], tty: bool,
         raise FleetError(
             f"the docker command is not installed on node {node} (fleet shell runs `docker exec` there)"
         )
-    env = ["-e", f"TERM={term}"] if term else []
+    marker = f"{SESSION_VAR}={session}" if session else ""
+    env = [*(["-e", f"TERM={term}"] if term else []), *(["-e", marker] if marker else [])]
     return Entry(
-        ["docker", "exec", "-it" if tty else "-i", *env, found[0].id, *(command or _CONTAINER_SHELL)]
+        ["docker", "exec", "-it" if tty else "-i", *env, found[0].id, *(command or _CONTAINER_SHELL)],
+        marker=marker,
     )
+
+
+def stop_marked(marker: str, grace_s: float = 2.0) -> int:
+    """End the processes whose environment holds ``marker`` (a ``docker exec``'d command and what it
+    started: Docker has no call that stops an exec, and one outlives the ``docker exec`` that
+    started it): SIGHUP, as a closed terminal sends, then SIGKILL to those still there after
+    ``grace_s``. Found through this host's ``/proc`` (an agent that sees the containers' processes,
+    as one on the host does, as root); how many there were."""
+    mark = marker.encode()
+    found = _marked(mark)
+    _signal(found, signal.SIGHUP)
+    left, deadline = found, time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [pid for pid in left if _holds(pid, mark)]
+    _signal(left, signal.SIGKILL)
+    return len(found)
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            os.kill(pid, sig)
+
+
+def _marked(marker: bytes) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _holds(int(name), marker):
+            pids.append(int(name))
+    return pids
+
+
+def _holds(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return marker in file.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
 
 
 def _process(settings: AgentSettings, job_id: str, attempt: int, command: list[str], term: str) -> Entry:

@@ -16,6 +16,7 @@ import fcntl
 import functools
 import logging
 import os
+import select
 import shlex
 import signal
 import struct
@@ -25,9 +26,8 @@ import termios
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
 
-from fleet.agent.enter import Entry, carried, entry
+from fleet.agent.enter import Entry, carried, entry, stop_marked
 from fleet.bus.messages import ShellOpen
 from fleet.config import Settings
 from fleet.errors import FleetError
@@ -88,7 +88,7 @@ class Shells:
             job = self.jobs.get(msg.job_id)
             if job.state != JobState.RUNNING or job.attempt != msg.attempt:
                 raise FleetError(f"job {msg.job_id} is {job.state.value}: fleet shell enters a RUNNING job")
-            e = entry(self.cfg, msg.job_id, msg.attempt, msg.command, msg.tty, msg.term)
+            e = entry(self.cfg, msg.job_id, msg.attempt, msg.command, msg.tty, msg.term, msg.session)
             event(
                 log,
                 "shell_started",
@@ -129,7 +129,13 @@ class Shells:
 
 
 class Session:
-    """One command and its relay: output pumped out by reader threads, input fed in by ``run``."""
+    """One command and its relay: output pumped out by reader threads, input fed in by ``run``.
+
+    Input is written without waiting (the command's stdin, or its terminal, is non-blocking on the
+    agent's side): a command that does not read its stdin leaves the rest pending here (one input
+    frame at most; the rest waits in Redis), and the session still sees a hang-up, its idle time
+    and the end of its attempt, so it never holds its place (``agent.shell_max_sessions``) or its
+    command past them."""
 
     def __init__(
         self, relay: ShellRelay, msg: ShellOpen, e: Entry, alive: Callable[[], bool], idle_s: float
@@ -137,6 +143,11 @@ class Session:
         self.relay, self.msg, self.entry, self.alive, self.idle_s = relay, msg, e, alive, idle_s
         self.last = time.monotonic()
         self.master: int | None = None
+        #: where input goes (the terminal's master, or the command's stdin), and what it has not taken
+        self.sink = -1
+        self.pending = b""
+        #: the caller's input ended: the command's stdin is closed once what is pending is through
+        self.ended = False
 
     def run(self) -> int:
         """The command's exit code (128+N: killed by signal N), once it and its output are through."""
@@ -147,6 +158,9 @@ class Session:
         finally:
             if proc.poll() is None:
                 _hang_up(proc)
+                if self.entry.marker:
+                    stopped = stop_marked(self.entry.marker)
+                    event(log, "shell_hung_up", session=self.msg.session, processes=stopped)
             for reader in readers:
                 reader.join(timeout=5)
             if self.master is not None:
@@ -170,6 +184,7 @@ class Session:
             finally:
                 os.close(slave)
             streams = [(self.master, "o")]
+            self.sink = self.master
         else:
             proc = subprocess.Popen(
                 argv,
@@ -179,8 +194,10 @@ class Session:
                 env=env,
                 start_new_session=True,
             )
-            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             streams = [(proc.stdout.fileno(), "o"), (proc.stderr.fileno(), "e")]
+            self.sink = proc.stdin.fileno()
+        os.set_blocking(self.sink, False)
         readers = [threading.Thread(target=self._pump, args=s, daemon=True) for s in streams]
         for reader in readers:
             reader.start()
@@ -190,6 +207,9 @@ class Session:
         while True:
             try:
                 data = os.read(fd, 65536)
+            except BlockingIOError:  # a terminal's master, non-blocking for the input: wait for output
+                select.select([fd], [], [])
+                continue
             except OSError:  # EIO: the terminal's last holder closed it
                 return
             if not data:
@@ -201,11 +221,18 @@ class Session:
         """Input to the command until it exits, its caller hangs up, or the session must end."""
         cursor, checked = b"0", time.monotonic()
         while proc.poll() is None:
-            for eid, fields in self.relay.read(self.msg.session, "in", cursor, block_ms=BLOCK_MS):
-                cursor = eid
-                if b"close" in fields:
+            if self._flush(proc):  # all input taken: read more, waiting a while for it
+                for eid, fields in self.relay.read(self.msg.session, "in", cursor, block_ms=BLOCK_MS):
+                    if b"close" in fields:
+                        return
+                    cursor = eid
+                    self._input(proc, fields)
+                    if self.pending:  # the command takes no more for now: the rest waits in Redis
+                        break
+            else:  # the command does not read what it was sent: look only for a hang-up meanwhile
+                if self.relay.hung_up(self.msg.session):
                     return
-                self._input(proc, fields)
+                select.select([], [self.sink], [], BLOCK_MS / 1000)
             now = time.monotonic()
             if now - self.last > self.idle_s:
                 event(log, "shell_idle", session=self.msg.session, idle_s=self.idle_s)
@@ -229,22 +256,27 @@ class Session:
         if b"resize" in fields and self.master is not None:
             rows, _, cols = fields[b"resize"].partition(b" ")
             _resize(self.master, int(rows), int(cols))
-        elif b"d" in fields:
-            _write(proc.stdin if self.master is None else self.master, fields[b"d"])
+        elif b"d" in fields and not self.ended:
+            self.pending += fields[b"d"]
+            self._flush(proc)
         elif b"eof" in fields and proc.stdin is not None:
+            self.ended = True
+            self._flush(proc)
+
+    def _flush(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Write what the command takes of the pending input, without waiting; True once all of it is
+        through (then, after the caller's EOF, the command's stdin is closed)."""
+        while self.pending:
+            try:
+                self.pending = self.pending[os.write(self.sink, self.pending) :]
+            except BlockingIOError:
+                return False
+            except OSError:  # the command closed its input, or exited: its exit says the rest
+                self.pending = b""
+        if self.ended and proc.stdin is not None and not proc.stdin.closed:
             proc.stdin.close()
-
-
-def _write(to: IO[bytes] | int | None, data: bytes) -> None:
-    try:
-        if isinstance(to, int):
-            while data:
-                data = data[os.write(to, data) :]
-        elif to is not None and not to.closed:
-            to.write(data)
-            to.flush()
-    except OSError:  # the command closed its input, or exited: its exit says the rest
-        pass
+            self.sink = -1
+        return True
 
 
 def _resize(fd: int, rows: int, cols: int) -> None:

@@ -53,6 +53,12 @@ class ShellRelay:
         got = self.redis.xread({key: after}, count=100, block=block_ms)
         return list(got[0][1]) if got else []
 
+    def hung_up(self, session: str) -> bool:
+        """Whether the caller hung up: the API's last entry in ``in`` is its ``close`` (read without
+        reading the input before it, which a command that does not read its stdin leaves waiting)."""
+        last = self.redis.xrevrange(self.keys.shell(session, "in"), count=1)
+        return bool(last) and b"close" in last[0][1]
+
     def drop(self, session: str, *sides: str) -> None:
         """Delete the session's ``sides`` (none: its offer and both streams)."""
         self.redis.delete(*(self.keys.shell(session, side) for side in sides or ("", "in", "out")))

@@ -19,6 +19,7 @@ from typing import IO
 
 import psutil
 import pytest
+import redis
 from websockets.sync.client import connect
 
 from fleet import Client, JobState
@@ -262,6 +263,48 @@ def test_fleet_shell_sessions_are_capped_per_node_and_end_when_idle(
     assert "fleet shell: no input nor output for 2 s (agent.shell_idle_s): ended" in ended.stderr
 
 
+def running(*argv: str) -> bool:
+    """Whether a process with exactly this command line runs on this host."""
+    return any(p.info["cmdline"] == list(argv) for p in psutil.process_iter(["cmdline"]))
+
+
+def test_a_shell_that_does_not_read_its_input_slows_only_itself_and_ends_on_hang_up(
+    procs: FleetProcs, client: Client, api: Api, redis_url: str, tmp_path: Path
+) -> None:
+    procs.controller()
+    procs.agent("t-interactive-full", gpus=1)
+    procs.wait_nodes(client, 1)
+    job = client.submit({"command": ["sh", "-c", "echo started; sleep 600"], "name": "stuffed"})
+    until(lambda: client.logs(job.id), "the job started")
+    # Given a shell whose command never reads its stdin, sent 1 MiB (16 times a pipe's 64 KiB)
+    (tmp_path / "input").write_bytes(b"x" * (1 << 20))
+    with (tmp_path / "input").open("rb") as stdin:
+        argv = [sys.executable, "-m", "fleet", "shell", job.id, "--", "sh", "-c", "echo in; exec sleep 3517"]
+        stuffed = subprocess.Popen(argv, env=api.env(), stdin=stdin, stdout=subprocess.PIPE, text=True)
+    assert read_line(stuffed.stdout) == "in"
+    relay = redis.Redis.from_url(redis_url)
+    (key,) = until(lambda: list(relay.scan_iter("fleet:shell:*:in")), "the session's input stream")
+    until(
+        lambda: sum(len(f.get(b"d", b"")) for _, f in relay.xrange(key)) == 1 << 20,
+        "all the input reached the node's relay",
+    )
+    # When another session runs beside it, and then its caller hangs up
+    beside = subprocess.run(
+        [sys.executable, "-m", "fleet", "shell", job.id, "--", "echo", "beside"],
+        env=api.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    code, _ = interrupt(stuffed)
+    # Then the other session ran, and the stuck one's command ends with the hang-up
+    assert (beside.returncode, beside.stdout) == (0, "beside\n"), beside.stderr
+    assert code == 130
+    wait_for(lambda: not running("sleep", "3517"), timeout=30, what="the hung-up command to end")
+    assert client.get(job.id).state == JobState.RUNNING
+    client.cancel(job.id)
+
+
 def bad_request(api_url: str, token: str, job_id: str) -> dict[str, object]:
     """What the API answers a shell request whose command is not a list."""
     address = api_url.replace("http://", "ws://") + f"/v1/jobs/{job_id}/shell"
@@ -332,4 +375,9 @@ def test_fleet_shell_execs_into_the_jobs_container(
     )
     assert (typed.returncode, typed.stdout) == (3, "hi\n"), typed.stderr
     on_terminal(job.id, api.env())  # docker exec -it, on the agent's terminal for the session
+    # a caller who hangs up ends the exec'd command too (Docker would leave it running)
+    hung = spawn(api.env(), "shell", job.id, "--", "sh", "-c", "echo in; exec sleep 3518")
+    assert read_line(hung.stdout) == "in"
+    assert interrupt(hung)[0] == 130
+    wait_for(lambda: not running("sleep", "3518"), timeout=30, what="the hung-up exec to end")
     client.cancel(job.id)
