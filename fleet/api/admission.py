@@ -3,7 +3,6 @@ resize asks for. Each refusal is a :class:`SpecError` naming the field and what 
 
 from __future__ import annotations
 
-from difflib import get_close_matches
 from typing import Any
 
 from fleet import webhooks
@@ -15,9 +14,6 @@ from fleet.registries import check_image
 from fleet.scheduler.sizing import Size, scaled_batch
 from fleet.state.profiles import ProfileStore
 from fleet.state.tenants import TenantStore
-
-#: the tenant every fleet has, created by nobody
-DEFAULT_TENANT = "default"
 
 
 def admit(
@@ -33,20 +29,6 @@ def admit(
     check_user(spec, tenants)
     check_elastic(spec, profiles)
     return spec
-
-
-def check_tenant(tenant: str, tenants: TenantStore) -> None:
-    """:class:`SpecError` for a tenant named at submit (an admin's ``--tenant``) that was never created:
-    a misspelt name would otherwise start a tenant of its own. ``default`` always exists."""
-    if tenant == DEFAULT_TENANT:
-        return
-    known = tenants.names()
-    if tenant not in known:
-        near = get_close_matches(tenant, known, n=1)
-        raise SpecError(
-            f"tenant: no tenant {tenant!r}{f' (did you mean {near[0]!r}?)' if near else ''}; tenants: "
-            f"{', '.join([DEFAULT_TENANT, *known])}; an admin creates one with `fleet tenant set {tenant}`"
-        )
 
 
 def check_webhook(hook: Webhook | None, settings: Settings) -> None:

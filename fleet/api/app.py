@@ -122,7 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
         outputs.routes(backend, settings),
         nodes.routes(backend),
         tenant_routes.routes(tenants, backend),
-        token_routes.routes(tokens),
+        token_routes.routes(tokens, tenants),
         webhooks.routes(hooks),
         history_routes.routes(stores.accounting),
         pages.page_routes(backend, tenants),

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fleet.api import admission
 from fleet.errors import JobTimeout, NotFound, SpecError
 from fleet.models import (
     Event,
@@ -172,8 +171,8 @@ class Queries:
     # -- nodes -------------------------------------------------------------------------
 
     def check_tenant(self, tenant: str) -> None:
-        """:class:`SpecError` for a tenant nobody created (see :func:`admission.check_tenant`)."""
-        admission.check_tenant(tenant, self.stores.tenants)
+        """:class:`SpecError` for a tenant nobody created (see :meth:`TenantStore.check`)."""
+        self.stores.tenants.check(tenant)
 
     def nodes(self) -> list[Node]:
         return self._nodes.all()

@@ -11,6 +11,7 @@ from fleet.api.deps import Admin, Anyone, StrictBody
 from fleet.errors import NotFound
 from fleet.log import event
 from fleet.models import Identity, Role, TokenInfo
+from fleet.state.tenants import TenantStore
 from fleet.state.tokens import TokenStore
 
 log = logging.getLogger("fleet.api")
@@ -28,7 +29,7 @@ class IssuedToken(BaseModel):
     info: TokenInfo
 
 
-def routes(tokens: TokenStore) -> APIRouter:
+def routes(tokens: TokenStore, tenants: TenantStore) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/whoami")
@@ -37,6 +38,8 @@ def routes(tokens: TokenStore) -> APIRouter:
 
     @router.post("/v1/tokens", status_code=201)
     def create_token(body: NewToken, who: Admin) -> IssuedToken:
+        """A token for a user of a tenant that exists (``fleet tenant set`` creates one)."""
+        tenants.check(body.tenant)
         token, info = tokens.create(
             body.user, body.tenant, body.role, expires_in_s=body.expires_in_s, created_by=who.user
         )

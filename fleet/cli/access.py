@@ -85,7 +85,11 @@ def token() -> None:
     "create", context_settings=CONTEXT, short_help="issue a token (printed once: only its hash is kept)"
 )
 @click.option("--user", required=True, help="who it is for")
-@click.option("--tenant", required=True, help="the tenant whose jobs it may submit and see")
+@click.option(
+    "--tenant",
+    required=True,
+    help="the tenant whose jobs it may submit and see: `default`, or one `fleet tenant set` created",
+)
 @click.option(
     "--role",
     type=click.Choice([r.value for r in Role]),
@@ -103,7 +107,9 @@ def create_token(
     """Issue a token for USER in TENANT with ROLE: user (its tenant's jobs), operator (also
     cordon/drain, every tenant's jobs), admin (also tokens and tenants). Through the API with an
     admin token; on a server that holds the Redis credentials (fleet.toml / FLEET_REDIS_*), --direct
-    writes it to Redis itself: how the first admin token is made."""
+    writes it to Redis itself: how the first admin token is made (`--tenant default --role admin
+    --direct`: `default` is the one tenant that exists before an admin creates others). TENANT must
+    exist: `default`, or one created with `fleet tenant set TENANT`."""
     expires_s = None if expires is None else duration(expires, "--expires")
     if direct:
         token, info = _create_direct(globals_, user, tenant, role, expires_s)
@@ -129,7 +135,9 @@ def _create_direct(
     from fleet.state import Stores
 
     settings = load_settings(globals_.config, redis_url=globals_.redis_url)
-    return Stores.open(settings).tokens.create(
+    stores = Stores.open(settings)
+    stores.tenants.check(tenant)
+    return stores.tokens.create(
         user, tenant, Role(role), expires_in_s=expires, created_by=f"{_local_user()} (direct)"
     )
 

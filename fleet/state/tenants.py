@@ -12,17 +12,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
-from fleet.errors import NotFound, NotLeader
+from fleet.errors import NotFound, NotLeader, SpecError
 from fleet.keys import Keys
 from fleet.models import Tenant, TenantStatus
 from fleet.scheduler.usage import accrue
 from fleet.state.connection import load_scripts, translated
 
+#: the tenant every fleet has, created by nobody
+DEFAULT_TENANT = "default"
 #: the hash field holding when usage was folded / status published (tenant names start alnum)
 AT = "@at"
 
@@ -65,6 +68,20 @@ class TenantStore:
     def names(self) -> list[str]:
         """The tenants an admin created (``fleet tenant set``), by name."""
         return sorted(self.redis.hkeys(self.keys.tenants))
+
+    def check(self, name: str) -> None:
+        """:class:`SpecError` for a tenant named where one must exist (an admin's ``--tenant`` at
+        submit, a new token's tenant) that was never created: a misspelt name would otherwise start
+        a tenant of its own. ``default`` always exists."""
+        if name == DEFAULT_TENANT:
+            return
+        known = self.names()
+        if name not in known:
+            near = get_close_matches(name, known, n=1)
+            raise SpecError(
+                f"tenant: no tenant {name!r}{f' (did you mean {near[0]!r}?)' if near else ''}; tenants: "
+                f"{', '.join([DEFAULT_TENANT, *known])}; an admin creates one with `fleet tenant set {name}`"
+            )
 
     def policy(self, name: str) -> Tenant:
         """What applies to ``name``'s jobs: its record, or the default policy."""

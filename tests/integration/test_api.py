@@ -127,7 +127,7 @@ def register_node(api: Api, name: str) -> None:
 
 def test_a_revoked_or_expired_token_is_refused(api: Api, client: Client) -> None:
     # Given a token issued through the API, and one that expires in a second
-    token, info = client.create_token("carol", "a", "user")
+    token, info = client.create_token("carol", "default", "user")
     short = api.token_for("dave", "a", expires_in_s=1)
     carol = api.client(token)
     assert carol.whoami().user == "carol" and api.client(short).whoami().user == "dave"
@@ -152,14 +152,33 @@ def test_a_revoked_or_expired_token_is_refused(api: Api, client: Client) -> None
 
 
 def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tmp_path: Path) -> None:
-    # Given a token made on a server that holds the Redis credentials (how the first admin's is made)
-    made = subprocess.run(
-        [sys.executable, "-m", "fleet", "token", "create", "--user", "erin", "--tenant", "a", "--direct"],
-        env={**os.environ, "FLEET_REDIS_URL": api.redis_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    # Given a token made on a server that holds the Redis credentials (how the first admin's is made),
+    # refused for a tenant nobody created, then made once it is
+    def direct(tenant: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fleet",
+                "token",
+                "create",
+                "--user",
+                "erin",
+                "--tenant",
+                tenant,
+                "--direct",
+            ],
+            env={**os.environ, "FLEET_REDIS_URL": api.redis_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    refused = direct("a")
+    assert refused.returncode == 2 and "fleet tenant set a" in refused.stderr, refused.stderr
+    assert "erin" not in [t.user for t in api.client().tokens()]  # nothing written
+    api.client().set_tenant("a")
+    made = direct("a")
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert token.startswith("fleet_") and "Shown once" in made.stderr
@@ -213,6 +232,11 @@ def test_the_cli_logs_in_with_a_token_and_keeps_no_redis_credential(api: Api, tm
 
 
 def test_token_commands_through_the_api(api: Api) -> None:
+    # a tenant nobody created is refused, as --tenant is at submit, naming how to create it
+    unknown = fleet(api, "token", "create", "--user", "frank", "--tenant", "b")
+    assert unknown.returncode == 2 and "no tenant 'b'" in unknown.stderr, unknown.stderr
+    assert "fleet tenant set b" in unknown.stderr and "frank" not in fleet(api, "token", "list").stdout
+    assert fleet(api, "tenant", "set", "b").returncode == 0
     made = fleet(
         api,
         "token",

@@ -136,12 +136,12 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             # tenants, tokens and webhooks
             assert (await client.set_tenant("ml", max_gpus=4)).max_gpus == 4
             assert "ml" in [t.tenant.name for t in await client.tenants()]
-            assert (await client.delete_tenant("ml")).name == "ml"
             token, info = await client.create_token("ann", "ml")
             assert (
                 info.id in [t.id for t in await client.tokens()] and (await client.whoami()).role == "admin"
             )
             assert (await client.revoke_token(info.id)).user == "ann" and token.startswith("fleet_")
+            assert (await client.delete_tenant("ml")).name == "ml"
             secret = await client.webhook_secret()
             assert await client.rotate_webhook_secret() != secret and await client.webhook_deliveries() == []
             # a bad argument is the same SpecError as the Client's
