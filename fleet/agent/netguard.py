@@ -19,6 +19,11 @@ The same for IPv6 where ``ip6tables`` works. Everything is idempotent and checke
 changed (``-C`` before ``-I``), under a lock, so several agents sharing a host and its Docker
 daemon converge on one network and one set of rules. Only the Docker runtime installs them: the
 process runtime isolates nothing.
+
+The rules and the network outlive the agent (a node's agent restarts with its jobs running). Each
+agent that ensured them holds a shared lock on :data:`USERS` while it lives and records so in its
+state dir (:data:`MARKER`): ``fleet up`` takes them off when it stops (:func:`release`), unless
+another agent of the host still holds that lock.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError
@@ -52,6 +57,11 @@ CHAIN_INPUT, CHAIN_FORWARD, CHAIN_OUTPUT = "FLEET-INPUT", "FLEET-FORWARD", "FLEE
 TOOLS = {4: "iptables", 6: "ip6tables"}
 LOOPBACK = {4: "127.0.0.0/8", 6: "::1/128"}
 LOCK = Path("/run/fleet-netguard.lock")
+#: every agent that uses the guard holds a shared lock on it while it lives (the kernel lets go of a
+#: dead one's): the guard is taken off only when nobody holds it
+USERS = Path("/run/fleet-netguard.users")
+#: in an agent's state dir: that agent ensured the guard (what ``fleet up`` takes off when it stops)
+MARKER = "netguard"
 #: the rules are checked again at a launch at most this often (a firewall reload drops them)
 RECHECK_S = 60.0
 _REPLIES = ("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN")
@@ -258,15 +268,32 @@ class NetGuard:
         self.uids = guarded_uids(cfg)
         self._checked = float("-inf")
         self._said: set[str] = set()
+        self._users: IO[str] | None = None
+        self._held = False
 
     def ensure(self) -> str:
         """Make sure of the network and (now and then) the rules; the network bridge jobs join."""
+        if not self._held:
+            self._hold()
         with _locked():
             ensure_network(self.client)
             if time.monotonic() - self._checked >= RECHECK_S:
                 self._rules()
                 self._checked = time.monotonic()
         return NETWORK
+
+    def _hold(self) -> None:
+        """Say that this agent uses the guard, for as long as it lives (a shared lock on
+        :data:`USERS`; waits while :func:`release` takes it off), and record so in its state dir."""
+        self._held = True
+        try:
+            self._users = open(USERS, "a")  # noqa: SIM115 - held open, and locked, until the agent exits
+            fcntl.flock(self._users, fcntl.LOCK_SH)
+        except OSError:  # not root: it installs no rules
+            self._users = None
+        with contextlib.suppress(OSError):
+            self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+            (self.cfg.state_dir / MARKER).write_text(f"{NETWORK} {os.getpid()}\n")
 
     def _rules(self) -> None:
         found = families() if os.geteuid() == 0 else []
@@ -307,6 +334,23 @@ class NetGuard:
         if key not in self._said:
             self._said.add(key)
             event(log, "job_network_unguarded", logging.WARNING, reason=text)
+
+
+def release() -> list[str]:
+    """Take fleet's rules and network off this host unless an agent still uses them (holds
+    :data:`USERS`): what ``fleet up`` does when it stops, its own agent stopped; what was done or
+    left, in words ([] while another agent uses them)."""
+    with _locked():
+        try:
+            users = open(USERS, "a")  # noqa: SIM115 - closed below
+        except OSError:  # not root: no rules to take off, nor a lock to ask (the network goes if
+            return uninstall()  # no container uses it; an agent's next launch makes it again)
+        with users:
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []
+            return uninstall()
 
 
 def uninstall() -> list[str]:

@@ -5,7 +5,9 @@ one agent as child processes. The agent picks real GPUs (NVML) or simulated ones
 the process runtime, as configured for ``auto``.
 
 Ctrl-C, SIGTERM (``kill``, systemd, CI runners) and SIGHUP (a closed terminal) all stop it the same
-way: each child gets SIGTERM and time to stop (the agent stops its jobs), then the temp dir goes.
+way: each child gets SIGTERM and time to stop (the agent stops its jobs), then the network guard its
+Docker agent put on the host comes off (unless another agent of the host uses it), then the temp
+dir goes.
 Should ``fleet up`` die without that chance (SIGKILL, a crash), the kernel sends each child SIGTERM
 (Linux's parent-death signal), so nothing outlives it.
 
@@ -339,6 +341,7 @@ class LocalFleet:
         self._redirect((signal.SIGINT, *STOP_SIGNALS), signal.SIG_IGN)
         try:
             self._stop_children()
+            self._unguard()
             if self._tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
         finally:
@@ -353,6 +356,21 @@ class LocalFleet:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+    def _unguard(self) -> None:
+        """Take off the network guard its agent ensured (Docker runtime: iptables chains, the
+        fleet-jobs network), unless another agent of this host still uses it."""
+        from fleet.agent import netguard
+
+        if not (self.dir / "agent" / netguard.MARKER).exists():
+            return
+        try:
+            done = netguard.release()
+        except (netguard.GuardError, OSError, subprocess.SubprocessError) as exc:
+            print(f"fleet up: the network guard was left on this host: {exc}", flush=True)
+            return
+        for line in done or ["left the network guard on: another agent of this host uses it"]:
+            print(f"fleet up: {line}", flush=True)
 
     def _redirect(self, signals: Iterable[signal.Signals], handler: _Handler) -> None:
         """Handle ``signals`` with ``handler``, remembering the first handlers to restore them.

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleet.agent import netguard
+from fleet.agent.runtime import docker_installed
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,11 @@ def shell_blocks() -> list[str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("form", [2, 3], ids=["fleet-up", "fleet-up-process"])
+@pytest.mark.parametrize(
+    "form",
+    # `fleet up` on Docker where it is installed: one daemon, one guard, shared with the Docker tests
+    [pytest.param(2, id="fleet-up", marks=pytest.mark.docker), pytest.param(3, id="fleet-up-process")],
+)
 def test_the_readmes_local_fleet_and_its_headline_example_work_in_order(tmp_path: Path, form: int) -> None:
     if not (ROOT / ".venv" / "bin" / "activate").exists():
         pytest.skip("the README's set-up (make install) made no .venv here")
@@ -77,11 +82,31 @@ def test_the_readmes_local_fleet_and_its_headline_example_work_in_order(tmp_path
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-        # its agent guarded Docker jobs as a node does (rules and a network that outlive it, as a
-        # node's outlive a restart): taken off, as `fleet uninstall agent` does, for the tests that
-        # need the host's network to themselves (test_hostile_network, run alone)
+    # And a Docker agent's network guard (iptables chains, the fleet-jobs network, which outlive a
+    # node's agent) comes off with fleet up, no other agent of this host using it
+    said = log.read_text(errors="replace")
+    if form == 2 and docker_installed():  # its agent ran Docker jobs (runtime auto)
+        assert guard_left() == [], said[-3000:]
         if os.geteuid() == 0:
-            netguard.uninstall()
+            assert "fleet up: removed fleet's iptables rules" in said, said[-3000:]
+
+
+def guard_left() -> list[str]:
+    """What of the network guard is on this host: fleet's chains, and its Docker network."""
+    import docker
+
+    left = [
+        f"{netguard.TOOLS[family]} {chain}"
+        for family in (netguard.families() if os.geteuid() == 0 else [])
+        for chain in (netguard.CHAIN_INPUT, netguard.CHAIN_FORWARD, netguard.CHAIN_OUTPUT)
+        if subprocess.run([netguard.TOOLS[family], "-S", chain], capture_output=True).returncode == 0
+    ]
+    client = docker.from_env(timeout=10)
+    try:
+        left += [n.name for n in client.networks.list(names=[netguard.NETWORK]) if n.name == netguard.NETWORK]
+    finally:
+        client.close()
+    return left
 
 
 def _wait_for_export(server: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> str:

@@ -3,8 +3,11 @@ runs them against real iptables and Docker)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from fleet.agent import netguard
 from fleet.agent.netguard import BRIDGE, CHAIN_FORWARD, CHAIN_INPUT, CHAIN_OUTPUT, guarded_uids, plan
 from fleet.config import load_settings
 from fleet.config_sections import AgentSettings
@@ -80,3 +83,27 @@ def test_doctor_warns_when_the_operator_turned_the_guard_off_and_skips_the_proce
     assert off.status == "warn" and "Docker jobs reach this node's services" in off.detail
     assert off.fix == "set agent.job_network_guard = true"
     assert network_guard_check(AgentSettings(), "process").status == "skip"
+
+
+def test_fleet_ups_release_leaves_the_guard_while_another_agent_of_the_host_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(netguard, "LOCK", tmp_path / "netguard.lock")
+    monkeypatch.setattr(netguard, "USERS", tmp_path / "netguard.users")
+    taken: list[str] = []
+
+    def uninstall() -> list[str]:  # the host's own rules and network stay as they are here
+        taken.append("off")
+        return ["removed"]
+
+    monkeypatch.setattr(netguard, "uninstall", uninstall)
+    # Given an agent that uses the guard, as each Docker agent does from its first ensure()
+    agent = netguard.NetGuard(None, AgentSettings(state_dir=tmp_path / "agent"))
+    agent._hold()
+    assert (tmp_path / "agent" / netguard.MARKER).exists()  # what tells fleet up its agent had one
+    # When fleet up, stopping, would take it off: it is left on
+    assert netguard.release() == [] and taken == []
+    # Once no agent holds it (the agent exited: the kernel lets go of its lock), it comes off
+    assert agent._users is not None
+    agent._users.close()
+    assert netguard.release() == ["removed"] and taken == ["off"]
