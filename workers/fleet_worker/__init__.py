@@ -16,15 +16,20 @@ Pure Python; torch is optional (used for tensors when present). Inside a fleet j
 Multi-node (torchrun) jobs use ``fw.dist`` for ranks, the process group and rank-0 checkpoints.
 Elastic jobs read their size at every start (``fw.num_gpus()``, ``fw.batch_size()``), rescale their
 learning rate (``fw.scale_lr``) and report throughput (``fw.report(samples=...)``): see ``fw.elastic``.
+They may report their gradient noise scale with it (``fw.GradientNoiseScale``, ``fw.report(gns=...)``),
+so fleet sizes them by goodput: see ``fw.gns``.
 """
 
-from fleet_worker import dist, elastic
+from fleet_worker import dist, elastic, gns
 from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
 from fleet_worker.elastic import scale_lr
 from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, num_nodes
+from fleet_worker.gns import GradientNoiseScale, NoiseScale
 from fleet_worker.signals import exit_after_checkpoint, progress, report, stop_requested
 
 __all__ = [
+    "GradientNoiseScale",
+    "NoiseScale",
     "StaleAttempt",
     "attempt",
     "batch_size",
@@ -32,6 +37,7 @@ __all__ = [
     "dist",
     "elastic",
     "exit_after_checkpoint",
+    "gns",
     "job_id",
     "latest_name",
     "load_latest",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import threading
@@ -55,21 +56,33 @@ class _Throughput:
 _reported = _Throughput()
 
 
-def report(samples: int, step: int | None = None, **metrics: Any) -> float:
+def report(
+    samples: int, step: int | None = None, *, gns: Any = None, batch_size: int | None = None, **metrics: Any
+) -> float:
     """A progress line (as ``progress``) with the samples/s since the last report: ``samples`` is how
     many the job processed since then (all its GPUs together). ``step`` defaults to the count of
     reports so far. Returns the samples/s; the first report of a process has none (0.0: what came
     before it was start-up, not training). Elastic jobs report what they run at too (``num_gpus``,
-    ``batch_size``), and fleet learns their scaling from it (``profile: learn``)."""
-    from fleet_worker.env import batch_size, num_gpus, num_nodes
+    and ``batch_size``: ``FLEET_BATCH_SIZE`` unless the job says it runs another), and fleet learns
+    their scaling from it (``profile: learn``). ``gns``: the job's gradient noise scale in samples (a
+    number, or its ``fw.GradientNoiseScale``), reported as ``gns`` once known: fleet weighs the
+    job's samples/s by how much each is worth at its batch (its goodput)."""
+    from fleet_worker.env import batch_size as env_batch_size
+    from fleet_worker.env import num_gpus, num_nodes
 
     now = time.monotonic()
     elapsed, _reported.since = (None if _reported.since is None else now - _reported.since), now
     _reported.steps += 1
     rate = samples / elapsed if elapsed else 0.0
-    sized = {"num_gpus": num_gpus() * num_nodes(), "batch_size": batch_size()}
+    sized: dict[str, Any] = {
+        "num_gpus": num_gpus() * num_nodes(),
+        "batch_size": batch_size if batch_size is not None else env_batch_size(),
+    }
     if elapsed:
         sized["samples_per_s"] = round(rate, 3)
+    noise = getattr(gns, "noise_scale", gns)
+    if noise is not None and math.isfinite(noise) and noise >= 0:
+        sized["gns"] = float(f"{noise:.6g}")
     progress(
         _reported.steps if step is None else step,
         **{k: v for k, v in sized.items() if v is not None},
