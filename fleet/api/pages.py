@@ -25,6 +25,7 @@ from fleet.api.deps import COOKIE, Reader, identify, own_array, own_job, sees_al
 from fleet.api.queries import Queries
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
 from fleet.models import Identity, JobState
+from fleet.scheduler.goodput import job_goodput
 from fleet.state.tenants import TenantStore
 from fleet.text import ago, countdown, ordinal, size, stamp, took
 from fleet.versions import OLDEST, VERSION
@@ -211,6 +212,7 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
             who,
             refresh,
             job=found,
+            goodput=job_goodput(found),
             history=backend.history(job_id),
             lines=lines,
             position=position,

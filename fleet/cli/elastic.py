@@ -72,6 +72,10 @@ def fields(job: Job) -> list[Field]:
     ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {profile[:19]}"  # sha256:<12 hex>
     times = f"resized {job.resizes} time{'' if job.resizes == 1 else 's'}"
     shown = [Field("Elastic", f"{now}{going} ({ranges}); {times}")]
+    from fleet.scheduler.goodput import job_goodput  # the profiles' module: only for elastic jobs
+
+    if standing := job_goodput(job):  # what its fw.report(gns=...) said
+        shown.append(Field("Goodput", str(standing)))
     if measured := job.measured:  # what its reports said at each size, the learned profile's data
         said = ", ".join(
             f"{g} GPU{'' if g == 1 else 's'} x {b}: {v:,.4g}/s" for (g, b), v in measured.items()

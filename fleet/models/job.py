@@ -250,6 +250,9 @@ class Job(BaseModel):
     #: an elastic job's measured samples/s at each size it ran at, ``"<GPUs>x<global batch>"``: what
     #: its attempts reported (``fleet_worker.report``), newer reports weighing more
     speeds: dict[str, float] = Field(default_factory=dict)
+    #: an elastic job's gradient noise scale in samples, as its last report said
+    #: (``fleet_worker.report(gns=...)``); 0.0 when it never reported one
+    noise_scale: float = 0.0
 
     @property
     def measured(self) -> dict[tuple[int, int], float]:

@@ -17,6 +17,8 @@ with it the batch worth running at.
 
 What the elastic policy calls:
 - :func:`efficiency` and :func:`goodput` for one size;
+- :func:`job_goodput`: what a stored job's reports say (its noise scale, efficiency and goodput at
+  its size), as ``fleet show`` and the status page show it;
 - :func:`best_batch`: the (global batch, micro-batches per step) that maximise goodput on a GPU
   count within a job's :class:`Limits` (what Pollux's ``optimize_bsz`` does), with a
   :data:`Throughput` model: :func:`from_profile` makes one from a measured or learned profile.
@@ -27,8 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
+
+if TYPE_CHECKING:
+    from fleet.models import Job
 
 #: samples/s of a job on ``gpus`` GPUs at global batch ``batch``, done in ``steps`` micro-batches per
 #: optimizer step on each GPU (gradient accumulation; 1: none): 0.0 where it cannot run
@@ -171,3 +177,34 @@ def from_profile(profile: Profile, gpus_per_node: int = MEASURED_GPUS_PER_NODE) 
 def limits_of(profile: Profile, accumulate: bool = False) -> Limits:
     """A profile's batch range and per-GPU limit as :class:`Limits`."""
     return Limits(profile.min_batch, profile.max_batch, profile.max_local, accumulate)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where an elastic job stands by its reports: its noise scale, the efficiency of the batch it
+    runs at relative to the one it was tuned at, and its goodput (None: no samples/s reported)."""
+
+    noise_scale: float
+    batch: int
+    initial_batch: int
+    efficiency: float
+    goodput: float | None
+
+    def __str__(self) -> str:
+        worth = f"efficiency {self.efficiency:.2f} at batch {self.batch} (tuned at {self.initial_batch})"
+        rate = "" if self.goodput is None else f"; goodput {self.goodput:,.4g} samples/s"
+        return f"noise scale {self.noise_scale:,.4g} samples; {worth}{rate}"
+
+
+def job_goodput(job: Job) -> Standing | None:
+    """``job``'s :class:`Standing` from its reports: None unless it is elastic, sized, and reported
+    a noise scale. Its samples/s: what it reported at its size, else its last report's."""
+    spec_range = job.spec.batch_range
+    if not job.noise_scale > 0 or not job.batch_size or not job.num_gpus or spec_range is None:
+        return None
+    m0 = spec_range[0]
+    rate = job.measured.get((job.num_gpus, job.batch_size))
+    if rate is None and job.progress is not None:
+        rate = job.progress.metrics.get("samples_per_s")
+    worth = efficiency(job.batch_size, job.noise_scale, m0)
+    return Standing(job.noise_scale, job.batch_size, m0, worth, None if rate is None else rate * worth)

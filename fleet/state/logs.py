@@ -43,8 +43,10 @@ class JobLogs:
                 pipe.xadd(key, {"l": line, "c": cursor}, maxlen=cap, approximate=True)
         for (job_id, attempt), report in (progress or {}).items():
             stored = json.dumps({"attempt": attempt, **report.model_dump(mode="json")})
-            rate = report.metrics.get("samples_per_s", "")
-            self._scripts["progress"](keys=[self.keys.job(job_id)], args=[attempt, stored, rate], client=pipe)
+            rate, gns = report.metrics.get("samples_per_s", ""), report.metrics.get("gns", "")
+            self._scripts["progress"](
+                keys=[self.keys.job(job_id)], args=[attempt, stored, rate, gns], client=pipe
+            )
         pipe.execute()
 
     @translated

@@ -193,6 +193,7 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         resize_gpus=f.get("resize_gpus", int, None),
         resize_batch=f.get("resize_batch", int, 0),
         speeds=_speeds(raw.get("speeds")),
+        noise_scale=f.get("gns", float, 0.0),
         **(f.get("exit", _last_exit, None) or {}),
         **_spec(f, arrays),
     )

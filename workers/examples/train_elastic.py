@@ -5,12 +5,16 @@ fleet may restart an elastic job at another GPU count and global batch size (``g
 (one process per GPU, forked here; several members: ``FLEET_NUM_NODES`` of them, meeting at
 ``MASTER_ADDR``), ``FLEET_BATCH_SIZE`` samples per step over all of them. It resumes from the
 checkpoint at whatever size it now has: the step count, the model and the optimizer's state carry
-over; the learning rate is rescaled to the new batch (linear scaling rule, ``fw.scale_lr``).
+over; the learning rate is rescaled to the new batch (``fw.scale_lr``: the linear scaling rule, or
+``--lr-rule sqrt|adascale``).
 
 An MLP learns a fixed random teacher; step ``i``'s global batch comes from a generator seeded with
 ``(seed, i)`` and is split over the workers as evenly as it goes, each worker's loss weighted by its
-share, so DDP's average is the gradient of the whole batch at every size. Rank 0 logs
-``step N loss X (workers W, batch B)``, reports samples/s (``fw.report``) and writes checkpoints::
+share, so DDP's average is the gradient of the whole batch at every size. Every worker measures the
+gradient noise scale from the gradients it has (``fw.GradientNoiseScale``; it needs two workers or
+more); rank 0 logs ``step N loss X (workers W, batch B)``, reports samples/s and the noise scale
+(``fw.report``: fleet sizes the job by goodput from them) and writes checkpoints, which keep the
+noise scale's estimate for the next size::
 
     fleet submit --gpus 1-4 --batch-size 128-1024 --profile cifar10 -- \\
         python workers/examples/train_elastic.py --steps 2000 --every 20
@@ -45,6 +49,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--lr", type=float, default=0.02, help="learning rate at --base-batch")
     parser.add_argument("--base-batch", type=int, default=256, help="the batch --lr was tuned at")
+    parser.add_argument("--lr-rule", choices=fw.elastic.RULES, default="linear", help="fw.scale_lr's rule")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (to make runs last)")
     parser.add_argument("--done-file", type=Path, help="end (exit 0) at the next checkpoint once it exists")
@@ -130,15 +135,22 @@ def batch_of(
     return x[start:stop], torch.sin(x[start:stop] @ teacher)
 
 
-def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int, lr: float) -> int:
+def resume(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    gns: fw.GradientNoiseScale,
+    batch: int,
+    lr: float,
+) -> int:
     resumed = fw.dist.load_latest()
     if resumed is None:
         return 0
     state, step = resumed
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])  # momentum carries over
-    for group in optimizer.param_groups:
-        group["lr"] = lr  # the new batch's
+    if "gns" in state:
+        gns.load_state_dict(state["gns"])
+    set_lr(optimizer, lr)  # the new batch's
     if fw.dist.is_rank0():
         now = f"{tdist.get_world_size()} workers, batch {batch}, lr {lr:.4g}"
         was = f"{state['workers']} workers, batch {state['batch']}"
@@ -146,15 +158,23 @@ def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
     return step
 
 
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def train(args: argparse.Namespace) -> None:
     world, batch = tdist.get_world_size(), fw.batch_size(args.batch) or args.batch
-    lr = fw.scale_lr(args.lr, args.base_batch, batch)
     cuda = tdist.get_backend() == "nccl"
     device = torch.device("cuda", fw.dist.local_rank()) if cuda else torch.device("cpu")
     teacher = torch.randn(16, 1, generator=torch.Generator().manual_seed(args.seed)) / 4
     model = make_model(args.seed).to(device)
+    gns = fw.GradientNoiseScale(model)  # every worker: it averages over them at each step
+    lr = fw.scale_lr(args.lr, args.base_batch, batch, args.lr_rule, gns)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    start = resume(model, optimizer, batch, lr)
+    start = resume(model, optimizer, gns, batch, lr)
+    lr = fw.scale_lr(args.lr, args.base_batch, batch, args.lr_rule, gns)  # the estimate resumed
+    set_lr(optimizer, lr)
     if fw.dist.is_rank0() and not start:
         print(f"starting at {world} workers, batch {batch}, lr {lr:.4g}", flush=True)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -166,6 +186,7 @@ def train(args: argparse.Namespace) -> None:
         # the sum over this share, as a part of the global batch's mean: DDP averages over workers
         loss = torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") * world / batch
         loss.backward()
+        gns.step(batch)  # the noise scale from this step's gradients, before the next zero_grad
         optimizer.step()
         done, samples = step + 1, samples + batch
         tdist.all_reduce(summed := loss.detach().clone())
@@ -180,11 +201,14 @@ def train(args: argparse.Namespace) -> None:
                 "optimizer": optimizer.state_dict(),
                 "workers": world,
                 "batch": batch,
+                "gns": gns.state_dict(),
             }
             fw.dist.save(state, done)
             if fw.dist.is_rank0():
-                fw.report(samples=samples, step=done, loss=round(global_loss, 6))
+                fw.report(samples=samples, step=done, gns=gns, batch_size=batch, loss=round(global_loss, 6))
             samples = 0
+            if args.lr_rule == "adascale":  # its gain follows the noise scale: every worker sets it
+                set_lr(optimizer, fw.scale_lr(args.lr, args.base_batch, batch, "adascale", gns))
         if stopping:
             fw.exit_after_checkpoint()
         if finished:

@@ -2,15 +2,20 @@
 -- is no longer the job's latest (a stale one, still shipping) changes nothing. An elastic job's
 -- samples/s is folded into what is known of its size now (field 'speeds', "<GPUs>x<batch>": an
 -- average in which each report weighs 30 %), the size fleet launched the attempt at, not one the job
--- claims; at most 32 sizes are kept.
+-- claims; at most 32 sizes are kept. Its gradient noise scale, when the report has one, is kept as
+-- field 'gns' (the job smooths it itself), across attempts: a new attempt starts from the last one.
 -- KEYS[1] job hash
 -- ARGV[1] the attempt the report comes from  ARGV[2] the report (JSON: Progress and its attempt)
--- ARGV[3] the samples/s it reported ('' if none)
+-- ARGV[3] the samples/s it reported ('' if none)  ARGV[4] its gradient noise scale ('' if none)
 -- Returns 1 when kept, 0 when the attempt is not the latest (or there is no such job).
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'progress', ARGV[2])
+local gns = tonumber(ARGV[4])
+if gns and gns > 0 and gns < 1e15 then
+  redis.call('HSET', KEYS[1], 'gns', ARGV[4])
+end
 local rate = tonumber(ARGV[3])
 local size = redis.call('HMGET', KEYS[1], 'num_gpus', 'batch_size')
 if rate and rate > 0 and rate < 1e15 and tonumber(size[1] or '0') > 0 then

@@ -1,0 +1,76 @@
+"""An elastic torch job's gradient noise scale, live: the DDP example (two gloo workers on CPU)
+estimates it from its own gradients, reports it with its samples/s, and fleet keeps it with the job,
+across a resize, and shows the job's efficiency and goodput at its batch."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet import Client, JobSpec, JobState
+from fleet.scheduler.goodput import efficiency
+from tests.conftest import FleetProcs, need_torch
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_elastic.py")
+
+
+@pytest.fixture
+def runtime() -> str:
+    need_torch()
+    return "process"
+
+
+def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
+    procs: FleetProcs, client: Client, tmp_path: Path
+) -> None:
+    # Given a node of 2 GPUs and a controller that leaves elastic jobs at the size they are given
+    procs.env.update(FLEET_CONTROLLER__ELASTIC="false")
+    procs.controller()
+    procs.agent("gns-a", gpus=2)
+    procs.wait_nodes(client, 1)
+    # When the example runs on 2 GPUs (two DDP workers) at batch 64, its smallest
+    command = [sys.executable, EXAMPLE, "--steps", "100000", "--every", "5", "--sleep", "0.02"]
+    command += ["--done-file", str(tmp_path / "done")]
+    spec = {"name": "gns", "command": command, "gpus": {"min": 2, "max": 2}, "profile": "learn"}
+    job = client.submit(JobSpec.parse({**spec, "batch_size": {"min": 64, "max": 512}}))
+    # Then its reports carry a noise scale, and fleet keeps it with the job
+    wait_for(lambda: job.status().noise_scale > 0, timeout=90, what="a noise scale reported")
+    first = job.status()
+    assert first.state == JobState.RUNNING and (first.num_gpus, first.batch_size) == (2, 64)
+    assert first.progress is not None and first.progress.metrics["batch_size"] == 64
+    # When it is resized to batch 256: it resumes from its checkpoint, noise scale estimate included
+    client.resize(job.id, 2, batch_size=256)
+    wait_for(
+        lambda: (
+            (s := job.status()).attempt == 2
+            and s.progress is not None
+            and s.progress.metrics.get("batch_size") == 256
+            and "samples_per_s" in s.progress.metrics
+        ),
+        timeout=90,
+        what="reports at batch 256",
+    )
+    # Then `fleet show` gives its noise scale, the efficiency of batch 256 against 64, and its goodput
+    status = job.status()
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleet", "show", job.id],
+        env=procs.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    found = re.search(
+        r"Goodput: +noise scale ([\d,.]+) samples; efficiency ([\d.]+) at batch 256 \(tuned at 64\)", shown
+    )
+    assert found, shown
+    worth = efficiency(256, status.noise_scale, 64)
+    assert float(found[2]) == pytest.approx(worth, abs=0.006) and worth < 1
+    assert "goodput" in shown
+    (tmp_path / "done").touch()
+    assert job.wait(timeout=60).state == JobState.SUCCEEDED
