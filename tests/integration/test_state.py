@@ -221,3 +221,33 @@ def test_an_elastic_jobs_reports_are_kept_per_size_it_was_launched_at(
         {("f", 1, 0): [("1", "x")]}, 100, {("f", 1): Progress(step=1, metrics={"samples_per_s": 9.0})}
     )
     assert jobs.get("f").speeds == {} and jobs.get("f").progress is not None
+
+
+def test_an_elastic_jobs_noise_scale_is_kept_from_its_latest_attempts_reports(
+    stores: tuple[JobStore, JobStore, redis.Redis],
+) -> None:
+    _, jobs, client = stores
+    spec = JobSpec.parse(
+        {"name": "g", "command": ["x"], "gpus": "1-4", "batch_size": "64-512", "profile": "learn"}
+    )
+    jobs.create("g", spec, 100.0)
+    assert jobs.resize(jobs.get("g"), 2, 128, "sized 2 GPUs", 30.0, 100.5, LEADER)
+    info = NodeInfo(gpus=[], cpus=1, memory=1, runtime="process", gpu_backend="simulated")
+    NodeStore(client, jobs.keys).heartbeat("n1", "agent-1", 30, 100.0, info)
+    assert jobs.place("g", "n1", [], LEADER, 101.0, "placed on n1") == 1
+
+    def report(attempt: int, **metrics: float) -> None:
+        jobs.append_logs_many(
+            {("g", attempt, 0): [("1", "x")]}, 100, {("g", attempt): Progress(step=1, metrics=metrics)}
+        )
+
+    # Before any report: none; then the noise scale its report carries, the latest one kept
+    assert jobs.get("g").noise_scale == 0.0
+    report(1, gns=512.0, samples_per_s=100.0)
+    report(1, gns=640.5)
+    assert jobs.get("g").noise_scale == 640.5
+    # A report without one, with one not positive, or from a stale attempt changes nothing
+    report(1, samples_per_s=90.0)
+    report(1, gns=-3.0)
+    report(4, gns=9999.0)
+    assert jobs.get("g").noise_scale == 640.5

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleet.models import Job, JobSpec, JobState
 from fleet.scheduler.goodput import (
     Limits,
     best_batch,
@@ -13,6 +14,7 @@ from fleet.scheduler.goodput import (
     efficiency,
     from_profile,
     goodput,
+    job_goodput,
     limits_of,
     micro_steps,
 )
@@ -124,3 +126,27 @@ def test_a_bundled_profile_gives_a_goodput_optimal_batch_within_its_range() -> N
     assert early is not None and late is not None
     assert early.batch == profile.min_batch < late.batch <= profile.max_batch
     assert late.goodput == pytest.approx(late.throughput * late.efficiency)
+
+
+def test_a_stored_jobs_goodput_comes_from_its_reports_at_its_size() -> None:
+    spec = JobSpec.parse(
+        {"name": "e", "command": ["x"], "gpus": "1-4", "batch_size": "128-1024", "profile": "learn"}
+    )
+    sized = Job(
+        id="e", spec=spec, state=JobState.RUNNING, num_gpus=2, batch_size=512, speeds={"2x512": 900.0}
+    )
+    # no noise scale reported: nothing to say (fleet show prints no Goodput line)
+    assert job_goodput(sized) is None
+    standing = job_goodput(sized.model_copy(update={"noise_scale": 384.0}))
+    assert standing is not None
+    assert standing.efficiency == pytest.approx((384 + 128) / (384 + 512))
+    assert standing.goodput == pytest.approx(900.0 * standing.efficiency)
+    assert str(standing) == (
+        "noise scale 384 samples; efficiency 0.57 at batch 512 (tuned at 128); goodput 514.3 samples/s"
+    )
+    # no samples/s at its size yet: the efficiency without a goodput; not sized: nothing
+    unmeasured = job_goodput(sized.model_copy(update={"noise_scale": 384.0, "speeds": {}}))
+    assert unmeasured is not None and unmeasured.goodput is None and "goodput" not in str(unmeasured)
+    assert (
+        job_goodput(sized.model_copy(update={"noise_scale": 384.0, "num_gpus": 0, "batch_size": 0})) is None
+    )
