@@ -6,6 +6,9 @@ covariance ``(|delta|^2 + s^2) I + delta delta^T``, so ``B_noise = d (1 + s^2 / 
 from __future__ import annotations
 
 import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,19 +40,19 @@ def test_the_noise_scale_of_a_known_problem_is_recovered_from_per_step_norms() -
         micro = per_sample.reshape(workers, per, D).mean(axis=1)
         local = float((micro**2).sum(axis=1).mean())
         total = float((micro.mean(axis=0) ** 2).sum())
-        estimate.update(local, total, count=workers, batch=workers * per)
+        estimate.update(local, per, total, workers * per)
     assert estimate.sqr == pytest.approx(DELTA**2, rel=0.15)
     assert estimate.noise_scale == pytest.approx(TRUE_SCALE, rel=0.15)
 
 
 def test_one_gradient_per_step_teaches_nothing_and_the_estimate_survives_a_checkpoint() -> None:
     estimate = fw.NoiseScale()
-    estimate.update(2.0, 2.0, count=1, batch=64)
-    estimate.update(float("nan"), 1.0, count=4, batch=64)
+    estimate.update(2.0, 64, 2.0, 64)  # no smaller batch to compare
+    estimate.update(float("nan"), 16, 1.0, 64)
     assert (estimate.noise_scale, estimate.steps) == (None, 0)
-    estimate.update(3.0, 1.0, count=2, batch=64)  # |G|^2 = (2 - 3) / 1 < 0: all noise so far
+    estimate.update(3.0, 32, 1.0, 64)  # |G|^2 = (64 - 96) / 32 < 0: all noise so far
     assert estimate.noise_scale is None
-    estimate.update(3.0, 2.5, count=2, batch=64)
+    estimate.update(3.0, 32, 2.5, 64)
     again = fw.NoiseScale()
     again.load_state_dict(json.loads(json.dumps(estimate.state_dict())))
     assert again.noise_scale == estimate.noise_scale and again.steps == 2
@@ -77,6 +80,47 @@ def test_a_torch_model_estimates_its_noise_scale_from_accumulated_micro_batches(
         gns.step(accum * per)
     assert gns.noise_scale == pytest.approx(TRUE_SCALE, rel=0.2)
     gns.remove()
+
+
+def ddp_worker(rank: int, store: str, out: Any) -> None:
+    """One of two gloo workers: DDP over the regression's shards, the estimate sent back by rank 0."""
+    import torch
+    import torch.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    rng = np.random.default_rng(11 + rank)
+    model = torch.nn.Linear(D, 1, bias=False)
+    _, _, w = regression(rng, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(w, dtype=torch.float32)[None, :])
+    ddp = DistributedDataParallel(model)
+    gns = fw.GradientNoiseScale(ddp, smoothing=0.998)
+    for _ in range(1500):  # 2 workers x 32 samples a step; the weights stay put
+        x, y, _ = regression(rng, 32)
+        xs, ys = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+        model.zero_grad()
+        (((ddp(xs).squeeze(1) - ys) ** 2).mean() / 2).backward()
+        gns.step(64)
+    state = gns.state_dict()  # every worker, as at a checkpoint: the collectives in flight end
+    if rank == 0:
+        out.put((gns.noise_scale, int(state["steps"])))
+    tdist.destroy_process_group()
+
+
+def test_two_ddp_workers_on_gloo_estimate_the_noise_scale_from_their_all_reduce(tmp_path: Path) -> None:
+    need_torch()
+    fork = multiprocessing.get_context("fork")
+    out = fork.Queue()
+    workers = [fork.Process(target=ddp_worker, args=(r, str(tmp_path / "store"), out)) for r in (0, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=100)
+    assert [w.exitcode for w in workers] == [0, 0]
+    found, steps = out.get(timeout=5)
+    assert steps == 1500 and found == pytest.approx(TRUE_SCALE, rel=0.2)
 
 
 def test_one_worker_without_accumulation_reports_no_noise_scale(
@@ -116,7 +160,7 @@ def test_adascale_lies_between_no_scaling_and_linear_and_follows_the_noise_scale
     assert middle == pytest.approx(0.1 * (1024 + 256) * 1024 / (2048 * 256))
     assert fw.scale_lr(0.1, 256, 1024, rule="adascale") == pytest.approx(0.1)  # no estimate yet
     estimate = fw.NoiseScale(smoothing=0.0)
-    estimate.update(3.0, 2.5, count=2, batch=64)  # |G|^2 = 2, tr(Sigma) = 0.5 x 64: B = 16
+    estimate.update(3.0, 32, 2.5, 64)  # |G|^2 = 2, tr(Sigma) = 0.5 x 64: B = 16
     assert estimate.noise_scale == pytest.approx(16.0)
     adascale = fw.scale_lr(0.1, 32, 64, rule="adascale", noise_scale=estimate)
     assert adascale == pytest.approx(0.1 * (16 + 32) * 64 / ((16 + 64) * 32))

@@ -169,7 +169,8 @@ def train(args: argparse.Namespace) -> None:
     device = torch.device("cuda", fw.dist.local_rank()) if cuda else torch.device("cpu")
     teacher = torch.randn(16, 1, generator=torch.Generator().manual_seed(args.seed)) / 4
     model = make_model(args.seed).to(device)
-    gns = fw.GradientNoiseScale(model)  # every worker: it averages over them at each step
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    gns = fw.GradientNoiseScale(ddp)  # every worker, before the first forward pass
     lr = fw.scale_lr(args.lr, args.base_batch, batch, args.lr_rule, gns)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     start = resume(model, optimizer, gns, batch, lr)
@@ -177,7 +178,6 @@ def train(args: argparse.Namespace) -> None:
     set_lr(optimizer, lr)
     if fw.dist.is_rank0() and not start:
         print(f"starting at {world} workers, batch {batch}, lr {lr:.4g}", flush=True)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     stop = fw.stop_requested()
     samples, done = 0, start
     for step in range(start, args.steps):
