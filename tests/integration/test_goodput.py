@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from fleet import Client, JobSpec, JobState
 from fleet.scheduler.goodput import efficiency
-from tests.conftest import FleetProcs, need_torch
+from tests.conftest import Api, FleetProcs, need_torch
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ def runtime() -> str:
 
 
 def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
-    procs: FleetProcs, client: Client, tmp_path: Path
+    procs: FleetProcs, client: Client, api: Api, tmp_path: Path
 ) -> None:
     # Given a node of 2 GPUs and a controller that leaves elastic jobs at the size they are given
     procs.env.update(FLEET_CONTROLLER__ELASTIC="false")
@@ -72,5 +73,12 @@ def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
     worth = efficiency(256, status.noise_scale, 64)
     assert float(found[2]) == pytest.approx(worth, abs=0.006) and worth < 1
     assert "goodput" in shown
+    # And the status page says the same
+    auth = {"Authorization": f"Bearer {api.token}"}
+    page = urllib.request.Request(f"{api.url}/ui/jobs/{job.id}", headers=auth)
+    html = urllib.request.urlopen(page, timeout=30).read().decode()
+    assert re.search(r'id="job-goodput">noise scale [\d,.]+ samples; efficiency [\d.]+ at batch 256', html), (
+        html
+    )
     (tmp_path / "done").touch()
     assert job.wait(timeout=60).state == JobState.SUCCEEDED
