@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from fleet.bus.broker import Bus
 
 SUBMIT_LOG = logging.getLogger("fleet.api.backend")
+#: a background sender sends at most once per this many seconds: a hint that follows an idle spell
+#: goes at once, those of a burst (a loop of submits, a node ending many short jobs) a few together
+GAP_S = 0.01
 #: QueueLeft messages naming jobs one hint sends at most; more jobs ask for a resync instead
 MOST_MESSAGES = 10
 
@@ -75,11 +79,15 @@ class Hints:
         return taken
 
     def _run(self) -> None:
+        sent_at = float("-inf")
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: bool(self._pending) or self._closed)
                 closed = self._closed
+            if not closed:  # a burst: what comes within GAP_S of the last send goes out with this
+                time.sleep(max(sent_at + GAP_S - time.monotonic(), 0.0))
             self._send(self._take())
+            sent_at = time.monotonic()
             if closed:
                 return
 
