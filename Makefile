@@ -15,7 +15,7 @@ TEST_WORKERS ?= 3
 TEST_TMP ?= /tmp/fleet-test
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench clean
+.PHONY: install demo up test coverage test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -52,6 +52,10 @@ test: install images-test  ## the whole suite (real Redis, real Docker, simulate
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --basetemp=$(TEST_TMP)
 	$(PYTHON) -m pytest -m alone
 	$(MAKE) --no-print-directory test-installed
+
+coverage: install images-test  ## line and branch coverage of fleet/ over the suite, its services' processes included
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --basetemp=$(TEST_TMP) --cov --cov-report=term
+	$(PYTHON) -m pytest -m alone --cov --cov-append --cov-report=term
 
 test-installed: install  ## build the wheel and sdist, install each into a fresh venv, run the smoke tests there
 	bash tests/installed.sh $(SYSTEM_PYTHON)

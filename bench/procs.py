@@ -28,6 +28,8 @@ OPERATOR_ALLOWS = {
     "FLEET_ALLOWED_REGISTRIES": '["localhost", "docker.io", "nvcr.io", "ghcr.io", "127.0.0.1"]',
 }
 TEST_IMAGE = "localhost/fleet/busybox:latest"
+#: coverage is measured in the services this harness starts (``make coverage``)
+MEASURED = bool(os.environ.get("COVERAGE_PROCESS_CONFIG") or os.environ.get("COVERAGE_PROCESS_START"))
 
 
 class ApiEnv(Protocol):
@@ -134,6 +136,13 @@ class FleetProcs:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
 
     def stop(self) -> None:
+        if MEASURED:  # under `make coverage`: a service saves what it ran only if it exits by itself
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in self.procs.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=15)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
