@@ -265,7 +265,7 @@ def _set_up(
             "--user",
             "root",
             "--tenant",
-            "ops",
+            "default",
             "--role",
             "admin",
             "--direct",
