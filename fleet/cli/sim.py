@@ -50,6 +50,22 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
     help="elastic: what the optimizer maximises",
 )
 @click.option(
+    "--model",
+    type=click.Choice(["goodput", "throughput"]),
+    default="goodput",
+    show_default=True,
+    help="progress: goodput (samples count at their statistical efficiency at the batch run, from the "
+    "profiles' noise scale per epoch, and elastic sizes by it, as Pollux's simulator) or throughput "
+    "(every sample counts the same: a larger batch is free, the seed paper's experiment)",
+)
+@click.option(
+    "--service",
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="elastic: GPU-time that halves a job's weight (least attained service first; 0: off), e.g. 1h",
+)
+@click.option(
     "--accumulate", is_flag=True, help="elastic-fixed-batch: batches reached by gradient accumulation"
 )
 @click.option(
@@ -116,6 +132,8 @@ def _run(trace: str, options: dict[str, Any]) -> int:
             resize_cost_s=seconds(args.resize_cost, "--resize-cost"),
             min_interval_s=seconds(args.min_interval, "--min-interval"),
             objective=args.objective,
+            model=args.model,
+            service_s=seconds(args.service, "--service") or 0.0,
             accumulate=args.accumulate,
             sustain=args.sustain,
             learn=args.learn,

@@ -33,6 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from fleet.scheduler import goodput
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 
 #: allocate's objectives: the sum of jobs' speedups (the fleet's useful throughput), or of the
@@ -72,6 +73,12 @@ class ElasticJob:
     weight: float = 1.0
     #: samples it still has to process (inf: unknown): a job about to end is not resized
     remaining: float = math.inf
+    #: its gradient noise scale in samples (None: not known): with one, a size's worth is its goodput
+    #: (samples/s x statistical efficiency, ``fleet.scheduler.goodput``), not its samples/s, and the
+    #: batch at each GPU count is the one of most goodput (with gradient accumulation past what fits)
+    noise_scale: float | None = None
+    #: GPU-seconds it has run so far (its attained service; see ``allocate``'s ``service_s``)
+    attained: float = 0.0
 
     def batch_range(self) -> tuple[int, int]:
         if self.fixed_batch:
@@ -86,9 +93,31 @@ Option = tuple[int, int, float]
 
 def sizes(job: ElasticJob, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> list[tuple[int, int, float]]:
     """(GPUs, best global batch, samples/s) of each size worth running ``job`` at, smallest first:
-    within its ranges, feasible for its profile, each faster than every smaller one."""
+    within its ranges, feasible for its profile, each faster than every smaller one. With a noise
+    scale (and a batch that may change), goodput instead of samples/s, at the batch of most goodput."""
     lo, hi = job.batch_range()
-    return _curve(job.profile, max(job.min_gpus, 1), job.max_gpus, lo, hi, gpus_per_node, job.accumulate)
+    least = max(job.min_gpus, 1)
+    if job.noise_scale is not None and not job.fixed_batch:
+        return _goodput_curve(job.profile, least, job.max_gpus, lo, hi, gpus_per_node, job.noise_scale)
+    return _curve(job.profile, least, job.max_gpus, lo, hi, gpus_per_node, job.accumulate)
+
+
+def rate(job: ElasticJob, gpus: int, batch: int, gpus_per_node: int = MEASURED_GPUS_PER_NODE) -> float:
+    """What ``job`` makes at ``gpus`` GPUs and global ``batch``, in the units of :func:`sizes`:
+    goodput where it has a noise scale (and a batch that may change), else samples/s."""
+    if job.noise_scale is None or job.fixed_batch:
+        return job.profile.throughput(gpus, batch, gpus_per_node, job.accumulate)
+    if batch < 1:
+        return 0.0
+    speed = job.profile.throughput(gpus, batch, gpus_per_node, accumulate=True)
+    return goodput.goodput(speed, batch, _quantised(job.noise_scale), job.min_batch)
+
+
+def service_weight(attained: float, service_s: float) -> float:
+    """How much a job's value counts by the GPU-seconds it has run (least attained service first, as
+    Tiresias' LAS, smoothly): 1 for a new job, halved once it has had ``service_s`` GPU-seconds, a
+    third at twice that; 1 for every job when ``service_s`` is 0 (off)."""
+    return 1.0 / (1.0 + max(attained, 0.0) / service_s) if service_s > 0 else 1.0
 
 
 def _locked(job: ElasticJob, now: float, min_interval_s: float) -> bool:
@@ -105,6 +134,7 @@ def options(
     horizon_s: float | None = None,
     gpus_per_node: int = MEASURED_GPUS_PER_NODE,
     objective: str = SPEEDUP,
+    service_s: float = 0.0,
 ) -> list[Option]:
     """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
     units of its samples/s at its smallest size (its speedup; with ``objective="completion"``, in
@@ -120,10 +150,11 @@ def options(
         ref = max(left, 1.0)  # value: weight x samples/s / samples left
     elif objective != SPEEDUP:
         raise ValueError(f"objective {objective!r}: {SPEEDUP!r} or {COMPLETION!r}")
+    ref /= job.weight * service_weight(job.attained, service_s)
     if job.gpus <= 0:
-        return [(g, b, job.weight * t / ref) for g, b, t in curve if g <= most]
-    current = job.profile.throughput(job.gpus, job.batch, gpus_per_node, job.accumulate)
-    keep = (job.gpus, job.batch, job.weight * current / ref)
+        return [(g, b, t / ref) for g, b, t in curve if g <= most]
+    current = rate(job, job.gpus, job.batch, gpus_per_node)
+    keep = (job.gpus, job.batch, current / ref)
     if _locked(job, now, min_interval_s) and job.gpus <= most:
         return [keep]
     horizon = horizon_s if horizon_s is not None else max(min_interval_s, 20 * resize_cost_s)
@@ -137,7 +168,7 @@ def options(
         # the resize, during which it holds GPUs and makes no progress: charged at the larger size
         span = min(horizon, job.remaining / t)
         value = (t * span - max(t, current) * resize_cost_s) / span if span > 0 else -math.inf
-        out.append((g, b, job.weight * value / ref))
+        out.append((g, b, value / ref))
     return out
 
 
@@ -152,6 +183,7 @@ def allocate(
     horizon_s: float | None = None,
     tenant_gpus: Mapping[str, int] | None = None,
     objective: str = SPEEDUP,
+    service_s: float = 0.0,
 ) -> dict[str, tuple[int, int]]:
     """The target (GPUs, global batch) of every job in ``jobs`` ((0, 0): wait), using at most
     ``gpus`` GPUs (those not held by non-elastic jobs), and at most ``tenant_gpus[t]`` for the
@@ -166,7 +198,8 @@ def allocate(
        maximises the sum of their values (see :func:`options`: speedups, or with
        ``objective="completion"`` the share of its remaining work each does per second), less resize costs.
     ``horizon_s``: how long a new size is expected to last when its gain is weighed against the
-    resize cost (default: the larger of ``min_interval_s`` and 20 resize costs)."""
+    resize cost (default: the larger of ``min_interval_s`` and 20 resize costs). ``service_s``: weigh
+    each job's value by its attained service (:func:`service_weight`; 0: off)."""
     gpus = max(int(gpus), 0)
     caps = {t: max(int(c), 0) for t, c in (tenant_gpus or {}).items()}
     chosen: dict[str, tuple[int, int]] = {job.id: (0, 0) for job in jobs}
@@ -187,6 +220,7 @@ def allocate(
                 horizon_s=horizon_s,
                 gpus_per_node=gpus_per_node,
                 objective=objective,
+                service_s=service_s,
             )
             for job in members
         ]
@@ -270,6 +304,37 @@ def _curve(
         t, b = profile.best(g, lo, hi, per_node, accumulate)
         if t > 0 and (not out or t > out[-1][2] * (1 + 1e-9)):
             out.append((g, b, t))
+    profile._cache[key] = out
+    return out
+
+
+def _quantised(noise_scale: float) -> float:
+    """The noise scale to 2 significant digits: sizes are worked out once per value, not per report."""
+    return float(f"{max(noise_scale, 0.0):.2g}")
+
+
+def _goodput_curve(
+    profile: Profile, least: int, most: int, lo: int, hi: int, per_node: int, noise_scale: float
+) -> list[tuple[int, int, float]]:
+    """As :func:`_curve`, by goodput at ``noise_scale``: at each GPU count the batch of most goodput
+    (``goodput.best_batch``; gradient accumulation where its per-GPU share does not fit a GPU)."""
+    noise = _quantised(noise_scale)
+    key = ("g", least, most, lo, hi, per_node, noise)
+    found = profile._cache.get(key)
+    if found is not None:
+        return list(found)
+
+    def speed(gpus: int, batch: int, steps: int) -> float:
+        return profile.throughput(gpus, batch, per_node, accumulate=True)
+
+    limits = goodput.Limits(lo, hi, profile.max_local, accumulate=True)
+    out: list[tuple[int, int, float]] = []
+    for g in range(least, min(most, profile.max_gpus) + 1):
+        if g > per_node and g % per_node:
+            continue
+        choice = goodput.best_batch(g, noise, speed, limits)
+        if choice is not None and (not out or choice.goodput > out[-1][2] * (1 + 1e-9)):
+            out.append((g, choice.batch, choice.goodput))
     profile._cache[key] = out
     return out
 

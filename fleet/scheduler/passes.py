@@ -78,6 +78,8 @@ class PassSettings:
     #: the allocator's objective and horizon (``fleet.scheduler.elastic.allocate``)
     objective: str = SPEEDUP
     horizon_s: float | None = None
+    #: weigh elastic jobs by attained service: GPU-seconds that halve a job's value (0: off)
+    service_s: float = 0.0
 
 
 @dataclass
@@ -209,6 +211,7 @@ def _resizes(inp: PassInput, now: float) -> list[Resize]:
         tenant_gpus=tenant_room(inp.policies, inp.running, ids),
         objective=settings.objective,
         horizon_s=settings.horizon_s,
+        service_s=settings.service_s,
     )
 
 

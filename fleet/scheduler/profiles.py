@@ -56,6 +56,9 @@ class Profile:
     placements: Mapping[tuple[int, ...], Curve] = field(default_factory=dict, repr=False, compare=False)
     #: larger placements: (nodes, GPUs) -> step times by per-GPU batch
     scalability: Mapping[tuple[int, int], Curve] = field(default_factory=dict, repr=False, compare=False)
+    #: the gradient noise scale (samples) in each epoch of a run, as measured (``validation-<B>.csv`` at
+    #: the smallest B: ``grad_var / grad_sqr x B``); empty: not known, throughput is all that counts
+    noise: tuple[float, ...] = field(default=(), repr=False, compare=False)
     #: throughputs, best batches and size curves worked out so far (a profile is equal only to itself)
     _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, repr=False)
 
@@ -63,6 +66,13 @@ class Profile:
     def samples(self) -> int:
         """Samples one training run processes (epochs x samples per epoch)."""
         return self.epochs * self.epoch_samples
+
+    def noise_scale(self, done: float) -> float | None:
+        """The noise scale in the epoch a run is in after ``done`` samples; None when not measured."""
+        if not self.noise:
+            return None
+        epoch = int(done / self.epoch_samples + 1e-6) if self.epoch_samples > 0 else 0
+        return self.noise[min(max(epoch, 0), len(self.noise) - 1)]
 
     @property
     def max_gpus(self) -> int:
@@ -238,6 +248,11 @@ def load_profile(
     with open(directory / f"validation-{batches[0]}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     epoch = round(float(rows[0]["progress"]) * batches[0]) if rows else 0
+    noise: list[float] = []
+    for row in rows if {"grad_sqr", "grad_var"} <= set(rows[0] if rows else ()) else []:
+        sqr, var = float(row["grad_sqr"]), float(row["grad_var"])
+        # an epoch whose gradient vanished (sqr 0) keeps the last finite scale
+        noise.append(var / sqr * batches[0] if sqr > 0 else (noise[-1] if noise else 0.0))
     return Profile(
         name=name,
         min_batch=batches[0],
@@ -247,6 +262,7 @@ def load_profile(
         max_local=max_local if max_local is not None else MAX_LOCAL.get(name),
         placements=_curves(placed),  # type: ignore[arg-type]
         scalability=_curves(scaled),  # type: ignore[arg-type]
+        noise=tuple(noise),
     )
 
 

@@ -52,6 +52,10 @@ class Elastic:
     #: past what fits a GPU (the simulator's baselines); see ``ElasticJob``
     remaining: float = math.inf
     accumulate: bool = False
+    #: its gradient noise scale in samples (None: none reported: sized by samples/s) and the
+    #: GPU-seconds it has run; see ``ElasticJob``
+    noise_scale: float | None = None
+    attained: float = 0.0
 
     @classmethod
     def of(cls, job: Job, profile: Profile) -> Elastic:
@@ -73,6 +77,7 @@ class Elastic:
             changed_at=max(job.sized_at, job.started_at or 0.0),
             resize_to=going if running else None,
             fixed_batch=not isinstance(spec.batch_size, Range),
+            noise_scale=job.noise_scale if job.noise_scale > 0 else None,
         )
 
     @property
@@ -134,6 +139,7 @@ def decide(
     tenant_gpus: Mapping[str, int] | None = None,
     objective: str = SPEEDUP,
     horizon_s: float | None = None,
+    service_s: float = 0.0,
 ) -> list[Resize]:
     """The resizes that put every elastic job (in queue order: running first, then by rank) at the
     size the allocator chooses for it, with ``gpus`` GPUs among them."""
@@ -153,6 +159,7 @@ def decide(
         tenant_gpus=caps,
         objective=objective,
         horizon_s=horizon_s,
+        service_s=service_s,
     )
     out = []
     for j in moving:
@@ -227,5 +234,7 @@ def _job(j: Elastic) -> ElasticJob:
         changed_at=j.changed_at,
         accumulate=j.accumulate,
         remaining=j.remaining,
+        noise_scale=j.noise_scale,
+        attained=j.attained,
     )
     return replace(job, batch=running.batch) if running.gpus else job

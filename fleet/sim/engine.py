@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from fleet.models import Tenant
 from fleet.scheduler.fairshare import fair_gpus
+from fleet.scheduler.goodput import efficiency
 from fleet.scheduler.learned import LearnedProfile
 from fleet.scheduler.passes import HOLD_SLACK_S, Hold, PassInput, PassSettings, run_pass
 from fleet.scheduler.preempt import Preemption, RunningJob
@@ -41,7 +42,7 @@ from fleet.sim.model import ELASTIC, SimConfig, SimJob, largest_local
 from fleet.sim.traces import TraceJob
 
 GiB = 1 << 30
-ARRIVE, FINISH, WAKE = 0, 1, 2
+ARRIVE, FINISH, WAKE, EPOCH = 0, 1, 2, 3
 #: passes run at one instant at most (each after the last one stopped jobs: their GPUs are free)
 PASSES_PER_INSTANT = 4
 
@@ -74,6 +75,7 @@ class Simulation:
             half_life_s=config.half_life_s,
             objective=config.objective,
             horizon_s=config.horizon_s,
+            service_s=config.service_s,
         )
         self.holds: dict[str, Hold] = {}
         self._blocked: list[str] = []
@@ -154,14 +156,35 @@ class Simulation:
             fixed_batch=fixed,
             remaining=max(job.work - job.done, 0.0),
             accumulate=fixed and self.cfg.accumulate,
+            noise_scale=self._noise(job),
+            attained=job.attained,
         )
 
+    def _noise(self, job: SimJob) -> float | None:
+        """The noise scale ``job`` would report now (goodput model; None: throughput model)."""
+        if self.cfg.model != "goodput" or job.profile is None:
+            return None
+        return job.profile.noise_scale(job.done)
+
+    def _worth(self, job: SimJob) -> float:
+        """The statistical efficiency of the samples ``job`` processes now (1 under throughput)."""
+        noise = self._noise(job)
+        if noise is None or job.profile is None or job.batch < 1:
+            return 1.0
+        return efficiency(job.batch, noise, job.profile.min_batch)
+
     def _rate(self, job: SimJob) -> float:
+        """Samples/s at the job's size, at their efficiency under the goodput model."""
+        return self._speed(job) * self._worth(job)
+
+    def _speed(self, job: SimJob) -> float:
         if job.profile is None:
             return 1.0
         gpn = self.per_node
         if job.elastic:
-            accumulate = self.cfg.policy == "elastic-fixed-batch" and self.cfg.accumulate
+            # sized by goodput, a batch past what fits its GPUs is reached by accumulation
+            fixed = self.cfg.policy == "elastic-fixed-batch"
+            accumulate = self.cfg.accumulate if fixed else self._noise(job) is not None
             return job.profile.throughput(job.gpus, job.batch, gpn, accumulate)
         # a rigid job runs as asked; Pollux's workloads assume gradient accumulation where the
         # per-GPU batch does not fit (bert at 384 on 12 GPUs)
@@ -255,6 +278,10 @@ class Simulation:
         if kind == FINISH:
             job.advance(self.now)
             self._end(job)
+        if kind == EPOCH:  # a new epoch, a new noise scale: the same size makes other progress
+            job.advance(self.now)
+            self._rerate(job)
+            return False
         return True
 
     def _end(self, job: SimJob) -> None:
@@ -340,13 +367,24 @@ class Simulation:
     def _rerate(self, job: SimJob) -> None:
         job.rate = self._rate(job)
         if self.cfg.learn and job.elastic and job.rate > 0:
-            job.observed[job.gpus, job.batch] = job.rate
+            job.observed[job.gpus, job.batch] = self._speed(job)
         job.version += 1
         at = job.finish_at(self.now)
         if math.isfinite(at):
             self._push(at, FINISH, job.id, job.version)
-        if job.elastic:
-            self._push(self.now + self.cfg.min_interval_s, WAKE, job.id, job.version)
+        epoch = job.profile.epoch_samples if job.profile is not None else 0
+        if self._noise(job) is not None and epoch > 0 and job.rate > 0:
+            ahead = (math.floor(job.done / epoch + 1e-6) + 1) * epoch  # the next epoch's start
+            if ahead < job.work:
+                self._push(
+                    max(self.now, job.paused_until) + (ahead - job.done) / job.rate,
+                    EPOCH,
+                    job.id,
+                    job.version,
+                )
+        wake = job.changed_at + self.cfg.min_interval_s  # its minimum interval ends: a pass
+        if job.elastic and wake > self.now:
+            self._push(wake, WAKE, job.id, job.version)
 
     def _stop(self, job: SimJob, gpus: int) -> None:
         """``job`` leaves its GPUs (at once: its checkpoint is its restart's cost) and waits again for

@@ -15,6 +15,11 @@ from fleet.scheduler.snapshot import Placement
 from fleet.sim.traces import TraceJob
 
 POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
+#: progress models: ``goodput``, a job's samples count at their statistical efficiency at the batch it
+#: runs (from its profile's noise scale per epoch, as Pollux's simulator; a profile without one counts
+#: every sample), and the elastic policy sizes jobs by goodput; ``throughput``, every sample counts the
+#: same whatever the batch (the seed paper's experiment: a larger batch is free)
+MODELS = ("goodput", "throughput")
 ELASTIC = ("elastic-fixed-batch", "elastic")
 #: profiles were measured on nodes of 4 GPUs: the default node size
 GPUS_PER_NODE = 4
@@ -49,10 +54,16 @@ class SimConfig:
     #: learning jobs declare the largest per-GPU batch that fits (``max_batch_per_gpu``: their
     #: profile's largest on one GPU); else they never exceed the largest they ran at
     learn_max_local: bool = True
+    #: how jobs progress (:data:`MODELS`)
+    model: str = "goodput"
+    #: elastic: weigh jobs by attained service (GPU-seconds that halve a job's value; 0: off)
+    service_s: float = 0.0
 
     def check(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}: one of {', '.join(POLICIES)}")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}: one of {', '.join(MODELS)}")
         nodes = self.node_count
         if self.gpus < 1 or nodes < 1 or self.gpus % nodes:
             raise ValueError(f"{self.gpus} GPUs cannot be spread evenly over {nodes} nodes")
@@ -71,7 +82,8 @@ class SimJob:
     trace: TraceJob
     seq: int
     profile: Profile | None
-    #: samples (a workload job) or seconds (a duration job) to process
+    #: samples (a workload job; under the goodput model, samples at its profile's smallest batch) or
+    #: seconds (a duration job) to process
     work: float
     elastic: bool
     done: float = 0.0
@@ -95,6 +107,8 @@ class SimJob:
     #: samples/s at each (GPUs, batch) it ran at (a job reports them live; here, known at once: a
     #: report comes well within the minimum interval before its next resize)
     observed: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: GPU-seconds it held GPUs for so far (its attained service)
+    attained: float = 0.0
 
     @property
     def id(self) -> str:
@@ -106,6 +120,8 @@ class SimJob:
 
     def advance(self, now: float) -> None:
         start = max(self.since, self.paused_until)
+        if self.rate > 0 and now > self.since:
+            self.attained += self.gpus * (now - self.since)
         if self.rate > 0 and now > start:
             self.done = min(self.work, self.done + self.rate * (now - start))
         self.since = now

@@ -34,7 +34,8 @@ def runtime() -> str:
 
 
 def elastic(tmp_path: Path, **fields: object) -> JobSpec:
-    """The example, training until ``tmp_path/done`` exists (then it ends at its next checkpoint)."""
+    """The example, training until ``tmp_path/done`` exists (then it ends at its next checkpoint),
+    sized by samples/s (it reports no noise scale: its sizes follow the fleet, not its goodput)."""
     command = [
         sys.executable,
         EXAMPLE,
@@ -46,6 +47,7 @@ def elastic(tmp_path: Path, **fields: object) -> JobSpec:
         "0.05",
         "--done-file",
         str(tmp_path / "done"),
+        "--no-gns",
     ]
     spec = {
         "name": "elastic",

@@ -82,7 +82,8 @@ def test_a_tenants_max_gpus_caps_its_elastic_jobs_beside_its_other_jobs() -> Non
 
 def test_the_simulator_keeps_a_tenant_within_its_max_gpus() -> None:
     jobs = [TraceJob(f"e{i}", "t", 0.0, gpus=4, batch=512, model="cifar10") for i in range(3)]
-    sim = Simulation(jobs, SimConfig("elastic", gpus=16, tenants={"t": Tenant(name="t", max_gpus=5)}))
+    capped = {"t": Tenant(name="t", max_gpus=5)}
+    sim = Simulation(jobs, SimConfig("elastic", gpus=16, tenants=capped, model="throughput"))
     result = sim.run()
     assert result.completed == 3
     holding: dict[str, int] = {}
@@ -91,7 +92,9 @@ def test_the_simulator_keeps_a_tenant_within_its_max_gpus() -> None:
         if what == "placed":
             holding[job] = gpus
         assert sum(holding.values()) <= 5, sim.decisions
-    uncapped = Simulation(jobs, SimConfig("elastic", gpus=16))  # the cap is what held them back
+    uncapped = Simulation(
+        jobs, SimConfig("elastic", gpus=16, model="throughput")
+    )  # the cap is what held them back
     uncapped.run()
     assert max(gpus for _, what, _, gpus in uncapped.decisions if what == "placed") > 5
 

@@ -44,7 +44,7 @@ def test_two_jobs_on_four_gpus_complete_when_worked_out_by_hand(tmp_path: Path) 
 
 def test_a_workload_job_runs_its_epochs_at_the_profiles_throughput() -> None:
     job = TraceJob("c", "t", 0.0, gpus=4, batch=512, model="cifar10")
-    r = Simulation([job], SimConfig("fifo", gpus=8)).run()
+    r = Simulation([job], SimConfig("fifo", gpus=8, model="throughput")).run()
     cifar = named_profile("cifar10")
     assert r.jct.mean == pytest.approx(cifar.samples / cifar.throughput(4, 512))
 
@@ -136,7 +136,7 @@ def test_elastic_beats_its_fixed_batch_baseline_on_a_busy_workload() -> None:
 
 def test_a_lone_elastic_job_starts_at_its_fastest_size() -> None:
     job = TraceJob("c", "t", 0.0, gpus=4, batch=512, model="cifar10")
-    sim = Simulation([job], SimConfig("elastic", gpus=64))
+    sim = Simulation([job], SimConfig("elastic", gpus=64, model="throughput"))
     r = sim.run()
     cifar = named_profile("cifar10")
     _, batch, gpus = max((*cifar.best(g), g) for g in range(1, 65) if g <= 4 or g % 4 == 0)  # whole nodes
@@ -148,7 +148,13 @@ def test_a_lone_elastic_job_starts_at_its_fastest_size() -> None:
 def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> None:
     job = TraceJob("c", "t", 0.0, gpus=4, batch=512, model="cifar10")
     config = SimConfig(
-        "elastic", gpus=64, learn=True, learn_max_local=False, resize_cost_s=30, min_interval_s=120
+        "elastic",
+        gpus=64,
+        learn=True,
+        learn_max_local=False,
+        resize_cost_s=30,
+        min_interval_s=120,
+        model="throughput",
     )
     sim = Simulation([job], config)
     r = sim.run()
@@ -157,7 +163,7 @@ def test_a_lone_learning_job_starts_at_one_gpu_and_doubles_as_it_learns() -> Non
     seen = sorted(sim.jobs["c"].observed)
     assert seen[:4] == [(1, 128), (2, 256), (4, 512), (8, 1024)] and r.resizes >= 3
     assert r.completed == 1 and r.jct.mean is not None
-    assert r.jct.mean > Simulation([job], SimConfig("elastic", gpus=64)).run().jct.mean  # type: ignore[operator]
+    assert r.jct.mean > Simulation([job], replace(config, learn=False)).run().jct.mean  # type: ignore[operator]
     # declaring the largest per-GPU batch that fits one GPU (cifar10's: 1024) lets it start there
     declared = Simulation([job], replace(config, learn_max_local=True))
     faster = declared.run()

@@ -52,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr-rule", choices=fw.elastic.RULES, default="linear", help="fw.scale_lr's rule")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (to make runs last)")
+    parser.add_argument(
+        "--no-gns", action="store_true", help="report samples/s only: fleet sizes the job by throughput"
+    )
     parser.add_argument("--done-file", type=Path, help="end (exit 0) at the next checkpoint once it exists")
     return parser.parse_args()
 
@@ -205,7 +208,8 @@ def train(args: argparse.Namespace) -> None:
             }
             fw.dist.save(state, done)
             if fw.dist.is_rank0():
-                fw.report(samples=samples, step=done, gns=gns, batch_size=batch, loss=round(global_loss, 6))
+                noise = None if args.no_gns else gns
+                fw.report(samples=samples, step=done, gns=noise, batch_size=batch, loss=round(global_loss, 6))
             samples = 0
             if args.lr_rule == "adascale":  # its gain follows the noise scale: every worker sets it
                 set_lr(optimizer, fw.scale_lr(args.lr, args.base_batch, batch, "adascale", gns))
