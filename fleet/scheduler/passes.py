@@ -157,6 +157,9 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
             views = _taken(views, fitted.placements)
     else:
         plan.blocked = list(inp.blocked)
+    for job_id in _unplaceable_growth(inp, plan, views):  # it keeps running at its size: no restart
+        plan.resizes = [r for r in plan.resizes if r.job_id != job_id]
+        running[job_id] = inp.running[job_id]
     if settings.preemption and plan.blocked:
         plan.preemptions = _preemptions(inp, plan, running, views, now)
     return plan
@@ -190,6 +193,26 @@ def _fit_misfits(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> Plan:
             inp.queue.discard(job_id)
             break
     return fitted
+
+
+def _unplaceable_growth(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> list[str]:
+    """Running elastic jobs the step grows that the nodes could not hold at their new size once every
+    job it resizes has left its GPUs (those that shrink or keep their GPU count placed first, then
+    the growing ones in the step's order), after this pass's placements: a restart that would find
+    no room (its GPUs spread over nodes a whole-node gang cannot use) is not made."""
+    moving = [r for r in plan.resizes if r.running and r.new.gpus and r.job_id in inp.running]
+    if not any(r.new.gpus > r.old.gpus for r in moving):
+        return []
+    capacity = Capacity(without(views, [inp.running[r.job_id] for r in moving]))
+    out = []
+    for r in sorted(moving, key=lambda r: r.new.gpus > r.old.gpus):
+        job = inp.running[r.job_id]
+        again = PendingJob(
+            r.job_id, job.priority, 0, r.new.gpus, cpus=job.cpus, memory=job.memory, tenant=job.tenant
+        )
+        if capacity.place(again) is None and r.new.gpus > r.old.gpus:
+            out.append(r.job_id)
+    return out
 
 
 def _resizes(inp: PassInput, now: float) -> list[Resize]:

@@ -9,13 +9,14 @@ nodes, large jobs reserve nodes) in the order :class:`~fleet.scheduler.fairshare
 :func:`~fleet.scheduler.preempt.preemptions` stops jobs for tenants below their guarantee, and the
 GPUs they free are held for the job they were stopped for. This module only carries the plan out.
 
-Time moves from event to event (arrivals, completions, a resized job's minimum interval ending), and
-a pass runs after each instant's events. A job the plan stops (a resize: the controller stops it and
-its agent requeues it at the new size; a preemption) gives its GPUs back at once and is queued
-again; the pass then runs again at the same instant, as the controller's does on the exits. A job's
-progress is piecewise linear: samples/s from its profile at its size and batch (a workload job) or
-1 s/s (a Philly job, which runs its duration). A restart after a resize or a preemption stops
-progress for ``resize_cost_s`` (checkpoint + restart); it keeps its progress.
+Time moves from event to event (arrivals, completions, a resized job's minimum interval ending, a
+job's next epoch under the goodput model), and a pass runs after each instant's events. A job the
+plan stops (a resize: the controller stops it and its agent requeues it at the new size; a
+preemption) gives its GPUs back at once and is queued again; the pass then runs again at the same
+instant, as the controller's does on the exits. A job's progress is piecewise linear: samples/s
+from its profile at its size and batch (a workload job), under the goodput model counted at their
+efficiency at that batch in the epoch it is in (``fleet.sim.model.worth``), or 1 s/s (a Philly job).
+A restart after a resize or a preemption stops progress for ``resize_cost_s``; it keeps its progress.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from collections.abc import Mapping, Sequence
 
 from fleet.models import Tenant
 from fleet.scheduler.fairshare import fair_gpus
-from fleet.scheduler.goodput import efficiency
 from fleet.scheduler.learned import LearnedProfile
 from fleet.scheduler.passes import HOLD_SLACK_S, Hold, PassInput, PassSettings, run_pass
 from fleet.scheduler.preempt import Preemption, RunningJob
@@ -38,7 +38,7 @@ from fleet.scheduler.sizing import Size
 from fleet.scheduler.snapshot import UNSIZED, GpuSlot, NodeView, PendingJob, Placement
 from fleet.scheduler.usage import accrue
 from fleet.sim.metrics import Recorder, SimResult
-from fleet.sim.model import ELASTIC, SimConfig, SimJob, largest_local
+from fleet.sim.model import ELASTIC, SimConfig, SimJob, largest_local, noise_scale, speed, worth
 from fleet.sim.traces import TraceJob
 
 GiB = 1 << 30
@@ -156,43 +156,9 @@ class Simulation:
             fixed_batch=fixed,
             remaining=max(job.work - job.done, 0.0),
             accumulate=fixed and self.cfg.accumulate,
-            noise_scale=self._noise(job),
+            noise_scale=noise_scale(self.cfg, job),
             attained=job.attained,
         )
-
-    def _noise(self, job: SimJob) -> float | None:
-        """The noise scale ``job`` would report now (goodput model; None: throughput model)."""
-        if self.cfg.model != "goodput" or job.profile is None:
-            return None
-        return job.profile.noise_scale(job.done)
-
-    def _worth(self, job: SimJob) -> float:
-        """The statistical efficiency of the samples ``job`` processes now (1 under throughput)."""
-        noise = self._noise(job)
-        if noise is None or job.profile is None or job.batch < 1:
-            return 1.0
-        return efficiency(job.batch, noise, job.profile.min_batch)
-
-    def _rate(self, job: SimJob) -> float:
-        """Samples/s at the job's size, at their efficiency under the goodput model."""
-        return self._speed(job) * self._worth(job)
-
-    def _speed(self, job: SimJob) -> float:
-        if job.profile is None:
-            return 1.0
-        gpn = self.per_node
-        if job.elastic:
-            # sized by goodput, a batch past what fits its GPUs is reached by accumulation
-            fixed = self.cfg.policy == "elastic-fixed-batch"
-            accumulate = self.cfg.accumulate if fixed else self._noise(job) is not None
-            return job.profile.throughput(job.gpus, job.batch, gpn, accumulate)
-        # a rigid job runs as asked; Pollux's workloads assume gradient accumulation where the
-        # per-GPU batch does not fit (bert at 384 on 12 GPUs)
-        rate = job.profile.throughput(job.gpus, job.batch, gpn, accumulate=True)
-        if rate <= 0:  # outside what was measured: the best batch in range on those GPUs
-            self.fallbacks += 1
-            rate = job.profile.best(job.gpus, gpus_per_node=gpn, accumulate=True)[0]
-        return rate
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -278,10 +244,10 @@ class Simulation:
         if kind == FINISH:
             job.advance(self.now)
             self._end(job)
-        if kind == EPOCH:  # a new epoch, a new noise scale: the same size makes other progress
+        if kind == EPOCH:  # a new noise scale: other progress, and maybe (past its interval) a new size
             job.advance(self.now)
             self._rerate(job)
-            return False
+            return job.elastic and self.now >= job.changed_at + self.cfg.min_interval_s
         return True
 
     def _end(self, job: SimJob) -> None:
@@ -365,23 +331,18 @@ class Simulation:
             self._rerate(job)
 
     def _rerate(self, job: SimJob) -> None:
-        job.rate = self._rate(job)
+        samples, fell_back = speed(self.cfg, job, self.per_node)
+        self.fallbacks += fell_back
+        job.rate = samples * worth(self.cfg, job)  # samples/s at their efficiency
         if self.cfg.learn and job.elastic and job.rate > 0:
-            job.observed[job.gpus, job.batch] = self._speed(job)
+            job.observed[job.gpus, job.batch] = samples
         job.version += 1
         at = job.finish_at(self.now)
         if math.isfinite(at):
             self._push(at, FINISH, job.id, job.version)
-        epoch = job.profile.epoch_samples if job.profile is not None else 0
-        if self._noise(job) is not None and epoch > 0 and job.rate > 0:
-            ahead = (math.floor(job.done / epoch + 1e-6) + 1) * epoch  # the next epoch's start
-            if ahead < job.work:
-                self._push(
-                    max(self.now, job.paused_until) + (ahead - job.done) / job.rate,
-                    EPOCH,
-                    job.id,
-                    job.version,
-                )
+        epoch = job.next_epoch_at(self.now) if noise_scale(self.cfg, job) is not None else math.inf
+        if math.isfinite(epoch):
+            self._push(epoch, EPOCH, job.id, job.version)
         wake = job.changed_at + self.cfg.min_interval_s  # its minimum interval ends: a pass
         if job.elastic and wake > self.now:
             self._push(wake, WAKE, job.id, job.version)

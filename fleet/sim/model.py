@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fleet.models import Tenant
 from fleet.scheduler.elastic import COMPLETION, MIN_INTERVAL_S, RESIZE_COST_S
 from fleet.scheduler.fairshare import WEEK
+from fleet.scheduler.goodput import efficiency
 from fleet.scheduler.profiles import Profile
 from fleet.scheduler.snapshot import Placement
 from fleet.sim.traces import TraceJob
@@ -126,6 +127,16 @@ class SimJob:
             self.done = min(self.work, self.done + self.rate * (now - start))
         self.since = now
 
+    def next_epoch_at(self, now: float) -> float:
+        """When it starts its next epoch at its rate (inf: never, or its last epoch)."""
+        epoch = self.profile.epoch_samples if self.profile is not None else 0
+        if epoch <= 0 or self.rate <= 0:
+            return math.inf
+        ahead = (math.floor(self.done / epoch + 1e-6) + 1) * epoch  # floored past rounding: never now
+        return (
+            max(now, self.paused_until) + (ahead - self.done) / self.rate if ahead < self.work else math.inf
+        )
+
     def finish_at(self, now: float) -> float:
         if self.rate <= 0:
             return math.inf
@@ -137,3 +148,39 @@ def largest_local(profile: Profile) -> int:
     one = profile.placements.get((1,))
     measured = int(one[0][-1]) if one else profile.min_batch
     return min(measured, profile.max_local) if profile.max_local is not None else measured
+
+
+def noise_scale(config: SimConfig, job: SimJob) -> float | None:
+    """The noise scale ``job`` would report now: its profile's in the epoch it is in (goodput model;
+    None under the throughput model or without one)."""
+    if config.model != "goodput" or job.profile is None:
+        return None
+    return job.profile.noise_scale(job.done)
+
+
+def worth(config: SimConfig, job: SimJob) -> float:
+    """The statistical efficiency of the samples ``job`` processes now at its batch, relative to its
+    profile's smallest batch (1.0 under the throughput model)."""
+    noise = noise_scale(config, job)
+    if noise is None or job.profile is None or job.batch < 1:
+        return 1.0
+    return efficiency(job.batch, noise, job.profile.min_batch)
+
+
+def speed(config: SimConfig, job: SimJob, gpus_per_node: int) -> tuple[float, bool]:
+    """Samples/s of ``job`` at its size (1.0: a duration job) and whether it fell back to the best
+    batch on its GPUs (a rigid job's batch outside what was measured)."""
+    if job.profile is None:
+        return 1.0, False
+    if job.elastic:
+        # sized by goodput, a batch past what fits its GPUs is reached by accumulation
+        fixed = config.policy == "elastic-fixed-batch"
+        accumulate = config.accumulate if fixed else noise_scale(config, job) is not None
+        return job.profile.throughput(job.gpus, job.batch, gpus_per_node, accumulate), False
+    # a rigid job runs as asked; Pollux's workloads assume gradient accumulation where the
+    # per-GPU batch does not fit (bert at 384 on 12 GPUs)
+    rate = job.profile.throughput(job.gpus, job.batch, gpus_per_node, accumulate=True)
+    if rate > 0:
+        return rate, False
+    # outside what was measured: the best batch in range on those GPUs
+    return job.profile.best(job.gpus, gpus_per_node=gpus_per_node, accumulate=True)[0], True
