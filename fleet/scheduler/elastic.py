@@ -28,7 +28,7 @@ for when the samples a job has left are not known (live); with them, ``COMPLETIO
 short jobs and the weighting only costs completion time in ``fleet sim``.
 
 Hysteresis: a running job changes size only when its samples at the new size over ``horizon_s``
-(default: its minimum interval),
+(default: its minimum interval, at least 4 resize costs),
 less those lost to the resize (``resize_cost_s`` at the larger of the two speeds), beat what it
 does now; no job is resized within ``min_interval_s`` of its last start or resize (a new job waits
 for that rather than shrink it early), unless the GPUs given are fewer than the locked jobs hold; a
@@ -168,9 +168,10 @@ def options(
     keep = (job.gpus, job.batch, current / ref)
     if _locked(job, now, min_interval_s) and job.gpus <= most:
         return [keep]
-    # a new size is sure to last only its minimum interval: the restart must pay within it (a longer
-    # horizon let jobs flip between sizes, each restart paying for itself only on paper)
-    horizon = horizon_s if horizon_s is not None else max(min_interval_s, resize_cost_s)
+    # a new size is sure to last only its minimum interval (at least 4 restarts' time, as the
+    # defaults): the restart must pay within it (a longer horizon let jobs flip between sizes, each
+    # restart paying for itself only on paper)
+    horizon = horizon_s if horizon_s is not None else max(min_interval_s, 4 * resize_cost_s)
     # a size no faster than a smaller one (learned since it started there) holds GPUs for nothing
     worth = any(g == job.gpus for g, _, _ in curve)
     out = [keep] if job.gpus <= most and worth else []
@@ -211,7 +212,7 @@ def allocate(
        maximises the sum of their values (see :func:`options`: speedups, or with
        ``objective="completion"`` the share of its remaining work each does per second), less resize costs.
     ``horizon_s``: how long a new size is expected to last when its gain is weighed against the
-    resize cost (default: ``min_interval_s``, at least one resize cost). ``service_s``: weigh
+    resize cost (default: ``min_interval_s``, at least 4 resize costs). ``service_s``: weigh
     each job's value by its attained service (:func:`service_weight`; 0: off)."""
     gpus = max(int(gpus), 0)
     caps = {t: max(int(c), 0) for t, c in (tenant_gpus or {}).items()}
