@@ -13,9 +13,13 @@ TEST_WORKERS ?= 3
 # their temp root, short: a worker's tests sit a level deeper (popen-gwN), and a test fleet's node
 # supervisor listens on a Unix socket in the test's directory (at most 107 bytes of path)
 TEST_TMP ?= /tmp/fleet-test
+# make bench-pollux: which workloads, load and policies
+WORKLOADS ?= 1-8
+LOAD ?= 1x
+POLICIES ?= fleet,tiresias,optimus,pollux
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test coverage test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench clean
+.PHONY: install demo up test coverage test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench bench-pollux clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -91,6 +95,9 @@ bench: install images-test  ## dispatch, recovery, launch cost, memory under ret
 	$(PYTHON) -m bench.elastic  # a live resize through the real path
 	$(PYTHON) -m bench.sim  # the simulator and the elastic policy: allocator cost, the paper's workloads, Philly
 	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)
+
+bench-pollux: install  ## fleet's elastic policy in Pollux's own simulator, beside Tiresias, Optimus and Pollux (published): WORKLOADS=1-8 LOAD=1x|2x POLICIES=...
+	$(PYTHON) -m bench.pollux --workloads $(WORKLOADS) --load $(LOAD) --policies $(POLICIES)
 
 dist: install  ## the sdist and the wheel (built from the sdist), in dist/
 	$(PYTHON) -m build --outdir dist .
