@@ -194,7 +194,13 @@ class FleetPolicy:
 
     def elastic(self, known: Known) -> Elastic:
         job = stored(known)
-        return Elastic.of(job, self._profile(job, known))
+        step = Elastic.of(job, self._profile(job, known))
+        # attained service, where the step takes it (main's does not yet: a policy that weighs it
+        # gets it here, in GPU-seconds, under the field's own name)
+        attained = {
+            f.name: known.attained_gpu_s for f in dataclasses.fields(Elastic) if f.name.startswith("attained")
+        }
+        return dataclasses.replace(step, **attained) if attained else step
 
     def optimize(
         self, jobs: Mapping[str, Known], nodes: Mapping[int, Any], prev: Mapping[str, list[int]], _: Any
