@@ -185,7 +185,6 @@ class FleetPolicy:
     def __init__(self, now: Callable[[], float], profile: str = "learn") -> None:
         self.now, self.profile = now, profile
         self.on_batch: Callable[[str, int, bool], None] = lambda name, batch, restart: None
-        self.decisions = 0
 
     def _profile(self, job: StoredJob, known: Known) -> Profile:
         if self.profile == "bundled":
@@ -221,7 +220,6 @@ class FleetPolicy:
                 gpus_per_node=PER_NODE,
             )
         }
-        self.decisions += len(changes)
         # a running job whose batch alone changes restarts on the GPUs it holds
         same = {s.id for s in steps if s.id in changes and s.running and changes[s.id].gpus == s.size.gpus}
         kept = {
