@@ -101,6 +101,9 @@ class FleetJob(Job):
         local = math.ceil(self.fleet_batch / replicas - 1e-8)
         self.accum_steps = math.ceil(local / app.max_local_bsz - 1e-8) - 1
         self.atomic_bsz = math.ceil(local / (self.accum_steps + 1) - 1e-8)
+        # the artifact measured no per-GPU batch below min_local_bsz (its simulator has no throughput
+        # there): a smaller share of fleet's batch runs at that, as Pollux's own sizes never go below it
+        self.atomic_bsz = max(self.atomic_bsz, int(app.min_local_bsz))
         self.atomic_bsz = min(self.atomic_bsz, int(app.max_batch_size / (replicas * (self.accum_steps + 1))))
 
     def update_params(self, *args: Any) -> None:
