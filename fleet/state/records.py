@@ -8,7 +8,6 @@ quarantine it with the reason.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -96,21 +95,6 @@ class _Fields:
             return parse(value)
         except (ValueError, TypeError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
             raise CorruptRecord(f"{name}: {why(exc)}") from None
-
-
-#: stored specs up to this long are parsed once per process and kept (a job is read again at every
-#: step of its life: queued, started, ended), at most SPECS_KEPT of them
-SPEC_KEPT_CHARS, SPECS_KEPT = 4096, 1024
-
-
-@functools.lru_cache(maxsize=SPECS_KEPT)
-def _kept_spec(text: str) -> JobSpec:
-    return JobSpec.model_validate_json(text)
-
-
-def parse_spec(text: str) -> JobSpec:
-    """A stored spec (specs are frozen, so one parsed object serves every read of the same text)."""
-    return _kept_spec(text) if len(text) <= SPEC_KEPT_CHARS else JobSpec.model_validate_json(text)
 
 
 def _gpus(text: str) -> list[Gpu]:
@@ -203,7 +187,7 @@ def _spec(f: _Fields, arrays: Mapping[str, JobArray]) -> dict[str, Any]:
     """A job's own spec and owner; or, for a task, its array's, with the labels linking it to the array."""
     array_id = f.raw.get("array")
     if not array_id:
-        return {"spec": f.required("spec", parse_spec), "owner": f.raw.get("owner", "")}
+        return {"spec": f.required("spec", JobSpec.model_validate_json), "owner": f.raw.get("owner", "")}
     index = f.required("index", int)
     array = arrays.get(array_id)
     if array is None:
@@ -224,7 +208,7 @@ def parse_array(raw: dict[str, str], spec: JobSpec | None = None) -> JobArray:
     try:
         return JobArray(
             id=f.required("id", str),
-            spec=spec or f.required("spec", parse_spec),
+            spec=spec or f.required("spec", JobSpec.model_validate_json),
             indices=f.required("indices", str),
             size=f.required("size", int),
             max_running=f.get("max_running", int, None),
