@@ -24,9 +24,12 @@ class LearnedProfile(Profile):
     synchronised); ``sync`` from 0 at one GPU, linear between the GPU counts it ran at (their
     reports' time above compute), extended past the largest by the last slope. Optimistic where
     nothing was seen, so the job is tried bigger; never beyond ``EXPLORE`` x the most GPUs it ran
-    at (``least``, its smallest size, before any report), and never a larger per-GPU batch than
-    ``max_local`` (what the job declared fits a GPU's memory) or, undeclared, than it ran at (before
-    any report, ``min_batch / least``). With no reports it runs at its smallest size only."""
+    at (``least``, its smallest size, before any report), never a larger per-GPU batch than
+    ``max_local`` (what the job declared fits a GPU's memory) or, undeclared, than it ran at, and
+    never a per-GPU batch below 1/``EXPLORE`` of the smallest it ran at (a step's fixed costs,
+    which one size cannot tell from its compute, make a far smaller one slower than the model says).
+    With no reports it runs at its smallest size only: ``least`` GPUs at ``min_batch``, the batch it
+    was tuned at."""
 
     least: int = 1
     observed: Mapping[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
@@ -38,10 +41,19 @@ class LearnedProfile(Profile):
     @property
     def largest_local(self) -> float:
         """The largest per-GPU batch a GPU may get: ``max_local`` when the job declared it, else the
-        largest it ran at."""
+        largest it ran at; before any report, ``min_batch / least`` (within ``max_local``)."""
+        tuned = self.min_batch / self.least
         if self.max_local is not None:
-            return float(self.max_local)
-        return max([self.min_batch / self.least] + [b / g for g, b in self.observed])
+            return float(self.max_local) if self.observed else min(self.max_local, tuned)
+        return max([tuned] + [b / g for g, b in self.observed])
+
+    @property
+    def smallest_local(self) -> float:
+        """The smallest per-GPU batch a GPU may get: 1/``EXPLORE`` of the smallest it ran at (before
+        any report, ``min_batch / least``)."""
+        if not self.observed:
+            return self.min_batch / self.least
+        return min(b / g for g, b in self.observed) / EXPLORE
 
     def best(
         self,
@@ -59,7 +71,7 @@ class LearnedProfile(Profile):
         return self.throughput(gpus, batch, gpus_per_node), batch
 
     def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
-        if local > self.largest_local * (1 + 1e-9):
+        if not self.smallest_local * (1 - 1e-9) <= local <= self.largest_local * (1 + 1e-9):
             return None
         return self._model[0] * local + self._sync(sum(placement))
 

@@ -169,10 +169,15 @@ def test_with_room_a_job_grows_to_its_fastest_size_and_batch() -> None:
 
 
 def test_a_running_job_keeps_its_size_unless_the_gain_outweighs_the_resize() -> None:
-    p = linear(efficiency=0.02)  # a second GPU adds 2 %: not worth 30 s of a restart
+    p = linear(efficiency=0.02)  # a second GPU adds 2 %: not worth a restart, even a free one
     running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
     assert allocate([running], 2, now=10_000.0) == {"j": (1, 16)}
-    assert allocate([running], 2, now=10_000.0, resize_cost_s=0.0) == {"j": (2, 32)}
+    assert allocate([running], 2, now=10_000.0, resize_cost_s=0.0) == {"j": (1, 16)}
+    p = linear(efficiency=0.3)  # 30 %: worth it once the size has lasted (it will last again)
+    running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
+    assert allocate([running], 2, now=130.0) == {"j": (1, 16)}  # 30 s of 120 s: no gain left
+    assert allocate([running], 2, now=10_000.0) == {"j": (2, 32)}
+    assert allocate([running], 2, now=130.0, horizon_s=10_000.0) == {"j": (2, 32)}
     p = linear(efficiency=0.9)  # 90 %: worth it
     running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
     assert allocate([running], 2, now=10_000.0) == {"j": (2, 32)}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fleet.scheduler.elastic import SPEEDUP, allocate, service_weight, sizes
@@ -46,12 +48,15 @@ def test_attained_service_weighs_new_jobs_first() -> None:
 
 
 def test_no_resize_by_goodput_unless_the_gain_pays_for_the_restart() -> None:
-    # a second GPU adds 2 % of goodput: not worth 30 s of a restart within the 120 s horizon
+    # a second GPU adds 2 % of goodput: not worth a restart, even a free one
     p = linear(efficiency=0.02, min_batch=8, max_batch=64)
     gpus, batch, _ = sizes(job("j", p, max_gpus=1, noise_scale=1e6))[0]
     running = job("j", p, gpus=gpus, batch=batch, max_gpus=2, noise_scale=1e6)
     assert allocate([running], 2, now=10_000.0) == {"j": (gpus, batch)}
-    assert allocate([running], 2, now=10_000.0, resize_cost_s=0.0)["j"][0] == 2
+    assert allocate([running], 2, now=10_000.0, resize_cost_s=0.0) == {"j": (gpus, batch)}
+    # 50 %: worth 30 s of a restart
+    fast = replace(running, profile=linear(efficiency=0.5, min_batch=8, max_batch=64))
+    assert allocate([fast], 2, now=10_000.0)["j"][0] == 2
     # a noise scale grown since it started: a larger batch on its GPU pays only if enough better
     assert allocate([running], 1, now=10_000.0)["j"] == (gpus, batch)
 

@@ -104,6 +104,30 @@ def test_a_declared_largest_batch_per_gpu_lets_a_learning_job_try_larger_ones() 
     assert [(g, b) for g, b, _ in sizes(job)] == [(1, 256), (2, 512)]
 
 
+def test_a_learning_job_with_a_declared_largest_batch_per_gpu_starts_at_its_tuned_batch() -> None:
+    # nothing reported yet: the batch it was tuned at, not the largest that fits (a larger batch
+    # may cost statistical efficiency, which only its reports tell; Pollux starts there too)
+    profile = LearnedProfile(name="learned", min_batch=64, max_batch=4096, least=1, max_local=256)
+    assert [(g, b) for g, b, _ in sizes(ElasticJob("j", "t", 1, 16, 64, 4096, profile))] == [(1, 64)]
+
+
+def test_a_learning_job_is_not_split_finer_than_half_the_smallest_batch_per_gpu_it_ran_at() -> None:
+    # it ran 512 a GPU on 1 and 2 GPUs: the model (compute per sample + sync) would make 4 GPUs at
+    # 64 a GPU look fast, but a step's fixed costs are not in it; 256 a GPU is as far as it goes
+    profile = LearnedProfile(
+        name="learned",
+        min_batch=256,
+        max_batch=4096,
+        least=1,
+        max_local=512,
+        observed={(1, 512): 100.0, (2, 1024): 190.0},
+    )
+    assert profile.smallest_local == 256
+    assert profile.throughput(4, 256) == 0.0  # 64 a GPU
+    assert profile.throughput(4, 1024) > profile.throughput(2, 1024)  # 256 a GPU
+    assert profile.throughput(1, 256) > 0.0  # within the range, at its floor
+
+
 def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
     from fleet.api.admission import check_elastic
     from fleet.errors import SpecError
