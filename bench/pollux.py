@@ -42,10 +42,10 @@ import numpy as np
 import pandas
 
 from bench.pollux_sim.simulator import Cluster, Job, OptimusPolicy, TiresiasPolicy
+from fleet.config_sections import ControllerSettings
 from fleet.models import Job as StoredJob
 from fleet.models import JobSpec, JobState, Range
 from fleet.scheduler.capacity import even_split
-from fleet.scheduler.elastic import MIN_INTERVAL_S
 from fleet.scheduler.profiles import Profile, named_profile
 from fleet.scheduler.resizing import Elastic, decide, smaller_sizes
 from fleet.state.profiles import learned
@@ -56,6 +56,8 @@ NODES, PER_NODE, INTERVAL_S, RESTART_S = 16, 4, 60, 30.0
 #: the policies: those simulated here, and Pollux's published result
 POLICIES = ("fleet", "tiresias", "optimus", "pollux")
 LOADS = {"1x": ("workloads", "1.0"), "2x": ("workloads-2.0", "2.0")}
+#: the controller's settings as shipped (the elastic step's minimum interval and attained-service weight)
+SETTINGS = ControllerSettings()
 #: a run gives up past this much simulated time (a policy that never finishes a job)
 GIVE_UP_S = 14 * 24 * 3600
 
@@ -121,8 +123,10 @@ class FleetJob(Job):
         if placement and self.completion_time is None and self.rescale_time <= 0:
             step_time, sync_time = self.application.get_throughput(placement, self.atomic_bsz)
             seconds_per_step = step_time + (step_time - sync_time) * self.accum_steps
+            # keyed by the batch it ran, as ``fw.report(batch_size=...)`` says live: not fleet's when
+            # the artifact's smallest per-GPU batch raised it
             samples = sum(placement) * self.atomic_bsz * (self.accum_steps + 1)
-            self.measured[sum(placement), self.fleet_batch] = float(samples / seconds_per_step)
+            self.measured[sum(placement), samples] = float(samples / seconds_per_step)
 
     def known(self) -> Known:
         app = self.application
@@ -177,6 +181,7 @@ def stored(known: Known) -> StoredJob:
         batch_size=known.batch if running else 0,
         speeds={f"{g}x{b}": rate for (g, b), rate in known.measured.items()},
         noise_scale=known.noise_scale,
+        used_gpu_s=known.attained_gpu_s,
     )
 
 
@@ -196,13 +201,7 @@ class FleetPolicy:
 
     def elastic(self, known: Known) -> Elastic:
         job = stored(known)
-        step = Elastic.of(job, self._profile(job, known))
-        # attained service, where the step takes it (main's does not yet: a policy that weighs it
-        # gets it here, in GPU-seconds, under the field's own name)
-        attained = {
-            f.name: known.attained_gpu_s for f in dataclasses.fields(Elastic) if f.name.startswith("attained")
-        }
-        return dataclasses.replace(step, **attained) if attained else step
+        return Elastic.of(job, self._profile(job, known), self.now())
 
     def optimize(
         self, jobs: Mapping[str, Known], nodes: Mapping[int, Any], prev: Mapping[str, list[int]], _: Any
@@ -219,8 +218,9 @@ class FleetPolicy:
                 total,
                 now,
                 resize_cost_s=RESTART_S,
-                min_interval_s=MIN_INTERVAL_S,
+                min_interval_s=SETTINGS.elastic_min_interval_s,
                 gpus_per_node=PER_NODE,
+                service_s=SETTINGS.elastic_service_s,
             )
         }
         # a running job whose batch alone changes restarts on the GPUs it holds

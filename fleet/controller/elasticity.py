@@ -49,12 +49,12 @@ class Elasticity:
         self.observe(on_nodes)
         self.profiles.keep(p for j in self.jobs.values() if uploaded_profile(p := j.spec.profile or ""))
 
-    def step_jobs(self, queue: PendingQueue) -> list[Elastic]:
+    def step_jobs(self, queue: PendingQueue, now: float) -> list[Elastic]:
         """The elastic step's jobs (``PassInput.elastic``): running first, then queued by rank."""
         for job_id in [i for i, j in self.jobs.items() if j.state == JobState.QUEUED and i not in queue]:
             del self.jobs[job_id]  # cancelled, or placed and not read since: the next read says
         return sorted(
-            (Elastic.of(j, self._profile(j)) for j in self.jobs.values()),
+            (Elastic.of(j, self._profile(j), now) for j in self.jobs.values()),
             key=lambda e: (not e.running, _rank(self.jobs[e.id])),
         )
 

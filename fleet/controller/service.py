@@ -94,6 +94,7 @@ class Controller:
             elastic=self.cfg.elastic,
             resize_cost_s=self.cfg.resize_cost_s,
             min_interval_s=self.cfg.elastic_min_interval_s,
+            service_s=self.cfg.elastic_service_s,
             half_life_s=self.cfg.fair_share_half_life_s,
         )
         self.applier = Applier(jobs, bus, self.views, self.tenancy, self.elasticity, self.cfg, token)
@@ -219,7 +220,7 @@ class Controller:
             usage=tenancy.usage,
             holds=tenancy.holds,
             settings=self._settings,
-            elastic=self.elasticity.step_jobs(queue) if resize else (),
+            elastic=self.elasticity.step_jobs(queue, now) if resize else (),
             resize=resize,
             place=place,
             blocked=self._blocked,

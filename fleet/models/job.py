@@ -243,16 +243,22 @@ class Job(BaseModel):
     batch_size: int = 0
     sized_at: float = 0.0
     resizes: int = 0
-    #: where a resize under way takes it (its attempt is checkpointing to leave; 0 GPUs: back to the
-    #: queue until GPUs are free for it), None when none is
+    #: where a resize under way takes it (0 GPUs: back to the queue until GPUs are free), or None
     resize_gpus: int | None = None
     resize_batch: int = 0
     #: an elastic job's measured samples/s at each size it ran at, ``"<GPUs>x<global batch>"``: what
     #: its attempts reported (``fleet_worker.report``), newer reports weighing more
     speeds: dict[str, float] = Field(default_factory=dict)
-    #: an elastic job's gradient noise scale in samples, as its last report said
-    #: (``fleet_worker.report(gns=...)``); 0.0 when it never reported one
+    #: an elastic job's gradient noise scale in samples, as last reported (``fw.report(gns=...)``)
     noise_scale: float = 0.0
+    #: GPU-seconds its ended attempts ran; when its current attempt began RUNNING (None: never)
+    used_gpu_s: float = 0.0
+    running_from: float | None = None
+
+    def attained_gpu_s(self, now: float) -> float:
+        """GPU-seconds it has run so far, its current attempt's included (least attained service)."""
+        since = self.running_from if self.state == JobState.RUNNING else None
+        return self.used_gpu_s + (max(now - since, 0.0) * self.num_gpus if since is not None else 0.0)
 
     @property
     def measured(self) -> dict[tuple[int, int], float]:

@@ -58,8 +58,9 @@ class Elastic:
     attained: float = 0.0
 
     @classmethod
-    def of(cls, job: Job, profile: Profile) -> Elastic:
-        """An elastic job as stored (queued, sized or not, or on its nodes)."""
+    def of(cls, job: Job, profile: Profile, now: float = 0.0) -> Elastic:
+        """An elastic job as stored (queued, sized or not, or on its nodes), its attained service
+        counted to ``now``."""
         spec, running, going = job.spec, job.state.on_node, job.resize_gpus
         assert isinstance(spec.gpus, Range) and spec.batch_range is not None
         low, high = spec.batch_range
@@ -78,6 +79,7 @@ class Elastic:
             resize_to=going if running else None,
             fixed_batch=not isinstance(spec.batch_size, Range),
             noise_scale=job.noise_scale if job.noise_scale > 0 else None,
+            attained=job.attained_gpu_s(now),
         )
 
     @property

@@ -178,6 +178,8 @@ def _job(f: _Fields, arrays: Mapping[str, JobArray]) -> Job:
         resize_batch=f.get("resize_batch", int, 0),
         speeds=_speeds(raw.get("speeds")),
         noise_scale=f.get("gns", float, 0.0),
+        used_gpu_s=f.get("acct_gpu_s", float, 0.0),
+        running_from=f.get("run_from", float, None),
         **(f.get("exit", _last_exit, None) or {}),
         **_spec(f, arrays),
     )

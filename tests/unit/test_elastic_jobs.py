@@ -232,7 +232,7 @@ def test_with_the_step_off_a_queued_job_starts_at_its_smallest_and_keeps_it() ->
             {},
             {},
             PassSettings(elastic=False),
-            steps.step_jobs(queue),
+            steps.step_jobs(queue, 0.0),
             resize=True,
             place=False,
         )
@@ -245,3 +245,30 @@ def test_with_the_step_off_a_queued_job_starts_at_its_smallest_and_keeps_it() ->
     steps.jobs["q"] = queued.model_copy(update={"num_gpus": 1, "batch_size": 128})
     queue.add(PendingJob("q", 0, 1, gpus=1, elastic=True))
     assert step().resizes == []
+
+
+def test_the_step_weighs_jobs_by_the_gpu_seconds_their_attempts_ran() -> None:
+    from fleet.state.records import parse_job
+
+    # a job whose ended attempts ran 7,200 GPU-seconds and whose current one runs on 2 GPUs since
+    # t=1,000, as its record holds it
+    raw = {
+        "id": "r",
+        "state": "RUNNING",
+        "spec": JobSpec.parse(ELASTIC).model_dump_json(),
+        "num_gpus": "2",
+        "batch_size": "256",
+        "acct_gpu_s": "7200",
+        "run_from": "1000",
+    }
+    running = parse_job(raw)
+    assert running.attained_gpu_s(1_500.0) == 7_200 + 2 * 500
+    requeued = parse_job({**raw, "state": "QUEUED"})  # between attempts: what the ended ones ran
+    assert requeued.attained_gpu_s(1_500.0) == 7_200
+    steps = Elasticity(ControllerSettings(), BUNDLED)
+    steps.observe([running, Job(id="q", spec=JobSpec.parse(ELASTIC), state=JobState.QUEUED)])
+    queue = PendingQueue([PendingJob("q", 0, 1, gpus=0, elastic=True, hold="unsized")])
+    got = {e.id: e.attained for e in steps.step_jobs(queue, 1_500.0)}
+    assert got == {"r": 8_200.0, "q": 0.0}
+    # the controller's default weighs them (least attained service first)
+    assert ControllerSettings().elastic_service_s > 0
