@@ -44,8 +44,8 @@ class OwnApi:
 
 
 @pytest.fixture
-def own_api(redis_server: str) -> Iterator[OwnApi]:
-    yield from _start_api(redis_server)
+def own_api(redis_url: str) -> Iterator[OwnApi]:
+    yield from _start_api(redis_url)
 
 
 def _start_api(redis_server: str, **env: str) -> Iterator[OwnApi]:
@@ -133,11 +133,12 @@ def test_a_body_over_the_limit_is_refused_naming_the_setting(own_api: OwnApi, ch
     client.close()
 
 
-def test_a_tenant_at_its_upload_quota_is_refused_not_the_fleet(redis_server: str) -> None:
-    # Given an API allowing each tenant 3 MiB of uploads, kept 3 s
-    gen = _start_api(redis_server, FLEET_BLOB_QUOTA_BYTES=str(3 * MB), FLEET_WORKDIR_RETENTION_S="3")
+def test_a_tenant_at_its_upload_quota_is_refused_not_the_fleet(redis_url: str) -> None:
+    # Given an API allowing each tenant 3 MiB of uploads, kept 3 s (on an empty Redis: no uploads of
+    # earlier tests' count)
+    gen = _start_api(redis_url, FLEET_BLOB_QUOTA_BYTES=str(3 * MB), FLEET_WORKDIR_RETENTION_S="3")
     api = next(gen)
-    redis = connect(load_settings(redis_url=redis_server))
+    redis = connect(load_settings(redis_url=redis_url))
     other, _ = TokenStore(redis, Keys()).create("bob", "other", Role.USER)
     redis.close()
     alice = Client(f"http://127.0.0.1:{api.port}", api.token)
@@ -162,19 +163,20 @@ def test_a_tenant_at_its_upload_quota_is_refused_not_the_fleet(redis_server: str
         next(gen, None)
 
 
-def test_one_token_cannot_take_every_wait_from_the_rest(redis_server: str) -> None:
-    # Given an API allowing each token 4 blocking calls, and a job that stays queued (no node)
-    gen = _start_api(redis_server, FLEET_API__MAX_WAITS_PER_TOKEN="4")
+def test_one_token_cannot_take_every_wait_from_the_rest(redis_url: str) -> None:
+    # Given an API allowing each token 4 blocking calls, and a job that stays queued (an empty Redis:
+    # no node an earlier test registered, so no GPU it could run on)
+    gen = _start_api(redis_url, FLEET_API__MAX_WAITS_PER_TOKEN="4")
     api = next(gen)
-    redis = connect(load_settings(redis_url=redis_server))
+    redis = connect(load_settings(redis_url=redis_url))
     other, _ = TokenStore(redis, Keys()).create("bob", "default", Role.USER)
     redis.close()
     url = f"http://127.0.0.1:{api.port}"
     alice = [Client(url, api.token) for _ in range(6)]
     bob = Client(url, other)
-    job = alice[0].submit(JobSpec(name="queued", gpus=1, command=["true"]))
-    path = f"/v1/jobs/{job.id}/wait"
     try:
+        job = alice[0].submit(JobSpec(name="queued", gpus=1, command=["true"]))
+        path = f"/v1/jobs/{job.id}/wait"
         # When alice holds 4 waits of 5 s each
         with ThreadPoolExecutor(4) as pool:
             held = [pool.submit(_held_wait, c, path) for c in alice[:4]]

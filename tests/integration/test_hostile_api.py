@@ -117,17 +117,18 @@ def api_connections(api: OwnApi, redis_url: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def limited_api(redis_server: str) -> Iterator[OwnApi]:
-    """An API allowing each token 15 waits and followed logs at once."""
-    yield from _start_api(redis_server, FLEET_API__MAX_WAITS_PER_TOKEN="15")
+def limited_api(redis_url: str) -> Iterator[OwnApi]:
+    """An API allowing each token 15 waits and followed logs at once, on an empty Redis (a node an
+    earlier test registered would make a 1-GPU job unplaceable, or run it)."""
+    yield from _start_api(redis_url, FLEET_API__MAX_WAITS_PER_TOKEN="15")
 
 
 def test_many_held_waits_and_follows_leave_others_served_on_few_redis_connections(
-    limited_api: OwnApi, redis_server: str
+    limited_api: OwnApi, redis_url: str
 ) -> None:
     api = limited_api
     # Given 14 users of one tenant, and a job of theirs that stays queued (no node runs it)
-    users = tokens(redis_server, [f"u{i}" for i in range(14)])
+    users = tokens(redis_url, [f"u{i}" for i in range(14)])
     alice = Client(f"http://127.0.0.1:{api.port}", api.token)
     job = alice.submit(JobSpec(name="held", gpus=1, command=["true"]))
     wait, follow = f"/v1/jobs/{job.id}/wait?timeout_s=30", f"/v1/jobs/{job.id}/logs?follow=true"
@@ -137,14 +138,14 @@ def test_many_held_waits_and_follows_leave_others_served_on_few_redis_connection
     waits, follows = [c for calls in held for c in calls[:10]], [c for calls in held for c in calls[10:]]
     assert {f.status() for f in follows} == {200}
     # And another tenant's ordinary calls are served meanwhile, none refused
-    bob = Client(f"http://127.0.0.1:{api.port}", tokens(redis_server, ["bob"], "other")[0])
+    bob = Client(f"http://127.0.0.1:{api.port}", tokens(redis_url, ["bob"], "other")[0])
     for i in range(10):
         mine = bob.submit(JobSpec(name=f"b{i}", gpus=1, command=["true"]))
         assert bob.get(mine.id).state == "QUEUED"
         assert mine.id in {j.id for j in bob.listing()}
     # And the API holds a few Redis connections, not one per waiter: its calls share
     # api.redis_connections (32), its waiters one more
-    connections = api_connections(api, redis_server)
+    connections = api_connections(api, redis_url)
     assert len(connections) <= 32 + 1 + BLOBS, [(c["addr"], c["cmd"]) for c in connections]
     # And once the job ends, every wait answers at once with it, and every follow ends
     alice.cancel(job.id)
@@ -156,9 +157,9 @@ def test_many_held_waits_and_follows_leave_others_served_on_few_redis_connection
 
 
 @pytest.mark.parametrize("kind", ["wait", "follow"])
-def test_a_call_whose_client_hangs_up_ends_at_once(redis_server: str, kind: str) -> None:
+def test_a_call_whose_client_hangs_up_ends_at_once(redis_url: str, kind: str) -> None:
     # Given an API allowing each token 4 blocking calls, and a job that stays queued
-    gen = _start_api(redis_server, FLEET_API__MAX_WAITS_PER_TOKEN="4")
+    gen = _start_api(redis_url, FLEET_API__MAX_WAITS_PER_TOKEN="4")
     api = next(gen)
     client = Client(f"http://127.0.0.1:{api.port}", api.token)
     job = client.submit(JobSpec(name="queued", gpus=1, command=["true"]))
