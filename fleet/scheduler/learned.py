@@ -26,8 +26,9 @@ class LearnedProfile(Profile):
     nothing was seen, so the job is tried bigger; never beyond ``EXPLORE`` x the most GPUs it ran
     at (``least``, its smallest size, before any report), never a larger per-GPU batch than
     ``max_local`` (what the job declared fits a GPU's memory) or, undeclared, than it ran at, and
-    never a per-GPU batch below 1/``EXPLORE`` of the smallest it ran at (a step's fixed costs,
-    which one size cannot tell from its compute, make a far smaller one slower than the model says).
+    never a per-GPU batch below the smallest it ran at (1/``EXPLORE`` of it for a fixed batch): a
+    step's fixed costs and a synchronisation that compute no longer hides, which the model does not
+    have, make a finer split slower than it says (a larger batch is the way to more GPUs).
     With no reports it runs at its smallest size only: ``least`` GPUs at ``min_batch``, the batch it
     was tuned at."""
 
@@ -49,11 +50,13 @@ class LearnedProfile(Profile):
 
     @property
     def smallest_local(self) -> float:
-        """The smallest per-GPU batch a GPU may get: 1/``EXPLORE`` of the smallest it ran at (before
-        any report, ``min_batch / least``)."""
+        """The smallest per-GPU batch a GPU may get: the smallest it ran at, or 1/``EXPLORE`` of that
+        when its batch is fixed (a finer split is then its only way to more GPUs); before any
+        report, ``min_batch / least``."""
         if not self.observed:
             return self.min_batch / self.least
-        return min(b / g for g, b in self.observed) / EXPLORE
+        least = min(b / g for g, b in self.observed)
+        return least / EXPLORE if self.min_batch == self.max_batch else least
 
     def best(
         self,

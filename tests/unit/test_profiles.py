@@ -111,21 +111,20 @@ def test_a_learning_job_with_a_declared_largest_batch_per_gpu_starts_at_its_tune
     assert [(g, b) for g, b, _ in sizes(ElasticJob("j", "t", 1, 16, 64, 4096, profile))] == [(1, 64)]
 
 
-def test_a_learning_job_is_not_split_finer_than_half_the_smallest_batch_per_gpu_it_ran_at() -> None:
+def test_a_learning_job_is_not_split_finer_than_it_ran_unless_its_batch_is_fixed() -> None:
     # it ran 512 a GPU on 1 and 2 GPUs: the model (compute per sample + sync) would make 4 GPUs at
-    # 64 a GPU look fast, but a step's fixed costs are not in it; 256 a GPU is as far as it goes
+    # 128 a GPU look fast, but a step's fixed costs are not in it; a larger batch takes more GPUs
+    observed = {(1, 512): 100.0, (2, 1024): 190.0}
     profile = LearnedProfile(
-        name="learned",
-        min_batch=256,
-        max_batch=4096,
-        least=1,
-        max_local=512,
-        observed={(1, 512): 100.0, (2, 1024): 190.0},
+        name="learned", min_batch=256, max_batch=4096, least=1, max_local=512, observed=observed
     )
-    assert profile.smallest_local == 256
-    assert profile.throughput(4, 256) == 0.0  # 64 a GPU
-    assert profile.throughput(4, 1024) > profile.throughput(2, 1024)  # 256 a GPU
-    assert profile.throughput(1, 256) > 0.0  # within the range, at its floor
+    assert profile.smallest_local == 512
+    assert profile.throughput(4, 512) == 0.0  # 128 a GPU
+    assert profile.throughput(4, 2048) > profile.throughput(2, 1024)  # 512 a GPU
+    # a fixed batch can reach more GPUs only by a finer split: half as fine at a time
+    fixed = LearnedProfile(name="learned", min_batch=512, max_batch=512, least=1, observed={(1, 512): 100.0})
+    assert fixed.smallest_local == 256
+    assert fixed.throughput(2, 512) > 0.0 and fixed.throughput(4, 512) == 0.0
 
 
 def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
