@@ -185,7 +185,7 @@ def show(globals_: Globals, job: str, output: str) -> int:
     return 0
 
 
-def _job_view(job: Job) -> View:
+def _job_view(job: Job, now: float | None = None) -> View:
     spec = job.spec
     view = View(
         [
@@ -202,6 +202,8 @@ def _job_view(job: Job) -> View:
     )
     for line in elastic_fields(job):
         view.add(line)
+    if (used := job.attained_gpu_s(time.time() if now is None else now)) > 0:
+        view.add(Field("GPU time", f"{used / 3600:,.2f} GPU-hours, its attempts together"))
     if job.progress is not None:
         view.add(_progress(job))
     if job.array_id is not None:

@@ -237,8 +237,7 @@ class Job(BaseModel):
     array_id: str | None = None
     array_index: int | None = None
     array_max_running: int | None = None
-    #: an elastic job's size: the GPUs and global batch of its current attempt (queued: of its next),
-    #: 0 until fleet sizes it; when it was last sized; how many times a resize restarted it
+    #: an elastic job's size (GPUs, global batch) now (queued: next), 0 until sized; sized when; resizes
     num_gpus: int = 0
     batch_size: int = 0
     sized_at: float = 0.0
@@ -258,7 +257,8 @@ class Job(BaseModel):
     def attained_gpu_s(self, now: float) -> float:
         """GPU-seconds it has run so far, its current attempt's included (least attained service)."""
         since = self.running_from if self.state == JobState.RUNNING else None
-        return self.used_gpu_s + (max(now - since, 0.0) * self.num_gpus if since is not None else 0.0)
+        held = self.num_gpus or sum(len(m.gpus) for m in self.members) or len(self.gpus)
+        return self.used_gpu_s + (max(now - since, 0.0) * held if since is not None else 0.0)
 
     @property
     def measured(self) -> dict[tuple[int, int], float]:

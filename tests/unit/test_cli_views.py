@@ -187,3 +187,17 @@ def test_a_config_file_that_is_not_there_is_an_error_naming_it(
     assert main([*nowhere, "jobs", "--help"]) == 0
     # --config wins over FLEET_CONFIG, and a file that is there is taken
     assert main(["--config", str(there), *nowhere, "jobs"]) == 5
+
+
+def test_fleet_show_gives_the_gpu_time_a_job_used_over_its_attempts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given a job on 2 GPUs whose ended attempts ran 1.5 GPU-hours and whose current one began at t=0
+    running = job(None).model_copy(update={"gpus": ["g0", "g1"], "used_gpu_s": 5400.0, "running_from": 0.0})
+    # Then `fleet show` at t=1,800 counts both: 1.5 + 2 x 0.5
+    assert "GPU time:   2.50 GPU-hours, its attempts together\n" in plain(
+        _job_view(running, now=1800.0), capsys
+    )
+    # And a job that never ran has no such line
+    queued = job(None).model_copy(update={"state": JobState.QUEUED, "gpus": []})
+    assert "GPU time" not in plain(_job_view(queued, now=1800.0), capsys)
