@@ -257,8 +257,7 @@ class Job(BaseModel):
     def attained_gpu_s(self, now: float) -> float:
         """GPU-seconds it has run so far, its current attempt's included (least attained service)."""
         since = self.running_from if self.state == JobState.RUNNING else None
-        held = self.num_gpus or sum(len(m.gpus) for m in self.members) or len(self.gpus)
-        return self.used_gpu_s + (max(now - since, 0.0) * held if since is not None else 0.0)
+        return self.used_gpu_s + (max(now - since, 0.0) * self.gpu_count if since is not None else 0.0)
 
     @property
     def measured(self) -> dict[tuple[int, int], float]:

@@ -193,7 +193,10 @@ def test_fleet_show_gives_the_gpu_time_a_job_used_over_its_attempts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given a job on 2 GPUs whose ended attempts ran 1.5 GPU-hours and whose current one began at t=0
-    running = job(None).model_copy(update={"gpus": ["g0", "g1"], "used_gpu_s": 5400.0, "running_from": 0.0})
+    two = job(None).spec.model_copy(update={"gpus": 2})
+    running = job(None).model_copy(
+        update={"spec": two, "gpus": ["g0", "g1"], "used_gpu_s": 5400.0, "running_from": 0.0}
+    )
     # Then `fleet show` at t=1,800 counts both: 1.5 + 2 x 0.5
     assert "GPU time:   2.50 GPU-hours, its attempts together\n" in plain(
         _job_view(running, now=1800.0), capsys
