@@ -7,6 +7,9 @@ import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 
@@ -19,16 +22,14 @@ EXPLORE = 2
 class LearnedProfile(Profile):
     """A job's scaling learned from its own reports: ``observed`` (GPUs, global batch) -> samples/s.
 
-    Step time at per-GPU batch ``b`` on ``g`` GPUs = ``k * b + sync(g)``: ``k`` (compute per sample)
-    from the one-GPU reports, else optimistically from the fastest per sample (as if it had not
-    synchronised); ``sync`` from 0 at one GPU, linear between the GPU counts it ran at (their
-    reports' time above compute), extended past the largest by the last slope. Optimistic where
-    nothing was seen, so the job is tried bigger; never beyond ``EXPLORE`` x the most GPUs it ran
-    at (``least``, its smallest size, before any report), never a larger per-GPU batch than
-    ``max_local`` (what the job declared fits a GPU's memory) or, undeclared, than it ran at, and
-    never a per-GPU batch below the smallest it ran at (1/``EXPLORE`` of it for a fixed batch): a
-    step's fixed costs and a synchronisation that compute no longer hides, which the model does not
-    have, make a finer split slower than it says (a larger batch is the way to more GPUs).
+    Step time at per-GPU batch ``b`` on ``g`` GPUs = ``fixed + per_sample x b + sync(g)``, fitted to
+    every report at once (:func:`_fit`): ``fixed`` is what a step costs whatever its batch (why a
+    finer split gains less than its share of samples), ``sync`` 0 at one GPU, linear between the GPU
+    counts it ran at, past the largest along the last two (with one count beyond one GPU that was
+    faster than one, the same as there). Optimistic where nothing was seen, so the job is tried
+    bigger; never beyond ``EXPLORE`` x the most GPUs it ran at (``least``, its smallest size, before
+    any report), and never a larger per-GPU batch than ``max_local`` (what the job declared fits a
+    GPU's memory) or, undeclared, than it ran at.
     With no reports it runs at its smallest size only: ``least`` GPUs at ``min_batch``, the batch it
     was tuned at."""
 
@@ -50,13 +51,9 @@ class LearnedProfile(Profile):
 
     @property
     def smallest_local(self) -> float:
-        """The smallest per-GPU batch a GPU may get: the smallest it ran at, or 1/``EXPLORE`` of that
-        when its batch is fixed (a finer split is then its only way to more GPUs); before any
-        report, ``min_batch / least``."""
-        if not self.observed:
-            return self.min_batch / self.least
-        least = min(b / g for g, b in self.observed)
-        return least / EXPLORE if self.min_batch == self.max_batch else least
+        """The smallest per-GPU batch a GPU may get: any, once it reported (the model's fixed cost
+        per step says what a finer split is worth); before, ``min_batch / least``."""
+        return 0.0 if self.observed else self.min_batch / self.least
 
     def best(
         self,
@@ -76,35 +73,75 @@ class LearnedProfile(Profile):
     def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
         if not self.smallest_local * (1 - 1e-9) <= local <= self.largest_local * (1 + 1e-9):
             return None
-        return self._model[0] * local + self._sync(sum(placement))
+        fixed, per_sample, _, _ = self._model
+        return fixed + per_sample * local + self._sync(sum(placement))
 
     @property
-    def _model(self) -> tuple[float, tuple[tuple[int, float], ...]]:
-        """(``k``, the sync time at each GPU count it ran at, with (1, 0.0))."""
-        found: tuple[float, tuple[tuple[int, float], ...]] | None = self._cache.get(("model",))
+    def _model(self) -> Model:
+        found: Model | None = self._cache.get(("model",))
         if found is None:
             found = self._cache[("model",)] = _fit(self.observed)
         return found
 
     def _sync(self, gpus: int) -> float:
-        points = self._model[1]  # starts (1, 0.0)
+        points = self._model.syncs  # starts (1, 0.0)
         i = bisect.bisect_left(points, (gpus, -math.inf))
         if i < len(points) and points[i][0] == gpus:
             return points[i][1]
         if len(points) == 1:
             return 0.0  # never ran on more than one GPU: optimistic
+        if i == len(points) and len(points) == 2 and self._model.flat:
+            return points[1][1]
         (g0, s0), (g1, s1) = points[i - 1 : i + 1] if i < len(points) else points[-2:]
         return max(s0 + (s1 - s0) * (gpus - g0) / (g1 - g0), 0.0)
 
 
-def _fit(observed: Mapping[tuple[int, int], float]) -> tuple[float, tuple[tuple[int, float], ...]]:
+class Model(NamedTuple):
+    """What :func:`_fit` learned of a job's step time."""
+
+    #: seconds a step takes whatever its batch
+    fixed: float
+    #: seconds each sample of a GPU's share takes
+    per_sample: float
+    #: the synchronisation's seconds at each GPU count it ran at, with (1, 0.0)
+    syncs: tuple[tuple[int, float], ...]
+    #: past the one count beyond one GPU it ran at, the same synchronisation (Pollux's model, with no
+    #: growth seen yet), rather than growth along the line from one GPU: only when that count was
+    #: faster than one GPU (a job that did not gain is not pushed further)
+    flat: bool
+
+
+def _fit(observed: Mapping[tuple[int, int], float]) -> Model:
+    """Least squares over every report (each weighted by 1/its step time: relative error) of
+    ``step = fixed + per_sample x b + sync(g)``, one unknown sync per GPU count run at beyond the
+    smallest (0 there: optimistic). A prior (:data:`PRIOR`) puts half of the smallest size's step in
+    ``fixed`` (Pollux's prior, from one batch): it settles what the reports cannot, and leans the fit
+    that way where they are few."""
     seen = [(g, b / g, b / rate) for (g, b), rate in observed.items() if rate > 0]  # (GPUs, local, step)
     if not seen:
-        return 1.0, ((1, 0.0),)
-    single = [step / local for g, local, step in seen if g == 1]
-    k = sum(single) / len(single) if single else min(step / local for _, local, step in seen)
-    syncs: dict[int, list[float]] = {}
+        return Model(0.0, 1.0, ((1, 0.0),), False)
+    least = min(g for g, _, _ in seen)
+    counts = sorted({g for g, _, _ in seen if g > least})
+    rows, wanted = [], []
     for g, local, step in seen:
-        if g > 1:
-            syncs.setdefault(g, []).append(max(step - k * local, 0.0))
-    return k, ((1, 0.0), *sorted((g, sum(s) / len(s)) for g, s in syncs.items()))
+        rows.append([1.0, local] + [float(g == c) for c in counts])
+        wanted.append(step)
+    base = [step for g, _, step in seen if g == least]
+    prior = sum(base) / len(base) / 2
+    weights = np.array([*(1 / t for t in wanted), PRIOR / prior])
+    design = np.vstack([np.array(rows), [1.0] + [0.0] * (1 + len(counts))]) * weights[:, None]
+    target = np.array([*wanted, prior]) * weights
+    solved = np.linalg.lstsq(design, target, rcond=None)[0]
+    fixed, per_sample = max(float(solved[0]), 0.0), float(solved[1])
+    if per_sample <= 0:  # noisy reports: fall back to the smallest size's cost per sample
+        fixed, per_sample = 0.0, min(step / local for g, local, step in seen if g == least)
+    syncs = [(c, max(float(v), 0.0)) for c, v in zip(counts, solved[2:], strict=True)]
+    start = [(least, 0.0)] if least > 1 else []
+    rates = {g: max(rate for (n, _), rate in observed.items() if n == g) for g, _, _ in seen}
+    flat = len(rates) == 2 and rates[max(rates)] > rates[min(rates)]
+    return Model(fixed, per_sample, ((1, 0.0), *start, *syncs), flat)
+
+
+#: the weight of the prior on ``fixed`` against one report's (1: as much as a report), chosen in
+#: bench/pollux.py (BENCHMARKS.md)
+PRIOR = 0.3
