@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,15 @@ class Settings(BaseModel):
     redis_password: SecretStr | None = None
     #: a file whose one line is the password, read when a service connects (systemd's LoadCredential)
     redis_password_file: Path | None = None
+    #: Redis Sentinel: the sentinels' ``host:port`` (from the environment, comma-separated). Set, the
+    #: primary is whichever Redis they name ``redis_master``, asked again after every failover;
+    #: ``redis_url`` then gives only the DB number (and its user, if it names one)
+    redis_sentinels: list[str] = Field(default_factory=list, max_length=32)
+    redis_master: str = Field(default="fleet", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    #: the sentinels' own login, if they have one (``requirepass`` / ACL in sentinel.conf)
+    redis_sentinel_username: str | None = Field(default=None, pattern=r"^[!-~]{1,128}$")
+    redis_sentinel_password: SecretStr | None = None
+    redis_sentinel_password_file: Path | None = None
     bus_db: int = Field(default=1, ge=0, le=15)
     #: safety net: an idle consumer, woken by each send, still fetches this often (see fleet.bus.wake)
     bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)
@@ -104,12 +114,44 @@ class Settings(BaseModel):
                 raise ValueError(f"{network!r} is not a network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
         return value
 
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``FLEET_REDIS_SENTINELS="10.0.0.1:26379,10.0.0.2:26379"``; the TOML file gives a list."""
+        return (
+            [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+        )
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinel_addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            host_port(entry)
+        return value
+
     @model_validator(mode="after")
     def _one_password_source(self) -> Settings:
-        if self.redis_password is not None and self.redis_password_file is not None:
+        for name in ("redis", "redis_sentinel"):
+            if getattr(self, f"{name}_password") is not None and getattr(self, f"{name}_password_file"):
+                env = f"FLEET_{name.upper()}_PASSWORD"
+                raise ValueError(
+                    f"{name}_password ({env}) and {name}_password_file ({env}_FILE) are both set: give one"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _sentinel_only_with_sentinels(self) -> Settings:
+        given = [name for name in _SENTINEL_LOGIN if getattr(self, name) is not None]
+        if given and not self.redis_sentinels:
             raise ValueError(
-                "redis_password (FLEET_REDIS_PASSWORD) and redis_password_file (FLEET_REDIS_PASSWORD_FILE) "
-                "are both set: give one"
+                f"{given[0]} is set but redis_sentinels (FLEET_REDIS_SENTINELS) is empty: list the "
+                "sentinels as host:port, or unset it"
+            )
+        if self.redis_sentinels and urlsplit(self.redis_url).scheme != "redis":
+            raise ValueError(
+                f"redis_url {redact(self.redis_url)!r}: with redis_sentinels it must be a redis:// URL (its "
+                "DB number and user apply; the sentinels say which host is the primary), e.g. "
+                "redis://127.0.0.1:6379/0; TLS and unix sockets are not supported with Sentinel"
             )
         return self
 
@@ -134,9 +176,47 @@ class Settings(BaseModel):
         found = {"username": self.redis_username, "password": self.redis_password_for()}
         return {name: value for name, value in found.items() if value is not None}
 
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [host_port(entry) for entry in self.redis_sentinels]
+
+    def sentinel_credentials(self) -> dict[str, str]:
+        """``username`` and ``password`` for the sentinels themselves, those that are set."""
+        password = self.redis_sentinel_password
+        if self.redis_sentinel_password_file is not None:
+            secret: str | None = read_secret(
+                self.redis_sentinel_password_file, "redis_sentinel_password_file"
+            )
+        else:
+            secret = password.get_secret_value() if password is not None else None
+        found = {"username": self.redis_sentinel_username, "password": secret}
+        return {name: value for name, value in found.items() if value is not None}
+
     @property
     def redis_display(self) -> str:
+        if self.redis_sentinels:
+            sentinels = ",".join(self.redis_sentinels)
+            return f"{redact(self.redis_url)} primary {self.redis_master} of sentinels {sentinels}"
         return redact(self.redis_url)
+
+
+#: the settings of the sentinels' own login
+_SENTINEL_LOGIN = ("redis_sentinel_username", "redis_sentinel_password", "redis_sentinel_password_file")
+
+
+def host_port(entry: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) as (host, port); a ValueError says what was expected."""
+    host, _, port = entry.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{entry!r} is not host:port: list each sentinel as host:port, e.g. "
+            'FLEET_REDIS_SENTINELS="10.0.0.1:26379,10.0.0.2:26379" or '
+            'redis_sentinels = ["10.0.0.1:26379", "10.0.0.2:26379"] in fleet.toml'
+        )
+    return host, int(port)
+
+
+_HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:_-]{0,252}")
 
 
 def read_secret(path: Path, setting: str) -> str:
