@@ -12,6 +12,7 @@ import redis
 
 from fleet.config import Settings, redact
 from fleet.errors import StoreUnavailable
+from fleet.state.sentinel import sentinel_pool
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,10 +39,13 @@ def connect_binary(settings: Settings) -> redis.Redis:
 
 def pool(settings: Settings, db: int | None = None, **options: Any) -> redis.ConnectionPool:
     """A connection pool for ``db`` with the ACL username and password passed apart from the URL
-    (never spliced in); ``options`` override the default timeouts."""
+    (never spliced in); ``options`` override the default timeouts. With ``redis_sentinels``, its
+    connections go to whichever Redis the sentinels name primary (:mod:`fleet.state.sentinel`)."""
     defaults = {"socket_connect_timeout": 2, "socket_timeout": 5, "health_check_interval": 10}
     options = {**defaults, **settings.redis_credentials(), **options}
     kind: type[redis.ConnectionPool] = options.pop("pool_class", redis.ConnectionPool)
+    if settings.redis_sentinels:
+        return sentinel_pool(settings, settings.redis_url_for(db), kind, options)
     return kind.from_url(settings.redis_url_for(db), **options)
 
 

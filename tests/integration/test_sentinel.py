@@ -1,0 +1,145 @@
+"""Redis Sentinel: the fleet follows a failover of its Redis primary with no service restarted.
+
+Real redis-servers and sentinels (those of ``fleet up --ha``), a real controller and agent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from bench.procs import DirectClient, FleetProcs
+from fleet import JobSpec, JobState
+from fleet.config import load_settings
+from fleet.errors import StoreUnavailable
+from fleet.models import Role
+from fleet.ops import redis_local
+from fleet.ops.redis_local import LocalRedis
+from fleet.state import Stores
+from fleet.state.connection import connect
+from tests.conftest import need
+from tests.support import until, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def ha(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRedis]:
+    """A primary, two replicas and three sentinels (down after 1 s), as ``fleet up --ha`` runs them,
+    with the ``FLEET_REDIS_*`` the services read set in the environment."""
+    need(shutil.which("redis-server") is not None, "redis-server not installed (make install)")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def spawn(name: str, argv: list[str], stdin: str | None, umask: int) -> subprocess.Popen[bytes]:
+        with open(tmp_path / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, umask=umask
+            )
+        assert proc.stdin is not None
+        proc.stdin.write((stdin or "").encode())
+        proc.stdin.close()
+        started.append(proc)
+        return proc
+
+    try:
+        found = redis_local.start(tmp_path / "redis", spawn, ha=True)
+        for name, value in found.env().items():
+            monkeypatch.setenv(name, value)
+        yield found
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def hello(**fields: object) -> JobSpec:
+    return JobSpec.parse({"name": "hello", "command": [sys.executable, "-c", "print('hello')"], **fields})
+
+
+def primary_port(ha: LocalRedis) -> int:
+    """The port of the Redis the sentinels name primary now."""
+    sentinel = ha.sentinels[0].rpartition(":")[2]
+    password = ha.sentinel_password_file.read_text().strip() if ha.sentinel_password_file else None
+    with redis.Redis(port=int(sentinel), password=password, decode_responses=True) as client:
+        _host, port = client.sentinel_get_master_addr_by_name(redis_local.MASTER)
+    return int(port)
+
+
+def replicated(ha: LocalRedis) -> int:
+    """How many replicas hold every write the primary took so far (``WAIT``, after a write of ours)."""
+    client = connect(load_settings())
+    pipe = client.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes
+    pipe.set("test:replicated", 1).wait(redis_local.REPLICAS, 5000)
+    _, count = pipe.execute()
+    client.close()
+    return int(count)
+
+
+def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
+    ha: LocalRedis, tmp_path: Path
+) -> None:
+    # Given a controller and an agent that know Redis only through the sentinels
+    procs = FleetProcs(ha.url, tmp_path, "process")
+    client = DirectClient(settings=load_settings())
+    try:
+        procs.controller()
+        procs.agent("t-a", gpus=2)
+        procs.wait_nodes(client, 1)
+        # And a job that ran, every write of it on both replicas
+        before = client.submit(hello())
+        assert before.wait(timeout=30).state == JobState.SUCCEEDED
+        assert replicated(ha) == redis_local.REPLICAS
+        # When the primary is SIGKILLed and the sentinels promote a replica
+        old = primary_port(ha)
+        ha.procs["redis-0"].send_signal(signal.SIGKILL)
+        until(lambda: primary_port(ha) != old, "a replica promoted", timeout=30)
+        # Then a job submitted now runs to the end, on the services that were already running
+        after = until(lambda: _submitted(client), "a submit on the new primary", timeout=30)
+        assert after.wait(timeout=30).state == JobState.SUCCEEDED, procs.logs()
+        assert [name for name, proc in procs.procs.items() if proc.poll() is not None] == []
+        # And the job from before the failover is still there, as it ended
+        assert before.status().state == JobState.SUCCEEDED
+        assert before.logs() == "hello"
+    finally:
+        procs.stop()
+        client.close()
+
+
+def _submitted(client: DirectClient) -> object:
+    try:
+        return client.submit(hello())
+    except StoreUnavailable:
+        return None
+
+
+def test_a_demoted_primary_is_an_outage_to_retry_not_a_crash(ha: LocalRedis) -> None:
+    # Given a store connected to the primary through the sentinels
+    stores = Stores.open(load_settings())
+    try:
+        assert stores.redis.set("test:before", 1)
+        # When the primary is made a replica with the store's connection still open (as a primary
+        # cut off from the sentinels finds itself demoted when the network heals)
+        password = ha.password_file.read_text().strip()
+        with redis.Redis(port=primary_port(ha), password=password) as primary:
+            replica = primary.info("replication")["slave0"]["port"]
+            primary.replicaof("127.0.0.1", replica)
+            # Then a write through the store is refused as "Redis unavailable" (retryable), not as an error
+            with pytest.raises(StoreUnavailable, match="previous master is now a slave"):
+                stores.tokens.create("someone", "default", Role.USER)
+            # And once the sentinels' primary takes writes again, the same store writes there
+            primary.replicaof("no", "one")
+        wait_for(lambda: stores.redis.set("test:after", 1), timeout=30, what="a write to the primary")
+    finally:
+        stores.close()
