@@ -18,7 +18,7 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from fleet.api.deps import NO_TOKEN, UNKNOWN_TOKEN, bearer, remember
-from fleet.errors import FleetError, SpecError, Unauthorized, error_body
+from fleet.errors import FleetError, SpecError, StoreUnavailable, Unauthorized, error_body
 from fleet.state.tokens import TokenStore
 
 Scope = MutableMapping[str, Any]
@@ -52,11 +52,8 @@ class Guard:
             return
         path: str = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if path.startswith("/v1/"):
-            refused = await self._unknown_caller(scope)
-            if refused is not None:
-                await _answer(send, 401, refused, {"www-authenticate": "Bearer"})
-                return
+        if path.startswith("/v1/") and await self._refused(scope, send):
+            return
         limit, setting = self.limit(path)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -82,6 +79,18 @@ class Guard:
                 await _answer(send, 413, SpecError(f"request body: more than {setting} ({limit}) bytes"))
                 return
         await self.app(scope, _replay(bytes(body), None), send)
+
+    async def _refused(self, scope: Scope, send: Send) -> bool:
+        """Whether the call was answered for want of a token the fleet knows (401), or because no
+        token can be checked while Redis is unavailable (503, as a route would answer)."""
+        try:
+            refused = await self._unknown_caller(scope)
+        except StoreUnavailable as exc:
+            await _answer(send, 503, exc)
+            return True
+        if refused is not None:
+            await _answer(send, 401, refused, {"www-authenticate": "Bearer"})
+        return refused is not None
 
     async def _unknown_caller(self, scope: Scope) -> FleetError | None:
         token = bearer(Request(scope))
