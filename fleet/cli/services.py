@@ -168,14 +168,25 @@ def api(
     help="keep Redis data, checkpoints and agent state here (default: a temp dir)",
 )
 @click.option("--demo", is_flag=True, help="submit example jobs, show them finish, then stop")
+@click.option(
+    "--ha",
+    is_flag=True,
+    help="Redis Sentinel: a primary, two replicas and three sentinels (kill the primary to see a failover)",
+)
 @pass_globals
-def up(globals_: Globals, gpus: int, runtime: str, state_dir: str | None, demo: bool) -> int:
+def up(globals_: Globals, gpus: int, runtime: str, state_dir: str | None, demo: bool, ha: bool) -> int:
     """Run Redis, a controller, an agent and the API in the foreground, and print the API's URL and
     an admin token. Jobs run as you (under sudo: as SUDO_USER). Ctrl-C, SIGTERM or SIGHUP stops them
-    all; should `fleet up` be killed, its children stop too (Linux)."""
+    all; should `fleet up` be killed, its children stop too (Linux).
+
+    With --ha, Redis is a primary, two replicas and three sentinels (each with a password of its
+    own, in files only the services read); the services follow whichever Redis the sentinels name
+    primary, so `kill -9` of the primary shows a failover with nothing restarted."""
     from fleet.ops.local import LocalFleet
 
-    with LocalFleet(gpus=gpus, runtime=runtime, state_dir=state_dir, redis_url=globals_.redis_url) as fleet:
+    with LocalFleet(
+        gpus=gpus, runtime=runtime, state_dir=state_dir, redis_url=globals_.redis_url, ha=ha
+    ) as fleet:
         if demo:
             return fleet.demo()
         fleet.serve()

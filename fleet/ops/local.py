@@ -1,7 +1,8 @@
 """``fleet up``: a whole fleet on this machine, in the foreground, with nothing left behind.
 
-It spawns its own ``redis-server`` on a free port (unless given a Redis URL), one controller and
-one agent as child processes. The agent picks real GPUs (NVML) or simulated ones, and Docker or
+It spawns its own ``redis-server`` on a free port (unless given a Redis URL; with ``--ha`` a primary,
+two replicas and three sentinels: :mod:`fleet.ops.redis_local`), one controller, one agent and the
+API as child processes. The agent picks real GPUs (NVML) or simulated ones, and Docker or
 the process runtime, as configured for ``auto``.
 
 Ctrl-C, SIGTERM (``kill``, systemd, CI runners) and SIGHUP (a closed terminal) all stop it the same
@@ -20,10 +21,8 @@ import contextlib
 import ctypes
 import os
 import pwd
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import redis
-
 from fleet.errors import ConfigError, FleetError
+from fleet.ops import redis_local
+from fleet.ops.redis_local import LocalRedis, free_port
 
 DEMO_JOBS: list[dict[str, Any]] = [
     {"name": "hello", "command": ["python3", "-c", "print('hello from fleet')"]},
@@ -99,12 +98,6 @@ def jobs_run_as(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
     return settings, note
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _libc_prctl() -> Callable[..., int] | None:
     """libc's ``prctl``, or None off Linux: children then rely on an orderly stop alone."""
     if not sys.platform.startswith("linux"):
@@ -139,12 +132,19 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class LocalFleet:
-    def __init__(self, *, gpus: int, runtime: str, state_dir: str | None, redis_url: str | None) -> None:
-        self.gpus, self.runtime = gpus, runtime
+    def __init__(
+        self, *, gpus: int, runtime: str, state_dir: str | None, redis_url: str | None, ha: bool = False
+    ) -> None:
+        if ha and redis_url:
+            raise ConfigError(
+                "--ha starts a Redis of its own (primary, replicas, sentinels): drop --redis-url"
+            )
+        self.gpus, self.runtime, self.ha = gpus, runtime, ha
         self._tmp = None if state_dir else tempfile.mkdtemp(prefix="fleet-up-")
         self.dir = Path(state_dir or self._tmp or ".").resolve()
         self.redis_url = redis_url
-        self.redis_password_file: Path | None = None
+        self.redis: LocalRedis | None = None
+        self._lost: set[int] = set()  # pids of Redis processes of --ha that exited
         self.api_url, self.token = "", ""
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._handlers: dict[int, _Handler] = {}
@@ -161,7 +161,7 @@ class LocalFleet:
             if self._note:
                 print(self._note, end="", flush=True)
             if not self.redis_url:
-                self.redis_url = self._spawn_redis()
+                self.redis = redis_local.start(self.dir / "redis", self._spawn_redis, ha=self.ha)
             env = self._env()
             self._spawn("controller", [sys.executable, "-m", "fleet.cli.main", "controller"], env)
             self._spawn("agent", [sys.executable, "-m", "fleet.cli.main", "agent"], env)
@@ -172,8 +172,9 @@ class LocalFleet:
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        ha = self.redis.describe() if self.redis else ""
         print(
-            f"\nfleet is up: API {self.api_url}, status page {self.api_url}/ui (log in with the token), "
+            f"\n{ha}fleet is up: API {self.api_url}, status page {self.api_url}/ui (log in with the token), "
             "with an admin token for you. In another shell:\n\n"
             f"  export FLEET_API_URL={self.api_url} FLEET_TOKEN={self.token}\n"
             "  fleet submit --gpus 1 -- python3 -c 'print(42)'\n  fleet jobs\n\nCtrl-C stops it all.\n",
@@ -183,67 +184,25 @@ class LocalFleet:
 
     def _admin_token(self) -> str:
         """A token for whoever ran ``fleet up``: admin of this fleet, jobs in tenant ``default``."""
-        from fleet.config import load_settings
+        from fleet.config import from_env, load_settings
         from fleet.models import Role
         from fleet.state import Stores
 
-        settings = load_settings(redis_url=self.redis_url, redis_password_file=self.redis_password_file)
+        settings = load_settings(**from_env(self._redis_env()))
         stores = Stores.open(settings)
         user = os.environ.get("USER") or "admin"
         token, _ = stores.tokens.create(user, "default", Role.ADMIN, created_by="fleet up")
         stores.close()
         return token
 
-    def _spawn_redis(self) -> str:
-        """A redis-server on a free loopback port, with a random password only the services read.
-
-        Jobs run on this machine too (as another user): without a password any of them could reach
-        Redis, mint itself an admin token or ``CONFIG SET`` its way to a file written as this user.
-        The password goes to redis-server on its standard input (never argv, which ``ps`` shows)
-        and to the services in a 0600 file; the AOF is written with umask 077 in a 0700 folder.
-        """
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ConfigError(
-                "redis-server not found: run `make install` (it installs it) or pass --redis-url"
-            )
-        port = free_port()
-        data = self.dir / "redis"
-        data.mkdir(mode=0o700, exist_ok=True)
-        data.chmod(0o700)
-        password = secrets.token_urlsafe(32)
-        self.redis_password_file = self.dir / "redis.password"
-        fd = os.open(self.redis_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(password + "\n")
-        config = (
-            f"port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {data}\nappendonly yes\n"
-            f'save ""\nloglevel warning\nrequirepass {password}\n'
-        )
-        self._spawn("redis", [binary, "-"], None, stdin=config, umask=0o077)
-        url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url, password=password)
-        deadline = time.monotonic() + REDIS_START_S  # a busy machine may take seconds
-        try:
-            while time.monotonic() < deadline:
-                try:
-                    client.ping()
-                    return url
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-        finally:
-            client.close()
-        raise FleetError(f"redis-server did not answer on port {port} in {REDIS_START_S:g} s")
+    def _redis_env(self) -> dict[str, str]:
+        """The services' ``FLEET_REDIS_*``: the Redis it spawned, with the files of its passwords."""
+        return self.redis.env() if self.redis else {"FLEET_REDIS_URL": self.redis_url or ""}
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            FLEET_REDIS_URL=self.redis_url or "",
-            **(
-                {"FLEET_REDIS_PASSWORD_FILE": str(self.redis_password_file)}
-                if self.redis_password_file
-                else {}
-            ),
+            **self._redis_env(),
             FLEET_CHECKPOINT_ROOT=str(self.dir / "checkpoints"),
             FLEET_AGENT__STATE_DIR=str(self.dir / "agent"),
             FLEET_AGENT__SIMULATED_GPUS=str(self.gpus),
@@ -252,14 +211,17 @@ class LocalFleet:
             FLEET_RETRY_BACKOFF_S=env.get("FLEET_RETRY_BACKOFF_S", "1"),
             **self._jobs_user,
         )
-        if self.redis_password_file is not None:  # the Redis it spawned: its password, for the services
-            env["FLEET_REDIS_PASSWORD_FILE"] = str(self.redis_password_file)
         # process-runtime jobs get the agent's PATH: fleet's own environment first, so `python3` in a
         # job is the one fleet runs on, with what it installed (torch for the README's example)
         here = str(Path(sys.executable).parent)
         if here not in env.get("PATH", "").split(os.pathsep):
             env["PATH"] = os.pathsep.join([here, *filter(None, [env.get("PATH")])])
         return env
+
+    def _spawn_redis(
+        self, name: str, argv: list[str], stdin: str | None, umask: int
+    ) -> subprocess.Popen[bytes]:
+        return self._spawn(name, argv, None, stdin=stdin, umask=umask)
 
     def _spawn(
         self,
@@ -269,7 +231,7 @@ class LocalFleet:
         *,
         stdin: str | None = None,
         umask: int = -1,
-    ) -> None:
+    ) -> subprocess.Popen[bytes]:
         # own session: a terminal's Ctrl-C reaches only us, and we stop them in order (Redis last)
         proc = subprocess.Popen(
             argv,
@@ -284,6 +246,7 @@ class LocalFleet:
             proc.stdin.write(stdin.encode())
             proc.stdin.close()
         self.children.append((name, proc))
+        return proc
 
     def _wait_for_node(self, timeout: float = 30) -> None:
         from fleet.client import Client
@@ -304,8 +267,14 @@ class LocalFleet:
 
     def _check_children(self) -> None:
         for name, proc in self.children:
-            if proc.poll() is not None:
+            if proc.poll() is None or proc.pid in self._lost:
+                continue
+            spare = self.redis.procs.values() if self.ha and self.redis else ()
+            if not any(proc is p for p in spare):
                 raise FleetError(f"{name} exited with code {proc.returncode}; see its log above")
+            # with --ha, a Redis or a sentinel going is what the others are there for
+            self._lost.add(proc.pid)
+            print(f"fleet up: a {name} exited with code {proc.returncode}; the rest carry on", flush=True)
 
     def serve(self) -> None:
         try:

@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fleet import Client
+from fleet import Client, JobHandle, JobState
+from fleet.errors import StoreUnavailable
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +57,13 @@ class Up:
         self.proc: subprocess.Popen[bytes] | None = None
         self.seen: dict[int, psutil.Process] = {}
 
-    def start(self, **extra: str) -> subprocess.Popen[bytes]:
+    def start(self, *options: str, **extra: str) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         env["TMPDIR"] = str(self.root)  # its fleet-up-* temp dir lands where the test can look
         env.update(extra)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleet", "up", "--runtime", "process"],
+                [sys.executable, "-m", "fleet", "up", "--runtime", "process", *options],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -210,3 +212,40 @@ def test_fleet_ups_redis_admits_only_its_services(up: Up) -> None:
         assert (state / "redis").stat().st_mode & 0o077 == 0
     finally:
         client.close()
+
+
+def test_fleet_up_ha_follows_a_failover_of_its_redis_with_nothing_restarted(up: Up) -> None:
+    # Given `fleet up --ha`: a primary, two replicas and three sentinels, and a job that ran
+    up.start("--ha")
+    client = up.wait_up()
+    try:
+        assert client.submit(HELLO).wait(timeout=60).state == JobState.SUCCEEDED
+        services = {(role(p), p.pid) for p in up.descendants() if role(p) != "redis"}
+        assert len([p for p in up.descendants() if role(p) == "redis"]) == 6
+        # And no password on any command line, the sentinels' config files private
+        (state,) = up.root.glob("fleet-up-*")
+        passwords = [(state / f).read_text().strip() for f in ("redis.password", "redis-sentinel.password")]
+        assert not [p.pid for p in up.descendants() for pw in passwords if pw in " ".join(p.cmdline())]
+        confs = list((state / "redis").glob("sentinel-*.conf"))
+        assert len(confs) == 3 and all(c.stat().st_mode & 0o077 == 0 for c in confs)
+        # When the primary is SIGKILLed, as fleet up says to see a failover
+        found = re.search(r"To see a failover: kill -9 (\d+)", up.output())
+        assert found, up.output()
+        os.kill(int(found[1]), signal.SIGKILL)
+        # Then a job submitted next runs to the end, on the services that were running
+        job = until(lambda: _submitted(client), "a submit after the failover", timeout=60)
+        assert job.wait(timeout=60).state == JobState.SUCCEEDED, up.output()
+        assert {(role(p), p.pid) for p in up.descendants() if role(p) != "redis"} == services
+        assert up.proc is not None and up.proc.poll() is None, up.output()
+    finally:
+        client.close()
+
+
+HELLO = {"name": "hello", "command": ["echo", "hello"]}
+
+
+def _submitted(client: Client) -> JobHandle | None:
+    try:
+        return client.submit(HELLO)
+    except StoreUnavailable:  # the API answers 503 until the sentinels promote a replica
+        return None
