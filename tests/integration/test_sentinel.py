@@ -5,6 +5,7 @@ Real redis-servers and sentinels (those of ``fleet up --ha``), a real controller
 
 from __future__ import annotations
 
+import queue
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import redis
 
 from bench.procs import DirectClient, FleetProcs
 from fleet import JobSpec, JobState
+from fleet.bus import Bus, JobSubmitted
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
 from fleet.models import Role
@@ -122,6 +124,35 @@ def _submitted(client: DirectClient) -> object:
         return client.submit(hello())
     except StoreUnavailable:
         return None
+
+
+def test_a_running_bus_consumer_gets_messages_sent_after_the_failover(ha: LocalRedis) -> None:
+    # Given a bus consumer that took a message from the first primary
+    bus = Bus(load_settings())
+    seen: queue.Queue[str] = queue.Queue()
+    bus.handle("test.sentinel", JobSubmitted, lambda msg: seen.put(msg.job_id))
+    worker = bus.worker("test.sentinel", threads=1)
+    try:
+        bus.send("test.sentinel", JobSubmitted(job_id="before"))
+        assert seen.get(timeout=10) == "before"
+        # When the primary is SIGKILLed and a replica promoted
+        old = primary_port(ha)
+        ha.procs["redis-0"].send_signal(signal.SIGKILL)
+        until(lambda: primary_port(ha) != old, "a replica promoted", timeout=30)
+        # Then a message sent now reaches the same consumer, through the new primary
+        until(lambda: _sent(bus, "after"), "a send on the new primary", timeout=30)
+        assert seen.get(timeout=30) == "after"
+    finally:
+        worker.stop()
+        bus.close()
+
+
+def _sent(bus: Bus, job_id: str) -> bool:
+    try:
+        bus.send("test.sentinel", JobSubmitted(job_id=job_id))
+    except redis.ConnectionError:
+        return False
+    return True
 
 
 def test_a_demoted_primary_is_an_outage_to_retry_not_a_crash(ha: LocalRedis) -> None:
