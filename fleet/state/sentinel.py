@@ -12,14 +12,19 @@ the new primary answers ``NOSCRIPT``.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any
 
 import redis
 from redis.connection import parse_url
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from fleet.config import Settings
+from fleet.log import event
+
+log = logging.getLogger("fleet.state")
 
 #: how long asking one sentinel may take before the next is asked
 SENTINEL_TIMEOUT_S = 1.0
@@ -27,6 +32,55 @@ SENTINEL_TIMEOUT_S = 1.0
 
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
     """A sentinel-managed pool with at most ``max_connections``, a call beyond waiting for one."""
+
+
+class _Manager(Sentinel):
+    """The sentinels, and which primary this process last reached: a connection that reaches
+    another logs the failover, once per process, with how long no connection could be opened."""
+
+    def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
+        super().__init__(sentinels, **options)  # type: ignore[no-untyped-call]
+        self._lock = threading.Lock()
+        self._primary: tuple[str, int] | None = None
+        self._cut_off_at: float | None = None
+
+    def cut_off(self) -> None:
+        with self._lock:
+            if self._cut_off_at is None:
+                self._cut_off_at = time.monotonic()
+
+    def reached(self, address: tuple[str, int]) -> None:
+        with self._lock:
+            previous, since = self._primary, self._cut_off_at
+            self._primary, self._cut_off_at = address, None
+        if previous is not None and previous != address:
+            cut_off = f"{time.monotonic() - since:.1f}" if since is not None else "0.0"
+            event(
+                log, "redis_failover", primary=_named(address), previous=_named(previous), cut_off_s=cut_off
+            )
+
+
+class _Connection(SentinelManagedConnection):
+    """A connection to the primary that tells its manager whether it could be opened."""
+
+    def connect(self) -> None:
+        try:
+            super().connect()  # type: ignore[no-untyped-call]
+        except redis.ConnectionError:  # the primary refused, or the sentinels named none
+            self._manager().cut_off()
+            raise
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        super().connect_to(address)  # type: ignore[no-untyped-call]
+        self._manager().reached(address)
+
+    def _manager(self) -> _Manager:
+        manager: _Manager = self.connection_pool.sentinel_manager
+        return manager
+
+
+def _named(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 def sentinel_pool(
@@ -38,10 +92,11 @@ def sentinel_pool(
     given = {k: v for k, v in parse_url(url).items() if k not in ("host", "port")}  # type: ignore[no-untyped-call]
     blocking = issubclass(kind, redis.BlockingConnectionPool)
     cls = BlockingSentinelPool if blocking else SentinelConnectionPool
-    return cls(settings.redis_master, _manager(settings), **{**options, **given})  # type: ignore[no-untyped-call]
+    options = {**options, **given, "connection_class": _Connection}
+    return cls(settings.redis_master, _manager(settings), **options)  # type: ignore[no-untyped-call]
 
 
-def _manager(settings: Settings) -> Sentinel:
+def _manager(settings: Settings) -> _Manager:
     """The process's one :class:`Sentinel` for these sentinels and login: each holds a connection
     pool per sentinel, and services open pools (bus consumers, stream readers) all their lives."""
     login = settings.sentinel_credentials()
@@ -50,9 +105,9 @@ def _manager(settings: Settings) -> Sentinel:
         manager = _managers.get(key)
         if manager is None:
             options = {"socket_connect_timeout": SENTINEL_TIMEOUT_S, "socket_timeout": SENTINEL_TIMEOUT_S}
-            manager = _managers[key] = Sentinel(list(key[0]), sentinel_kwargs={**options, **login})  # type: ignore[no-untyped-call]
+            manager = _managers[key] = _Manager(list(key[0]), sentinel_kwargs={**options, **login})
         return manager
 
 
 _lock = threading.Lock()
-_managers: dict[tuple[Any, ...], Sentinel] = {}
+_managers: dict[tuple[Any, ...], _Manager] = {}

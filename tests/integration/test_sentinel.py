@@ -114,6 +114,13 @@ def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
         # And the job from before the failover is still there, as it ended
         assert before.status().state == JobState.SUCCEEDED
         assert before.logs() == "hello"
+        # And each service logged the failover once, naming the new primary
+        for service in ("controller", "t-a"):
+            lines = [
+                x for x in (tmp_path / f"{service}.log").read_text().splitlines() if "redis_failover" in x
+            ]
+            assert len(lines) == 1 and f"primary=127.0.0.1:{primary_port(ha)} " in lines[0], lines
+            assert f"previous=127.0.0.1:{old} cut_off_s=" in lines[0]
     finally:
         procs.stop()
         client.close()
