@@ -18,7 +18,9 @@ import time
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from fleet.config import Settings
@@ -44,35 +46,40 @@ class _Manager(Sentinel):
         self._primary: tuple[str, int] | None = None
         self._cut_off_at: float | None = None
 
-    def cut_off(self) -> None:
+    def cut_off(self, since: float) -> None:
         with self._lock:
             if self._cut_off_at is None:
-                self._cut_off_at = time.monotonic()
+                self._cut_off_at = since
 
-    def reached(self, address: tuple[str, int]) -> None:
+    def reached(self, address: tuple[str, int], since: float) -> None:
+        """A connection begun at ``since`` reached ``address``; if that is another primary than
+        before, log the failover, counted from the first connection that could not be opened."""
         with self._lock:
-            previous, since = self._primary, self._cut_off_at
+            previous, first = self._primary, min(self._cut_off_at or since, since)
             self._primary, self._cut_off_at = address, None
         if previous is not None and previous != address:
-            cut_off = f"{time.monotonic() - since:.1f}" if since is not None else "0.0"
+            cut_off = f"{time.monotonic() - first:.1f}"
             event(
                 log, "redis_failover", primary=_named(address), previous=_named(previous), cut_off_s=cut_off
             )
 
 
 class _Connection(SentinelManagedConnection):
-    """A connection to the primary that tells its manager whether it could be opened."""
+    """A connection to the primary that tells its manager whether, and since when, it tried to open."""
+
+    _began = 0.0
 
     def connect(self) -> None:
+        self._began = time.monotonic()  # asking the sentinels may take a while: from here
         try:
             super().connect()  # type: ignore[no-untyped-call]
         except redis.ConnectionError:  # the primary refused, or the sentinels named none
-            self._manager().cut_off()
+            self._manager().cut_off(self._began)
             raise
 
     def connect_to(self, address: tuple[str, int]) -> None:
         super().connect_to(address)  # type: ignore[no-untyped-call]
-        self._manager().reached(address)
+        self._manager().reached(address, self._began)
 
     def _manager(self) -> _Manager:
         manager: _Manager = self.connection_pool.sentinel_manager
@@ -104,7 +111,13 @@ def _manager(settings: Settings) -> _Manager:
     with _lock:
         manager = _managers.get(key)
         if manager is None:
-            options = {"socket_connect_timeout": SENTINEL_TIMEOUT_S, "socket_timeout": SENTINEL_TIMEOUT_S}
+            options: dict[str, Any] = {
+                "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+                "socket_timeout": SENTINEL_TIMEOUT_S,
+                # redis-py retries each client 3 times with backoff (~3 s for a refused connection):
+                # a sentinel that is down must cost one try, the next sentinel is asked at once
+                "retry": Retry(NoBackoff(), 0),
+            }
             manager = _managers[key] = _Manager(list(key[0]), sentinel_kwargs={**options, **login})
         return manager
 
