@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from fleet.config import Settings
 from fleet.log import event
@@ -45,6 +45,27 @@ class _Manager(Sentinel):
         self._lock = threading.Lock()
         self._primary: tuple[str, int] | None = None
         self._cut_off_at: float | None = None
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        """Sentinel.discover_master, whose error says what each sentinel said in a line (redis-py's
+        holds each client's whole repr) and which settings to look at."""
+        said = []
+        for n, sentinel in enumerate(self.sentinels):
+            where = "{host}:{port}".format_map(sentinel.connection_pool.connection_kwargs)
+            try:
+                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                said.append(f"{where}: {type(exc).__name__}: {exc}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                self.sentinels[0], self.sentinels[n] = sentinel, self.sentinels[0]  # ask it first next time
+                return state["ip"], int(state["port"])
+            said.append(f"{where}: {'its primary is down' if state else 'watches no ' + repr(service_name)}")
+        raise MasterNotFoundError(
+            f"no sentinel names a primary {service_name!r} that is up ({'; '.join(said)}): check "
+            "redis_master, redis_sentinels and the sentinels' login (redis_sentinel_*)"
+        )
 
     def cut_off(self, since: float) -> None:
         with self._lock:

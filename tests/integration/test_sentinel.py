@@ -185,3 +185,30 @@ def test_a_demoted_primary_is_an_outage_to_retry_not_a_crash(ha: LocalRedis) -> 
         wait_for(lambda: stores.redis.set("test:after", 1), timeout=30, what="a write to the primary")
     finally:
         stores.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        ("FLEET_REDIS_MASTER", "mymaster", "watches no 'mymaster'"),
+        ("FLEET_REDIS_SENTINEL_PASSWORD_FILE", "wrong", "AuthenticationError"),
+    ],
+)
+def test_a_wrong_master_name_or_sentinel_password_is_named(
+    ha: LocalRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: str, said: str
+) -> None:
+    # Given a service whose master name, or sentinels' password, is not the sentinels'
+    if setting.endswith("_FILE"):
+        (tmp_path / value).write_text("not-the-password\n")
+        value = str(tmp_path / value)
+    monkeypatch.setenv(setting, value)
+    stores = Stores.open(load_settings())
+    try:
+        # When it calls Redis, Then the error says what each sentinel answered and what to check
+        with pytest.raises(StoreUnavailable) as raised:
+            stores.tokens.create("someone", "default", Role.USER)
+        message = str(raised.value)
+        assert message.count(said) == 3 and "check redis_master, redis_sentinels" in message, message
+        assert "not-the-password" not in message and "<redis.client" not in message
+    finally:
+        stores.close()
