@@ -60,8 +60,6 @@ DEMO_JOBS: list[dict[str, Any]] = [
 #: Signals that stop ``fleet up`` as Ctrl-C (SIGINT) does.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-#: how long a spawned redis-server may take to answer before `fleet up` gives up
-REDIS_START_S = 30.0
 _Handler = Callable[[int, Any], Any] | int | None
 
 
