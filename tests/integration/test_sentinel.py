@@ -5,7 +5,9 @@ Real redis-servers and sentinels (those of ``fleet up --ha``), a real controller
 
 from __future__ import annotations
 
+import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -210,5 +212,25 @@ def test_a_wrong_master_name_or_sentinel_password_is_named(
         message = str(raised.value)
         assert message.count(said) == 3 and "check redis_master, redis_sentinels" in message, message
         assert "not-the-password" not in message and "<redis.client" not in message
+    finally:
+        stores.close()
+
+
+def test_fleet_direct_finds_the_primary_through_the_sentinels(ha: LocalRedis) -> None:
+    # Given the sentinels and the password files in the environment (as `fleet up --ha` gives), and a
+    # redis_url whose host is no Redis: with sentinels only its DB number counts
+    env = {k: v for k, v in os.environ.items() if k.startswith("FLEET_REDIS") or k in ("PATH", "HOME")}
+    env["FLEET_REDIS_URL"] = "redis://127.0.0.1:1/0"
+    assert "FLEET_REDIS_SENTINELS" in env
+    # When an operator makes the first admin token with --direct
+    argv = [sys.executable, "-m", "fleet", "token", "create", "--user", "root", "--tenant", "default"]
+    done = subprocess.run([*argv, "--role", "admin", "--direct"], env=env, capture_output=True, text=True)
+    # Then it is written to the primary, and the token works there
+    assert done.returncode == 0, done.stderr
+    token = re.search(r"fleet_\S+", done.stdout)
+    assert token is not None, done.stdout
+    stores = Stores.open(load_settings())
+    try:
+        assert stores.tokens.identify(token[0]) is not None
     finally:
         stores.close()
