@@ -524,6 +524,13 @@ def test_an_unreachable_redis_fails(tmp_path: Path) -> None:
     assert "start Redis" in check.fix
 
 
+def test_sentinels_that_name_no_primary_fail_redis_naming_the_sentinel_settings() -> None:
+    settings = Settings(redis_sentinels=[f"127.0.0.1:{free_port()}"])
+    check, client = redis_check(settings)
+    assert client is None and check.status == FAIL and "no sentinel names a primary 'fleet'" in check.detail
+    assert "check redis_sentinels and redis_master" in check.fix
+
+
 def test_a_line_per_check_and_the_exit_code() -> None:
     failed = Check("shared storage", FAIL, "node b's marker is not here", "mount it")
     assert failed.line() == "FAIL  shared storage   node b's marker is not here; fix: mount it"

@@ -41,11 +41,17 @@ def redis_check(settings: Settings, source: str = "") -> tuple[Check, redis.Redi
             "give the user config/users.acl's fleet-agent line (ACL LOAD)",
         ), None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        reach = (
+            "redis_sentinels and redis_master, and that this node may reach the sentinels' and the "
+            "primary's ports"
+            if settings.redis_sentinels
+            else "redis_url and that this node may reach its port"
+        )
         return Check(
             "redis",
             FAIL,
             f"cannot reach Redis at {where}: {exc}",
-            "start Redis (7.0 or newer); check redis_url and that this node may reach its port",
+            f"start Redis (7.0 or newer); check {reach}",
         ), None
     except redis.RedisError as exc:
         return Check("redis", FAIL, f"{where} as {as_user}: {exc}", "fleet needs Redis 7.0 or newer"), None
