@@ -221,6 +221,7 @@ class Launcher:
             outputs=spec.outputs,
             batch_size=job.global_batch,
             stdin=spec.stdin and rank == 0,
+            call=self._call(job),
         )
 
     def _job_user(self, spec: JobSpec) -> tuple[int, int] | None:
@@ -258,6 +259,20 @@ class Launcher:
                 retryable=False,
             )
         return unpack(data, digest, folder, max(self.p.settings.workdir_max_bytes, MAX_BYTES))
+
+    def _call(self, job: Job) -> bytes | None:
+        """A function job's call (its pickled function and arguments), as uploaded: never unpickled
+        here, only handed to the job."""
+        if job.spec.call is None:
+            return None
+        data = self.blobs.get(job.spec.call.blob)
+        if data is None:
+            raise LaunchError(
+                f"call {job.spec.call.blob} of {job.spec.call.function} is no longer stored (kept "
+                "workdir_retention_s after its upload or submit): submit the call again",
+                retryable=False,
+            )
+        return bytes(data)
 
 
 def job_user(

@@ -75,12 +75,18 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     def spec_for(who: Identity, raw: dict[str, Any]) -> JobSpec:
         """The spec, in the caller's tenant unless it names one: only an admin submits for another;
-        its shipped directory uploaded already (and kept another ``workdir_retention_s``)."""
+        its shipped directory and a function's call uploaded already (and kept another
+        ``workdir_retention_s``)."""
         spec = JobSpec.parse({**raw, "tenant": raw.get("tenant", who.tenant)})
         if spec.workdir is not None and not blobs.touch(spec.workdir):
             raise SpecError(
                 f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
                 "as the CLI and Client do"
+            )
+        if spec.call is not None and not blobs.touch(spec.call.blob):
+            raise SpecError(
+                f"call.blob {spec.call.blob}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
+                "as fleet.function's submit does"
             )
         size = None if spec.workdir is None else blobs.size(spec.workdir)
         if size != spec.workdir_size:  # what the upload held, never what the body says

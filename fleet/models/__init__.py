@@ -39,7 +39,7 @@ from fleet.models.job import (
     RequeueReport,
 )
 from fleet.models.node import FleetVersions, Gpu, Node, NodeState
-from fleet.models.parts import WEBHOOK_URL_MAX, Mount, Webhook, WorkdirSize
+from fleet.models.parts import WEBHOOK_URL_MAX, FunctionCall, Mount, Webhook, WorkdirSize
 from fleet.models.spec import (
     FROM_FLEET,
     LEARN,
@@ -73,6 +73,7 @@ __all__ = [
     "ExitKind",
     "Fault",
     "FleetVersions",
+    "FunctionCall",
     "Gpu",
     "GpuCount",
     "Identity",

@@ -1,5 +1,5 @@
-"""The parts of a job spec a tenant's settings share (host mounts and webhooks), and what fleet
-records of a shipped directory."""
+"""The parts of a job spec a tenant's settings share (host mounts and webhooks), what fleet
+records of a shipped directory, and a function's call."""
 
 from __future__ import annotations
 
@@ -39,6 +39,19 @@ class WorkdirSize(_UserModel):
     bytes: int = Field(ge=0)
     #: its files and links
     files: int = Field(ge=0)
+
+
+class FunctionCall(_UserModel):
+    """A function job's call (``fleet.function``): its function and arguments, pickled by the caller
+    into an uploaded blob the node hands the job; the rest is what ``fleet show`` tells of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    blob: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256:<hex> of the uploaded call")
+    #: ``module.qualname`` of the function
+    function: Text = Field(max_length=512)
+    #: the arguments, summarised by the caller (reprs cut short)
+    args: Text = Field(default="", max_length=1024)
 
 
 #: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)

@@ -36,7 +36,7 @@ from fleet.models.base import (
     describe_errors,
     relative_path,
 )
-from fleet.models.parts import Mount, Webhook, WorkdirSize, _webhook
+from fleet.models.parts import FunctionCall, Mount, Webhook, WorkdirSize, _webhook
 
 
 class Range(BaseModel):
@@ -194,6 +194,9 @@ class JobSpec(_UserModel):
     #: the job's stdin is a pipe fed through the API (``POST /v1/jobs/{id}/stdin``, which ``fleet run``
     #: sends its own stdin to) instead of /dev/null: a job of one node, not an array's task
     stdin: bool = False
+    #: a function job's call (``fleet.function``): the node writes it where the job's runner
+    #: (``python3 -m fleet_worker.call``) reads it
+    call: FunctionCall | None = None
 
     @property
     def elastic(self) -> bool:

@@ -17,7 +17,10 @@ from fleet.registries import check_image, registry_of
         ({"gpus": -1}, "gpus: Input should be greater than or equal to 0 (got -1)"),
         ({"command": []}, "command: List should have at least 1 item"),
         ({"command": [""]}, "command: the program (first element) must not be empty"),
-        ({"gpu": 2}, "gpu: unknown field; allowed fields: allow_unplaceable, batch_size, command, cpus,"),
+        (
+            {"gpu": 2},
+            "gpu: unknown field; allowed fields: allow_unplaceable, batch_size, call, command, cpus,",
+        ),
         (
             {"memory": "lots"},
             "memory: 'lots' is not a size: use bytes or a number with k, m, g or t (e.g. 8g)",

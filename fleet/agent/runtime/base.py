@@ -18,6 +18,9 @@ CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
 CONTAINER_WORKDIR = "/fleet/workdir"
 #: where a container reads its forwarded stdin from (a named pipe, mounted read-only), as its stdin
 CONTAINER_STDIN = "/fleet/stdin"
+#: where a function job's runner (``fleet_worker.call``) reads its call, inside the job's outputs
+#: directory (where it also leaves the outcome), which every runtime gives the job in its cwd
+CALL_FILE = ".fleet-function/call"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
 
 
@@ -58,6 +61,13 @@ class LaunchSpec:
     batch_size: int | None = None
     #: the job's stdin is forwarded input (``spec.stdin``), a named pipe, not /dev/null
     stdin: bool = False
+    #: a function job's call (``spec.call``'s bytes), written where its runner reads it (:data:`CALL_FILE`)
+    call: bytes | None = None
+
+    def work_files(self) -> dict[str, bytes]:
+        """What the runtime writes into the attempt's working directory before it starts: a function
+        job's call, in its outputs directory."""
+        return {} if self.call is None else {f"{self.outputs}/{CALL_FILE}": self.call}
 
     @property
     def name(self) -> str:

@@ -195,10 +195,10 @@ class DockerRuntime:
             mounts.append(Mount(CONTAINER_CHECKPOINT_DIR, str(spec.checkpoint_dir), type="bind"))
         folder = self._dir(spec.job_id, spec.attempt)
         if spec.workdir is not None:  # its copy, writable, the working directory
-            work = make_work(folder, spec.workdir, spec.user)
+            work = make_work(folder, spec.workdir, spec.user, files=spec.work_files())
             mounts.append(Mount(CONTAINER_WORKDIR, str(work), type="bind"))
         else:  # the image's working directory, with the job's outputs directory mounted in it
-            work = make_work(folder, None, spec.user, spec.outputs)
+            work = make_work(folder, None, spec.user, spec.outputs, files=spec.work_files())
             cwd = (image.attrs.get("Config") or {}).get("WorkingDir") or "/"
             mounts.append(Mount(posixpath.join(cwd, spec.outputs), str(work / spec.outputs), type="bind"))
         # no user of its own: this agent's (it may not hand out another), as in the process runtime

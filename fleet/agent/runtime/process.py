@@ -58,7 +58,8 @@ class ProcessRuntime:
         folder = self._dir(spec.job_id, spec.attempt)
         if (folder / "meta.json").exists():
             return
-        work = make_work(folder, spec.workdir, spec.user)  # a copy of its own, writable by the job
+        # a copy of its own, writable by the job
+        work = make_work(folder, spec.workdir, spec.user, files=spec.work_files())
         uid, gid = spec.user if spec.user else (None, None)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))

@@ -14,28 +14,50 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.agent.checkpoints import traversable
+from fleet.workdir import parent_folder
 
 
-def make_work(folder: Path, workdir: Path | None, user: tuple[int, int] | None, *inner: str) -> Path:
+def make_work(
+    folder: Path,
+    workdir: Path | None,
+    user: tuple[int, int] | None,
+    *inner: str,
+    files: Mapping[str, bytes] | None = None,
+) -> Path:
     """``folder/work``: a copy of ``workdir`` (links copied as links) when it is not there yet, with
-    each of the ``inner`` relative directories made in it, all given to ``user`` (where this runs as
-    root; None: this process's own user), ``work`` itself 0700."""
+    each of the ``inner`` relative directories made in it, and ``files`` (relative path: bytes; a
+    function's call) written into it, all given to ``user`` (where this runs as root; None: this
+    process's own user), ``work`` itself 0700."""
     traversable(folder)
     work = folder / "work"
-    if workdir is not None and not work.exists():
+    fresh = not work.exists()
+    if workdir is not None and fresh:
         shutil.copytree(workdir, work, symlinks=True)
     work.mkdir(parents=True, exist_ok=True)
     for relative in inner:
         (work / relative).mkdir(mode=0o700, parents=True, exist_ok=True)
+    for relative, data in (files or {}).items() if fresh else ():
+        _write_new(parent_folder(work, relative, mode=0o700) / relative.rsplit("/", 1)[-1], data)
     uid, gid = user if user else (None, None)
     if uid is not None and os.geteuid() == 0:
         for path in [work, *work.rglob("*")]:
             os.chown(path, uid, gid if gid is not None else -1, follow_symlinks=False)
     work.chmod(0o700)
     return work
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` as a new file at ``path``: whatever the shipped tree had there (a link) is
+    replaced, never written through."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def make_stdin_pipe(folder: Path, user: tuple[int, int] | None) -> Path:
