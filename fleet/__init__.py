@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleet.client.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
+    from fleet.client.functions import Function, FunctionHandle, function
     from fleet.client.handles import (
         ALL_COMPLETED,
         FIRST_COMPLETED,
@@ -19,7 +20,16 @@ if TYPE_CHECKING:
         wait,
     )
     from fleet.client.sync import Client
-    from fleet.errors import FleetError, JobCancelled, JobExpired, JobFailed, JobTimeout, NotFound, SpecError
+    from fleet.errors import (
+        FleetError,
+        JobCancelled,
+        JobExpired,
+        JobFailed,
+        JobTimeout,
+        NotFound,
+        RemoteError,
+        SpecError,
+    )
     from fleet.models import (
         CancelReport,
         Job,
@@ -38,6 +48,7 @@ __version__ = "0.2.0"
 _HOMES = {
     "fleet.client.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
     "fleet.client.sync": ("Client",),
+    "fleet.client.functions": ("Function", "FunctionHandle", "function"),
     "fleet.client.handles": (
         "ALL_COMPLETED",
         "FIRST_COMPLETED",
@@ -53,6 +64,7 @@ _HOMES = {
         "JobFailed",
         "JobTimeout",
         "NotFound",
+        "RemoteError",
         "SpecError",
     ),
     "fleet.models": (
@@ -79,6 +91,8 @@ __all__ = [
     "CancelReport",
     "Client",
     "FleetError",
+    "Function",
+    "FunctionHandle",
     "Job",
     "JobArray",
     "JobCancelled",
@@ -93,10 +107,12 @@ __all__ = [
     "NodeState",
     "NotFound",
     "Progress",
+    "RemoteError",
     "SpecError",
     "Webhook",
     "__version__",
     "as_completed",
+    "function",
     "wait",
 ]
 

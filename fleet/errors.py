@@ -89,6 +89,17 @@ class JobCancelled(JobFailed):
     exit_code = 6
 
 
+class RemoteError(FleetError):
+    """A function job's own exception that cannot be rebuilt here (it could not be pickled on the
+    node, or its class cannot be imported here): its type's name, message and traceback, in words."""
+
+    exit_code = 1
+
+    def __init__(self, kind: str, message: str, traceback: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message, self.traceback = kind, message, traceback
+
+
 class DrainTimeout(FleetError, TimeoutError):
     """``wait_drained`` ran out of time before every node was DRAINED."""
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bench.procs import FleetProcs
+from fleet.ops.local import free_port
 
 T = TypeVar("T")
 
@@ -32,3 +36,20 @@ def wait_for(
         until(condition, what, timeout)
     except AssertionError as exc:
         raise AssertionError(f"{exc}" + (f"\n{procs.logs()}" if procs else "")) from None
+
+
+def start_api(procs: FleetProcs, name: str, **popen: Any) -> str:
+    """An API of the fleet's own (``popen``: the user and groups it runs as); its URL once it listens."""
+    port = free_port()
+    argv = [sys.executable, "-m", "fleet.cli.main", "api", "--port", str(port), "--log-level", "warning"]
+    with open(procs.root / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(argv, env=procs.env, stdout=log, stderr=subprocess.STDOUT, **popen)
+    procs.procs[name] = proc
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, procs.logs()
+            time.sleep(0.05)

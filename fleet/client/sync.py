@@ -163,7 +163,7 @@ class Client:
             ) from None
         except (OSError, KeyError, ValueError) as exc:
             raise SpecError(f"profile {path}: not in the profiles format: {str(exc)[:200]}") from None
-        return self._upload_blob(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
+        return self.upload_blob(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
 
     def upload_workdir(self, path: str) -> str:
         """Pack the directory (without what its .gitignore / .fleetignore name), upload it unless the
@@ -178,8 +178,9 @@ class Client:
 
         return ship(path, self._holds, self._put_blob, progress=progress)
 
-    def _upload_blob(self, data: bytes) -> str:
-        """Upload ``data`` named by its SHA-256 unless the fleet holds it already; its ``sha256:<hex>``."""
+    def upload_blob(self, data: bytes) -> str:
+        """Upload ``data`` named by its SHA-256 unless the fleet holds it already; its ``sha256:<hex>``
+        (a function's call: :mod:`fleet.client.functions`)."""
         from fleet.workdir import digest_of
 
         digest = digest_of(data)

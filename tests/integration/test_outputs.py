@@ -7,22 +7,18 @@ from __future__ import annotations
 import grp
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fleet import Client, JobState
 from fleet.errors import ConfigError
-from fleet.ops.local import free_port
 from tests.conftest import Api, FleetProcs
-from tests.support import wait_for
+from tests.support import start_api, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +53,7 @@ def docker_cli(docker_procs: FleetProcs, client: Client, api: Api) -> Run:
 def _fleet_cli(procs: FleetProcs, client: Client, api: Api, node: str, **agent_env: str) -> Run:
     procs.controller()
     procs.agent(node, gpus=1, **agent_env)
-    url = _start_api(procs, "api-outputs")
+    url = start_api(procs, "api-outputs")
     procs.wait_nodes(client, 1)
 
     def run(
@@ -75,23 +71,6 @@ def _fleet_cli(procs: FleetProcs, client: Client, api: Api, node: str, **agent_e
 
     run.url = url  # type: ignore[attr-defined]
     return run
-
-
-def _start_api(procs: FleetProcs, name: str, **popen: Any) -> str:
-    """An API of the fleet's own (``popen``: the user and groups it runs as); its URL once it listens."""
-    port = free_port()
-    argv = [sys.executable, "-m", "fleet.cli.main", "api", "--port", str(port), "--log-level", "warning"]
-    with open(procs.root / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(argv, env=procs.env, stdout=log, stderr=subprocess.STDOUT, **popen)
-    procs.procs[name] = proc
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return f"http://127.0.0.1:{port}"
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, procs.logs()
-            time.sleep(0.05)
 
 
 def submit(fleet_cli: Run, script: str, *args: str) -> str:
@@ -276,7 +255,7 @@ def test_an_api_in_the_storage_group_reads_what_is_kept_and_other_users_cannot(
     ckpt = (procs.root / "checkpoints" / job_id).stat()
     assert (ckpt.st_gid, stat.S_IMODE(ckpt.st_mode)) == (gid, 0o2750)
     # When an API runs as an unprivileged user in that group, as `fleet install api`'s unit does
-    member = _start_api(procs, "api-member", user=NOBODY, group=NOBODY, extra_groups=[gid])
+    member = start_api(procs, "api-member", user=NOBODY, group=NOBODY, extra_groups=[gid])
     # Then it serves the job's outputs and its checkpoint
     got = fleet_cli("download", job_id, "-o", str(tmp_path / "got"), via=member)
     assert got.returncode == 0, got.stderr
@@ -286,7 +265,7 @@ def test_an_api_in_the_storage_group_reads_what_is_kept_and_other_users_cannot(
     assert got.returncode == 0, got.stderr
     assert (tmp_path / "ck" / f"ckpt-{attempt}").read_text() == f"weights {attempt}\n"
     # while the same user outside the group reads neither, and is told how to fix it
-    outsider = _start_api(procs, "api-outsider", user=NOBODY, group=NOBODY, extra_groups=[])
+    outsider = start_api(procs, "api-outsider", user=NOBODY, group=NOBODY, extra_groups=[])
     for extra in ([], ["--checkpoint", "latest"]):
         denied = fleet_cli("download", job_id, *extra, "-o", str(tmp_path / "no"), via=outsider)
         assert denied.returncode != 0 and "run the API in the storage group" in denied.stderr, denied.stderr

@@ -270,11 +270,11 @@ def test_an_upload_that_would_unpack_too_large_or_too_many_is_refused(client: Cl
     many = _archive([(f"f{i}", 0) for i in range(100_001)])
     # Then the API refuses each at upload, before any node unpacks it, naming the limit
     with pytest.raises(SpecError, match=r"more than workdir_max_bytes \(67108864\) unpacked"):
-        client._upload_blob(bomb)
+        client.upload_blob(bomb)
     with pytest.raises(SpecError, match="more than 100000 files and folders"):
-        client._upload_blob(many)
+        client.upload_blob(many)
     # while a directory within both is taken
-    assert client._upload_blob(_archive([("a", 10), ("b", (64 << 20) - 10)])).startswith("sha256:")
+    assert client.upload_blob(_archive([("a", 10), ("b", (64 << 20) - 10)])).startswith("sha256:")
 
 
 def _submit_on_terminal(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:

@@ -1,0 +1,100 @@
+"""What a function job came to (:mod:`fleet.client.functions`): :class:`FunctionHandle`, whose
+``result()`` waits for the job (through its requeues), then reads the outcome its runner left with
+the final attempt's kept outputs (``fleet_worker.call``) and unpickles it here, in the caller's
+process: the return value, or the function's exception raised again with the node's traceback
+attached as a note. A fleet error comes only for what is not the function's own doing: the job
+cancelled (:class:`JobCancelled`), or failed without an outcome, as a time limit or a node lost past
+its retries end it, or with a call that could not be made (:class:`JobFailed`, saying why).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from fleet.client.handles import JobHandle, Source
+from fleet.errors import JobCancelled, JobFailed, NotFound, RemoteError
+from fleet.models import Job, JobState
+from fleet_worker.call import FOLDER, OUTCOME, OUTCOME_MAGIC, RAISED, RETURNED, unpack
+
+R = TypeVar("R")
+
+
+class Outcome:
+    """An outcome file: its header (status, versions, the exception in words) and its pickle."""
+
+    def __init__(self, data: bytes) -> None:
+        self.header, self.payload = unpack(OUTCOME_MAGIC, data)
+        self.status = str(self.header.get("status", ""))
+
+    def value(self, job: Job, function: str) -> Any:
+        """The return value; the function's exception raised; :class:`JobFailed` for a call that
+        was not made."""
+        if self.status == RETURNED:
+            return self._loads()
+        if self.status == RAISED:
+            raise self._exception()
+        why = self.header.get("message", "no reason given")
+        raise JobFailed(job, f"job {job.id} FAILED: {function} was not called: {why}")
+
+    def _loads(self) -> Any:
+        import cloudpickle
+
+        return cloudpickle.loads(self.payload)
+
+    def _exception(self) -> BaseException:
+        remote = str(self.header.get("traceback", ""))
+        kind, message = str(self.header.get("type", "")), str(self.header.get("message", ""))
+        try:
+            error = self._loads() if self.payload else None
+        except Exception as exc:  # its class is not importable here, or will not rebuild
+            error = RemoteError(kind, f"{message} (not rebuilt here: {type(exc).__name__}: {exc})", remote)
+        if not isinstance(error, BaseException):
+            error = RemoteError(kind, message, remote)
+        error.add_note(f"raised on the fleet:\n{remote.rstrip()}")
+        return error
+
+
+class FunctionHandle(JobHandle, Generic[R]):
+    """A submitted call: ``result()`` as a future's, ``done()``, and everything a job handle does."""
+
+    def __init__(self, client: Source, job_id: str, function: str) -> None:
+        super().__init__(client, job_id)
+        self.function = function
+
+    @property
+    def job_id(self) -> str:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"FunctionHandle({self.id!r}, {self.function})"
+
+    def result(self, timeout: float | None = None) -> R:  # type: ignore[override]
+        """The function's return value once the job ended; its exception raised again (with the
+        node's traceback as a note); :class:`JobCancelled`, :class:`JobFailed` when the job ended
+        without one; :class:`fleet.JobTimeout` after ``timeout`` seconds."""
+        job = self.wait(timeout)
+        if job.state == JobState.CANCELLED:
+            raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
+        outcome = self.outcome(job)
+        if outcome is None:
+            note = f" ({job.outputs_note})" if job.outputs_note else ""
+            if job.state == JobState.FAILED:
+                raise JobFailed(job, f"job {job.id} FAILED: {job.reason}")
+            raise JobFailed(
+                job, f"job {job.id} {job.state.value} and left no outcome of {self.function}{note}"
+            )
+        return cast(R, outcome.value(job, self.function))
+
+    def outcome(self, job: Job) -> Outcome | None:
+        """The outcome the job's last attempt left, or None (it left none: killed, or lost)."""
+        if job.outputs_attempt != job.attempt:
+            return None
+        with tempfile.TemporaryDirectory(prefix="fleet-outcome-") as folder:
+            try:
+                files = self.client.download(self.id, FOLDER, folder)
+            except NotFound:
+                return None
+            found = [path for path in files if Path(path).name == OUTCOME]
+            return Outcome(Path(found[0]).read_bytes()) if found else None

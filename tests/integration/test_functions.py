@@ -1,0 +1,174 @@
+"""Functions on the fleet (``@fleet.function``): a call runs as a job on a node, as the tenant's
+unprivileged user, and ``result()`` brings back what it returned or raised."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from redis import Redis
+
+from fleet import Client, JobFailed, JobState, SpecError
+from tests.conftest import Api, FleetProcs
+from tests.support import start_api, wait_for
+
+pytestmark = pytest.mark.integration
+
+#: a user's module, shipped with its calls (``workdir``): the node imports it from there
+CALC = """
+import os
+import sys
+import time
+
+import fleet
+import fleet_worker as fw
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ON_FLEET = fleet.function(python=sys.executable, workdir=HERE, gpus=1)
+
+
+class Overdrawn(ValueError):
+    pass
+
+
+@ON_FLEET
+def squares(n, offset=0):
+    return {"sum": sum(i * i for i in range(n)) + offset, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "uid": os.getuid()}
+
+
+@ON_FLEET
+def withdraw(balance, amount):
+    if amount > balance:
+        raise Overdrawn(f"{amount} is more than {balance}")
+    return balance - amount
+
+
+@ON_FLEET
+def count_to(n, pause):
+    found = fw.load_latest()
+    state = found[0] if found else {"next": 0, "total": 0}
+    resumed_from = state["next"]
+    for i in range(state["next"], n):
+        state = {"next": i + 1, "total": state["total"] + i}
+        fw.save(state, i + 1)
+        print(f"step {i + 1}", flush=True)
+        time.sleep(pause)
+    return {"total": state["total"], "resumed_from": resumed_from, "attempt": fw.attempt()}
+"""
+
+
+@pytest.fixture
+def runtime() -> str:
+    return "process"
+
+
+@pytest.fixture
+def calc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The user's module, imported here from its project directory, as a script of theirs would."""
+    project = tmp_path / "project"
+    project.mkdir(mode=0o755)
+    (project / "calc.py").write_text(textwrap.dedent(CALC))
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.delitem(sys.modules, "calc", raising=False)
+    yield importlib.import_module("calc")
+    sys.modules.pop("calc", None)
+
+
+@pytest.fixture
+def ready(procs: FleetProcs, api: Api) -> Client:
+    """A fleet of one node, and a client of an API of its own (it reads the fleet's checkpoint
+    storage, where a call's outcome is kept with the job's outputs)."""
+    procs.controller()
+    procs.agent("t-fn", gpus=2)
+    client = Client(start_api(procs, "api-functions"), api.token)
+    api.clients.append(client)
+    procs.wait_nodes(client, 1)
+    return client
+
+
+def test_a_function_returns_what_it_computed_on_the_node(
+    procs: FleetProcs, ready: Client, calc: ModuleType
+) -> None:
+    # Given a module-level function decorated with @fleet.function, which still runs here as it was
+    here = calc.squares(4)
+    assert here["sum"] == 14
+    # When it is submitted with arguments
+    handle = calc.squares.on(ready).submit(100, offset=1)
+    # Then result() is its return value, computed in a job on the node, on the GPU it was given,
+    # as the tenant's user, not this process's
+    value = handle.result(timeout=120)
+    assert value["sum"] == sum(i * i for i in range(100)) + 1
+    assert value["gpus"].startswith("GPU-") and "," not in value["gpus"]  # the one GPU it asked for
+    if "FLEET_AGENT__JOB_USER" not in procs.env:  # jobs run as root where this Python is private
+        assert value["uid"] not in (0, here["uid"])
+    assert handle.done() and handle.status().state == JobState.SUCCEEDED
+    # And the job says which function it ran and with what
+    call = handle.status().spec.call
+    assert call is not None and (call.function, call.args) == ("calc.squares", "100, offset=1")
+
+
+def test_an_exception_is_raised_again_with_the_remote_traceback(ready: Client, calc: ModuleType) -> None:
+    # Given a function that raises its own exception for some arguments
+    handle = calc.withdraw.on(ready).submit(10, 25)
+    # When its result is asked for
+    with pytest.raises(calc.Overdrawn, match="25 is more than 10") as raised:
+        handle.result(timeout=120)
+    # Then it is the function's own exception, not a fleet error, with the node's traceback attached
+    notes = "\n".join(raised.value.__notes__)
+    assert "raised on the fleet" in notes
+    assert 'raise Overdrawn(f"{amount} is more than {balance}")' in notes and "calc.py" in notes
+    # And the job ended FAILED after one attempt (a function's exception is not retried by default)
+    assert (handle.status().state, handle.status().attempt) == (JobState.FAILED, 1)
+
+
+def test_an_unpicklable_argument_is_refused_before_anything_is_sent(
+    ready: Client, calc: ModuleType, redis: Redis
+) -> None:
+    # Given an argument that cannot be pickled (a lock)
+    lock = threading.Lock()
+    # When the call is submitted
+    with pytest.raises(SpecError) as refused:
+        calc.withdraw.on(ready).submit(lock, amount=1)
+    # Then the refusal names the argument and what it is
+    assert "withdraw: argument 1" in str(refused.value) and "lock" in str(refused.value)
+    # And nothing reached the fleet: no job, no uploaded call
+    assert ready.jobs() == [] and list(redis.scan_iter("*blob*")) == []
+
+
+def test_a_checkpointing_function_resumes_after_its_node_is_lost(
+    procs: FleetProcs, ready: Client, calc: ModuleType
+) -> None:
+    # Given a function that checkpoints each step, running on node t-fn, and a second node
+    handle = calc.count_to.on(ready).submit(40, 0.1)
+    wait_for(lambda: "step 5" in handle.logs(), what="5 steps on t-fn", procs=procs)
+    procs.agent("t-spare", gpus=2)
+    procs.wait_nodes(ready, 2)
+    # When its node loses power
+    procs.kill_node("t-fn")
+    # Then result() waits through the requeue, and the second attempt resumed from a checkpoint
+    # and returns the sum of every step counted once
+    value = handle.result(timeout=120)
+    assert value["total"] == sum(range(40)) and value["attempt"] == 2 and value["resumed_from"] >= 5
+    states = [e.state for e in handle.history()]
+    assert states.count("SUCCEEDED") == 1 and handle.status().node == "t-spare"
+
+
+def test_a_call_that_cannot_be_made_on_the_node_says_why(
+    ready: Client, calc: ModuleType, tmp_path: Path
+) -> None:
+    # Given a function whose module is not shipped with it (an empty workdir)
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    from fleet.client.functions import Function
+
+    unshipped = Function(calc.squares.fn, sys.executable, ready, {"workdir": str(empty)})
+    # When it is called on the fleet, then the fleet error says the module was not found, and how
+    with pytest.raises(JobFailed, match=r"squares was not called: cannot import 'calc'.*workdir='\.'"):
+        unshipped.submit(3).result(timeout=120)

@@ -1,0 +1,202 @@
+"""Run a function job's call: ``python3 -m fleet_worker.call OUTPUTS`` is the command of every job
+``fleet.function``'s ``submit`` queues.
+
+The node writes the call (what the caller pickled: the function, or where to import it from, and
+its arguments) to ``OUTPUTS/.fleet-function/call`` in the job's working directory. This reads it,
+imports the function's module (from the working directory first: the shipped ``workdir``), calls
+it, and leaves the outcome in ``OUTPUTS/.fleet-function/outcome``, which fleet keeps with the job's
+outputs and the caller's ``result()`` reads: the return value, the exception raised with its
+traceback, or why the call could not be made at all (in words: a Python or cloudpickle version that
+differs from the caller's, a module the node cannot find). It exits 0 when the function returned,
+1 otherwise. Unpickling happens here, in the job, as the tenant's own code, and in the caller.
+
+Both files are one line of JSON (the header) and then the pickle. The job's Python needs
+``cloudpickle`` (of the caller's version) and this package: fleet's own environment has both, and so
+do the images fleet builds (``localhost/fleet/python``, ``localhost/fleet/torch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import platform
+import sys
+import traceback
+from typing import Any
+
+#: where the call and its outcome are, inside the job's outputs directory
+FOLDER = ".fleet-function"
+CALL, OUTCOME = "call", "outcome"
+#: what each file starts with, so that neither is taken for the other, nor an old format for this one
+CALL_MAGIC, OUTCOME_MAGIC = b"fleet-call 1\n", b"fleet-outcome 1\n"
+#: the largest return value (pickled) brought back; a larger one is refused, saying so
+RESULT_MAX_BYTES = 64 << 20
+#: what the outcome says of the call
+RETURNED, RAISED, REFUSED = "returned", "raised", "refused"
+
+
+def versions() -> dict[str, str]:
+    """The Python and cloudpickle of this process: a pickle is read only by the same ones."""
+    try:
+        import cloudpickle
+
+        pickler = str(cloudpickle.__version__)
+    except ImportError:
+        pickler = ""
+    return {"python": platform.python_version(), "cloudpickle": pickler}
+
+
+def pack(magic: bytes, header: dict[str, Any], payload: bytes) -> bytes:
+    return magic + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def unpack(magic: bytes, data: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header and the pickle of a call or outcome; ``ValueError`` for anything else."""
+    if not data.startswith(magic):
+        raise ValueError(f"not a {magic.decode().split()[0]} of this format")
+    line, _, payload = data[len(magic) :].partition(b"\n")
+    header = json.loads(line)
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header, payload
+
+
+class Refused(Exception):
+    """The call could not be made (the job's environment, not the function): said in words."""
+
+
+def mismatch(caller: dict[str, Any], here: dict[str, str], cause: BaseException | None = None) -> str:
+    """Why a pickle made by ``caller``'s versions may not read here, or "" when they match."""
+    if not here["cloudpickle"]:
+        return (
+            f"cloudpickle is not installed in the job's Python ({sys.executable}): the image needs "
+            f"cloudpickle=={caller.get('cloudpickle')} (pip install cloudpickle), as the caller has"
+        )
+    minor = ".".join(str(caller.get("python", "")).split(".")[:2])
+    if minor != ".".join(here["python"].split(".")[:2]):
+        return (
+            f"the call was pickled by Python {caller.get('python')} and the job runs Python "
+            f"{here['python']}: run it in an image of Python {minor} (image=...), or call it from "
+            f"Python {'.'.join(here['python'].split('.')[:2])}"
+        )
+    if cause is not None and caller.get("cloudpickle") != here["cloudpickle"]:
+        return (
+            f"the call was pickled by cloudpickle {caller.get('cloudpickle')} and the job has "
+            f"cloudpickle {here['cloudpickle']}, which cannot read it ({type(cause).__name__}: {cause}): "
+            "install the same version on both sides"
+        )
+    return ""
+
+
+def _function(header: dict[str, Any], by_value: Any) -> Any:
+    """The function to call: the one pickled by value (defined in a script), or imported from its
+    module, unwrapped from ``fleet.function``'s wrapper."""
+    if by_value is not None:
+        return by_value
+    module_name, qualname = str(header["module"]), str(header["qualname"])
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise Refused(
+            f"cannot import {exc.name!r} for {module_name}.{qualname} in the job (its working directory "
+            f"{os.getcwd()} and {sys.executable}'s packages): ship the code with workdir='.' (run "
+            "from the folder the module is found in) or install it in the image"
+        ) from exc
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise Refused(
+                f"{module_name} as shipped has no {qualname}: the code shipped differs from the caller's"
+            )
+    return getattr(found, "__wrapped__", found)
+
+
+def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    try:
+        with open(path, "rb") as file:
+            header, payload = unpack(CALL_MAGIC, file.read())
+    except (OSError, ValueError) as exc:
+        raise Refused(f"no call to make at {path}: {exc}") from None
+    here = versions()
+    if why := mismatch(header, here):
+        raise Refused(why)
+    import cloudpickle
+
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+    except ModuleNotFoundError as exc:
+        raise Refused(
+            f"cannot import {exc.name!r}, which the call's function or arguments need, in the job: "
+            "ship the code with workdir='.' or install it in the image"
+        ) from exc
+    except Exception as exc:
+        why = mismatch(header, here, exc) or f"cannot unpickle the call: {type(exc).__name__}: {exc}"
+        raise Refused(why) from exc
+    return _function(header, fn), args, kwargs
+
+
+def _outcome(status: str, value: Any, error: BaseException | None = None) -> bytes:
+    import cloudpickle
+
+    header: dict[str, Any] = {"status": status, **versions()}
+    if error is not None:
+        header.update(
+            type=f"{type(error).__module__}.{type(error).__qualname__}",
+            message=str(error),
+            traceback="".join(traceback.format_exception(error)),
+        )
+    try:
+        payload = cloudpickle.dumps(value if error is None else error)
+    except Exception as exc:
+        if error is not None:  # the exception comes back in words (its type, message, traceback)
+            return pack(OUTCOME_MAGIC, header, b"")
+        return _outcome(REFUSED, None, Refused(f"the return value cannot be pickled: {exc}"))
+    if error is None and len(payload) > RESULT_MAX_BYTES:
+        why = f"the return value is {len(payload)} bytes pickled, more than {RESULT_MAX_BYTES}"
+        return _outcome(REFUSED, None, Refused(why + ": write it to the job's outputs and return its name"))
+    return pack(OUTCOME_MAGIC, header, payload)
+
+
+def _write(folder: str, data: bytes) -> None:
+    """The outcome, written to a temporary name and renamed: never a half outcome."""
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{OUTCOME}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, os.path.join(folder, OUTCOME))
+
+
+def run(outputs: str) -> int:
+    """Make the call found under ``outputs``, leave its outcome there; the exit status."""
+    folder = os.path.join(outputs, FOLDER)
+    sys.path.insert(0, os.getcwd())  # the shipped working directory: the function's module is here
+    try:
+        fn, args, kwargs = _load(os.path.join(folder, CALL))
+    except Refused as exc:
+        _write(folder, _outcome(REFUSED, None, exc))
+        print(f"fleet: the call was not made: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # an argument's own code failed to unpickle (its class's __setstate__)
+        _write(folder, _outcome(RAISED, None, exc))
+        traceback.print_exc()
+        return 1
+    with contextlib.suppress(FileNotFoundError):  # kept outputs need not hold the arguments again
+        os.remove(os.path.join(folder, CALL))
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        _write(folder, _outcome(RAISED, None, exc))
+        traceback.print_exc()
+        return 1
+    _write(folder, _outcome(RETURNED, value))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python3 -m fleet_worker.call OUTPUTS (the job's outputs directory)")
+    sys.exit(run(sys.argv[1]))
