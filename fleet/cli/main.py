@@ -38,6 +38,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "show": "fleet.cli.jobs:show",
         "logs": "fleet.cli.jobs:logs",
         "wait": "fleet.cli.jobs:wait",
+        "result": "fleet.cli.results:result",
         "cancel": "fleet.cli.control:cancel",
         "hold": "fleet.cli.control:hold",
         "release": "fleet.cli.control:release",

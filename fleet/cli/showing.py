@@ -1,6 +1,6 @@
 """What ``fleet show`` says of a job beyond its state: who submitted it, its time limit and the time
 left, its labels, the names of its environment variables (never their values: they may hold
-secrets), and the directory shipped with it (its digest and size)."""
+secrets), the directory shipped with it (its digest and size), and a function job's call and result."""
 
 from __future__ import annotations
 
@@ -20,7 +20,24 @@ def about(job: Job, now: float) -> list[Field]:
         Field("Labels", " ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         Field("Env", " ".join(sorted(spec.env)) or "-"),
         Field("Workdir", workdir(job)),
+        *function(job),
     ]
+
+
+def function(job: Job) -> list[Field]:
+    """A function job's call (``calc.squares(100, offset=1)``) and the size of its kept result
+    (its outputs: the outcome, and what else the function left there); nothing for another job."""
+    call = job.spec.call
+    if call is None:
+        return []
+    result = "-"
+    if job.outputs_bytes is not None and job.outputs_attempt == job.attempt and job.state.final:
+        result = (
+            f"{nbytes(job.outputs_bytes)} kept with attempt {job.attempt}'s outputs (fleet result {job.id})"
+        )
+    elif job.state.final:
+        result = f"none kept{f': {job.outputs_note}' if job.outputs_note else ''}"
+    return [Field("Function", f"{call.function}({call.args})"), Field("Result", result)]
 
 
 def workdir(job: Job) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from fleet.client.handles import JobHandle, Source
-from fleet.errors import JobCancelled, JobFailed, NotFound, RemoteError
+from fleet.errors import FleetError, JobCancelled, JobFailed, NotFound, RemoteError
 from fleet.models import Job, JobState
 from fleet_worker.call import FOLDER, OUTCOME, OUTCOME_MAGIC, RAISED, RETURNED, unpack
 
@@ -32,7 +32,14 @@ class Outcome:
         """The return value; the function's exception raised; :class:`JobFailed` for a call that
         was not made."""
         if self.status == RETURNED:
-            return self._loads()
+            try:
+                return self._loads()
+            except Exception as exc:
+                raise FleetError(
+                    f"job {job.id}: {function}'s return value cannot be rebuilt here ({type(exc).__name__}: "
+                    f"{exc}); a class it holds must be importable in this process (run from the "
+                    "directory its module is in)"
+                ) from exc
         if self.status == RAISED:
             raise self._exception()
         why = self.header.get("message", "no reason given")
@@ -81,7 +88,7 @@ class FunctionHandle(JobHandle, Generic[R]):
         if outcome is None:
             note = f" ({job.outputs_note})" if job.outputs_note else ""
             if job.state == JobState.FAILED:
-                raise JobFailed(job, f"job {job.id} FAILED: {job.reason}")
+                raise JobFailed(job, f"job {job.id} FAILED: {job.reason} (its output: fleet logs {job.id})")
             raise JobFailed(
                 job, f"job {job.id} {job.state.value} and left no outcome of {self.function}{note}"
             )

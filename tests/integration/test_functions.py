@@ -4,6 +4,8 @@ unprivileged user, and ``result()`` brings back what it returned or raised."""
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
 import sys
 import textwrap
 import threading
@@ -48,6 +50,11 @@ def withdraw(balance, amount):
     if amount > balance:
         raise Overdrawn(f"{amount} is more than {balance}")
     return balance - amount
+
+
+@ON_FLEET
+def greet(name):
+    return f"hello {name}"
 
 
 @ON_FLEET
@@ -172,3 +179,29 @@ def test_a_call_that_cannot_be_made_on_the_node_says_why(
     # When it is called on the fleet, then the fleet error says the module was not found, and how
     with pytest.raises(JobFailed, match=r"squares was not called: cannot import 'calc'.*workdir='\.'"):
         unshipped.submit(3).result(timeout=120)
+
+
+def test_the_cli_shows_a_calls_function_and_prints_its_result(
+    ready: Client, calc: ModuleType, api: Api
+) -> None:
+    # Given a function job that returned, and one that raised
+    returned, raised = calc.squares.on(ready).submit(3), calc.withdraw.on(ready).submit(1, 2)
+    assert returned.result(timeout=120)["sum"] == 5
+    project = Path(calc.__file__).parent
+    env = {**api.env(), "FLEET_API_URL": ready.transport.url}
+
+    def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(Path(sys.executable).parent / "fleet"), *args]
+        return subprocess.run(argv, env=env, cwd=project, capture_output=True, text=True, timeout=60)
+
+    # When fleet show is asked, then it names the function, its arguments and the result's size
+    shown = fleet("show", returned.id).stdout
+    assert "calc.squares(3)" in shown and f"(fleet result {returned.id})" in shown
+    # And fleet result prints the value, as a repr or as JSON
+    printed = fleet("result", returned.id)
+    assert printed.returncode == 0 and printed.stdout.startswith("{'sum': 5, ")
+    assert json.loads(fleet("result", returned.id, "-o", "json").stdout)["sum"] == 5
+    # And a function's exception comes with the node's traceback, exit 1
+    failed = fleet("result", raised.id)
+    assert failed.returncode == 1 and "calc.Overdrawn: 2 is more than 1" in failed.stderr
+    assert "raised on the fleet" in failed.stderr and failed.stdout == ""
