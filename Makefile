@@ -29,16 +29,17 @@ $(STAMP)/installed: pyproject.toml config/setup-host.sh
 
 install: $(STAMP)/installed  ## system packages, dockerd, and fleet with its dev tools in .venv
 
-images-test: install  ## images the tests run jobs in: tiny busybox, and localhost/fleet/torch
+images-test: install  ## images the tests run jobs in: tiny busybox, localhost/fleet/torch and /python
 	@docker image inspect localhost/fleet/busybox:latest >/dev/null 2>&1 || bash images/busybox/build.sh
 	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
-	@$(MAKE) --no-print-directory image-torch
+	@$(MAKE) --no-print-directory image-torch image-python
 
 image-torch: install  ## localhost/fleet/torch, the image of the README's training example (built once)
 	@docker image inspect localhost/fleet/torch:latest >/dev/null 2>&1 || PYTHON=$(PYTHON) bash images/torch/build.sh
 
 image-python: install  ## localhost/fleet/python, the default job image (debootstrap rootfs + SDK)
 	@docker image inspect localhost/fleet/rootfs-bookworm:latest >/dev/null 2>&1 || bash images/rootfs/build.sh
+	PYTHON=$(PYTHON) bash images/cloudpickle.sh
 	docker build -q -t localhost/fleet/python:latest -f images/python/Dockerfile . >/dev/null
 	@echo "built localhost/fleet/python"
 

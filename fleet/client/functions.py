@@ -65,6 +65,11 @@ class Function(Generic[P, R]):
         """The same function, submitted with ``client`` (another API or token)."""
         return Function(self.fn, self.python, client, self.fields)
 
+    def options(self, *, python: str | None = None, **fields: Any) -> Function[P, R]:
+        """The same function with other spec fields (``gpus=4``, ``image=...``) or interpreter."""
+        _check_own(fields, python or self.python)
+        return Function(self.fn, python or self.python, self.client, {**self.fields, **fields})
+
     @property
     def name(self) -> str:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
@@ -100,18 +105,22 @@ def function(
     ``client``: the :class:`fleet.Client` to submit with (default: one made from the environment).
     A function job makes one attempt unless ``max_attempts`` says more (a node lost or drained
     requeues it all the same, without counting)."""
-    for own in _OWN:
-        if own in fields:
-            raise SpecError(
-                f"{own}: a function's job runs its call ({python} -m fleet_worker.call); give "
-                "python= for another interpreter"
-            )
+    _check_own(fields, python)
 
     def wrap(target: Callable[P, R]) -> Function[P, R]:
         check_module_level(target)
         return Function(target, python, client, fields)
 
     return wrap if fn is None else wrap(fn)
+
+
+def _check_own(fields: dict[str, Any], python: str) -> None:
+    for own in _OWN:
+        if own in fields:
+            raise SpecError(
+                f"{own}: a function's job runs its call ({python} -m fleet_worker.call); give "
+                "python= for another interpreter"
+            )
 
 
 def check_module_level(fn: Callable[..., Any]) -> None:

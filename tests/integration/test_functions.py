@@ -17,10 +17,12 @@ import pytest
 from redis import Redis
 
 from fleet import Client, JobFailed, JobState, SpecError
-from tests.conftest import Api, FleetProcs
+from tests.conftest import Api, FleetProcs, need, need_torch
 from tests.support import start_api, wait_for
 
 pytestmark = pytest.mark.integration
+#: fleet's default job image: fleet_worker and cloudpickle, no fleet (make images-test)
+PYTHON_IMAGE = "localhost/fleet/python:latest"
 
 #: a user's module, shipped with its calls (``workdir``): the node imports it from there
 CALC = """
@@ -53,8 +55,10 @@ def withdraw(balance, amount):
 
 
 @ON_FLEET
-def greet(name):
-    return f"hello {name}"
+def tensor_squares(n):
+    import torch
+
+    return torch.arange(n) ** 2, torch.__version__
 
 
 @ON_FLEET
@@ -121,6 +125,16 @@ def test_a_function_returns_what_it_computed_on_the_node(
     assert call is not None and (call.function, call.args) == ("calc.squares", "100, offset=1")
 
 
+def test_a_function_returns_a_torch_tensor_computed_on_the_node(ready: Client, calc: ModuleType) -> None:
+    need_torch()
+    import torch
+
+    # Given a function computing a tensor, when it runs on the fleet
+    value, version = calc.tensor_squares.on(ready).submit(6).result(timeout=120)
+    # Then the caller holds that tensor, made by the node's torch
+    assert torch.equal(value, torch.tensor([0, 1, 4, 9, 16, 25])) and version == torch.__version__
+
+
 def test_an_exception_is_raised_again_with_the_remote_traceback(ready: Client, calc: ModuleType) -> None:
     # Given a function that raises its own exception for some arguments
     handle = calc.withdraw.on(ready).submit(10, 25)
@@ -173,9 +187,7 @@ def test_a_call_that_cannot_be_made_on_the_node_says_why(
     # Given a function whose module is not shipped with it (an empty workdir)
     empty = tmp_path / "empty"
     empty.mkdir(mode=0o755)
-    from fleet.client.functions import Function
-
-    unshipped = Function(calc.squares.fn, sys.executable, ready, {"workdir": str(empty)})
+    unshipped = calc.squares.on(ready).options(workdir=str(empty))
     # When it is called on the fleet, then the fleet error says the module was not found, and how
     with pytest.raises(JobFailed, match=r"squares was not called: cannot import 'calc'.*workdir='\.'"):
         unshipped.submit(3).result(timeout=120)
@@ -205,3 +217,30 @@ def test_the_cli_shows_a_calls_function_and_prints_its_result(
     failed = fleet("result", raised.id)
     assert failed.returncode == 1 and "calc.Overdrawn: 2 is more than 1" in failed.stderr
     assert "raised on the fleet" in failed.stderr and failed.stdout == ""
+
+
+@pytest.mark.docker
+def test_a_function_runs_in_the_python_image_without_fleet_installed(
+    docker_procs: FleetProcs, api: Api, calc: ModuleType
+) -> None:
+    import docker
+
+    try:
+        docker.from_env().images.get(PYTHON_IMAGE)
+    except docker.errors.ImageNotFound:
+        need(False, f"{PYTHON_IMAGE} image missing (make images-test)")
+    docker_procs.controller()
+    docker_procs.agent("t-fn-docker", gpus=1)
+    client = Client(start_api(docker_procs, "api-functions"), api.token)
+    api.clients.append(client)
+    docker_procs.wait_nodes(client, 1)
+    # Given the user's module, which imports fleet, shipped to a container of fleet's python image,
+    # which holds fleet_worker and cloudpickle but not fleet
+    in_image = calc.squares.on(client).options(python="python3", image=PYTHON_IMAGE)
+    # When a call of it runs there, then it comes back as on a process node
+    value = in_image.submit(10).result(timeout=180)
+    assert value["sum"] == 285 and value["gpus"].startswith("GPU-")
+    with pytest.raises(calc.Overdrawn, match="3 is more than 1"):
+        calc.withdraw.on(client).options(python="python3", image=PYTHON_IMAGE).submit(1, 3).result(
+            timeout=180
+        )

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import platform
 import sys
 import traceback
+import types
 from typing import Any
 
 #: where the call and its outcome are, inside the job's outputs directory
@@ -90,12 +92,33 @@ def mismatch(caller: dict[str, Any], here: dict[str, str], cause: BaseException 
     return ""
 
 
+#: whether the runner stood in for fleet (see :func:`_stand_in_for_fleet`)
+_STAND_IN: list[bool] = []
+
+
+def _stand_in_for_fleet() -> None:
+    """A module whose functions are decorated with ``@fleet.function`` imports fleet, which an image
+    need not hold (fleet_worker and cloudpickle are what a call needs): where it has none,
+    ``fleet.function`` is a decorator that leaves the function as it is."""
+    if importlib.util.find_spec("fleet") is not None:
+        return
+    shim = types.ModuleType("fleet", "fleet.function only, as a job's runner stands in for fleet")
+
+    def function(fn: Any = None, **fields: Any) -> Any:
+        return fn if fn is not None else (lambda target: target)
+
+    shim.function = function  # type: ignore[attr-defined]
+    sys.modules["fleet"] = shim
+    _STAND_IN.append(True)
+
+
 def _function(header: dict[str, Any], by_value: Any) -> Any:
     """The function to call: the one pickled by value (defined in a script), or imported from its
     module, unwrapped from ``fleet.function``'s wrapper."""
     if by_value is not None:
         return by_value
     module_name, qualname = str(header["module"]), str(header["qualname"])
+    _stand_in_for_fleet()
     try:
         found: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -103,6 +126,11 @@ def _function(header: dict[str, Any], by_value: Any) -> Any:
             f"cannot import {exc.name!r} for {module_name}.{qualname} in the job (its working directory "
             f"{os.getcwd()} and {sys.executable}'s packages): ship the code with workdir='.' (run "
             "from the folder the module is found in) or install it in the image"
+        ) from exc
+    except Exception as exc:
+        stand_in = " (fleet is not installed here: only fleet.function stands in)" if _STAND_IN else ""
+        raise Refused(
+            f"importing {module_name} failed in the job: {type(exc).__name__}: {exc}{stand_in}"
         ) from exc
     for part in qualname.split("."):
         found = getattr(found, part, None)
