@@ -1,7 +1,8 @@
 """The README's local fleet, run as it is written, after the set-up it names (`make install` and the
 images `make demo` / `make test` build): its shell blocks in order in one shell, `fleet up` left
 running in the background as a second shell would hold it, the line it printed pasted where the
-README says to, then the headline example (ship a directory, train, follow, list)."""
+README says to, then the headline example (ship a directory, train, follow, list) and the Python
+section's opening function example."""
 
 from __future__ import annotations
 
@@ -75,6 +76,18 @@ def test_the_readmes_local_fleet_and_its_headline_example_work_in_order(tmp_path
         assert ended, done.stdout[-4000:]
         listed = [line.split() for line in done.stdout.splitlines() if line.startswith(ended.group(1))]
         assert listed and listed[-1][1] == "SUCCEEDED", done.stdout[-4000:]
+        # And the Python section's function example, run as it says, computes on the fleet
+        function = subprocess.run(
+            ["bash", "-c", "\n".join(["set -e", printed, ". .venv/bin/activate", *FUNCTION_EXAMPLE])],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        said = function.stdout + function.stderr + log.read_text()[-3000:]
+        assert function.returncode == 0 and function.stdout.startswith("(285, None)\n"), said
+        assert re.search(r"^squares-\w+ \(332833500, 'GPU-[\w-]+'\)$", function.stdout, re.M), said
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # as Ctrl-C: fleet up stops all it started
         try:
@@ -89,6 +102,17 @@ def test_the_readmes_local_fleet_and_its_headline_example_work_in_order(tmp_path
         assert guard_left() == [], said[-3000:]
         if os.geteuid() == 0:
             assert "fleet up: removed fleet's iptables rules" in said, said[-3000:]
+
+
+#: how the README says to run its function example, from a clone
+FUNCTION_EXAMPLE = ["cd workers/examples", "python3 squares.py"]
+
+
+def test_the_readmes_function_example_is_the_example_file() -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = (ROOT / "workers" / "examples" / "squares.py").read_text().split('"""', 2)[2].lstrip()
+    assert f"```python\n{code}```" in readme
+    assert f"`{' && '.join(FUNCTION_EXAMPLE)}`" in readme
 
 
 def guard_left() -> list[str]:
