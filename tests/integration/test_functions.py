@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -209,6 +211,12 @@ def test_the_cli_shows_a_calls_function_and_prints_its_result(
     # When fleet show is asked, then it names the function, its arguments and the result's size
     shown = fleet("show", returned.id).stdout
     assert "calc.squares(3)" in shown and f"(fleet result {returned.id})" in shown
+    # And so does the job's page
+    page = urllib.request.Request(f"{env['FLEET_API_URL']}/ui/jobs/{returned.id}")
+    page.add_header("Cookie", f"fleet_token={api.token}")
+    with urllib.request.urlopen(page, timeout=30) as response:
+        html = response.read().decode()
+    assert re.search(r'id="job-function"><code>calc\.squares\(3\)</code> · result kept: \d+', html), html
     # And fleet result prints the value, as a repr or as JSON
     printed = fleet("result", returned.id)
     assert printed.returncode == 0 and printed.stdout.startswith("{'sum': 5, ")
