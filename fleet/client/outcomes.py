@@ -69,6 +69,7 @@ class FunctionHandle(JobHandle, Generic[R]):
     def __init__(self, client: Source, job_id: str, function: str) -> None:
         super().__init__(client, job_id)
         self.function = function
+        self._outcome: tuple[int, Outcome | None] | None = None  # (attempt, outcome) once final
 
     @property
     def job_id(self) -> str:
@@ -95,7 +96,16 @@ class FunctionHandle(JobHandle, Generic[R]):
         return cast(R, outcome.value(job, self.function))
 
     def outcome(self, job: Job) -> Outcome | None:
-        """The outcome the job's last attempt left, or None (it left none: killed, or lost)."""
+        """The outcome the job's last attempt left, or None (it left none: killed, or lost); read
+        once for a job that ended."""
+        if self._outcome is not None and self._outcome[0] == job.attempt:
+            return self._outcome[1]
+        found = self._fetch(job)
+        if job.state.final:
+            self._outcome = (job.attempt, found)
+        return found
+
+    def _fetch(self, job: Job) -> Outcome | None:
         if job.outputs_attempt != job.attempt:
             return None
         with tempfile.TemporaryDirectory(prefix="fleet-outcome-") as folder:

@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 from redis import Redis
 
-from fleet import Client, JobFailed, JobState, SpecError
+from fleet import Client, JobCancelled, JobFailed, JobState, SpecError
 from tests.conftest import Api, FleetProcs, need, need_torch
 from tests.support import start_api, wait_for
 
@@ -54,6 +54,12 @@ def withdraw(balance, amount):
     if amount > balance:
         raise Overdrawn(f"{amount} is more than {balance}")
     return balance - amount
+
+
+@ON_FLEET
+def nap(seconds):
+    time.sleep(seconds)
+    return "rested"
 
 
 @ON_FLEET
@@ -149,6 +155,20 @@ def test_an_exception_is_raised_again_with_the_remote_traceback(ready: Client, c
     assert 'raise Overdrawn(f"{amount} is more than {balance}")' in notes and "calc.py" in notes
     # And the job ended FAILED after one attempt (a function's exception is not retried by default)
     assert (handle.status().state, handle.status().attempt) == (JobState.FAILED, 1)
+
+
+def test_a_time_limit_or_a_cancel_is_a_fleet_error_not_the_functions(ready: Client, calc: ModuleType) -> None:
+    # Given a call stopped by its time limit, and one cancelled while it runs
+    limited = calc.nap.on(ready).options(timeout="1s").submit(60)
+    cancelled = calc.nap.on(ready).submit(60)
+    wait_for(lambda: cancelled.status().state == JobState.RUNNING, what="the nap running")
+    cancelled.cancel()
+    # Then result() raises fleet's errors, saying what ended them
+    with pytest.raises(JobFailed, match=r"FAILED: .*time limit") as failed:
+        limited.result(timeout=120)
+    assert not isinstance(failed.value, JobCancelled)
+    with pytest.raises(JobCancelled, match="CANCELLED"):
+        cancelled.result(timeout=120)
 
 
 def test_an_unpicklable_argument_is_refused_before_anything_is_sent(
