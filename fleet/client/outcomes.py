@@ -37,8 +37,7 @@ class Outcome:
             except Exception as exc:
                 raise FleetError(
                     f"job {job.id}: {function}'s return value cannot be rebuilt here ({type(exc).__name__}: "
-                    f"{exc}); a class it holds must be importable in this process (run from the "
-                    "directory its module is in)"
+                    f"{str(exc)[:300]}); {_fix(exc)}"
                 ) from exc
         if self.status == RAISED:
             raise self._exception()
@@ -61,6 +60,13 @@ class Outcome:
             error = RemoteError(kind, message, remote)
         error.add_note(f"raised on the fleet:\n{remote.rstrip()}")
         return error
+
+
+def _fix(exc: Exception) -> str:
+    """What to do about a return value this process cannot rebuild."""
+    if "CUDA" in str(exc):  # torch's words for a tensor on a GPU, read where there is none
+        return "it holds a tensor on a GPU, and this process has none: return it on the CPU (t.cpu())"
+    return "a class it holds must be importable in this process (run from the directory its module is in)"
 
 
 class FunctionHandle(JobHandle, Generic[R]):

@@ -9,12 +9,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 
 import fleet
 from fleet.client.functions import job_name, pickle_call, summary
 from fleet.client.outcomes import Outcome
-from fleet.errors import JobFailed, SpecError
+from fleet.errors import FleetError, JobFailed, SpecError
 from fleet.models import Job, JobSpec, JobState
 from fleet_worker import call as runner
 
@@ -119,3 +120,26 @@ def test_another_cloudpickle_that_cannot_read_it_is_named(
     outcome = make_call(tmp_path, monkeypatch, data)
     with pytest.raises(JobFailed, match=r"pickled by cloudpickle 9\.0\.0 and the job has cloudpickle 3\."):
         outcome.value(a_job(), "y")
+
+
+def cuda_tensor() -> None:
+    raise RuntimeError(
+        "Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False"
+    )
+
+
+class OnAGpu:
+    """Unpickles as torch does a CUDA tensor where there is no GPU (seen on a GPU node's outcome)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (cuda_tensor, ())
+
+
+def test_a_value_that_cannot_be_rebuilt_here_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome = Outcome(
+        runner.pack(runner.OUTCOME_MAGIC, {"status": runner.RETURNED}, cloudpickle.dumps(OnAGpu()))
+    )
+    with pytest.raises(FleetError, match=r"cannot be rebuilt here .*return it on the CPU \(t\.cpu\(\)\)"):
+        outcome.value(a_job(), "f")
