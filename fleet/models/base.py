@@ -20,6 +20,8 @@ _LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$"
 _USER = r"^\d{1,10}(:\d{1,10})?$"
 #: a Docker image reference: [registry[:port]/]path[:tag][@digest], lower-case path
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
+#: an uploaded blob, named by the SHA-256 of its bytes
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
 #: every model builds its validators on first use, not at import: a CLI command pays for the ones it uses
 _LAZY = ConfigDict(defer_build=True)
 #: bytes a spec's command, env or labels may hold in total (the record lives in Redis)
@@ -128,6 +130,7 @@ PATTERN_WORDS = {
         "an image reference (repo/name:tag or name@sha256:...): up to 255 letters, digits and "
         "'.', '_', ':', '/', '@', '+', '-', starting with a letter or digit"
     ),
+    _DIGEST: "sha256: and the 64 hex digits of an uploaded blob's SHA-256 (fleet.function uploads its call)",
 }
 
 

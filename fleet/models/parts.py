@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from fleet.models.base import Text, _UserModel
+from fleet.models.base import _DIGEST, Text, _UserModel
 
 
 class Mount(_UserModel):
@@ -47,7 +47,7 @@ class FunctionCall(_UserModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    blob: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256:<hex> of the uploaded call")
+    blob: str = Field(pattern=_DIGEST, description="sha256:<hex> of the uploaded call")
     #: ``module.qualname`` of the function
     function: Text = Field(max_length=512)
     #: the arguments, summarised by the caller (reprs cut short)

@@ -272,3 +272,16 @@ def test_a_function_runs_in_the_python_image_without_fleet_installed(
         calc.withdraw.on(client).options(python="python3", image=PYTHON_IMAGE).submit(1, 3).result(
             timeout=180
         )
+
+
+def test_a_call_that_was_not_uploaded_is_refused_naming_it(client: Client) -> None:
+    # Given specs naming a call by hand: one never uploaded, one that is no digest at all
+    spec = {"name": "f", "command": ["python3", "-m", "fleet_worker.call", "outputs"]}
+    missing = {**spec, "call": {"blob": "sha256:" + "0" * 64, "function": "calc.f"}}
+    garbled = {**spec, "call": {"blob": "../../etc/passwd", "function": "calc.f"}}
+    # When they are submitted, then each is refused, naming the field and the fix
+    with pytest.raises(SpecError, match=r"call\.blob sha256:0+: not uploaded .*PUT /v1/blobs"):
+        client.submit(missing)
+    with pytest.raises(SpecError, match=r"call\.blob: .*sha256"):
+        client.submit(garbled)
+    assert client.jobs() == []
