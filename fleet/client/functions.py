@@ -20,7 +20,7 @@ import io
 import re
 import reprlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from fleet.client.outcomes import FunctionHandle
 from fleet.errors import SpecError
@@ -96,9 +96,22 @@ class Function(Generic[P, R]):
         return fields
 
 
+@overload
+def function(fn: Callable[P, R], /) -> Function[P, R]: ...
+@overload
 def function(
-    fn: Callable[P, R] | None = None, *, python: str = "python3", client: Client | None = None, **fields: Any
-) -> Any:
+    *, python: str = "python3", client: Client | None = None, **fields: Any
+) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+
+
+def function(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    python: str = "python3",
+    client: Client | None = None,
+    **fields: Any,
+) -> Function[P, R] | Callable[[Callable[P, R]], Function[P, R]]:
     """``@fleet.function`` or ``@fleet.function(gpus=1, image=..., workdir=".", timeout="2h", ...)``:
     any :class:`fleet.JobSpec` field but ``command``. ``python``: the program that runs the call on
     the node (it needs cloudpickle and fleet_worker: fleet's images and environment have them).
