@@ -49,7 +49,7 @@ class Function(Generic[P, R]):
     ) -> None:
         self.fn, self.python, self.client, self.fields = fn, python, client, fields
         functools.update_wrapper(self, fn)
-        self.spec_fields(None)  # a bad field is refused at decoration, naming it
+        self._spec(None)  # a bad field is refused at decoration, naming it
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -80,10 +80,10 @@ class Function(Generic[P, R]):
         client = self.client or _default_client()
         blob = client.upload_blob(data)
         call = {"blob": blob, "function": self.name, "args": summary(args, kwargs)}
-        handle = client.submit(self.spec_fields(call))
+        handle = client.submit(self._spec(call))
         return FunctionHandle(client, handle.id, self.name)
 
-    def spec_fields(self, call: dict[str, Any] | None) -> dict[str, Any]:
+    def _spec(self, call: dict[str, Any] | None) -> dict[str, Any]:
         """The job spec of a call (checked: :class:`SpecError` naming a bad field)."""
         from fleet.models import JobSpec
 

@@ -91,7 +91,7 @@ class FunctionHandle(JobHandle, Generic[R]):
         job = self.wait(timeout)
         if job.state == JobState.CANCELLED:
             raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
-        outcome = self.outcome(job)
+        outcome = self._outcome_of(job)
         if outcome is None:
             note = f" ({job.outputs_note})" if job.outputs_note else ""
             if job.state == JobState.FAILED:
@@ -101,7 +101,7 @@ class FunctionHandle(JobHandle, Generic[R]):
             )
         return cast(R, outcome.value(job, self.function))
 
-    def outcome(self, job: Job) -> Outcome | None:
+    def _outcome_of(self, job: Job) -> Outcome | None:
         """The outcome the job's last attempt left, or None (it left none: killed, or lost); read
         once for a job that ended."""
         if self._outcome is not None and self._outcome[0] == job.attempt:

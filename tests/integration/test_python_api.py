@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -295,6 +296,15 @@ def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> No
     assert ready.whoami().user == "tester"
 
 
+def test_a_blob_is_uploaded_by_its_digest(client: Client) -> None:
+    # Given bytes a job takes along (a function's call is sent so), when they are uploaded twice
+    data = b"arguments of a call"
+    digest = client.upload_blob(data)
+    # Then both name them by their SHA-256, and the fleet holds them
+    assert digest == "sha256:" + hashlib.sha256(data).hexdigest() == client.upload_blob(data)
+    assert client._holds(digest) and not client._holds("sha256:" + hashlib.sha256(b"other").hexdigest())
+
+
 @pytest.mark.parametrize(
     ("call", "said"),
     [
@@ -328,7 +338,10 @@ def test_every_public_method_has_a_test() -> None:
     """A method added to the Python API without a test here (or in the async module) fails this."""
     from fleet import aio, handles
 
-    here = Path(__file__).read_text() + (Path(__file__).parent / "test_python_api_async.py").read_text()
+    here = "".join(
+        (Path(__file__).parent / name).read_text()
+        for name in ("test_python_api.py", "test_python_api_async.py", "test_functions.py")
+    )
     classes = [
         Client,
         handles.JobHandle,
@@ -336,6 +349,8 @@ def test_every_public_method_has_a_test() -> None:
         aio.AsyncClient,
         aio.AsyncJobHandle,
         aio.AsyncArrayHandle,
+        fleet.Function,
+        fleet.FunctionHandle,
     ]
     public = {
         name
