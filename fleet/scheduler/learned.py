@@ -29,7 +29,9 @@ class LearnedProfile(Profile):
     faster than one, the same as there). Optimistic where nothing was seen, so the job is tried
     bigger; never beyond ``EXPLORE`` x the most GPUs it ran at (``least``, its smallest size, before
     any report), and never a larger per-GPU batch than ``max_local`` (what the job declared fits a
-    GPU's memory) or, undeclared, than it ran at.
+    GPU's memory) or, undeclared, than it ran at, in one pass: sized by goodput (``accumulate``), a
+    larger one is several micro-batches of at most that, each costing the fixed part and its
+    samples' again, and one synchronisation.
     With no reports it runs at its smallest size only: ``least`` GPUs at ``min_batch``, the batch it
     was tuned at."""
 
@@ -71,10 +73,13 @@ class LearnedProfile(Profile):
         return self.throughput(gpus, batch, gpus_per_node), batch
 
     def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
-        if not self.smallest_local * (1 - 1e-9) <= local <= self.largest_local * (1 + 1e-9):
+        largest = self.largest_local
+        steps = max(1, math.ceil(local / largest - 1e-9)) if accumulate and self.observed else 1
+        local /= steps
+        if not self.smallest_local * (1 - 1e-9) <= local <= largest * (1 + 1e-9):
             return None
         fixed, per_sample, _, _ = self._model
-        return fixed + per_sample * local + self._sync(sum(placement))
+        return steps * (fixed + per_sample * local) + self._sync(sum(placement))
 
     @property
     def _model(self) -> Model:

@@ -139,6 +139,17 @@ def test_a_learned_fixed_batch_is_split_finer_at_what_its_fixed_cost_allows() ->
     assert fixed.throughput(4, 512) == pytest.approx(160.0)
 
 
+def test_a_learned_job_reaches_a_batch_larger_than_fits_by_accumulation_when_sized_by_goodput() -> None:
+    # one report: 1 GPU at 8 a GPU, all that fits; 0.5 s a step, half of it fixed (Pollux's prior)
+    profile = LearnedProfile(
+        name="learned", min_batch=8, max_batch=512, least=1, max_local=8, observed={(1, 8): 16.0}
+    )
+    assert profile.throughput(1, 32) == 0.0  # 32 a GPU does not fit in one pass
+    # four micro-batches of 8 and one optimizer step: four times the compute, no more synchronisation
+    assert profile.throughput(1, 32, accumulate=True) == pytest.approx(32 / (4 * 0.5))
+    assert profile.throughput(2, 64, accumulate=True) == pytest.approx(64 / (4 * 0.5))  # none seen yet
+
+
 def test_a_learned_sync_stays_at_its_one_measured_count_until_a_second_says_how_it_grows() -> None:
     # Given 1 and 2 GPUs run at 64 a GPU (2 GPUs: 10 % slower a step)
     one = LearnedProfile(
