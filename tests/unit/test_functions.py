@@ -13,8 +13,8 @@ import cloudpickle
 import pytest
 
 import fleet
-from fleet.client.functions import job_name, pickle_call, summary
 from fleet.client.outcomes import Outcome
+from fleet.client.pickled import job_name, pickle_call, summary
 from fleet.errors import FleetError, JobFailed, SpecError
 from fleet.models import Job, JobSpec, JobState
 from fleet_worker import call as runner
