@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleet.client.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
+    from fleet.client.executor import Executor
     from fleet.client.functions import Function, FunctionHandle, function
     from fleet.client.handles import (
         ALL_COMPLETED,
@@ -48,6 +49,7 @@ __version__ = "0.2.0"
 _HOMES = {
     "fleet.client.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
     "fleet.client.sync": ("Client",),
+    "fleet.client.executor": ("Executor",),
     "fleet.client.functions": ("Function", "FunctionHandle", "function"),
     "fleet.client.handles": (
         "ALL_COMPLETED",
@@ -90,6 +92,7 @@ __all__ = [
     "AsyncJobHandle",
     "CancelReport",
     "Client",
+    "Executor",
     "FleetError",
     "Function",
     "FunctionHandle",

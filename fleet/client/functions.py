@@ -1,7 +1,7 @@
 """Functions on the fleet: ``@fleet.function(gpus=1, workdir=".")`` on a module-level function makes
 ``f.submit(*args, **kwargs)`` run it as a job and return a :class:`FunctionHandle`, whose
 ``result()`` is the function's return value (or its exception, raised again here); ``f(*args)``
-still runs it here, unchanged.
+still runs it here, unchanged; ``f.map(items)`` makes one call per item (:mod:`fleet.client.executor`).
 
 The call travels as one content-addressed blob through the API (``PUT /v1/blobs``): the function
 (pickled by value when it is defined in a script, else named by module and qualified name and
@@ -16,8 +16,8 @@ fleet_worker.call``) makes the call and leaves the outcome with the job's kept o
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from fleet.client.outcomes import FunctionHandle
 from fleet.client.pickled import (
@@ -38,6 +38,9 @@ R = TypeVar("R")
 
 class Function(Generic[P, R]):
     """A function that runs here when called and on the fleet with :meth:`submit`."""
+
+    #: what ``fleet.Executor`` looks for to submit the function itself (it does not import this)
+    _fleet_function = True
 
     def __init__(
         self, fn: Callable[P, R], python: str, client: Client | None, fields: dict[str, Any]
@@ -74,6 +77,49 @@ class Function(Generic[P, R]):
         client = self.client or default_client()
         handle = client.submit(call_spec(client, self.fn, self.python, self.fields, args, kwargs))
         return FunctionHandle(client, handle.id, self.name)
+
+    @overload
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: Literal[False] = False,
+    ) -> Iterator[R]: ...
+    @overload
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: Literal[True],
+    ) -> Iterator[R | Exception]: ...
+
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: bool = False,
+    ) -> Iterator[R] | Iterator[R | Exception]:
+        """One call per item (``f.map(xs, ys)`` calls ``f(x, y)``, as the built-in ``map``), each a
+        job, sent in batches; the results as an iterator, in the order of the items (``ordered=False``:
+        as the calls end). Every call is pickled and sent before this returns (an argument that
+        cannot be pickled is refused, naming it, and nothing runs). ``max_running``: most calls
+        queued or running at once (the rest wait here). A call that raised is raised again in its
+        place, after every earlier result, and the calls still queued are cancelled; with
+        ``return_exceptions=True`` its exception is yielded in its place instead and every call runs.
+        Closing the iterator early cancels the calls still queued."""
+        from fleet.client.executor import Executor, results
+
+        executor = Executor._for(self.fields, self.python, self.client, max_running)
+        try:
+            futures = [executor.submit(self.fn, *args) for args in zip(*iterables, strict=False)]
+        except BaseException:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        executor.shutdown(wait=False)
+        return results(executor, futures, ordered, return_exceptions)
 
     def _spec(self, call: dict[str, Any] | None) -> dict[str, Any]:
         """The job spec of a call (checked: :class:`SpecError` naming a bad field)."""

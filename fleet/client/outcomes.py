@@ -88,7 +88,10 @@ class FunctionHandle(JobHandle, Generic[R]):
         """The function's return value once the job ended; its exception raised again (with the
         node's traceback as a note); :class:`JobCancelled`, :class:`JobFailed` when the job ended
         without one; :class:`fleet.JobTimeout` after ``timeout`` seconds."""
-        job = self.wait(timeout)
+        return self._result_of(self.wait(timeout))
+
+    def _result_of(self, job: Job) -> R:
+        """:meth:`result` of the job as it ended (``job``: its final status)."""
         if job.state == JobState.CANCELLED:
             raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
         outcome = self._outcome_of(job)

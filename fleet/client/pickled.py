@@ -53,7 +53,8 @@ def pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     pickled, or a call larger than :data:`CALL_MAX_BYTES`."""
     import cloudpickle
 
-    by_value = fn.__module__ == "__main__"  # a script's: no module the node could import
+    # a script's, or a lambda or local function (fleet.Executor takes them): nothing the node imports
+    by_value = fn.__module__ == "__main__" or "<" in fn.__qualname__
     header = {**versions(), "module": fn.__module__, "qualname": fn.__qualname__}
     try:
         payload = cloudpickle.dumps((fn if by_value else None, args, kwargs))

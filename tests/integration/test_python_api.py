@@ -340,7 +340,12 @@ def test_every_public_method_has_a_test() -> None:
 
     here = "".join(
         (Path(__file__).parent / name).read_text()
-        for name in ("test_python_api.py", "test_python_api_async.py", "test_functions.py")
+        for name in (
+            "test_python_api.py",
+            "test_python_api_async.py",
+            "test_functions.py",
+            "test_function_map.py",
+        )
     )
     classes = [
         Client,
@@ -351,6 +356,7 @@ def test_every_public_method_has_a_test() -> None:
         aio.AsyncArrayHandle,
         fleet.Function,
         fleet.FunctionHandle,
+        fleet.Executor,
     ]
     public = {
         name

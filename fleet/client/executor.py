@@ -1,0 +1,272 @@
+"""``fleet.Executor``: the fleet as a :class:`concurrent.futures.Executor`, so that code written for
+``ProcessPoolExecutor`` or submitit moves with one line changed. ``submit(fn, *args, **kwargs)``
+makes the call a job, as a :class:`fleet.function`'s ``submit`` does, and returns a real
+:class:`concurrent.futures.Future`: ``add_done_callback``, ``as_completed`` and ``wait`` from the
+standard library work on it.
+
+Calls are pickled and uploaded in the caller's thread (an argument that cannot be pickled is refused
+there, naming it); one background thread per executor queues them in batches (``submit_many``), at
+most ``max_running`` queued or running at once, and resolves their futures. It watches them all
+with two calls a round, not one per job: a long-poll on the oldest job still out (``wait``, which
+returns as soon as that job ends), then one listing of the executor's jobs by the label
+:data:`LABEL` that each of them carries. A future stays pending while its job is queued (so
+``cancel()`` works, and cancels the job), runs once the job is placed, and holds the function's
+return value or exception once the job ended (:meth:`fleet.FunctionHandle.result`'s).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import functools
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fleet.client import checks
+from fleet.client.endpoints import MAX_BATCH
+from fleet.client.outcomes import FunctionHandle
+from fleet.client.pickled import call_spec, check_own, default_client, job_fields
+from fleet.errors import JobTimeout, SpecError
+from fleet.models import Job
+
+if TYPE_CHECKING:
+    from fleet.client.sync import Client
+
+#: the label every job of an executor carries (its value names the executor): how it finds them
+LABEL = "fleet-executor"
+#: consecutive rounds the watcher may fail (the API unreachable) before it fails every future
+FAILURES_MAX = 5
+
+
+@dataclass
+class _Call:
+    """A call pickled and uploaded, waiting here for room to be queued."""
+
+    future: cf.Future[Any]
+    spec: dict[str, Any]
+    function: str
+
+
+class Executor(cf.Executor):
+    """Runs each call as a job on the fleet: ``fleet.Executor(gpus=1, image=..., workdir=".")``,
+    with any :class:`fleet.JobSpec` field but ``command``. ``python``: the program that runs a call
+    on the node. ``client``: the :class:`fleet.Client` to submit with (default: one from the
+    environment). ``max_running``: most calls queued or running at once (the rest wait here).
+    ``poll_s``: longest a round of watching waits before looking at every job again."""
+
+    def __init__(
+        self,
+        gpus: int = 1,
+        *,
+        python: str = "python3",
+        client: Client | None = None,
+        max_running: int | None = None,
+        poll_s: float = 1.0,
+        **fields: Any,
+    ) -> None:
+        check_own(fields, python)
+        self._python, self._client, self._fields = python, client, {"gpus": gpus, **fields}
+        self._most = None if max_running is None else checks.count(max_running, "max_running")
+        self._poll = checks.seconds(poll_s, "poll_s") or 1.0
+        self._tag = uuid.uuid4().hex[:16]
+        self._fields["labels"] = {**dict(self._fields.get("labels") or {}), LABEL: self._tag}
+        job_fields(_probe, python, self._fields, None)  # a bad field is refused here, naming it
+        self._lock = threading.Condition()
+        self._held: list[_Call] = []
+        self._out: dict[str, tuple[cf.Future[Any], FunctionHandle[Any]]] = {}
+        self._sent = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def _for(
+        cls, fields: dict[str, Any], python: str, client: Client | None, max_running: int | None
+    ) -> Executor:
+        """An executor of a ``fleet.function``'s job fields (``Function.map``'s)."""
+        rest = {k: v for k, v in fields.items() if k != "gpus"}
+        return cls(fields.get("gpus", 0), python=python, client=client, max_running=max_running, **rest)
+
+    def __repr__(self) -> str:
+        return f"fleet.Executor({LABEL}={self._tag})"
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        """A future of ``fn(*args, **kwargs)`` run as a job (``fn``: a function, ``fleet.function``'s
+        or not, that cloudpickle can pickle)."""
+        target = fn.fn if getattr(fn, "_fleet_function", False) else fn  # type: ignore[attr-defined]
+        if not callable(target):
+            raise SpecError(f"Executor.submit: fn {target!r} is not callable; pass the function to run")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+        spec = call_spec(self.client, target, self._python, self._fields, args, kwargs)
+        future: cf.Future[Any] = cf.Future()
+        with self._lock:
+            self._held.append(_Call(future, spec, str(spec["call"]["function"])))
+            self._start()
+            self._lock.notify_all()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more calls; with ``cancel_futures``, cancel every future whose job is not running yet
+        (and that job); with ``wait``, return once every other future is resolved."""
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                for call in self._held:
+                    call.future.cancel()
+                for future, _ in self._out.values():
+                    future.cancel()  # its job is cancelled by the watcher
+            thread = self._thread
+            self._lock.notify_all()
+        if wait and thread is not None:
+            thread.join()
+
+    @property
+    def client(self) -> Client:
+        return self._client or default_client()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._watch, name=f"fleet-executor-{self._tag}", daemon=True
+            )
+            self._thread.start()
+
+    def _watch(self) -> None:
+        """The watcher's loop: queue what there is room for, cancel what was cancelled here, and
+        resolve what ended, until shut down with nothing left out."""
+        failures = 0
+        try:
+            while self._busy():
+                try:
+                    self._round()
+                    failures = 0
+                except Exception as exc:  # the API unreachable: try again, then give up on every future
+                    failures += 1
+                    if failures >= FAILURES_MAX:
+                        self._fail_all(exc)
+                    else:
+                        threading.Event().wait(self._poll)
+        finally:
+            self.client.transport.close()  # this thread's connection
+
+    def _round(self) -> None:
+        self._send()
+        self._drop_cancelled()
+        self._look()
+
+    def _busy(self) -> bool:
+        """Whether there is work; waits here for some while there is none."""
+        with self._lock:
+            while not self._held and not self._out and not self._closed:
+                self._lock.wait()
+            return bool(self._held or self._out)
+
+    def _send(self) -> None:
+        """Queue held calls, up to ``max_running`` out at once, in batches of ``submit_many``."""
+        with self._lock:
+            self._held = [c for c in self._held if not c.future.cancelled()]
+            room = len(self._held) if self._most is None else max(0, self._most - len(self._out))
+            batch, self._held = self._held[: min(room, MAX_BATCH)], self._held[min(room, MAX_BATCH) :]
+        if not batch:
+            return
+        try:
+            handles = self.client.submit_many([c.spec for c in batch])
+        except Exception as exc:  # refused (a quota, a spec): each of these calls says so
+            for call in batch:
+                _resolve(call.future, functools.partial(_raise, exc))
+            return
+        with self._lock:
+            self._sent += len(batch)
+            for call, handle in zip(batch, handles, strict=True):
+                self._out[handle.id] = (call.future, FunctionHandle(self.client, handle.id, call.function))
+
+    def _drop_cancelled(self) -> None:
+        """Cancel the jobs of futures cancelled here (by ``cancel()`` or ``shutdown``)."""
+        with self._lock:
+            gone = [job_id for job_id, (future, _) in self._out.items() if future.cancelled()]
+            for job_id in gone:
+                del self._out[job_id]
+        for start in range(0, len(gone), 10_000):
+            self.client.cancel_jobs(gone[start : start + 10_000])
+
+    def _look(self) -> None:
+        """One round: wait for the oldest job out (at most ``poll_s``), then read all of them."""
+        with self._lock:
+            oldest = next(iter(self._out), None)
+            if oldest is None or (self._held and self._room()):
+                return
+            count = self._sent
+        with contextlib.suppress(JobTimeout):  # not ended yet: look at the others all the same
+            self.client.wait(oldest, self._poll)
+        jobs = self.client.jobs(labels={LABEL: self._tag}, limit=min(max(count, 1), 100_000))
+        for job in jobs:
+            self._update(job)
+
+    def _room(self) -> bool:
+        return self._most is None or len(self._out) < self._most
+
+    def _update(self, job: Job) -> None:
+        with self._lock:
+            entry = self._out.get(job.id)
+            if entry is None:
+                return
+            if job.state.final:
+                del self._out[job.id]
+                self._lock.notify_all()
+        future, handle = entry
+        if job.state.final:
+            _resolve(future, lambda: handle._result_of(job))
+        elif job.state.on_node and not future.running():
+            future.set_running_or_notify_cancel()  # False: cancelled here; the next round cancels the job
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            futures = [c.future for c in self._held] + [f for f, _ in self._out.values()]
+            self._held, self._out = [], {}
+        for future in futures:
+            _resolve(future, functools.partial(_raise, error))
+
+
+def _resolve(future: cf.Future[Any], outcome: Callable[[], Any]) -> None:
+    """Set ``future`` to what ``outcome()`` returns or raises (unless it was cancelled)."""
+    if not future.running() and not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(outcome())
+    except Exception as exc:
+        future.set_exception(exc)
+
+
+def _raise(error: Exception) -> Any:
+    raise error
+
+
+def _probe() -> None:
+    """Stands in for a call when an executor's job fields are checked."""
+
+
+def results(
+    executor: Executor | None, futures: Sequence[cf.Future[Any]], ordered: bool, return_exceptions: bool
+) -> Iterator[Any]:
+    """The results of ``futures`` in their order (or as they end), for ``Function.map``: a failed
+    call's exception raised in its place, or with ``return_exceptions`` yielded in its place.
+    Once this ends, or is closed early, the calls not yet running are cancelled."""
+    try:
+        for future in futures if ordered else cf.as_completed(futures):
+            try:
+                value = future.result()
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                value = exc
+            yield value
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        else:
+            for future in futures:
+                future.cancel()

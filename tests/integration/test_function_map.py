@@ -1,0 +1,148 @@
+"""Many calls at once: ``f.map`` over many inputs and ``fleet.Executor``, whose futures are the
+standard library's, on a fleet of one node with the process runtime."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+from types import ModuleType
+
+import pytest
+
+import fleet
+from fleet import Client, JobCancelled, JobState
+from tests.integration.test_functions import calc, ready, runtime  # noqa: F401 (fixtures)
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+#: inputs of the map test: each call is a process started on this fleet's one node, so the suite
+#: maps a few dozen, not the issue's 1,000 (the same path: submit_many batches, a listing a round)
+MANY = 40
+
+
+def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given a function that fails for one input of many
+    withdraw = calc.withdraw.on(ready).options(gpus=0)
+    amounts = [1] * MANY
+    amounts[MANY // 2] = 10**6
+
+    # When it is mapped over all of them, failures returned in place
+    results = list(withdraw.map([100] * MANY, amounts, return_exceptions=True))
+
+    # Then every other call's value comes back, in the inputs' order, and the failure in its place
+    assert len(results) == MANY
+    failed = results.pop(MANY // 2)
+    assert isinstance(failed, calc.Overdrawn) and "1000000 is more than 100" in str(failed)
+    assert results == [99] * (MANY - 1)
+    # And each call was one job, all of them ended
+    assert len(ready.jobs(state="SUCCEEDED")) == MANY - 1 and len(ready.jobs(state="FAILED")) == 1
+
+
+def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_all(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given a function that fails for its third input
+    withdraw = calc.withdraw.on(ready).options(gpus=0)
+
+    # When it is mapped in order without return_exceptions
+    seen: list[int] = []
+    with pytest.raises(calc.Overdrawn, match="50 is more than 10"):
+        for value in withdraw.map([10] * 5, [1, 2, 50, 3, 4], max_running=2):
+            seen.append(value)
+    # Then the results before it came first
+    assert seen == [9, 8]
+
+    # And unordered, every value comes back, as its call ends
+    assert sorted(withdraw.map([10] * 4, [1, 2, 3, 4], ordered=False)) == [6, 7, 8, 9]
+
+
+def test_as_completed_from_the_standard_library_on_executor_futures(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given an executor on the fleet, used as a ProcessPoolExecutor would be
+    done_here: list[cf.Future[object]] = []
+    with fleet.Executor(gpus=0, client=ready, python=sys.executable, workdir=calc.HERE) as pool:
+        # When calls are submitted, one of them failing
+        futures = {pool.submit(calc.withdraw, 100, n): n for n in (1, 2, 500, 3)}
+        next(iter(futures)).add_done_callback(done_here.append)
+        # Then the standard library's as_completed yields every future once its job ended
+        ended = {futures[f]: (f.exception() or f.result()) for f in cf.as_completed(futures, timeout=120)}
+    assert {n: v for n, v in ended.items() if n != 500} == {1: 99, 2: 98, 3: 97}
+    assert isinstance(ended[500], calc.Overdrawn)
+    assert len(done_here) == 1 and done_here[0].result() == 99
+    # And the standard library's map works as its own does
+    with fleet.Executor(gpus=0, client=ready, python=sys.executable, workdir=calc.HERE) as pool:
+        assert list(pool.map(calc.withdraw, [10, 20], [1, 2], timeout=120)) == [9, 18]
+        # And a lambda travels by value, as it would to a ProcessPoolExecutor with cloudpickle
+        assert pool.submit(lambda x: x * 2, 21).result(timeout=120) == 42
+
+
+def test_shutdown_with_cancel_futures_cancels_the_queued_jobs(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given an executor whose calls each take both GPUs of the only node: one runs, the rest queue
+    pool = fleet.Executor(gpus=2, client=ready, python=sys.executable, workdir=calc.HERE)
+    futures = [pool.submit(calc.nap, 60) for _ in range(3)]
+    wait_for(lambda: futures[0].running(), timeout=60, what="the first call to start")
+
+    # When it is shut down, cancelling the futures not started
+    pool.shutdown(wait=False, cancel_futures=True)
+
+    # Then those futures are cancelled, and so are their jobs on the fleet
+    assert [f.cancelled() for f in futures] == [False, True, True]
+    wait_for(lambda: len(ready.jobs(state="CANCELLED")) == 2, timeout=60, what="the queued jobs cancelled")
+    assert [j.state for j in ready.jobs(state="RUNNING")] == [JobState.RUNNING]
+    # And the running call goes on; cancelled on the fleet, its future says so
+    ready.cancel_jobs([j.id for j in ready.jobs(state="RUNNING")])
+    with pytest.raises(JobCancelled):
+        futures[0].result(timeout=60)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(calc.nap, 1)
+
+
+def test_closing_a_map_early_cancels_the_calls_still_queued(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given a map whose calls queue behind one another (each takes the node's two GPUs)
+    naps = calc.nap.on(ready).options(gpus=2).map([0, 60, 60, 60])
+
+    # When the caller takes the first result and stops
+    assert next(naps) == "rested"
+    naps.close()
+
+    # Then nothing of it is left queued
+    wait_for(lambda: not ready.jobs(state="QUEUED"), timeout=60, what="the queued calls cancelled")
+    assert len(ready.jobs(state="SUCCEEDED")) == 1
+
+
+def test_a_future_cancelled_while_its_job_is_queued_cancels_the_job(
+    ready: Client,  # noqa: F811
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    # Given two calls that cannot run at once, the first running
+    with fleet.Executor(gpus=2, client=ready, python=sys.executable, workdir=calc.HERE) as pool:
+        first, second = pool.submit(calc.nap, 60), pool.submit(calc.nap, 0)
+        wait_for(lambda: first.running(), timeout=60, what="the first call to start")
+        # When the second's future is cancelled while its job waits
+        assert second.cancel()
+        # Then its job is cancelled on the fleet, and the first goes on
+        wait_for(lambda: ready.jobs(state="CANCELLED"), timeout=60, what="the second's job cancelled")
+        assert not first.done()
+        ready.cancel_jobs([j.id for j in ready.jobs(state="RUNNING")])
+    assert isinstance(first.exception(), JobCancelled) and second.cancelled()
+
+
+def test_a_bad_executor_field_is_refused_naming_it(ready: Client) -> None:  # noqa: F811
+    with pytest.raises(fleet.SpecError, match="max_running 0"):
+        fleet.Executor(client=ready, max_running=0)
+    with pytest.raises(fleet.SpecError, match="gpus"):
+        fleet.Executor(gpus=-1, client=ready)
+    with pytest.raises(fleet.SpecError, match="command"):
+        fleet.Executor(client=ready, command=["x"])
