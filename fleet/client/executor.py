@@ -76,6 +76,7 @@ class Executor(cf.Executor):
         job_fields(_probe, python, self._fields, None)  # a bad field is refused here, naming it
         self._lock = threading.Condition()
         self._held: list[_Call] = []
+        self._sending: list[_Call] = []  # being queued: a cancel here is done once they are out
         self._out: dict[str, tuple[cf.Future[Any], FunctionHandle[Any]]] = {}
         self._sent = 0
         self._closed = False
@@ -115,7 +116,7 @@ class Executor(cf.Executor):
         with self._lock:
             self._closed = True
             if cancel_futures:
-                for call in self._held:
+                for call in self._held + self._sending:
                     call.future.cancel()
                 for future, _ in self._out.values():
                     future.cancel()  # its job is cancelled by the watcher
@@ -171,18 +172,22 @@ class Executor(cf.Executor):
             self._held = [c for c in self._held if not c.future.cancelled()]
             room = len(self._held) if self._most is None else max(0, self._most - len(self._out))
             batch, self._held = self._held[: min(room, MAX_BATCH)], self._held[min(room, MAX_BATCH) :]
+            self._sending = batch
         if not batch:
             return
+        handles, refused = [], None
         try:
             handles = self.client.submit_many([c.spec for c in batch])
         except Exception as exc:  # refused (a quota, a spec): each of these calls says so
-            for call in batch:
-                _resolve(call.future, functools.partial(_raise, exc))
-            return
+            refused = exc
         with self._lock:
-            self._sent += len(batch)
-            for call, handle in zip(batch, handles, strict=True):
+            self._sending = []
+            self._sent += len(handles)
+            for call, handle in zip(batch, handles, strict=False):
                 self._out[handle.id] = (call.future, FunctionHandle(self.client, handle.id, call.function))
+        if refused is not None:
+            for call in batch:
+                _resolve(call.future, functools.partial(_raise, refused))
 
     def _drop_cancelled(self) -> None:
         """Cancel the jobs of futures cancelled here (by ``cancel()`` or ``shutdown``)."""

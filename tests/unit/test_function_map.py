@@ -4,12 +4,17 @@ or raised after every earlier result, and the calls not yet started cancelled wh
 from __future__ import annotations
 
 import concurrent.futures as cf
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import fleet
 from fleet.client.executor import results
+from fleet.models import Job, JobSpec, JobState
+from fleet_worker import call as runner
 
 
 def ended(*outcomes: Any) -> list[cf.Future[Any]]:
@@ -72,3 +77,69 @@ def test_an_executor_is_the_standard_librarys() -> None:
     assert issubclass(fleet.Executor, cf.Executor)
     with pytest.raises(fleet.SpecError, match="max_running 0: expected a whole number"):
         fleet.Executor(max_running=0)
+
+
+class Fleet:
+    """Stands in for a :class:`fleet.Client` as an executor uses it: each job ends, returning its
+    number doubled, one at a time as the executor waits; ``out`` counts the jobs queued or running."""
+
+    def __init__(self) -> None:
+        self.jobs_: dict[str, Job] = {}
+        self.most_out = 0
+        self.transport = SimpleNamespace(close=lambda: None)
+
+    def upload_blob(self, data: bytes) -> str:
+        return "sha256:" + "0" * 64
+
+    def submit_many(self, specs: list[dict[str, Any]]) -> list[SimpleNamespace]:
+        ids = [f"call-{len(self.jobs_) + i}" for i in range(len(specs))]
+        for job_id in ids:
+            self.jobs_[job_id] = Job(id=job_id, spec=JobSpec(name="c", command=["c"]), state=JobState.QUEUED)
+        self.most_out = max(self.most_out, sum(not j.state.final for j in self.jobs_.values()))
+        return [SimpleNamespace(id=job_id) for job_id in ids]
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        job = self.jobs_[job_id]
+        if not job.state.final:
+            update = {"state": JobState.SUCCEEDED, "attempt": 1, "outputs_attempt": 1}
+            self.jobs_[job_id] = job.model_copy(update=update)
+        return self.jobs_[job_id]
+
+    def jobs(self, labels: dict[str, str], limit: int) -> list[Job]:
+        return list(self.jobs_.values())
+
+    def cancel_jobs(self, ids: list[str]) -> None:
+        for job_id in ids:
+            self.jobs_[job_id] = self.jobs_[job_id].model_copy(update={"state": JobState.CANCELLED})
+
+    def download(self, job_id: str, path: str, dest: str) -> list[Path]:
+        number = int(job_id.split("-")[1])
+        file = Path(dest) / runner.OUTCOME
+        file.write_bytes(
+            runner.pack(runner.OUTCOME_MAGIC, {"status": runner.RETURNED}, pickle.dumps(2 * number))
+        )
+        return [file]
+
+
+def test_an_executor_keeps_at_most_max_running_out_and_resolves_every_future() -> None:
+    # Given an executor that may have 3 calls out at once
+    fake = Fleet()
+    with fleet.Executor(gpus=0, client=fake, max_running=3, poll_s=0.01) as pool:  # type: ignore[arg-type]
+        # When 10 calls are submitted
+        futures = [pool.submit(abs, n) for n in range(10)]
+    # Then never more than 3 were queued or running, and each future holds its job's result
+    assert fake.most_out <= 3
+    assert [f.result() for f in futures] == [2 * n for n in range(10)]
+
+
+def test_shutdown_cancelling_futures_cancels_the_calls_not_yet_out() -> None:
+    # Given an executor with one call out and the rest held
+    fake = Fleet()
+    fake.wait = lambda job_id, timeout=None: fake.jobs_[job_id]  # type: ignore[method-assign]
+    pool = fleet.Executor(gpus=0, client=fake, max_running=1, poll_s=0.01)  # type: ignore[arg-type]
+    futures = [pool.submit(abs, n) for n in range(4)]
+    # When it is shut down, cancelling its futures
+    pool.shutdown(wait=True, cancel_futures=True)
+    # Then every future is cancelled, and the job that was out is cancelled on the fleet
+    assert all(f.cancelled() for f in futures)
+    assert [j.state for j in fake.jobs_.values()] == [JobState.CANCELLED] * len(fake.jobs_)
