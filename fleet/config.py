@@ -57,6 +57,11 @@ class Settings(BaseModel):
     redis_sentinel_username: str | None = Field(default=None, pattern=r"^[!-~]{1,128}$")
     redis_sentinel_password: SecretStr | None = None
     redis_sentinel_password_file: Path | None = None
+    #: replicas that must hold a write before fleet acknowledges it (``WAIT``); None: 1 with
+    #: sentinels, 0 without (see :mod:`fleet.state.replication`)
+    redis_replicas_ack: int | None = Field(default=None, ge=0, le=16)
+    #: how long an acknowledged write waits for them before it is answered "not replicated yet"
+    redis_replicas_ack_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
     bus_db: int = Field(default=1, ge=0, le=15)
     #: safety net: an idle consumer, woken by each send, still fetches this often (see fleet.bus.wake)
     bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)
@@ -175,6 +180,12 @@ class Settings(BaseModel):
         apart from the URL, never spliced into it; a username or password the URL holds wins."""
         found = {"username": self.redis_username, "password": self.redis_password_for()}
         return {name: value for name, value in found.items() if value is not None}
+
+    def replicas_ack(self) -> int:
+        """How many replicas each acknowledged write waits for (``redis_replicas_ack``, resolved)."""
+        if self.redis_replicas_ack is not None:
+            return self.redis_replicas_ack
+        return 1 if self.redis_sentinels else 0
 
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         return [host_port(entry) for entry in self.redis_sentinels]

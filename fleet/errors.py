@@ -113,6 +113,12 @@ class StoreUnavailable(FleetError):
     exit_code = 5
 
 
+class NotReplicated(StoreUnavailable):
+    """A write reached the Redis primary but not ``redis_replicas_ack`` replicas in time: it is not
+    acknowledged (a failover now could lose it). Retry the call; a submit with its own job id is
+    created once however often it is retried."""
+
+
 class ApiUnavailable(StoreUnavailable):
     """The fleet API could not be reached, or it could not reach Redis."""
 

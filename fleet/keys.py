@@ -94,6 +94,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | state, GPUs, times, run/GPU/CPU-seconds over attempts), |
 |                                   |        | for jobs that ended that day (day = end // 86400)       |
 | ``<p>:acct:days``                 | zset   | the days with a ``<p>:acct:<day>`` hash, scored by day  |
+| ``<p>:replicated``                | string | a counter every acknowledged write bumps before it      |
+|                                   |        | ``WAIT``s for replicas (``fleet.state.replication``)    |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -109,9 +111,9 @@ to find the id of bytes it cannot decode.
 Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the sets above are
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
-holds no job. ``<p>:seq``, ``<p>:leader:token`` and ``<p>:metrics:requeues`` are fixed-size and kept;
-so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied
-of what the webhook sender took from it.
+holds no job. ``<p>:seq``, ``<p>:leader:token``, ``<p>:replicated`` and ``<p>:metrics:requeues`` are
+fixed-size and kept; so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node)
+and ``<p>:outbox``, emptied of what the webhook sender took from it.
 Accounting rows outlive their jobs: a day's hash goes ``accounting_retention_s`` (400 days) after the
 day ended (``fleet history`` reads them).
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
@@ -266,6 +268,12 @@ class Keys:
         """Zset: node name -> the ``nodes_version`` of its last such change (the controller reads only
         the nodes changed since its last look; lease expiry, which writes nothing, it checks itself)."""
         return f"{self.prefix}:nodes:changed"
+
+    @property
+    def replicated(self) -> str:
+        """Counter written right before ``WAIT``, on its connection: WAIT counts that connection's
+        writes, and replicas take writes in order, so one holding it holds every write before."""
+        return f"{self.prefix}:replicated"
 
     @property
     def leader(self) -> str:

@@ -31,6 +31,7 @@ from fleet.errors import (
     JobExpired,
     JobTimeout,
     NotFound,
+    NotReplicated,
     SpecError,
     StoreUnavailable,
     TooManyRequests,
@@ -51,6 +52,7 @@ _ERRORS: dict[str, type[FleetError]] = {
         CorruptRecord,
         JobTimeout,
         StoreUnavailable,
+        NotReplicated,
         Unauthorized,
         Forbidden,
         TooManyRequests,
@@ -214,6 +216,8 @@ def _error(response: http.client.HTTPResponse, url: str) -> FleetError:
         return FleetError(f"fleet API at {url}: HTTP {response.status} {text}")
     if name == "JobExpired" and isinstance(body.get("expired"), dict):
         return JobExpired(**body["expired"])
+    if name == "NotReplicated":  # a 503 whose write reached Redis: retry it (the same job id)
+        return NotReplicated(detail)
     if name == "ApiUnavailable" or response.status == 503:
         return ApiUnavailable(detail)
     return error_named(name, detail)

@@ -85,6 +85,7 @@ class ArrayStore:
             if int(code) < 0 and generated:
                 return False  # a generated id someone else's job, array or tombstone holds
             _refused(array_id, int(code), detail)
+        self.jobs.replicated(f"the submit of job array {array_id}")
         return True
 
     # -- read --------------------------------------------------------------------------

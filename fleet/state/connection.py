@@ -29,7 +29,14 @@ def connect(settings: Settings, db: int | None = None, *, most: int | None = Non
     options: dict[str, Any] = {"decode_responses": True}
     if most is not None:
         options.update(max_connections=most, timeout=POOL_WAIT_S, pool_class=redis.BlockingConnectionPool)
-    return redis.Redis(connection_pool=pool(settings, db, **options))
+    client = redis.Redis(connection_pool=pool(settings, db, **options))
+    setattr(client, REPLICAS_ACK, (settings.replicas_ack(), settings.redis_replicas_ack_timeout_ms))
+    return client
+
+
+#: the attribute of a client that holds how many replicas its acknowledged writes wait for, and for
+#: how many ms (``fleet.state.replication``)
+REPLICAS_ACK = "_fleet_replicas_ack"
 
 
 def connect_binary(settings: Settings) -> redis.Redis:

@@ -61,6 +61,7 @@ class JobControl:
         code, detail = self._scripts["change_queued"](keys=[k.job(job_id), k.events(job_id)], args=args)
         if int(code) == -1:
             raise NotFound(f"no job {job_id!r} (list jobs with `fleet jobs`)")
+        self.jobs.replicated(f"the change of job {job_id}")
         return _changed(int(code), detail)
 
     @translated
@@ -90,6 +91,7 @@ class JobControl:
             for job_id, (code, detail) in zip(batch, pipe.execute(), strict=True):
                 if int(code) != -1:
                     out.append((job_id, _changed(int(code), detail)))
+        self.jobs.replicated(f"the change of {len(job_ids)} job(s)")
         return out
 
     @translated
@@ -107,6 +109,7 @@ class JobControl:
             batch = job_ids[start : start + ARRAY_BATCH]
             flat = self._scripts["requeue_final"](keys=keys, args=[*head, *batch])
             out.extend((job_id, int(flat[2 * i]), flat[2 * i + 1]) for i, job_id in enumerate(batch))
+        self.jobs.replicated(f"the requeue of {len(job_ids)} job(s)")
         return out
 
 

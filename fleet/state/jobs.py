@@ -47,6 +47,7 @@ class JobStore(JobTransitions, JobLogs):
             )
         if created == -2:
             raise IdInUse(f"job id {job_id!r} is the id of a job array; choose another id")
+        self.replicated(f"the submit of job {job_id}")  # a repeated submit too: the first may not be
         return bool(created)
 
     @translated
@@ -59,7 +60,9 @@ class JobStore(JobTransitions, JobLogs):
         pipe = self.redis.pipeline(transaction=False)
         for job_id, spec in jobs:
             self._submit(job_id, spec, now, pipe, owner)
-        return [int(code) for code in pipe.execute()]
+        codes = [int(code) for code in pipe.execute()]
+        self.replicated(f"the submit of {len(jobs)} job(s)")
+        return codes
 
     @translated
     def holders(self, job_ids: list[str]) -> dict[str, str | None]:

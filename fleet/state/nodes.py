@@ -16,6 +16,7 @@ from fleet.keys import Keys
 from fleet.models import Gpu, Node, NodeState
 from fleet.state.connection import load_scripts, translated
 from fleet.state.records import NodeBatch, node_version, parse_node
+from fleet.state.replication import replicated
 from fleet.versions import VERSION
 
 
@@ -135,6 +136,7 @@ class NodeStore:
             raise NotFound(f"no node {name!r} (list nodes with `fleet nodes`)")
         if code == -2:
             raise NotLeader(f"state of node {name} not set: another controller holds the leader lease")
+        replicated(self.redis, self.keys, f"the state of node {name}")  # a cordon, a drain: acknowledged
         return bool(code == 1)
 
     @translated

@@ -23,6 +23,7 @@ from fleet.keys import Keys
 from fleet.models import Tenant, TenantStatus
 from fleet.scheduler.usage import accrue
 from fleet.state.connection import load_scripts, translated
+from fleet.state.replication import replicated
 
 #: the tenant every fleet has, created by nobody
 DEFAULT_TENANT = "default"
@@ -52,6 +53,7 @@ class TenantStore:
         """Create or replace ``tenant``'s policy; the leader applies it within
         ``controller.usage_interval_s``."""
         self.redis.hset(self.keys.tenants, tenant.name, tenant.model_dump_json())
+        replicated(self.redis, self.keys, f"the policy of tenant {tenant.name}")
 
     @translated
     def get(self, name: str) -> Tenant:
@@ -93,7 +95,9 @@ class TenantStore:
     @translated
     def delete(self, name: str) -> bool:
         """Forget ``name``'s policy (its jobs get the default one); False when it had none."""
-        return bool(self.redis.hdel(self.keys.tenants, name))
+        deleted = bool(self.redis.hdel(self.keys.tenants, name))
+        replicated(self.redis, self.keys, f"the deletion of tenant {name}")
+        return deleted
 
     @translated
     def all(self) -> list[Tenant]:

@@ -21,6 +21,7 @@ from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.models import Identity, Role, TokenInfo, describe_errors
 from fleet.state.connection import translated
+from fleet.state.replication import replicated
 
 _TOKEN = re.compile(r"^fleet_([0-9a-f]{12})_([A-Za-z0-9_-]{43})\Z")
 
@@ -66,6 +67,7 @@ class TokenStore:
             pipe.pexpireat(self.keys.token(token_id), int(info.expires_at * 1000))
         pipe.sadd(self.keys.tokens, token_id)
         pipe.execute()
+        replicated(self.redis, self.keys, f"token {token_id}")
         return f"fleet_{token_id}_{secret}", info
 
     @translated
@@ -109,6 +111,7 @@ class TokenStore:
         pipe.delete(self.keys.token(token_id))
         pipe.srem(self.keys.tokens, token_id)
         deleted, _ = pipe.execute()
+        replicated(self.redis, self.keys, f"the revocation of token {token_id}")
         return bool(deleted)
 
 

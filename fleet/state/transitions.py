@@ -14,6 +14,7 @@ from fleet.keys import Keys
 from fleet.models import ON_NODE_STATES, Decision, Exit, ExitKind, Job, JobState, MemberPhase
 from fleet.models.arrays import ARRAY_BATCH
 from fleet.state.connection import translated
+from fleet.state.replication import replicated
 
 #: waiting reasons per set_reasons.lua call (one call holds Redis for about a millisecond)
 REASONS_BATCH = 1000
@@ -38,6 +39,11 @@ class JobTransitions:
     keys: Keys
     _scripts: dict[str, Any]
 
+    def replicated(self, what: str) -> None:
+        """Return once the writes answered so far are on the replicas acknowledged writes wait for;
+        :class:`~fleet.state.replication.NotReplicated` naming ``what`` otherwise."""
+        replicated(self.redis, self.keys, what)
+
     def place(self, job_id: str, node: str, gpus: list[str], leader: str, now: float, reason: str) -> int:
         """Bind one QUEUED job to ``node``/``gpus``; the new attempt, or 0 when refused."""
         batch = [{"job": job_id, "node": node, "gpus": gpus, "cpus": 0, "memory": 0, "reason": reason}]
@@ -58,6 +64,7 @@ class JobTransitions:
         )
         if result == [-2]:
             raise NotLeader("placements refused: another controller holds the leader lease")
+        self.replicated(f"a placement batch of {len(placements)} job(s)")  # before any agent is told
         return [int(a) for a in result]
 
     @translated
@@ -159,7 +166,7 @@ class JobTransitions:
         error between the removal and :meth:`end_attempt` cannot turn a finished attempt into a
         lost one (and a SUCCEEDED job into one that runs again)."""
         saved = json.dumps({"attempt": job.attempt, **exit.model_dump()})
-        return self.transition(
+        kept = self.transition(
             job.id,
             attempt=job.attempt,
             to=None,
@@ -169,6 +176,9 @@ class JobTransitions:
             reason=f"attempt {job.attempt} ended: {exit.reason}",
             fields={"exit": saved},
         )
+        # replicated before the attempt is removed: a promoted replica must not find it lost
+        self.replicated(f"the exit of job {job.id} attempt {job.attempt}")
+        return kept
 
     def end_attempt(
         self,
@@ -211,6 +221,7 @@ class JobTransitions:
         )
         if applied and decision.state == JobState.QUEUED:
             self.count_requeue(exit.requeue_kind)
+        self.replicated(f"the end of job {job.id} attempt {job.attempt}")
         return applied
 
     def resize(
@@ -289,6 +300,7 @@ class JobTransitions:
                 code, state, node, attempt = flat[i : i + 4]
                 job_id = job_ids[start + i // 4]
                 out.append(CancelOutcome(job_id, int(code), state, node or None, int(attempt)))
+        self.replicated(f"the cancel of {len(job_ids)} job(s)")
         return out
 
     @translated

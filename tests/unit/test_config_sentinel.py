@@ -78,3 +78,43 @@ def test_sentinels_need_a_plain_redis_url(url: str, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("FLEET_REDIS_URL", url)
     with pytest.raises(ConfigError, match=r"with redis_sentinels it must be a redis:// URL"):
         load_settings()
+
+
+def test_acknowledged_writes_wait_for_one_replica_with_sentinels_and_none_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given no redis_replicas_ack: a plain Redis has no replica to wait for, a sentinel set has one
+    assert load_settings().replicas_ack() == 0
+    monkeypatch.setenv("FLEET_REDIS_SENTINELS", "10.0.0.1:26379")
+    assert load_settings().replicas_ack() == 1
+    # When the operator asks for two, or for none (replicas that lag far behind, a choice made knowingly)
+    monkeypatch.setenv("FLEET_REDIS_REPLICAS_ACK", "2")
+    assert load_settings().replicas_ack() == 2
+    monkeypatch.setenv("FLEET_REDIS_REPLICAS_ACK", "0")
+    assert load_settings().replicas_ack() == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("FLEET_REDIS_REPLICAS_ACK", "-1"), ("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "0")]
+)
+def test_a_replica_count_or_timeout_out_of_range_is_refused(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # WAIT with a timeout of 0 blocks for ever: a write must be answered, replicated or not
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name.removeprefix("FLEET_").lower()):
+        load_settings()
+
+
+def test_not_replicated_is_a_retryable_503_the_client_raises_as_itself() -> None:
+    # Given an acknowledged write the replicas did not take in time
+    from fleet.api.app import status_of
+    from fleet.client.transport import error_named
+    from fleet.errors import NotReplicated, error_body
+
+    error = NotReplicated("not replicated yet: the submit of job j reached the Redis primary; retry")
+    # Then the API answers 503, and the client raises it as itself: retryable, exit code 5
+    body = error_body(error)
+    assert status_of(error) == 503 and body["exit_code"] == 5
+    again = error_named(body["error"], body["detail"])
+    assert type(again) is NotReplicated and again.retryable and "retry" in str(again)
