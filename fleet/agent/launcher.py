@@ -81,6 +81,10 @@ class Launcher:
         )
         if not started:
             return
+        # nothing runs until the placement and this start are on the replicas: a replica promoted
+        # without them would place the job again, and it would run twice (NotReplicated: this
+        # attempt is found STARTING and not running, and requeued)
+        p.jobs.replicated(f"the start of job {job_id} attempt {attempt}")
         if job.cancel_requested:
             self.exits.end(job, Exit(fault=Fault.CANCEL, reason="cancelled before start"))
             return

@@ -46,6 +46,7 @@ from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore, Stores
 from fleet.state.connection import connect_binary
 from fleet.state.nodes import NodeInfo
+from fleet.state.replication import confirmed
 from fleet.state.shells import ShellRelay
 from fleet.state.stdin import StdinStreams
 from fleet.versions import VERSION
@@ -242,7 +243,10 @@ class Agent:
         if joined:
             event(log, "node_joined", node=self.node, gpus=len(gpus))
             self.bus.send(CONTROLLER_QUEUE, NodeChanged(node=self.node))
-        self._confirm_lease(sent + self.cfg.node_lease_ttl_s)
+        # the fence counts only renewals the replicas hold: a promoted replica's lease must not
+        # expire (and the node's jobs run elsewhere) before this node stopped them
+        if confirmed(self.nodes.redis, self.nodes.keys):
+            self._confirm_lease(sent + self.cfg.node_lease_ttl_s)
 
     def _confirm_lease(self, until: float) -> None:
         """Tell the supervisor how long the lease holds; it stops every attempt before then."""

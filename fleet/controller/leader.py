@@ -20,6 +20,7 @@ from fleet.errors import FleetError, NotLeader
 from fleet.keys import Keys
 from fleet.log import event
 from fleet.state.connection import load_scripts, translated
+from fleet.state.replication import confirmed
 from fleet.versions import VERSION
 
 log = logging.getLogger("fleet.controller")
@@ -29,15 +30,27 @@ T = TypeVar("T")
 class LeaderLease:
     def __init__(self, client: redis.Redis, keys: Keys, controller_id: str, ttl_s: float) -> None:
         self.keys, self.controller_id, self.ttl_ms = keys, controller_id, int(ttl_s * 1000)
+        self._client = client
         self._script = load_scripts(client)["leader"]
         #: "<controller id>:<token>" while this controller leads, else ""
         self.value = ""
+        #: a lease acquired on the primary and not yet on its replicas: renewed, not yet led with
+        self.pending = ""
 
     @translated
     def renew(self) -> bool:
-        """Acquire or renew; True while this controller is the leader."""
+        """Acquire or renew; True while this controller is the leader. A newly acquired lease counts
+        once its fencing token is on the replicas: a replica promoted without it would hand the same
+        token to another controller, and fencing tokens must only grow."""
         keys = [self.keys.leader, self.keys.leader_token, self.keys.leader_version]
-        self.value = str(self._script(keys=keys, args=[self.controller_id, self.ttl_ms, self.value, VERSION]))
+        held = self.value or self.pending
+        value = str(self._script(keys=keys, args=[self.controller_id, self.ttl_ms, held, VERSION]))
+        if value and not self.value and not confirmed(self._client, self.keys):
+            if value != self.pending:
+                event(log, "leadership_not_replicated", logging.WARNING, id=self.controller_id, lease=value)
+            self.pending = value
+            return False
+        self.value, self.pending = value, ""
         return bool(self.value)
 
 

@@ -1,4 +1,5 @@
-"""Acknowledged means replicated: what fleet acknowledges is on a replica.
+"""Acknowledged means replicated: what fleet acknowledges is on a replica, and a replica promoted
+without the primary's last writes runs nothing twice.
 
 Real redis-servers and sentinels (those of ``fleet up --ha``); replication is cut by stopping the
 replicas (SIGSTOP), so the primary takes writes they never see.
@@ -7,20 +8,23 @@ replicas (SIGSTOP), so the primary takes writes they never see.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from bench.procs import DirectClient
-from fleet import JobSpec
+from bench.procs import DirectClient, FleetProcs
+from fleet import JobSpec, JobState
 from fleet.config import load_settings
-from fleet.errors import NotReplicated, StoreUnavailable
-from fleet.models import Role
+from fleet.errors import NotFound, NotReplicated, StoreUnavailable
+from fleet.keys import Keys
+from fleet.models import Job, Role
 from fleet.ops.redis_local import LocalRedis
 from fleet.state import Stores
 from tests.integration.conftest import primary_port
-from tests.support import until
+from tests.support import until, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +86,112 @@ def _submitted(client: DirectClient, spec: JobSpec, job_id: str) -> object:
         return client.submit(spec, job_id=job_id)
     except StoreUnavailable:
         return None
+
+
+def test_a_controller_leads_only_once_its_fencing_token_is_replicated(
+    acks: LocalRedis, tmp_path: Path
+) -> None:
+    # Given replicas that take nothing (stopped)
+    procs = FleetProcs(acks.url, tmp_path, "process")
+    keys = Keys(load_settings().key_prefix)
+    replication(acks, signal.SIGSTOP)
+    try:
+        with primary(acks) as old:
+            # When a controller takes the leader lease, on the primary alone
+            procs.controller()
+            wait_for(lambda: old.get(keys.leader), 30, "the lease taken on the primary", procs)
+            token = old.get(keys.leader_token)
+            # Then it does not lead with a token a promoted replica would hand out again
+            wait_for(lambda: "leadership_not_replicated" in procs.logs(), 30, "a lease held back", procs)
+            assert "leadership_acquired" not in procs.logs()
+            # And once the replicas hold the token, it leads with it
+            replication(acks, signal.SIGCONT)
+            wait_for(lambda: "leadership_acquired" in procs.logs(), 30, "a leader", procs)
+            assert f"lease={old.get(keys.leader)}" in procs.logs() and old.get(keys.leader_token) == token
+    finally:
+        replication(acks, signal.SIGCONT)
+        procs.stop()
+
+
+TICKS = 100
+#: a job that ticks into a file of its own run (attempt and pid): two runs of one attempt show
+TICKER = (
+    "import os, time\n"
+    "name = 'run-%s-%d' % (os.environ['FLEET_ATTEMPT'], os.getpid())\n"
+    f"for _ in range({TICKS}):\n"
+    "    with open(os.path.join(os.environ['TICKS'], name), 'a') as f: f.write(repr(time.time()) + '\\n')\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
+    acks: LocalRedis, tmp_path: Path
+) -> None:
+    # Given a controller, a node t-b that is cordoned, and a job acknowledged (on the replicas)
+    procs = FleetProcs(acks.url, tmp_path, "process")
+    client = DirectClient(settings=load_settings())
+    ticks = tmp_path / "ticks"
+    ticks.mkdir(mode=0o777)
+    ticks.chmod(0o777)  # the job runs as the unprivileged job user
+    spec = JobSpec(name="tick", gpus=1, command=[sys.executable, "-c", TICKER], env={"TICKS": str(ticks)})
+    keys = Keys(load_settings().key_prefix)
+    try:
+        procs.controller()
+        procs.agent("t-b", gpus=1)
+        procs.wait_nodes(client, 1)
+        client.cordon("t-b")
+        job = client.submit(spec, job_id="once")
+        with primary(acks) as old:
+            wait_for(lambda: "leadership_acquired" in procs.logs(), 30, "a leader", procs)
+            token_before = int(old.get(keys.leader_token) or 0)
+            # And replicas that take nothing from here (stopped)
+            replication(acks, signal.SIGSTOP)
+            # When node t-a joins and the controller places the job there, on the primary alone
+            procs.agent("t-a", gpus=1)
+            placed = lambda: old.hget(keys.job("once"), "node") == "t-a"  # noqa: E731
+            wait_for(placed, 30, "the job placed on the primary", procs)
+            refused = "not replicated yet: the start of job once"
+            wait_for(lambda: refused in procs.logs() or list(ticks.iterdir()), 30, "a start tried", procs)
+            # Then t-a started nothing the replicas do not know of
+            assert list(ticks.iterdir()) == []
+            # When the primary dies and the sentinels promote a replica that never saw the placement
+            port = primary_port(acks)
+            acks.procs["redis-0"].send_signal(signal.SIGKILL)
+            acks.procs["redis-0"].wait()
+        replication(acks, signal.SIGCONT)
+        until(lambda: primary_port(acks) != port, "a replica promoted", timeout=60)
+        # And the job goes to t-b (an operator moves work off t-a)
+        until(lambda: _done(lambda: client.cordon("t-a")), "t-a cordoned on the new primary", timeout=60)
+        until(lambda: _done(lambda: client.uncordon("t-b")), "t-b uncordoned", timeout=30)
+        # Then it runs to the end, on the services that were already running
+        done = until(lambda: _ended(client, job.id), "the job ended", timeout=120)
+        assert (done.state, done.node) == (JobState.SUCCEEDED, "t-b"), procs.logs()
+        # Exactly once: one run, whole
+        runs = sorted(ticks.iterdir())
+        assert [len(run.read_text().split()) for run in runs] == [TICKS], runs
+        # And the fencing token and the attempts only went up, and no GPU is left claimed
+        with primary(acks) as new:
+            assert int(new.get(keys.leader_token) or 0) >= token_before
+            assert new.hgetall(keys.claims) == {}
+        attempts = [event.attempt for event in client.history(job.id)]
+        assert attempts == sorted(attempts) and done.attempt == attempts[-1] >= 1
+        assert not [name for name, proc in procs.procs.items() if proc.poll() is not None]
+    finally:
+        procs.stop()
+        client.close()
+
+
+def _done(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except (StoreUnavailable, NotFound):
+        return False
+    return True
+
+
+def _ended(client: DirectClient, job_id: str) -> Job | None:
+    try:
+        job = client.get(job_id)
+    except StoreUnavailable:
+        return None
+    return job if job.state.final else None
