@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import redis
 
-from bench.dispatch import machine_line, redis_server
+from bench.dispatch import machine_line, redis_server, with_replica
 from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
 from bench.procs import FleetProcs
 from bench.scale import DEFAULTS
@@ -55,15 +55,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of each wait, in seconds")
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy the API this long (0: skip)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--replica", action="store_true", help="a replica, every acknowledged write waiting")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-api-"))
     root.chmod(0o755)  # jobs of the real agent run as an unprivileged user and need their checkpoint dir
     out = Result()
-    print(machine_line("api") + f"; logs in {root}")
+    where = ", primary + replica (WAIT 1)" if args.replica else ""
+    print(machine_line("api" + where) + f"; logs in {root}")
     print("| what | result | notes |\n|---|---|---|", flush=True)
-    with redis_server() as url:
+    with redis_server() as url, with_replica(url, args.replica):
         run(args, url, root, out)
-    sbatch_rate(args.submits, out)
+    if not args.replica:  # Slurm's figure does not change with fleet's Redis
+        sbatch_rate(args.submits, out)
     if args.json:
         args.json.write_text(json.dumps({"rows": out.rows, **out.data}, indent=1))
 

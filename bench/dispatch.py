@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import os
 import platform
 import shutil
 import statistics
@@ -223,16 +224,39 @@ def redis_server(*options: str) -> Iterator[str]:
         server.wait()
 
 
+@contextlib.contextmanager
+def with_replica(url: str, wanted: bool) -> Iterator[None]:
+    """With ``wanted``, a replica of the Redis at ``url`` (in sync before this returns), and every
+    acknowledged write of the services and the benchmark waiting for it (``redis_replicas_ack``)."""
+    if not wanted:
+        yield
+        return
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with redis_server("--replicaof", "127.0.0.1", str(port)) as replica:
+        client = redis.Redis.from_url(replica, decode_responses=True)
+        for _ in range(200):
+            if client.info("replication").get("master_link_status") == "up":
+                break
+            time.sleep(0.05)
+        client.close()
+        os.environ["FLEET_REDIS_REPLICAS_ACK"] = "1"  # services started from here inherit it
+        try:
+            yield
+        finally:
+            del os.environ["FLEET_REDIS_REPLICAS_ACK"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--idle-s", type=float, default=10.0, help="how long the idle services are watched")
     parser.add_argument("--poll-ms", type=int, default=None, help="bus_poll_ms (default: the setting's)")
+    parser.add_argument("--replica", action="store_true", help="a replica, every acknowledged write waiting")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    with redis_server() as url:
+    with redis_server() as url, with_replica(url, args.replica):
         r = latency(url, args.jobs, root, args.poll_ms)
-        print(machine_line("dispatch latency"))
+        print(machine_line("dispatch latency" + (", primary + replica (WAIT 1)" if args.replica else "")))
         print("| jobs | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---|---|---|")
         row = " | ".join(f"{r[k]:.1f}" for k in ("p50", "p90", "p99", "max"))
         print(f"| {args.jobs} | {row} |", flush=True)
