@@ -60,8 +60,9 @@ class Settings(BaseModel):
     #: replicas that must hold a write before fleet acknowledges it (``WAIT``); None: 1 with
     #: sentinels, 0 without (see :mod:`fleet.state.replication`)
     redis_replicas_ack: int | None = Field(default=None, ge=0, le=16)
-    #: how long an acknowledged write waits for them before it is answered "not replicated yet"
-    redis_replicas_ack_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
+    #: how long an acknowledged write waits for them before it is answered "not replicated yet";
+    #: below the 5 s socket timeout of every connection, so WAIT answers before the socket gives up
+    redis_replicas_ack_timeout_ms: int = Field(default=1000, ge=10, le=4000)
     bus_db: int = Field(default=1, ge=0, le=15)
     #: safety net: an idle consumer, woken by each send, still fetches this often (see fleet.bus.wake)
     bus_poll_ms: int = Field(default=2000, ge=1, le=10_000)

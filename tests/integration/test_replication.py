@@ -1,15 +1,18 @@
 """Acknowledged means replicated: what fleet acknowledges is on a replica, and a replica promoted
 without the primary's last writes runs nothing twice.
 
-Real redis-servers and sentinels (those of ``fleet up --ha``); replication is cut by stopping the
-replicas (SIGSTOP), so the primary takes writes they never see.
+Real redis-servers and sentinels (those of ``fleet up --ha``). Replication is cut as a network
+would cut it: the primary drops its replicas' links, and they cannot log in again (a wrong
+``masterauth``) until the test heals them, so the primary takes writes they never see. (Stopping
+the replicas with SIGSTOP would not do: what the primary sent waits in their sockets, and they read
+it when they run again, even with the primary dead.)
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,17 +40,35 @@ def runtime() -> str:
 
 
 @pytest.fixture
-def acks(ha: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRedis]:
+def acks(ha: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> LocalRedis:
     """The HA set, with acknowledged writes waiting 200 ms for a replica (services and tests alike)."""
     monkeypatch.setenv("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "200")
-    yield ha
-    for name in REPLICAS:  # a stopped process ignores SIGKILL's cleanup until it runs again
-        ha.procs[name].send_signal(signal.SIGCONT)
+    return ha
 
 
-def replication(ha: LocalRedis, sig: signal.Signals) -> None:
-    for name in REPLICAS:
-        ha.procs[name].send_signal(sig)
+def cut(ha: LocalRedis) -> list[int]:
+    """Cut the replicas off the primary (they stay up, their links down); their ports."""
+    with primary(ha) as source:
+        ports = [int(source.info("replication")[f"slave{n}"]["port"]) for n in range(len(REPLICAS))]
+        for port in ports:
+            with replica(ha, port) as r:
+                r.config_set("masterauth", "not-the-password")
+        source.client_kill_filter(_type="replica")
+    for port in ports:
+        with replica(ha, port) as r:
+            wait_for(lambda r=r: r.info("replication")["master_link_status"] == "down", 10, "link down")
+    return ports
+
+
+def heal(ha: LocalRedis, ports: list[int]) -> None:
+    """Let the replicas log in to a primary again (the old one, or the one the sentinels promote)."""
+    for port in ports:
+        with replica(ha, port) as r:
+            r.config_set("masterauth", ha.password_file.read_text().strip())
+
+
+def replica(ha: LocalRedis, port: int) -> redis.Redis:
+    return redis.Redis(port=port, password=ha.password_file.read_text().strip(), decode_responses=True)
 
 
 def primary(ha: LocalRedis) -> redis.Redis:
@@ -57,10 +78,10 @@ def primary(ha: LocalRedis) -> redis.Redis:
 
 
 def test_a_write_no_replica_took_is_not_acknowledged_and_a_retry_makes_one_job(acks: LocalRedis) -> None:
-    # Given a client of the fleet's Redis, and replicas that take nothing (stopped)
+    # Given a client of the fleet's Redis, and replicas cut off the primary
     client = DirectClient(settings=load_settings())
     stores = Stores.open(load_settings())
-    replication(acks, signal.SIGSTOP)
+    ports = cut(acks)
     try:
         # When a job is submitted with the caller's id, or a token made
         spec = JobSpec(name="once", command=["true"])
@@ -70,13 +91,12 @@ def test_a_write_no_replica_took_is_not_acknowledged_and_a_retry_makes_one_job(a
         with pytest.raises(NotReplicated, match="not replicated yet: token"):
             stores.tokens.create("someone", "default", Role.USER)
         # And once the replicas take writes again, the same submit retried is acknowledged
-        replication(acks, signal.SIGCONT)
+        heal(acks, ports)
         handle = until(lambda: _submitted(client, spec, "once"), "the retried submit acknowledged")
         # And it made one job, not two
         assert handle.id == "once"
         assert [job.id for job in client.jobs() if job.spec.name == "once"] == ["once"]
     finally:
-        replication(acks, signal.SIGCONT)
         stores.close()
         client.close()
 
@@ -91,10 +111,10 @@ def _submitted(client: DirectClient, spec: JobSpec, job_id: str) -> object:
 def test_a_controller_leads_only_once_its_fencing_token_is_replicated(
     acks: LocalRedis, tmp_path: Path
 ) -> None:
-    # Given replicas that take nothing (stopped)
+    # Given replicas cut off the primary
     procs = FleetProcs(acks.url, tmp_path, "process")
     keys = Keys(load_settings().key_prefix)
-    replication(acks, signal.SIGSTOP)
+    ports = cut(acks)
     try:
         with primary(acks) as old:
             # When a controller takes the leader lease, on the primary alone
@@ -105,11 +125,10 @@ def test_a_controller_leads_only_once_its_fencing_token_is_replicated(
             wait_for(lambda: "leadership_not_replicated" in procs.logs(), 30, "a lease held back", procs)
             assert "leadership_acquired" not in procs.logs()
             # And once the replicas hold the token, it leads with it
-            replication(acks, signal.SIGCONT)
+            heal(acks, ports)
             wait_for(lambda: "leadership_acquired" in procs.logs(), 30, "a leader", procs)
             assert f"lease={old.get(keys.leader)}" in procs.logs() and old.get(keys.leader_token) == token
     finally:
-        replication(acks, signal.SIGCONT)
         procs.stop()
 
 
@@ -144,8 +163,9 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
         with primary(acks) as old:
             wait_for(lambda: "leadership_acquired" in procs.logs(), 30, "a leader", procs)
             token_before = int(old.get(keys.leader_token) or 0)
-            # And replicas that take nothing from here (stopped)
-            replication(acks, signal.SIGSTOP)
+            # And replicas cut off the primary from here
+            ports = cut(acks)
+            old.set("test:after-cut", 1)
             # When node t-a joins and the controller places the job there, on the primary alone
             procs.agent("t-a", gpus=1)
             placed = lambda: old.hget(keys.job("once"), "node") == "t-a"  # noqa: E731
@@ -158,8 +178,10 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
             port = primary_port(acks)
             acks.procs["redis-0"].send_signal(signal.SIGKILL)
             acks.procs["redis-0"].wait()
-        replication(acks, signal.SIGCONT)
+        heal(acks, ports)
         until(lambda: primary_port(acks) != port, "a replica promoted", timeout=60)
+        with primary(acks) as new:  # one that lacks every write the primary took after the cut
+            assert new.exists("test:after-cut") == 0
         # And the job goes to t-b (an operator moves work off t-a)
         until(lambda: _done(lambda: client.cordon("t-a")), "t-a cordoned on the new primary", timeout=60)
         until(lambda: _done(lambda: client.uncordon("t-b")), "t-b uncordoned", timeout=30)
@@ -176,6 +198,63 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
         attempts = [event.attempt for event in client.history(job.id)]
         assert attempts == sorted(attempts) and done.attempt == attempts[-1] >= 1
         assert not [name for name, proc in procs.procs.items() if proc.poll() is not None]
+    finally:
+        procs.stop()
+        client.close()
+
+
+#: a job that ticks into a file of its own run until the test writes ``stop``, then exits 0
+UNTIL_STOPPED = (
+    "import os, time\n"
+    "name = os.path.join(os.environ['TICKS'], 'run-%s-%d' % (os.environ['FLEET_ATTEMPT'], os.getpid()))\n"
+    "while not os.path.exists(os.path.join(os.environ['TICKS'], 'stop')):\n"
+    "    with open(name, 'a') as f: f.write(repr(time.time()) + '\\n')\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def test_an_exit_the_promoted_replica_never_saw_does_not_run_the_job_again(
+    acks: LocalRedis, tmp_path: Path
+) -> None:
+    # Given a job RUNNING on t-a, as the replicas know
+    procs = FleetProcs(acks.url, tmp_path, "process")
+    client = DirectClient(settings=load_settings())
+    ticks = tmp_path / "ticks"
+    ticks.mkdir(mode=0o777)
+    ticks.chmod(0o777)  # the job runs as the unprivileged job user
+    command = [sys.executable, "-c", UNTIL_STOPPED]
+    spec = JobSpec(name="tick", gpus=1, command=command, env={"TICKS": str(ticks)})
+    keys = Keys(load_settings().key_prefix)
+    try:
+        procs.controller()
+        procs.agent("t-a", gpus=1)
+        procs.wait_nodes(client, 1)
+        job = client.submit(spec, job_id="once")
+        wait_for(lambda: list(ticks.glob("run-*")), 30, "the job ticking", procs)
+        with primary(acks) as old:
+            for n in range(len(REPLICAS)):
+                with replica(acks, int(old.info("replication")[f"slave{n}"]["port"])) as r:
+                    running = lambda r=r: r.hget(keys.job("once"), "state") == JobState.RUNNING  # noqa: E731
+                    wait_for(running, 30, "RUNNING on the replica", procs)
+            # When the replicas are cut off the primary and the job ends on it alone
+            ports = cut(acks)
+            old.set("test:after-cut", 1)
+            (ticks / "stop").write_text("")
+            wait_for(lambda: "exit_not_recorded job=once" in procs.logs(), 30, "the exit tried", procs)
+            # And the primary dies, and the sentinels promote a replica that never saw the exit
+            port = primary_port(acks)
+            acks.procs["redis-0"].send_signal(signal.SIGKILL)
+            acks.procs["redis-0"].wait()
+        heal(acks, ports)
+        until(lambda: primary_port(acks) != port, "a replica promoted", timeout=60)
+        with primary(acks) as new:  # one that lacks every write the primary took after the cut
+            assert new.exists("test:after-cut") == 0
+        # Then the job ends SUCCEEDED in that attempt, from the exit the agent kept, and never runs again
+        done = until(lambda: _ended(client, job.id), "the job ended", timeout=120)
+        assert (done.state, done.attempt) == (JobState.SUCCEEDED, 1), procs.logs()
+        assert len(list(ticks.glob("run-*"))) == 1
+        with primary(acks) as new:
+            assert new.hgetall(keys.claims) == {}  # its GPU released on the new primary too
     finally:
         procs.stop()
         client.close()

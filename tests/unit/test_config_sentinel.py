@@ -95,12 +95,18 @@ def test_acknowledged_writes_wait_for_one_replica_with_sentinels_and_none_withou
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("FLEET_REDIS_REPLICAS_ACK", "-1"), ("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "0")]
+    ("name", "value"),
+    [
+        ("FLEET_REDIS_REPLICAS_ACK", "-1"),
+        ("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "0"),
+        ("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "5000"),
+    ],
 )
 def test_a_replica_count_or_timeout_out_of_range_is_refused(
     name: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # WAIT with a timeout of 0 blocks for ever: a write must be answered, replicated or not
+    # WAIT with a timeout of 0 blocks for ever, and one past the socket timeout (5 s) is cut off by it:
+    # a write must be answered, replicated or not
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=name.removeprefix("FLEET_").lower()):
         load_settings()
