@@ -206,10 +206,9 @@ def machine_line(what: str) -> str:
 def redis_server(*options: str) -> Iterator[str]:
     binary = shutil.which("redis-server") or "redis-server"
     port = free_port()
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *options],
-        stdout=subprocess.DEVNULL,
-    )
+    folder = tempfile.mkdtemp(prefix="fleet-bench-redis-")  # a replica's full sync writes its RDB there
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    server = subprocess.Popen([*argv, "--dir", folder, *options], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:
@@ -222,6 +221,7 @@ def redis_server(*options: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
