@@ -181,6 +181,15 @@ class GpuBusy(LaunchError):
         super().__init__(reason, retryable=True)
 
 
+class LeaseUnconfirmed(LaunchError):
+    """The node supervisor refused an attempt because the node's own lease confirmation lapsed (its
+    agent's heartbeats were late): neither the job's fault nor the node's hardware's. The attempt
+    goes back to the queue and does not count toward the node's quarantine."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, retryable=True)
+
+
 class RuntimeUnavailable(FleetError):
     """The container runtime (Docker daemon) does not answer."""
 

@@ -3,7 +3,8 @@
 
 An attempt that cannot start ends through the exit path like any other (``exits.ExitPath.end``):
 the job's fault (a spec this node refuses) fails it, the node's (a GPU busy, a directory it cannot
-write) requeues it and counts against the node.
+write) requeues it and counts against the node (``counts_against_node``). A start the supervisor
+refused because the node's own lease lapsed requeues it too, and does not count: the node was slow.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fleet.agent.gpucheck import check_assigned
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import LaunchSpec
 from fleet.config_sections import AgentSettings
-from fleet.errors import FleetError, GpuBusy, LaunchError, NotFound, SpecError
+from fleet.errors import FleetError, GpuBusy, LaunchError, LeaseUnconfirmed, NotFound, SpecError
 from fleet.log import event
 from fleet.models import Exit, ExitKind, Fault, Job, JobSpec, JobState, MemberPhase, NodeState
 from fleet.models.spec import MEMORY_MIN
@@ -119,17 +120,19 @@ class Launcher:
 
     def _launch_failed(self, job: Job, exc: LaunchError | SpecError | OSError) -> None:
         """End an attempt that could not start: the job's fault (a spec this node refuses) fails it;
-        the node's (a GPU busy, a workdir it cannot write) requeues it and counts against the node."""
+        the node's (a GPU busy, a workdir it cannot write, a lapsed lease) requeues it, and what
+        ``counts_against_node`` counts toward the node's quarantine."""
         if isinstance(exc, OSError):
             exc = LaunchError(f"cannot prepare the attempt on {self.node}: {exc}", retryable=True)
         retryable = isinstance(exc, LaunchError) and exc.retryable
         kind = ExitKind.PREPARE if retryable else ExitKind.NONE
         kind = ExitKind.GPU_BUSY if isinstance(exc, GpuBusy) else kind
+        kind = ExitKind.FENCED if isinstance(exc, LeaseUnconfirmed) else kind
         fault = Fault.INFRA if retryable else Fault.FATAL
         self.exits.end(job, Exit(reason=str(exc), fault=fault, kind=kind))
         if isinstance(exc, GpuBusy):
             self.p.publish()  # the busy GPU, before the job is placed again
-        elif retryable:
+        elif counts_against_node(exc):
             self._prepare_failed(str(exc))
 
     def _prepare_failed(self, why: str) -> None:
@@ -277,6 +280,16 @@ class Launcher:
                 retryable=False,
             )
         return bytes(data)
+
+
+def counts_against_node(exc: LaunchError | SpecError) -> bool:
+    """Whether a start that failed with ``exc`` counts toward the node's quarantine: the node could
+    not prepare the attempt. Not the job's fault (a spec refused), a busy GPU (published, and the job
+    placed elsewhere), nor a start refused because the node's own lease lapsed: its heartbeats were
+    late, so it slows down (the attempt goes back to the queue), but nothing on it is broken."""
+    if isinstance(exc, GpuBusy | LeaseUnconfirmed):
+        return False
+    return isinstance(exc, LaunchError) and exc.retryable
 
 
 def job_user(

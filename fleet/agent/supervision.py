@@ -23,7 +23,7 @@ from typing import Any
 
 from fleet.agent import supervisor as server
 from fleet.agent.cgroups import Joined
-from fleet.errors import LaunchError, RuntimeUnavailable
+from fleet.errors import LaunchError, LeaseUnconfirmed, RuntimeUnavailable
 from fleet.log import event
 
 log = logging.getLogger("fleet.agent.supervision")
@@ -203,15 +203,13 @@ class SupervisorClient:
             cgroup_kill=joined.kill,
             stdin=stdin,
         )
-        if "error" in reply:
-            raise LaunchError(f"supervisor refused to start the attempt: {reply['error']}", retryable=True)
+        _refused(reply, "supervisor refused to start the attempt")
         return int(reply["pid"])
 
     def adopt(self, key: str, pid: int) -> bool:
         """Fence ``pid`` with the node's attempts; False when it is already gone."""
         reply = self.request("adopt", key=key, pid=pid)
-        if "error" in reply:
-            raise LaunchError(f"supervisor refused the attempt: {reply['error']}", retryable=True)
+        _refused(reply, "supervisor refused the attempt")
         return not reply.get("gone", False)
 
     def stdin_hold(self, key: str, path: Path) -> None:
@@ -282,6 +280,16 @@ class SupervisorClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+
+def _refused(reply: dict[str, Any], what: str) -> None:
+    """Raise for a refusal in ``reply``: :class:`LeaseUnconfirmed` where the node's own lease lapsed."""
+    error = reply.get("error")
+    if error is None:
+        return
+    if str(error).startswith(server.UNLEASED):
+        raise LeaseUnconfirmed(f"{what}: {error}")
+    raise LaunchError(f"{what}: {error}", retryable=True)
 
 
 def stop_supervisor(state_dir: Path, wait_s: float = 10.0) -> int | None:

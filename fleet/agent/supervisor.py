@@ -62,6 +62,8 @@ from pathlib import Path
 from typing import Any
 
 SOCKET, PIDFILE, ATTEMPTS, FENCED = "supervisor.sock", "supervisor.pid", "attempts", "fenced"
+#: how a refusal for an unconfirmed lease begins (the agent tells it from the node's faults by it)
+UNLEASED = "node lease not confirmed"
 #: what this supervisor can do, in its ``ping`` answer: 2 puts attempts in their cgroups, 3 gives them
 #: a named pipe as stdin, 4 holds one for a container (one of an older release answers no ``protocol``: 1)
 PROTOCOL = 4
@@ -170,7 +172,7 @@ class Supervisor:
         if key in self.held:
             return {"pid": self.held[key].pid}
         if time.monotonic() >= self.until - self.margin:
-            return {"error": "node lease not confirmed: refusing to start an attempt"}
+            return {"error": f"{UNLEASED}: refusing to start an attempt"}
         procs = [_cgroup_file(p, "cgroup.procs") for p in req.get("cgroup_procs") or []]
         kill = _cgroup_file(req["cgroup_kill"], "cgroup.kill") if req.get("cgroup_kill") else None
         folder = self.state_dir / ATTEMPTS / key
@@ -204,7 +206,7 @@ class Supervisor:
     def adopt(self, req: dict[str, Any]) -> dict[str, Any]:
         key, pid = _key(req["key"]), int(req["pid"])
         if time.monotonic() >= self.until - self.margin:
-            return {"error": "node lease not confirmed: refusing to adopt an attempt"}
+            return {"error": f"{UNLEASED}: refusing to adopt an attempt"}
         if key not in self.held:
             try:
                 self.held[key] = Held(key, pid, os.pidfd_open(pid), False)
