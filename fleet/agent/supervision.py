@@ -50,6 +50,9 @@ class SupervisorClient:
         self._sock: socket.socket | None = None
         self._file: Any = None
         self._lock = threading.Lock()
+        #: the lease's own connection: a confirmation never queues for ``_lock`` behind launches
+        self._lease_sock: socket.socket | None = None
+        self._lease_lock = threading.Lock()
         self._started: subprocess.Popen[bytes] | None = None
         #: what the supervisor reached can do (one of an older release, kept while it holds attempts)
         self.protocol = server.PROTOCOL
@@ -171,7 +174,27 @@ class SupervisorClient:
     # -- operations ------------------------------------------------------------------
 
     def lease(self, until_monotonic: float) -> None:
+        """Confirm the lease on a connection of its own. On the shared one it waited for the lock
+        behind every launch's spawn, and on a CPU-starved node long enough to lapse while the
+        heartbeats reached Redis in time. Where none answers, the shared path starts a supervisor."""
+        with self._lease_lock:
+            try:
+                if self._lease_sock is None:
+                    self._lease_sock = self._open()
+                req = {"op": "lease", "until": until_monotonic}
+                self._lease_sock.sendall(json.dumps(req).encode() + b"\n")
+                if not _read_line(self._lease_sock):
+                    raise ConnectionResetError("supervisor closed the connection")
+                return
+            except OSError:
+                self._drop_lease()
         self.request("lease", until=until_monotonic)
+
+    def _drop_lease(self) -> None:
+        if self._lease_sock is not None:
+            with contextlib.suppress(OSError):
+                self._lease_sock.close()
+        self._lease_sock = None
 
     def spawn(
         self,
@@ -280,6 +303,8 @@ class SupervisorClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
+        with self._lease_lock:
+            self._drop_lease()
 
 
 def _refused(reply: dict[str, Any], what: str) -> None:
@@ -290,6 +315,17 @@ def _refused(reply: dict[str, Any], what: str) -> None:
     if str(error).startswith(server.UNLEASED):
         raise LeaseUnconfirmed(f"{what}: {error}")
     raise LaunchError(f"{what}: {error}", retryable=True)
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """One reply line (a lease's is a few bytes, so read byte by byte: nothing past it is taken)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            return b""
+        line += byte
+    return line
 
 
 def stop_supervisor(state_dir: Path, wait_s: float = 10.0) -> int | None:

@@ -9,6 +9,7 @@ the test, so its heartbeats stop exactly when the test says (as a starved heartb
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from fleet.agent.cgroups import Cgroups, Layout
 from fleet.agent.gpus.simulated import SimulatedGpus
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.agent.service import Agent
-from fleet.agent.supervision import SupervisorClient, stop_supervisor
+from fleet.agent.supervision import SupervisorClient
 from fleet.bus import (
     CONTROLLER_QUEUE,
     AttemptUpdate,
@@ -94,8 +95,8 @@ class Stepped:
 
     def close(self) -> None:
         self.agent.stop_event.set()
+        self.supervisor.shutdown()
         self.supervisor.close()
-        stop_supervisor(self.settings.agent.state_dir)
         self.redis.close()
 
 
@@ -136,3 +137,23 @@ def test_a_start_refused_for_the_nodes_own_lease_requeues_and_does_not_quarantin
         time.sleep(0.05)
     job = fleet.jobs.get(job_id)
     assert (job.state, job.nodes_held, job.failures) == (JobState.SUCCEEDED, [NODE], 0)
+
+
+def test_a_lease_confirmation_does_not_wait_behind_a_launch(tmp_path: Path) -> None:
+    # Given a node supervisor whose lease is not confirmed, and a launch holding the agent's
+    # connection to it (a spawn under way, slow on a starved machine)
+    supervisor = SupervisorClient(tmp_path / "node", 0.5, tick_s=0.05, idle_exit_s=60)
+    supervisor.ensure()
+    try:
+        with supervisor._lock:
+            # When the heartbeat confirms the lease meanwhile
+            confirm = threading.Thread(target=supervisor.lease, args=(time.monotonic() + 30,), daemon=True)
+            confirm.start()
+            confirm.join(timeout=20)
+            # Then the confirmation reached the supervisor without waiting for the launch
+            assert not confirm.is_alive()
+        # And the supervisor, its lease confirmed, starts attempts
+        assert supervisor.spawn("j1.1", ["true"], {}, str(tmp_path), None, None) > 0
+    finally:
+        supervisor.shutdown()
+        supervisor.close()
