@@ -92,7 +92,7 @@ class Launcher:
         try:
             gpus = job.gpus_on(self.node)
             check_assigned(p.inventory, p.runtime, gpus, self.node, p.cfg.gpu_busy_memory)
-            p.runtime.start(self._spec(job, rank))
+            self._start(self._spec(job, rank))
         except (LaunchError, SpecError, OSError) as exc:
             self._launch_failed(job, exc)
             return
@@ -117,6 +117,17 @@ class Launcher:
             gpus=",".join(job.gpus_on(self.node)) or "-",
         )
         p.hints.name([job_id])
+
+    def _start(self, spec: LaunchSpec) -> None:
+        """Start the attempt; where the supervisor refused it for a lapsed lease (the heartbeat
+        thread late on a starved node), heartbeat now and try once more: a heartbeat that reaches
+        Redis confirms the lease again, and while none does the supervisor still refuses."""
+        try:
+            self.p.runtime.start(spec)
+        except LeaseUnconfirmed as exc:
+            event(log, "launch_lease_unconfirmed", job=spec.job_id, attempt=spec.attempt, error=exc)
+            self.p.publish()
+            self.p.runtime.start(spec)
 
     def _launch_failed(self, job: Job, exc: LaunchError | SpecError | OSError) -> None:
         """End an attempt that could not start: the job's fault (a spec this node refuses) fails it;

@@ -1,6 +1,7 @@
 """A node whose own lease confirmation lapsed (its heartbeats late, as on a CPU-starved machine)
-slows down: the supervisor refuses to start attempts until the lease is confirmed again, the jobs go
-back to the queue without spending their retries, and the node is not quarantined for it.
+slows down: the supervisor refuses to start attempts until the lease is confirmed again (a refused
+launch heartbeats and tries once more), the jobs it still cannot start go back to the queue without
+spending their retries, and the node is not quarantined for it.
 
 A real Redis, the node supervisor and the process runtime; the agent and controller are stepped by
 the test, so its heartbeats stop exactly when the test says (as a starved heartbeat thread's do).
@@ -114,11 +115,15 @@ def lapse(fleet: Stepped) -> None:
     time.sleep(AGENT["node_lease_ttl_s"] - AGENT["fence_margin_s"] + 0.2)
 
 
-def test_a_start_refused_for_the_nodes_own_lease_requeues_and_does_not_quarantine(fleet: Stepped) -> None:
-    # Given a node whose lease confirmation lapsed while its Redis lease holds
+def test_a_start_refused_for_the_nodes_own_lease_requeues_and_does_not_quarantine(
+    fleet: Stepped, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a node whose lease confirmation lapsed while its Redis lease holds, its heartbeats
+    # stalled (even the one a refused launch asks for)
     fleet.step()
     lapse(fleet)
-    # When a job is placed on it before its next heartbeat
+    monkeypatch.setattr(fleet.agent, "heartbeat", lambda: None)
+    # When a job is placed on it
     job_id = fleet.submit("starved1")
     fleet.step(heartbeat=False)
     # Then the supervisor refused to start it, and it went back to the queue, its retries not spent
@@ -131,12 +136,29 @@ def test_a_start_refused_for_the_nodes_own_lease_requeues_and_does_not_quarantin
     node = fleet.nodes.get(NODE)
     assert node.admin_state == NodeState.READY, node.reason
     # When its heartbeats resume, the job runs there to success
+    monkeypatch.undo()
     deadline = time.monotonic() + 60
     while fleet.jobs.get(job_id).state != JobState.SUCCEEDED and time.monotonic() < deadline:
         fleet.step()
         time.sleep(0.05)
     job = fleet.jobs.get(job_id)
     assert (job.state, job.nodes_held, job.failures) == (JobState.SUCCEEDED, [NODE], 0)
+
+
+def test_a_start_refused_for_a_late_heartbeat_starts_once_a_heartbeat_confirms_it(fleet: Stepped) -> None:
+    # Given a node whose lease confirmation lapsed because its heartbeat thread is late (Redis
+    # answers: a heartbeat now would reach it)
+    fleet.step()
+    lapse(fleet)
+    # When a job is placed on it before that thread's next heartbeat
+    job_id = fleet.submit("starved2")
+    fleet.step(heartbeat=False)
+    # Then the launch confirmed the lease with a heartbeat of its own and started its first attempt,
+    # never requeued, the node left READY
+    job = fleet.jobs.get(job_id)
+    assert job.state in (JobState.RUNNING, JobState.SUCCEEDED) and job.attempt == 1, job.state
+    assert not any(e.state == "QUEUED" and e.reason != "submitted" for e in fleet.jobs.history(job_id))
+    assert fleet.nodes.get(NODE).admin_state == NodeState.READY
 
 
 def test_a_lease_confirmation_does_not_wait_behind_a_launch(tmp_path: Path) -> None:
