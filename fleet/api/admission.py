@@ -8,16 +8,22 @@ from typing import Any
 from fleet import webhooks
 from fleet.config import Settings
 from fleet.errors import SpecError
-from fleet.models import Job, JobSpec, JobState, Range, Webhook
+from fleet.models import Dependency, Job, JobSpec, JobState, Range, Webhook
+from fleet.models.arrays import task_ids
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
 from fleet.scheduler.sizing import Size, scaled_batch
+from fleet.state.jobs import JobStore
 from fleet.state.profiles import ProfileStore
 from fleet.state.tenants import TenantStore
 
 
 def admit(
-    spec: JobSpec | dict[str, Any], settings: Settings, tenants: TenantStore, profiles: ProfileStore
+    spec: JobSpec | dict[str, Any],
+    settings: Settings,
+    tenants: TenantStore,
+    profiles: ProfileStore,
+    jobs: JobStore,
 ) -> JobSpec:
     """The spec, if this fleet runs it: mounts, image registry, webhook address, the tenant's
     allowed users and an elastic job's profile checked; :class:`SpecError` naming what is not."""
@@ -28,7 +34,28 @@ def admit(
     check_webhook(spec.notify, settings)
     check_user(spec, tenants)
     check_elastic(spec, profiles)
-    return spec
+    return with_dependencies(spec, jobs)
+
+
+def with_dependencies(spec: JobSpec, jobs: JobStore) -> JobSpec:
+    """The spec with each job it waits for checked: it exists in the spec's tenant (another tenant's
+    job is refused as an unknown one is, naming it), and an array's id stands for all its tasks."""
+    if not spec.after:
+        return spec
+    ids = [d.job for d in spec.after]
+    found = {j.id: j.spec.tenant for j in jobs.get_many(ids)}
+    arrays = jobs.arrays(set(ids) - found.keys())
+    after = []
+    for dep in spec.after:
+        tenant = found.get(dep.job) or (arrays[dep.job].spec.tenant if dep.job in arrays else None)
+        if tenant != spec.tenant:
+            raise SpecError(
+                f"after: no job or array {dep.job!r} in tenant {spec.tenant!r}; "
+                "a job can only wait for jobs of its own tenant that were already submitted"
+            )
+        tasks = task_ids(dep.job, arrays[dep.job].indices) if dep.job in arrays else [dep.job]
+        after += [Dependency(job=t, when=dep.when) for t in tasks]
+    return spec.model_copy(update={"after": after})
 
 
 def check_webhook(hook: Webhook | None, settings: Settings) -> None:

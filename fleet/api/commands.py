@@ -84,7 +84,7 @@ class Commands(Queries):
     def admit(self, spec: JobSpec | dict[str, Any]) -> JobSpec:
         """The spec, if this fleet runs it (:func:`fleet.api.admission.admit`) and a registered node
         could ever hold it (:class:`fleet.api.placeable.Shapes`)."""
-        spec = admission.admit(spec, self.settings, self._tenants, self._profiles)
+        spec = admission.admit(spec, self.settings, self._tenants, self._profiles, self._jobs)
         self._shapes.check(spec)
         return spec
 

@@ -123,6 +123,12 @@ class CommandAfterDashes(click.Command):
 @click.option("--label", multiple=True, metavar="K=V", help="a label, for fleet jobs/cancel --label (repeat)")
 @click.option("--tenant", help="the tenant it runs for (default: your token's)")
 @click.option(
+    "--after",
+    multiple=True,
+    metavar="JOB[:ok|:any|:notok]",
+    help="wait until this job (or array) succeeded, ended, or failed (repeat)",
+)
+@click.option(
     "--mount",
     multiple=True,
     metavar="SRC:DST[:rw]",
@@ -235,6 +241,7 @@ def spec_from_options(options: dict[str, Any], command: list[str]) -> JobSpec:
     data["env"] = {**data.get("env", {}), **pairs(options.get("env", ()), "--env")}
     data["labels"] = {**data.get("labels", {}), **pairs(options.get("label", ()), "--label")}
     data["mounts"] = [*data.get("mounts", []), *_mounts(options.get("mount", ()))]
+    data["after"] = [*data.get("after", []), *options.get("after", ())]
     if "name" not in data and data.get("command"):
         data["name"] = (
             re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(data["command"][0])).name)[:63].strip("-.") or "job"

@@ -81,3 +81,16 @@ def spec(value: Any) -> Any:
             f"spec {value!r}: expected a JobSpec(name=..., command=[...]) or a dict of its fields"
         )
     return value
+
+
+def after(value: Iterable[object] | None) -> list[object]:
+    """``after=``: handles, job ids (``"JOB"``, ``"JOB:any"``) or ``{job, when}`` as the spec takes them."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        value = [value]  # one dependency given alone
+    items = [getattr(v, "id", v) for v in value]
+    for item in items:
+        if not isinstance(item, str | Mapping):
+            raise SpecError(f"after: {item!r} is not a job: give handles, job ids or 'JOB:ok|any|notok'")
+    return items

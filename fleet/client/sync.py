@@ -91,12 +91,22 @@ class Client:
 
     # -- jobs --------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> JobHandle:
+    def submit(
+        self,
+        spec: JobSpec | dict[str, Any],
+        *,
+        job_id: str | None = None,
+        after: Iterable[object] | None = None,
+    ) -> JobHandle:
         """Queue a job; with ``job_id`` a repeated submit of the same spec is a no-op (idempotent).
-        It runs in the token's tenant (an admin's spec may name another)."""
+        It runs in the token's tenant (an admin's spec may name another). ``after``: jobs it waits
+        for (handles or ids, ``"JOB:any"``), added to the spec's ``after``."""
         if job_id is not None:
             check_job_id(job_id)  # before a shipped directory is uploaded
-        return JobHandle(self, self._do(api.submit(self._shipped(spec), job_id)).id)
+        body, deps = self._shipped(spec), checks.after(after)
+        if deps:
+            body["after"] = [*body.get("after", []), *deps]
+        return JobHandle(self, self._do(api.submit(body, job_id)).id)
 
     def submit_many(
         self, specs: Iterable[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None

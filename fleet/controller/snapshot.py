@@ -12,7 +12,8 @@ from fleet.scheduler.snapshot import UNSIZED, held_reason
 DEFAULT_CPUS = 1.0
 
 
-def pending(job: Job) -> PendingJob:
+def pending(job: Job, waiting: str = "") -> PendingJob:
+    """The scheduler's view of a queued job; ``waiting``: why its dependencies hold it back."""
     spec = job.spec
     cpus = spec.cpus if spec.cpus is not None else (DEFAULT_CPUS if spec.max_gpus == 0 else 0.0)
     gpus = job.gpu_count
@@ -31,7 +32,9 @@ def pending(job: Job) -> PendingJob:
         gpus_per_node=spec.gpus_per_node or 0,
         tenant=spec.tenant,
         elastic=spec.elastic,
-        hold=held_reason(job.held_by) if job.held_by else (UNSIZED if spec.elastic and not gpus else ""),
+        hold=held_reason(job.held_by)
+        if job.held_by
+        else waiting or (UNSIZED if spec.elastic and not gpus else ""),
         held_by=job.held_by,
         rev=job.rev,
     )

@@ -20,7 +20,7 @@ from fleet.config_sections import ControllerSettings
 from fleet.controller import snapshot
 from fleet.log import event
 from fleet.models import Job, JobState, Node
-from fleet.scheduler import NodeView, PendingQueue
+from fleet.scheduler import NodeView, PendingQueue, dependencies
 from fleet.state import JobStore, NodeStore
 from fleet.state.ranked import RankIndex
 from fleet.state.records import JobBatch, NodeBatch
@@ -51,6 +51,8 @@ class ViewCache:
         self._views_changed = False
         #: max_running of the arrays whose tasks are queued (read with the tasks)
         self._array_limits: dict[str, int] = {}
+        #: queued jobs that wait for dependencies, and the dependencies still open at the last look
+        self._after: dict[str, set[str]] = {}
         #: messages arrive on the bus's threads, the refresh runs on the controller's
         self._lock = threading.Lock()
         self._touched_jobs: set[str] = set()
@@ -88,7 +90,7 @@ class ViewCache:
         if self._reload:
             self._reload, self.queue, self.views, self._next_resync = False, PendingQueue(), {}, 0.0
             self.known, self._next_full_read, self._job_version = {}, 0.0, -1
-        jobs |= self._changed_jobs()
+        jobs |= self._changed_jobs() | self._dependencies_ended()
         if time.monotonic() >= self._next_resync or self._queue_drifted():
             self._next_resync = time.monotonic() + self.cfg.resync_interval_s
             jobs |= self._resync_queue()
@@ -138,14 +140,56 @@ class ViewCache:
         (STARTING, RUNNING) change nothing: freed GPUs come through the nodes' feed."""
         readable = self.readable(self.jobs.read_many(ids), now)
         self.observe(readable)
-        queued = [j for j in readable if j.state == JobState.QUEUED]
+        waits, cancelled = self._judge([j for j in readable if j.state == JobState.QUEUED], now)
+        queued = [j for j in readable if j.state == JobState.QUEUED and j.id not in cancelled]
+        for job_id in ids - {j.id for j in queued}:
+            self._after.pop(job_id, None)
         gone = [job_id for job_id in ids - {j.id for j in queued} if self.queue.discard(job_id) is not None]
-        added = self.queue.add_many([snapshot.pending(j) for j in queued], {j.id: j.reason for j in queued})
+        pending = [snapshot.pending(j, waits.get(j.id, "")) for j in queued]
+        added = self.queue.add_many(pending, {j.id: j.reason for j in queued})
         self._array_limits.update(
             {j.array_id: j.array_max_running for j in queued if j.array_id and j.array_max_running}
         )
         room = any(j.array_id in self._array_limits and not j.state.on_node for j in readable)
         return bool(gone or added or room)
+
+    def _dependencies_ended(self) -> set[str]:
+        """The waiting jobs one of whose open dependencies ended (or went) since the last look: one
+        pipelined read of those dependencies' states per pass, none while no job waits."""
+        if not self._after:
+            return set()
+        states = self.jobs.states(set().union(*self._after.values()))
+        ended = {d for d, s in states.items() if s is None or s.final}
+        return {job_id for job_id, deps in self._after.items() if deps & ended}
+
+    def _judge(self, queued: list[Job], now: float) -> tuple[dict[str, str], set[str]]:
+        """Why each queued job waits for its dependencies, and the jobs cancelled because one can
+        never be satisfied (their own dependents follow at the next pass: they see them ended)."""
+        waiting = [j for j in queued if j.spec.after]
+        if not waiting:
+            return {}, set()
+        states = self.jobs.states(d.job for j in waiting for d in j.spec.after)
+        waits, cancelled = {}, set()
+        for job in waiting:
+            found = dependencies.verdict(job.spec.after, states)
+            self._after.pop(job.id, None)
+            if found.never:
+                cancelled.add(job.id)  # or changed since it was read: the changed-jobs feed names it
+                if self.jobs.transition(
+                    job.id,
+                    to=JobState.CANCELLED,
+                    allowed=[JobState.QUEUED],
+                    reason=found.never,
+                    now=now,
+                    leader=self.token(),
+                ):
+                    event(log, "dependency_never_satisfied", job=job.id, reason=found.never)
+            elif found.waiting:
+                waits[job.id] = found.waiting
+                self._after[job.id] = {
+                    d.job for d in job.spec.after if dependencies.satisfied(d.when, states.get(d.job)) is None
+                }
+        return waits, cancelled
 
     def _refresh_nodes(self, names: set[str], now: float) -> bool:
         """Read the nodes whose view changed: those the nodes-changed feed names since the last look

@@ -39,7 +39,7 @@ from fleet.models.job import (
     RequeueReport,
 )
 from fleet.models.node import FleetVersions, Gpu, Node, NodeState
-from fleet.models.parts import WEBHOOK_URL_MAX, FunctionCall, Mount, Webhook, WorkdirSize
+from fleet.models.parts import WEBHOOK_URL_MAX, Dependency, FunctionCall, Mount, Webhook, WorkdirSize
 from fleet.models.spec import (
     FROM_FLEET,
     LEARN,
@@ -67,6 +67,7 @@ __all__ = [
     "BatchSize",
     "CancelReport",
     "Decision",
+    "Dependency",
     "Duration",
     "Event",
     "Exit",

@@ -85,3 +85,26 @@ class Webhook(_UserModel):
 
 def _webhook(value: Any) -> Any:
     return {"url": value} if isinstance(value, str) else value
+
+
+#: Slurm's afterok / afterany / afternotok: the job runs once its dependency SUCCEEDED, ended in
+#: any way, or ended without succeeding
+When = Literal["ok", "any", "notok"]
+
+
+class Dependency(_UserModel):
+    """A job this one waits for (``after``): ``{job, when}``, or ``"JOB[:ok|:any|:notok]"``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    job: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", description="a job or array id")
+    when: When = "ok"
+
+
+def _dependency(value: Any) -> Any:
+    """``"JOB:when"`` (a CLI flag, a YAML spec) as ``{job, when}``; a handle or job as its id."""
+    value = getattr(value, "job_id", None) or getattr(value, "id", None) or value
+    if isinstance(value, str):
+        job, _, when = value.partition(":")
+        return {"job": job, "when": when or "ok"}
+    return value

@@ -36,7 +36,7 @@ from fleet.models.base import (
     describe_errors,
     relative_path,
 )
-from fleet.models.parts import FunctionCall, Mount, Webhook, WorkdirSize, _webhook
+from fleet.models.parts import Dependency, FunctionCall, Mount, Webhook, WorkdirSize, _dependency, _webhook
 
 
 class Range(BaseModel):
@@ -197,6 +197,11 @@ class JobSpec(_UserModel):
     #: a function job's call (``fleet.function``): the node writes it where the job's runner
     #: (``python3 -m fleet_worker.call``) reads it
     call: FunctionCall | None = None
+    #: jobs this one waits for (``{job, when}``; an array's id: all its tasks): it stays QUEUED until
+    #: each is satisfied, and is cancelled when one can no longer be (see fleet.scheduler.dependencies)
+    after: list[Annotated[Dependency, BeforeValidator(_dependency)]] = Field(
+        default_factory=list, max_length=10_000
+    )
 
     @property
     def elastic(self) -> bool:

@@ -160,6 +160,15 @@ class JobStore(JobTransitions, JobLogs):
         return batch
 
     @translated
+    def states(self, job_ids: Iterable[str]) -> dict[str, JobState | None]:
+        """Each job's state (None: no such job), in one round trip."""
+        ids = sorted(set(job_ids))
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self.keys.job(job_id), "state")
+        return {i: JobState(s) if s else None for i, s in zip(ids, pipe.execute(), strict=True)}
+
+    @translated
     def list_jobs(
         self, state: JobState | None = None, limit: int = 1000, tenant: str | None = None
     ) -> list[Job]:

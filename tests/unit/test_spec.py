@@ -19,7 +19,7 @@ from fleet.registries import check_image, registry_of
         ({"command": [""]}, "command: the program (first element) must not be empty"),
         (
             {"gpu": 2},
-            "gpu: unknown field; allowed fields: allow_unplaceable, batch_size, call, command, cpus,",
+            "gpu: unknown field; allowed fields: after, allow_unplaceable, batch_size, call, command,",
         ),
         (
             {"memory": "lots"},
