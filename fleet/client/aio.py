@@ -97,8 +97,14 @@ class AsyncClient:
 
     # -- jobs --------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec | dict[str, Any], *, job_id: str | None = None) -> AsyncJobHandle:
-        handle = await self._run(self.sync.submit, spec, job_id=job_id)
+    async def submit(
+        self,
+        spec: JobSpec | dict[str, Any],
+        *,
+        job_id: str | None = None,
+        after: Iterable[object] | None = None,
+    ) -> AsyncJobHandle:
+        handle = await self._run(self.sync.submit, spec, job_id=job_id, after=after)
         return AsyncJobHandle(self, handle.id)
 
     async def submit_many(

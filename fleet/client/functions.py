@@ -73,9 +73,12 @@ class Function(Generic[P, R]):
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> FunctionHandle[R]:
-        """Run the call as a job; its handle. Nothing is sent when an argument cannot be pickled."""
+        """Run the call as a job; its handle. Nothing is sent when an argument cannot be pickled.
+        ``after=[h1, h2]`` (a keyword fleet takes, not passed to the function): the jobs it waits for."""
         client = self.client or default_client()
-        handle = client.submit(call_spec(client, self.fn, self.python, self.fields, args, kwargs))
+        after: Any = kwargs.pop("after", None)
+        spec = call_spec(client, self.fn, self.python, self.fields, args, kwargs)
+        handle = client.submit(spec, after=after)
         return FunctionHandle(client, handle.id, self.name)
 
     @overload

@@ -171,6 +171,20 @@ def test_a_time_limit_or_a_cancel_is_a_fleet_error_not_the_functions(ready: Clie
         cancelled.result(timeout=120)
 
 
+def test_calls_after_other_calls_wait_for_them_and_follow_how_they_ended(
+    ready: Client, calc: ModuleType
+) -> None:
+    # Given a call that raises, one after it (it must succeed) and one after it in any case
+    first = calc.withdraw.on(ready).submit(10, 25)
+    skipped = calc.squares.on(ready).submit(3, after=[first])
+    tidy = calc.squares.on(ready).submit(2, after=[f"{first.id}:any"])
+    # Then the first is cancelled with the reason, and the second runs to its result
+    with pytest.raises(JobCancelled):
+        skipped.result(timeout=120)
+    assert skipped.status().reason == f"dependency {first.id} ended FAILED (after ok)"
+    assert tidy.result(timeout=120)["sum"] == 1
+
+
 def test_an_unpicklable_argument_is_refused_before_anything_is_sent(
     ready: Client, calc: ModuleType, redis: Redis
 ) -> None:
