@@ -36,6 +36,7 @@ def pending(job: Job, waiting: str = "") -> PendingJob:
         if job.held_by
         else waiting or (UNSIZED if spec.elastic and not gpus else ""),
         held_by=job.held_by,
+        dependent=bool(waiting),
         rev=job.rev,
     )
 

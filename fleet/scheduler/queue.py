@@ -100,7 +100,8 @@ class PendingQueue:
 
     def _count(self, job: PendingJob, sign: int) -> None:
         self.counts[job.tenant] += sign
-        self.demand[job.tenant] += 0 if job.held_by else sign * job.gpus  # held: no demand until released
+        held = job.held_by or job.dependent  # no demand until released, or its dependencies ended
+        self.demand[job.tenant] += 0 if held else sign * job.gpus
         if not self.counts[job.tenant]:
             del self.counts[job.tenant], self.demand[job.tenant]
 

@@ -84,6 +84,9 @@ class PendingJob:
     #: who holds it back (``fleet hold``), '' for nobody: the pass neither places, sizes nor
     #: preempts for it
     held_by: str = ""
+    #: it waits for other jobs to end (``JobSpec.after``; ``hold`` names the one): as a held job, it
+    #: asks for no GPUs meanwhile, so its tenant's fair share does not grow for it
+    dependent: bool = False
     #: the job's revision when read: a placement of an older one is refused (the job changed since)
     rev: int = 0
 

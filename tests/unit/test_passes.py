@@ -213,6 +213,20 @@ def test_a_job_the_elastic_step_makes_room_for_stops_nobody_else() -> None:
     assert [job for at, what, job, _ in sim.decisions if what == "placed" and at > 0].count("f1") == 0
 
 
+def test_a_job_waiting_for_its_dependencies_is_not_placed_nor_counted_nor_preempted_for() -> None:
+    # d (tenant b, below its guarantee) waits for job p; the 2 free GPUs of 4 could hold it
+    views = nodes(1, holders={"n0-g0": "a1", "n0-g1": "a1"})
+    running = {"a1": on("a1", "a", ["n0-g0", "n0-g1"])}
+    policies = {"b": Tenant(name="b", guaranteed_gpus=4)}
+    waits = PendingJob("d", 5, 1, gpus=4, tenant="b", hold="waiting for job p to succeed", dependent=True)
+    queue = PendingQueue([waits, PendingJob("x", 0, 2, gpus=1, tenant="b")])
+    assert queue.demand["b"] == 1  # x's GPU: d asks for none while it waits
+    plan = run_pass(PassInput(queue, views, policies, running, {}, {}), NOW)
+    assert [p.job_id for p in plan.placements] == ["x"]
+    assert plan.placed.waiting["d"] == "waiting for job p to succeed"
+    assert plan.preemptions == [] and plan.blocked == []
+
+
 def test_a_job_a_user_holds_is_not_placed_sized_nor_preempted_for_until_released() -> None:
     # h (tenant b, below its guarantee of 4) is held and ranks first; 4 GPUs, 2 taken by a's job
     views = nodes(1, holders={"n0-g0": "a1", "n0-g1": "a1"})
