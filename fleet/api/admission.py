@@ -10,6 +10,7 @@ from fleet.config import Settings
 from fleet.errors import SpecError
 from fleet.models import Dependency, Job, JobSpec, JobState, Range, Webhook
 from fleet.models.arrays import task_ids
+from fleet.models.parts import AFTER_MAX
 from fleet.mounts import check_mounts
 from fleet.registries import check_image
 from fleet.scheduler.sizing import Size, scaled_batch
@@ -55,6 +56,11 @@ def with_dependencies(spec: JobSpec, jobs: JobStore) -> JobSpec:
             )
         tasks = task_ids(dep.job, arrays[dep.job].indices) if dep.job in arrays else [dep.job]
         after += [Dependency(job=t, when=dep.when) for t in tasks]
+    if len(after) > AFTER_MAX:
+        raise SpecError(
+            f"after: {len(after)} jobs counting each array's tasks, more than {AFTER_MAX}; "
+            "wait for fewer jobs, or split the arrays"
+        )
     return spec.model_copy(update={"after": after})
 
 

@@ -89,7 +89,7 @@ class ViewCache:
             self._touched_jobs, self._touched_nodes = set(), set()
         if self._reload:
             self._reload, self.queue, self.views, self._next_resync = False, PendingQueue(), {}, 0.0
-            self.known, self._next_full_read, self._job_version = {}, 0.0, -1
+            self.known, self._next_full_read, self._job_version, self._after = {}, 0.0, -1, {}
         jobs |= self._changed_jobs() | self._dependencies_ended()
         if time.monotonic() >= self._next_resync or self._queue_drifted():
             self._next_resync = time.monotonic() + self.cfg.resync_interval_s

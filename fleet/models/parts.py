@@ -92,6 +92,10 @@ def _webhook(value: Any) -> Any:
 When = Literal["ok", "any", "notok"]
 
 
+#: most jobs one job may wait for, an array's tasks counted one by one (the stored spec lists each)
+AFTER_MAX = 10_000
+
+
 class Dependency(_UserModel):
     """A job this one waits for (``after``): ``{job, when}``, or ``"JOB[:ok|:any|:notok]"``."""
 

@@ -36,7 +36,16 @@ from fleet.models.base import (
     describe_errors,
     relative_path,
 )
-from fleet.models.parts import Dependency, FunctionCall, Mount, Webhook, WorkdirSize, _dependency, _webhook
+from fleet.models.parts import (
+    AFTER_MAX,
+    Dependency,
+    FunctionCall,
+    Mount,
+    Webhook,
+    WorkdirSize,
+    _dependency,
+    _webhook,
+)
 
 
 class Range(BaseModel):
@@ -200,7 +209,7 @@ class JobSpec(_UserModel):
     #: jobs this one waits for (``{job, when}``; an array's id: all its tasks): it stays QUEUED until
     #: each is satisfied, and is cancelled when one can no longer be (see fleet.scheduler.dependencies)
     after: list[Annotated[Dependency, BeforeValidator(_dependency)]] = Field(
-        default_factory=list, max_length=10_000
+        default_factory=list, max_length=AFTER_MAX
     )
 
     @property

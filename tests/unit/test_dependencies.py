@@ -1,12 +1,17 @@
-"""The rule of ``after``: Slurm's afterok, afterany and afternotok over the dependencies' states."""
+"""The rule of ``after`` (Slurm's afterok, afterany, afternotok) and the API's check of the jobs named."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
 
 import pytest
 
 from fleet import JobSpec, SpecError
-from fleet.models import Dependency, JobState
+from fleet.api.admission import with_dependencies
+from fleet.models import Dependency, Job, JobArray, JobState
 from fleet.scheduler.dependencies import satisfied, verdict
+from fleet.state.jobs import JobStore
 
 S, F, C, R = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RUNNING
 
@@ -52,3 +57,43 @@ def test_the_spec_takes_ids_with_their_kind_and_refuses_a_bad_kind() -> None:
     assert [(d.job, d.when) for d in spec.after] == [("a", "ok"), ("b", "notok"), ("c", "any")]
     with pytest.raises(SpecError, match=r"after\.0\.when: Input should be 'ok', 'any' or 'notok'"):
         JobSpec.parse({"name": "x", "command": ["true"], "after": ["a:maybe"]})
+
+
+class Stored:
+    """What the API's check reads of the jobs and arrays a spec names."""
+
+    def __init__(self, jobs: list[Job], arrays: list[JobArray]) -> None:
+        self.jobs, self.array_records = {j.id: j for j in jobs}, {a.id: a for a in arrays}
+
+    def get_many(self, ids: Iterable[str]) -> list[Job]:
+        return [self.jobs[i] for i in ids if i in self.jobs]
+
+    def arrays(self, ids: Iterable[str]) -> dict[str, JobArray]:
+        return {i: self.array_records[i] for i in ids if i in self.array_records}
+
+
+def spec(tenant: str, after: list[str]) -> JobSpec:
+    return JobSpec.parse({"name": "x", "command": ["true"], "tenant": tenant, "after": after})
+
+
+def test_an_arrays_id_stands_for_its_tasks_and_another_tenants_job_for_none() -> None:
+    store = Stored(
+        [Job(id="mine", spec=spec("a", []), state=R), Job(id="theirs", spec=spec("b", []), state=R)],
+        [JobArray(id="sweep", spec=spec("a", []), indices="0-2", size=3)],
+    )
+    checked = with_dependencies(spec("a", ["mine", "sweep:any"]), cast(JobStore, store))
+    assert [(d.job, d.when) for d in checked.after] == [
+        ("mine", "ok"),
+        ("sweep-0", "any"),
+        ("sweep-1", "any"),
+        ("sweep-2", "any"),
+    ]
+    for other in ("theirs", "nope"):
+        with pytest.raises(SpecError, match=rf"after: no job or array '{other}' in tenant 'a'"):
+            with_dependencies(spec("a", [other]), cast(JobStore, store))
+
+
+def test_waiting_for_more_jobs_than_a_spec_can_list_is_refused() -> None:
+    store = Stored([], [JobArray(id="huge", spec=spec("a", []), indices="0-10000", size=10_001)])
+    with pytest.raises(SpecError, match="after: 10001 jobs counting each array's tasks, more than 10000"):
+        with_dependencies(spec("a", ["huge"]), cast(JobStore, store))
