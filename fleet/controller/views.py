@@ -181,6 +181,7 @@ class ViewCache:
                     allowed=[JobState.QUEUED],
                     reason=found.never,
                     now=now,
+                    fields={"finished_at": now},
                     leader=self.token(),
                 ):
                     event(log, "dependency_never_satisfied", job=job.id, reason=found.never)

@@ -45,6 +45,7 @@ def test_a_pipeline_whose_first_stage_fails_cancels_the_rest_with_the_reason(rea
         third.result(timeout=60)
     assert second.status().reason == f"dependency {first.id} ended FAILED (after ok)"
     assert third.status().reason == f"dependency {second.id} ended CANCELLED (after ok)"
+    assert second.status().finished_at is not None  # an end time, as any cancelled job has
 
 
 def test_after_any_runs_once_its_dependency_failed(ready: Client) -> None:
