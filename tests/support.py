@@ -10,9 +10,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bench.procs import FleetProcs
+from fleet.models import JobSpec
 from fleet.ops.local import free_port
 
 T = TypeVar("T")
+
+
+def sh(name: str, script: str, **fields: object) -> JobSpec:
+    """A job of ``sh -c script`` that makes one attempt (a failure ends it), with ``fields``."""
+    return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
 
 
 def until(check: Callable[[], T | None], why: str = "condition", timeout: float = 30) -> T:

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from fleet import Client, JobCancelled, JobSpec, JobState, SpecError
+from fleet import Client, JobCancelled, JobState, SpecError
 from tests.conftest import Api, FleetProcs
-from tests.support import until
+from tests.support import sh, until
 
 pytestmark = pytest.mark.integration
 
@@ -25,10 +25,6 @@ def ready(procs: FleetProcs, client: Client) -> Client:
     procs.agent("t-deps", gpus=1)
     procs.wait_nodes(client, 1)
     return client
-
-
-def sh(name: str, script: str, **fields: object) -> JobSpec:
-    return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
 
 
 def test_a_pipeline_whose_first_stage_fails_cancels_the_rest_with_the_reason(ready: Client) -> None:

@@ -16,7 +16,7 @@ import fleet
 from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, NodeState, SpecError
 from fleet.errors import Forbidden
 from tests.conftest import Api, FleetProcs
-from tests.support import until
+from tests.support import sh, until
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +32,6 @@ def ready(procs: FleetProcs, client: Client) -> Client:
     procs.agent("t-py", gpus=2)
     procs.wait_nodes(client, 1)
     return client
-
-
-def sh(name: str, script: str, **fields: object) -> JobSpec:
-    return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
 
 
 def test_handles_behave_like_futures(ready: Client) -> None:

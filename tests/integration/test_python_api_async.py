@@ -14,6 +14,7 @@ from fleet.aio import AsyncClient
 from fleet.errors import JobFailed, JobTimeout, SpecError
 from fleet.models import JobSpec, JobState, NodeState
 from tests.conftest import Api, FleetProcs
+from tests.support import sh
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +30,6 @@ def ready(procs: FleetProcs, api: Api) -> Api:
     procs.agent("t-aio", gpus=2)
     procs.wait_nodes(api.client(), 1)
     return api
-
-
-def sh(name: str, script: str, **fields: object) -> JobSpec:
-    return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
 
 
 def test_jobs_and_handles_awaited(ready: Api, tmp_path: Path) -> None:
