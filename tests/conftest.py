@@ -6,6 +6,7 @@ Integration tests skip when redis-server or Docker is missing locally and fail u
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 
 IN_CI = os.environ.get("CI") == "true"
+_FAILED = pytest.StashKey[bool]()
 
 
 #: modules whose services run under fleet's default cgroup parent (``fleet up``; the hosts' units):
@@ -43,6 +46,31 @@ def pytest_configure(config: pytest.Config) -> None:
         # below the kernel's ephemeral ports (from 32768)
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORTS"] = "50"
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29900 + 50 * int(worker[2:]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _leftovers_of_a_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that failed midway can leave a process or file object that only the garbage collector
+    finds, later, as a ResourceWarning (an error under ``filterwarnings = error``) in whichever
+    test runs next on that worker. Collected here, in the failed test's own teardown, unreported:
+    the failure is already its, and the next test is not blamed for it. (pytest keeps the failure's
+    frames, so its objects, in ``sys.last_traceback`` until the next test's call: let them go.)"""
+    yield
+    if request.node.stash.get(_FAILED, False):
+        for name in ("last_type", "last_value", "last_traceback"):
+            with contextlib.suppress(AttributeError):
+                delattr(sys, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselected, and after xdist's own hook

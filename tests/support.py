@@ -59,3 +59,14 @@ def start_api(procs: FleetProcs, name: str, **popen: Any) -> str:
         except OSError:
             assert proc.poll() is None and time.monotonic() < deadline, procs.logs()
             time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """End ``proc`` if it still runs (SIGKILL), reap it and close its pipes: what a test does in its
+    ``finally`` so that a failed assertion leaves no process behind it."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -19,6 +19,7 @@ import pytest
 
 from fleet import Client, JobState
 from tests.conftest import FleetProcs
+from tests.support import stop
 
 pytestmark = pytest.mark.integration
 
@@ -258,22 +259,25 @@ def in_terminal(
     os.close(slave)
     out = b""
     interrupt_on, deadline = ctrl_c_on.encode(), time.monotonic() + 60
-    while True:
-        if interrupt_on and out.count(interrupt_on) >= seen:
-            proc.send_signal(signal.SIGINT)
-            interrupt_on = b""
-        assert time.monotonic() < deadline, out
-        if not select.select([master], [], [], 0.1)[0]:
-            continue
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the program closed its end
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    assert proc.wait(timeout=60) == 0, out
+    try:
+        while True:
+            if interrupt_on and out.count(interrupt_on) >= seen:
+                proc.send_signal(signal.SIGINT)
+                interrupt_on = b""
+            assert time.monotonic() < deadline, out
+            if not select.select([master], [], [], 0.1)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the program closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=60) == 0, out
+    finally:  # a failed assertion leaves no process (nor its warning) to the tests after it
+        os.close(master)
+        stop(proc)
     return out.decode()
 
 
@@ -350,14 +354,17 @@ def test_watch_when_piped_prints_a_snapshot_each_interval(fleet_cli) -> None:  #
         )
         assert proc.stdout is not None
         snapshots = []
-        for line in proc.stdout:
-            if line.startswith(marker):
-                snapshots.append(line)
-            if len(snapshots) == 3:
-                break
-        # Then each interval brings a new snapshot, and Ctrl-C ends it as a success
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            for line in proc.stdout:
+                if line.startswith(marker):
+                    snapshots.append(line)
+                if len(snapshots) == 3:
+                    break
+            # Then each interval brings a new snapshot, and Ctrl-C ends it as a success
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            stop(proc)
         assert (len(snapshots), proc.returncode, err) == (3, 0, ""), argv
         if argv[1] == "-o":
             assert [j["id"] for j in json.loads(snapshots[0])] == [job_id]  # one JSON document a line
