@@ -215,6 +215,44 @@ ROOT_OPTION = click.option(
     metavar="USER",
     help="the service's Redis ACL user (default fleet-SERVICE; 'default' for requirepass)",
 )
+@click.option(
+    "--redis-sentinel-password-file",
+    metavar="FILE",
+    help="file holding the sentinels' password (redis-passwords/sentinel.password of `fleet install "
+    "redis --sentinel`); given to the service alone, as its Redis password is",
+)
+@click.option(
+    "--sentinel",
+    is_flag=True,
+    help="redis: this host's Redis as the primary or a replica of a Sentinel set, and a sentinel",
+)
+@click.option(
+    "--address", metavar="HOST", help="redis --sentinel: this host's address (Redis and its sentinel bind it)"
+)
+@click.option("--port", type=int, default=6379, show_default=True, help="redis --sentinel: this Redis' port")
+@click.option(
+    "--primary",
+    metavar="HOST[:PORT]",
+    help="redis --sentinel: the primary's address; this host is the primary when it is its own "
+    "--address and --port, else a replica of it",
+)
+@click.option(
+    "--sentinels",
+    metavar="HOST[:PORT],...",
+    help="redis --sentinel: every Redis host's sentinel, this one's too (port: --sentinel-port)",
+)
+@click.option(
+    "--sentinel-port",
+    type=int,
+    default=26379,
+    show_default=True,
+    help="redis --sentinel: the sentinel's port",
+)
+@click.option(
+    "--quorum",
+    type=int,
+    help="redis --sentinel: sentinels that must agree the primary is down (default: a majority)",
+)
 @pass_globals
 def install(
     globals_: Globals,
@@ -223,21 +261,45 @@ def install(
     service_redis_url: str | None,
     redis_password_file: str | None,
     redis_username: str | None,
+    redis_sentinel_password_file: str | None,
+    sentinel: bool,
+    address: str | None,
+    port: int,
+    primary: str | None,
+    sentinels: str | None,
+    sentinel_port: int,
+    quorum: int | None,
 ) -> int:
     """Write SERVICE's config and systemd unit, enable and start it (bare metal). redis: write
-    /etc/fleet/redis.conf, users.acl and each service's password. agent, api: make the storage
-    group (storage_group, fleet) if missing; the API runs in it to read kept outputs."""
+    /etc/fleet/redis.conf, users.acl and each service's password. redis --sentinel --address HOST
+    --primary HOST[:PORT] --sentinels HOST,HOST,HOST: this host's Redis (the primary, or a replica of
+    --primary) and a sentinel, in /etc/fleet/redis/; install the primary's host first, then copy its
+    users.acl and redis-passwords/ to the others (README, "HA: Redis Sentinel"). agent, api: make
+    the storage group (storage_group, fleet) if missing; the API runs in it to read kept outputs."""
     from fleet.ops.install import install as do_install
     from fleet.ops.install import read_password
 
     if service == "redis":
-        return _install_redis(Path(root))
+        if not sentinel:
+            return _install_redis(Path(root))
+        if not (address and primary and sentinels):
+            raise ConfigError(
+                "redis --sentinel: give --address, --primary and --sentinels (fleet install --help)"
+            )
+        return _install_redis_ha(Path(root), address, port, primary, sentinels, sentinel_port, quorum)
+    if sentinel:
+        raise ConfigError(f"--sentinel: only for `fleet install redis`, not {service}")
     password = read_password(redis_password_file) if redis_password_file else None
+    sentinel_password = None
+    if redis_sentinel_password_file:
+        sentinel_password = read_password(redis_sentinel_password_file, "--redis-sentinel-password-file")
     redis_url = service_redis_url or globals_.redis_url
-    done = do_install(service, Path(root), redis_url, password, redis_username)
+    done = do_install(service, Path(root), redis_url, password, redis_username, sentinel_password)
     print(f"wrote {done.unit}\nconfig {done.config}")
     if done.secret:
         print(f"secret {done.secret} (0600), given to the service alone (LoadCredential=)")
+    if sentinel_password is not None:
+        print("the sentinels' password too (0600, LoadCredential=): set redis_sentinels in the config")
     if done.group:
         reads = "reads kept outputs and checkpoints as" if service == "api" else "gives kept outputs to"
         gid = grp.getgrnam(done.group).gr_gid if done.made_group else 0
@@ -252,6 +314,16 @@ def _install_redis(root: Path) -> int:
 
     acl, passwords, unit = install_redis(root)
     print(f"wrote {acl.parent / 'redis.conf'} (bind the address agents reach; see its comments)")
+    _said_users(acl, passwords)
+    started = root == Path("/") and shutil.which("systemctl") is not None
+    print(
+        f"wrote {unit}; "
+        + ("started fleet-redis" if started else "not started (--root was given, or no systemd)")
+    )
+    return 0
+
+
+def _said_users(acl: Path, passwords: Path | None) -> None:
     if passwords is None:
         print(f"kept {acl} and its users' passwords")
     else:
@@ -260,10 +332,37 @@ def _install_redis(root: Path) -> int:
             f"passwords {passwords}/USER.password (0600): give each service its own, with "
             "fleet install SERVICE --redis-password-file FILE on its machine"
         )
-    started = root == Path("/") and shutil.which("systemctl") is not None
+
+
+def _install_redis_ha(
+    root: Path, address: str, port: int, primary: str, sentinels: str, sentinel_port: int, quorum: int | None
+) -> int:
+    from fleet.ops.redis_ha import install_redis_ha, services_settings, topology
+
+    t = topology(address, port, primary, sentinels, sentinel_port, quorum)
+    done = install_redis_ha(t, root)
+    acl = root / "etc" / "fleet" / "users.acl"
+    _said_users(acl, done.passwords)
+    for path, wrote in zip((done.redis_conf, done.sentinel_conf), done.wrote, strict=True):
+        print(f"{'wrote' if wrote else 'kept'} {path} (0600: Redis and Sentinel rewrite it at a failover)")
     print(
-        f"wrote {unit}; "
-        + ("started fleet-redis" if started else "not started (--root was given, or no systemd)")
+        f"this Redis: {t.role()}; its sentinel: port {t.sentinel_port}, quorum {t.quorum}/{len(t.sentinels)}"
+    )
+    if done.passwords is not None:
+        print(
+            f"copy {acl} and {done.passwords}/ to the other Redis hosts (scp -p, as root) "
+            "before installing them"
+        )
+    print("every controller's, agent's and API's /etc/fleet/fleet.toml:")
+    print(services_settings(t), end="")
+    print(
+        "and the sentinels' password: fleet install SERVICE --redis-sentinel-password-file "
+        "sentinel.password (a copy of redis-passwords/sentinel.password)"
+    )
+    units = " and ".join(u.name.removesuffix(".service") for u in done.units)
+    print(
+        f"wrote {units}; "
+        + (f"started {units}" if done.started else "not started (--root was given, or no systemd)")
     )
     return 0
 

@@ -34,7 +34,8 @@ from fleet.errors import ConfigError
 
 SERVICES = ("agent", "api", "controller")
 #: the Redis ACL users of config/users.acl that log in, each with a password of its own
-ACL_USERS = ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api")
+#: (fleet-replica: a replica's login to its primary; fleet-sentinel: the sentinels' to each Redis)
+ACL_USERS = ("fleet-admin", "fleet-controller", "fleet-agent", "fleet-api", "fleet-replica", "fleet-sentinel")
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,13 @@ LoadCredential=redis-password:/etc/fleet/redis-{service}.password
 Environment=FLEET_REDIS_USERNAME={username}
 Environment=FLEET_REDIS_PASSWORD_FILE=%d/redis-password
 """
+#: the drop-in's lines for the sentinels' own password (``fleet install redis --sentinel`` made it)
+_SENTINEL_CREDENTIALS = """LoadCredential=redis-sentinel-password:/etc/fleet/redis-sentinel-{service}.password
+Environment=FLEET_REDIS_SENTINEL_PASSWORD_FILE=%d/redis-sentinel-password
+"""
 
 
-def _template(name: str) -> str:
+def template(name: str) -> str:
     repo = Path(__file__).resolve().parents[2] / "config"
     for base in (repo, Path(sys.prefix) / "share" / "fleet"):
         path = base / "systemd" / name if name.endswith(".service") else base / name
@@ -87,15 +92,15 @@ def check_url(url: str) -> str:
     return url
 
 
-def read_password(source: str) -> str:
+def read_password(source: str, option: str = "--redis-password-file") -> str:
     """The password from a file, or from standard input when ``source`` is ``-``."""
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text()
     except OSError as exc:
-        raise ConfigError(f"--redis-password-file: cannot read {source}: {exc.strerror}") from None
+        raise ConfigError(f"{option}: cannot read {source}: {exc.strerror}") from None
     password = text.rstrip("\r\n")
     if not password or "\n" in password or "\x00" in password:
-        raise ConfigError("--redis-password-file: expected one line holding the password")
+        raise ConfigError(f"{option}: expected one line holding the password")
     return password
 
 
@@ -116,7 +121,7 @@ def render_acl(template: str, passwords: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Write ``path`` readable by its owner alone (0600), never through a symlink."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -133,28 +138,62 @@ def install_redis(root: Path = Path("/")) -> tuple[Path, Path | None, Path]:
     made) and the unit."""
     etc = root / "etc" / "fleet"
     etc.mkdir(parents=True, exist_ok=True)
-    conf, acl = etc / "redis.conf", etc / "users.acl"
+    conf = etc / "redis.conf"
     if not conf.exists():
-        conf.write_text(_template("redis.conf"))
-    folder: Path | None = None
-    if not acl.exists():
-        passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
-        folder = etc / "redis-passwords"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        for user, password in passwords.items():
-            _write_private(folder / f"{user}.password", password + "\n")
-        _write_private(acl, render_acl(_template("users.acl"), passwords))
-    user = REDIS_USER if _user_exists(REDIS_USER) else "root"
-    unit = root / "etc" / "systemd" / "system" / "fleet-redis.service"
+        conf.write_text(template("redis.conf"))
+    acl, folder = redis_users(etc)
+    unit = redis_unit(root, "fleet-redis.service", Path("/etc/fleet/redis.conf"))
+    if root == Path("/"):
+        shutil.chown(acl, redis_user(), redis_user())
+    start_units(root, unit.name)
+    return acl, folder, unit
+
+
+def redis_users(etc: Path) -> tuple[Path, Path | None]:
+    """``etc/users.acl`` with a generated password per user, each also in ``etc/redis-passwords``
+    (0600), unless users.acl exists (its users' passwords are in use). The ACL file, and the folder
+    of new passwords (None when none were made)."""
+    acl = etc / "users.acl"
+    if acl.exists():
+        return acl, None
+    passwords = {user: secrets.token_urlsafe(32) for user in ACL_USERS}
+    folder = etc / "redis-passwords"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for user, password in passwords.items():
+        write_private(folder / f"{user}.password", password + "\n")
+    write_private(acl, render_acl(template("users.acl"), passwords))
+    return acl, folder
+
+
+def redis_unit(root: Path, name: str, conf: Path, writable: Path | None = None) -> Path:
+    """Write the unit ``name`` (fleet-redis or fleet-redis-sentinel) running redis-server with
+    ``conf`` as the user Redis runs as; ``writable``: the folder Redis may rewrite its config in."""
+    unit = root / "etc" / "systemd" / "system" / name
     unit.parent.mkdir(parents=True, exist_ok=True)
     server = shutil.which("redis-server") or "/usr/bin/redis-server"
-    unit.write_text(_template(unit.name).replace("@REDIS_SERVER@", server).replace("@REDIS_USER@", user))
-    if root == Path("/"):
-        shutil.chown(acl, user, user)
-        if shutil.which("systemctl"):
-            subprocess.run(["systemctl", "daemon-reload"], check=True)
-            subprocess.run(["systemctl", "enable", "--now", unit.name], check=True)
-    return acl, folder, unit
+    text = template(name).replace("@REDIS_SERVER@", server).replace("@REDIS_USER@", redis_user())
+    text = text.replace("@REDIS_CONF@", str(conf))
+    if writable is None:  # and the comment above that line
+        text = re.sub(
+            r"(?m)^#[^\n]*\n(?=ReadWritePaths=@REDIS_CONF_DIR@)|^ReadWritePaths=@REDIS_CONF_DIR@\n", "", text
+        )
+    unit.write_text(text.replace("@REDIS_CONF_DIR@", str(writable)))
+    return unit
+
+
+def start_units(root: Path, *names: str) -> bool:
+    """At ``/`` with systemd: enable and start the units ``names``, in order; whether it did."""
+    if root != Path("/") or not shutil.which("systemctl"):
+        return False
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    for name in names:
+        subprocess.run(["systemctl", "enable", "--now", name], check=True)
+    return True
+
+
+def redis_user() -> str:
+    """The user Redis runs as: ``redis`` where the distribution's package made it, else root."""
+    return REDIS_USER if _user_exists(REDIS_USER) else "root"
 
 
 #: the user Debian's and Ubuntu's redis-server packages make (root where there is none)
@@ -175,6 +214,7 @@ def install(
     redis_url: str | None = None,
     password: str | None = None,
     username: str | None = None,
+    sentinel_password: str | None = None,
 ) -> Installed:
     if service not in SERVICES:
         raise ConfigError(f"service: {service!r} is not one of {', '.join(SERVICES)}")
@@ -187,7 +227,7 @@ def install(
     config = etc / "fleet.toml"
     secret: Path | None = None
     if not config.exists():
-        text = _template("fleet.toml")
+        text = template("fleet.toml")
         if redis_url:
             text = text.replace('redis_url = "redis://127.0.0.1:6379/0"', f"redis_url = {redis_url!r}")
         config.write_text(text)
@@ -195,14 +235,9 @@ def install(
     unit_name = f"fleet-{service}.service"
     unit = root / "etc" / "systemd" / "system" / unit_name
     unit.parent.mkdir(parents=True, exist_ok=True)
-    unit.write_text(with_group(_template(unit_name).replace("@FLEET@", fleet_executable()), group))
-    if password is not None:
-        secret = etc / f"redis-{service}.password"
-        _write_private(secret, password + "\n")
-        dropin = unit.parent / f"{unit_name}.d"
-        dropin.mkdir(exist_ok=True)
-        text = _CREDENTIALS.format(service=service, username=username or f"fleet-{service}")
-        (dropin / "redis.conf").write_text(text)
+    unit.write_text(with_group(template(unit_name).replace("@FLEET@", fleet_executable()), group))
+    if password is not None or sentinel_password is not None:
+        secret = _credentials(unit, etc, password, username, sentinel_password)
     made = ensure_group(group) if group and root == Path("/") else False  # before the unit starts in it
     started = False
     if root == Path("/") and shutil.which("systemctl"):
@@ -210,6 +245,26 @@ def install(
         subprocess.run(["systemctl", "enable", "--now", unit_name], check=True)
         started = True
     return Installed(unit=unit, config=config, secret=secret, started=started, group=group, made_group=made)
+
+
+def _credentials(
+    unit: Path, etc: Path, password: str | None, username: str | None, sentinel_password: str | None
+) -> Path | None:
+    """The unit's drop-in handing the service its Redis password and user, and the sentinels'
+    password, each from a root-only file under ``etc``; the Redis password's file, if given."""
+    service = unit.name.removeprefix("fleet-").removesuffix(".service")
+    text, secret = "[Service]\n", None
+    if password is not None:
+        secret = etc / f"redis-{service}.password"
+        write_private(secret, password + "\n")
+        text = _CREDENTIALS.format(service=service, username=username or f"fleet-{service}")
+    if sentinel_password is not None:
+        write_private(etc / f"redis-sentinel-{service}.password", sentinel_password + "\n")
+        text += _SENTINEL_CREDENTIALS.format(service=service)
+    dropin = unit.parent / f"{unit.name}.d"
+    dropin.mkdir(exist_ok=True)
+    (dropin / "redis.conf").write_text(text)
+    return secret
 
 
 def storage_group(config: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +20,19 @@ import pytest
 import redis
 
 from fleet import Client, JobSpec, JobState
+from fleet.cli.main import main
+from fleet.config import load_settings
+from fleet.errors import StoreUnavailable
 from fleet.keys import Keys
 from fleet.models import Role
 from fleet.ops.install import install_redis
 from fleet.ops.local import free_port
+from fleet.state import Stores
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
 from tests.integration.test_acl import _answers
 from tests.integration.test_control_plane import sleeper
-from tests.support import wait_for
+from tests.support import until, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -167,3 +172,140 @@ def test_redis_from_the_installed_files_restarts_with_nothing_lost(
         client.close()
         admin.close()
         procs.stop()
+
+
+class SentinelHost:
+    """One Redis host of a Sentinel set, run from the files ``fleet install redis --sentinel --root``
+    wrote: its Redis and its sentinel, each from its installed config with only the absolute paths
+    (``dir``, ``aclfile``) moved under the host's root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.conf = root / "etc" / "fleet" / "redis"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "redis-server"
+        for name, data, extra in (("redis", "redis", []), ("sentinel", "sentinel", ["--sentinel"])):
+            conf = self.conf / f"{name}.conf"
+            installed = conf.read_text()
+            (self.root / data).mkdir(exist_ok=True)
+            text = installed.replace(f"\ndir /var/lib/fleet/{data}\n", f"\ndir {self.root / data}\n")
+            text = text.replace("\naclfile /etc/fleet/", f"\naclfile {self.root}/etc/fleet/")
+            assert len(set(text.splitlines()) ^ set(installed.splitlines())) == (4 if name == "redis" else 2)
+            conf.write_text(text)
+            log = self.root / f"{name}.log"
+            self.procs.append(subprocess.Popen([binary, str(conf), *extra, "--logfile", str(log)]))
+
+    def password(self, name: str) -> str:
+        return (self.root / "etc" / "fleet" / "redis-passwords" / f"{name}.password").read_text().strip()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def _replicas_online(admin: redis.Redis, replicas: int) -> bool:
+    info = admin.info("replication")
+    return [info.get(f"slave{n}", {}).get("state") for n in range(replicas)] == ["online"] * replicas
+
+
+def test_a_sentinel_set_from_the_installed_files_fails_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    need(shutil.which("redis-server") is not None, "redis-server not installed (make install)")
+    # Given three Redis hosts installed as an operator would: the primary's first, then each replica's
+    # with the primary's users.acl and passwords copied over
+    ports, sentinel_ports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+    listed = ",".join(f"127.0.0.1:{p}" for p in sentinel_ports)
+    hosts = [SentinelHost(tmp_path / f"host-{n}") for n in range(3)]
+    for n, host in enumerate(hosts):
+        if n:
+            (host.root / "etc" / "fleet").mkdir(parents=True)
+            shutil.copy2(hosts[0].root / "etc/fleet/users.acl", host.root / "etc/fleet/users.acl")
+            shutil.copytree(
+                hosts[0].root / "etc/fleet/redis-passwords", host.root / "etc/fleet/redis-passwords"
+            )
+        argv = ["install", "redis", "--sentinel", "--root", str(host.root), "--address", "127.0.0.1"]
+        argv += ["--port", str(ports[n]), "--primary", f"127.0.0.1:{ports[0]}", "--sentinels", listed]
+        assert main([*argv, "--sentinel-port", str(sentinel_ports[n])]) == 0
+        said = capsys.readouterr().out
+        assert ("this Redis: primary" if n == 0 else f"replica of 127.0.0.1:{ports[0]}") in said
+    # the lines the services' config needs, as printed
+    quoted = ", ".join(f'"127.0.0.1:{p}"' for p in sentinel_ports)
+    assert f"redis_sentinels = [{quoted}]" in said
+    assert 'redis_master = "fleet"' in said
+    # nothing secret is readable by others, and no password is in the printed lines
+    for path in (*hosts[1].conf.iterdir(), hosts[1].root / "etc/fleet/users.acl"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert hosts[0].password("sentinel") not in said
+    try:
+        # When their Redis and sentinels start
+        for host in hosts:
+            host.start()
+        admin = redis.Redis(port=ports[0], username="fleet-admin", password=hosts[0].password("fleet-admin"))
+        wait_for(
+            lambda: _pings(admin) and _replicas_online(admin, 2), timeout=30, what="both replicas in sync"
+        )
+        admin.close()
+        sentinel_password = hosts[0].password("sentinel")
+        watchers = [redis.Redis(port=p, password=sentinel_password) for p in sentinel_ports]
+
+        def agreed() -> bool:
+            states = [w.sentinel_master("fleet") for w in watchers]
+            return all(s["num-slaves"] == 2 and s["num-other-sentinels"] == 2 for s in states)
+
+        wait_for(agreed, timeout=30, what="the sentinels knowing each other and both replicas")
+        # And a fleet service finds the primary through them, with the printed settings
+        monkeypatch.setenv("FLEET_REDIS_SENTINELS", listed)
+        monkeypatch.setenv("FLEET_REDIS_USERNAME", "fleet-controller")
+        monkeypatch.setenv(
+            "FLEET_REDIS_PASSWORD_FILE",
+            str(hosts[2].root / "etc/fleet/redis-passwords/fleet-controller.password"),
+        )
+        monkeypatch.setenv(
+            "FLEET_REDIS_SENTINEL_PASSWORD_FILE",
+            str(hosts[2].root / "etc/fleet/redis-passwords/sentinel.password"),
+        )
+        stores = Stores.open(load_settings())
+        token, _ = stores.tokens.create("before", "default", Role.ADMIN)
+        assert stores.redis.wait(2, 5000) == 2
+        # And the primary is SIGKILLed
+        hosts[0].procs[0].kill()
+        # Then the sentinels, logged in to each Redis as fleet-sentinel, promote a replica, and the
+        # other replica follows it
+        promoted = until(lambda: _new_primary(watchers[1], ports[0]), "a replica promoted", timeout=60)
+        assert promoted in ports[1:]
+        # And each one's config says so, rewritten by Redis (CONFIG REWRITE): it survives a restart
+        new, other = (hosts[1], hosts[2]) if promoted == ports[1] else (hosts[2], hosts[1])
+        wait_for(
+            lambda: f"replicaof 127.0.0.1 {promoted}" in (other.conf / "redis.conf").read_text(),
+            timeout=30,
+            what="the replica's config rewritten",
+        )
+        assert not [
+            x for x in (new.conf / "redis.conf").read_text().splitlines() if x.startswith("replicaof")
+        ]
+        # And the service writes to the new primary, where the token made before is
+        wait_for(lambda: _made_token(stores), timeout=30, what="a write through the sentinels")
+        assert stores.tokens.identify(token) is not None
+        stores.close()
+        for w in watchers:
+            w.close()
+    finally:
+        for host in hosts:
+            host.stop()
+
+
+def _new_primary(sentinel: redis.Redis, old: int) -> int | None:
+    _host, port = sentinel.sentinel_get_master_addr_by_name("fleet")
+    return int(port) if int(port) != old else None
+
+
+def _made_token(stores: Stores) -> bool:
+    try:
+        stores.tokens.create("after", "default", Role.USER)
+    except StoreUnavailable:
+        return False
+    return True

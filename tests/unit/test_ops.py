@@ -213,6 +213,8 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         unit.write_text(unit.read_text() + (unit.parent / f"{unit.name}.d" / "redis.conf").read_text())
     assert main(["install", "redis", "--root", str(tmp_path)]) == 0
     units = sorted(str(p) for p in (tmp_path / "etc/systemd/system").glob("*.service"))
+    assert ha_install(tmp_path / "ha", 6379) == 0  # its fleet-redis and fleet-redis-sentinel units
+    units += sorted(str(p) for p in (tmp_path / "ha/etc/systemd/system").glob("*.service"))
     done = subprocess.run(
         ["systemd-analyze", "verify", *units],
         capture_output=True,
@@ -235,3 +237,78 @@ def test_each_units_command_line_is_one_the_cli_takes(tmp_path: Path, service: s
     args = words[words.index("--config") :]  # after the executable (a path, or python -m fleet)
     assert args[-1] == service
     assert main([*args, "--help"]) == 0
+
+
+def ha_install(root: Path, port: int, *extra: str) -> int:
+    """``fleet install redis --sentinel`` of one of three hosts on 10.0.0.1-3 (the primary's on .1)."""
+    argv = ["install", "redis", "--sentinel", "--root", str(root), "--address", f"10.0.0.{port - 6378}"]
+    argv += ["--port", "6379", "--primary", "10.0.0.1", "--sentinels", "10.0.0.1,10.0.0.2,10.0.0.3"]
+    return main([*argv, *extra])
+
+
+def test_install_redis_sentinel_replicas_share_the_primarys_users_and_keep_rewritten_configs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    primary, replica = tmp_path / "a", tmp_path / "b"
+    # Given a replica's host the primary's users were not copied to: refused, naming what to copy
+    assert ha_install(replica, 6380) == 2
+    assert "copy its /etc/fleet/users.acl and /etc/fleet/redis-passwords/" in capsys.readouterr().err
+    assert not (replica / "etc/fleet/redis").exists()
+    # When the primary's host is installed, then the replica's with its users and passwords
+    assert ha_install(primary, 6379) == 0
+    shutil.copytree(primary / "etc/fleet", replica / "etc/fleet", dirs_exist_ok=True)
+    shutil.rmtree(replica / "etc/fleet/redis")
+    assert ha_install(replica, 6380) == 0
+    # Then the replica follows the primary, logged in as fleet-replica, and its sentinel watches it
+    ha = replica / "etc/fleet/redis"
+    conf, sentinel = (ha / "redis.conf").read_text(), (ha / "sentinel.conf").read_text()
+    replication = (primary / "etc/fleet/redis-passwords/fleet-replica.password").read_text().strip()
+    assert "\nreplicaof 10.0.0.1 6379\n" in conf and f"\nmasterauth {replication}\n" in conf
+    assert "\nbind 10.0.0.2 127.0.0.1 -::1\n" in conf and "\nappendfsync always\n" in conf
+    assert "\nreplicaof " not in (primary / "etc/fleet/redis/redis.conf").read_text()
+    assert "\nsentinel monitor fleet 10.0.0.1 6379 2\n" in sentinel
+    assert "\nsentinel auth-user fleet fleet-sentinel\n" in sentinel
+    for path in (ha, ha / "redis.conf", ha / "sentinel.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) in (0o600, 0o700), path
+    units = replica / "etc/systemd/system"
+    assert "ReadWritePaths=/etc/fleet/redis\n" in (units / "fleet-redis.service").read_text()
+    assert (
+        " /etc/fleet/redis/sentinel.conf --sentinel " in (units / "fleet-redis-sentinel.service").read_text()
+    )
+    # And installing again keeps what Redis and Sentinel rewrote since (the primary after a failover)
+    (ha / "sentinel.conf").write_text(sentinel.replace("10.0.0.1 6379 2", "10.0.0.3 6379 2"))
+    assert ha_install(replica, 6380) == 0
+    assert "\nsentinel monitor fleet 10.0.0.3 6379 2\n" in (ha / "sentinel.conf").read_text()
+    assert f"kept {ha / 'sentinel.conf'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--primary", "10.0.0.1;x"], "--primary: '10.0.0.1;x:6379' is not host or host:port"),
+        (
+            ["--sentinels", "10.0.0.2,10.0.0.3"],
+            "--sentinels: lists no sentinel on this host (10.0.0.1:26379)",
+        ),
+        (["--quorum", "4"], "--quorum: 4 is not between 1 and the 3 sentinels listed"),
+    ],
+)
+def test_install_redis_sentinel_names_a_bad_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], said: str
+) -> None:
+    assert ha_install(tmp_path, 6379, *extra) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "etc").exists()
+
+
+def test_install_service_with_the_sentinels_password(tmp_path: Path) -> None:
+    secret = tmp_path / "sentinel.password"
+    secret.write_text("s3ntinel\n")
+    argv = ["install", "controller", "--root", str(tmp_path), "--redis-sentinel-password-file", str(secret)]
+    assert main(argv) == 0
+    dropin = (tmp_path / "etc/systemd/system/fleet-controller.service.d/redis.conf").read_text()
+    copy = tmp_path / "etc/fleet/redis-sentinel-controller.password"
+    assert copy.read_text() == "s3ntinel\n" and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert "LoadCredential=redis-sentinel-password:/etc/fleet/redis-sentinel-controller.password" in dropin
+    assert "Environment=FLEET_REDIS_SENTINEL_PASSWORD_FILE=%d/redis-sentinel-password" in dropin
+    assert "s3ntinel" not in dropin
