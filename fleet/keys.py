@@ -96,6 +96,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 | ``<p>:acct:days``                 | zset   | the days with a ``<p>:acct:<day>`` hash, scored by day  |
 | ``<p>:replicated``                | string | a counter every acknowledged write bumps before it      |
 |                                   |        | ``WAIT``s for replicas (``fleet.state.replication``)    |
+| ``<p>:redis:failovers``           | hash   | the sentinels' epoch of a failover -> what a service    |
+|                                   |        | saw of it (Failover JSON); the newest 100               |
 | ``<p>:tokens``                    | set    | ids of API tokens                                       |
 | ``<p>:token:<id>``                | hash   | a token: sha256 of its secret, user, tenant, role,      |
 |                                   |        | expiry (the key expires with it)                        |
@@ -112,8 +114,9 @@ Retention: every job key (``<p>:job:<id>`` and below) and a job's members of the
 deleted ``job_retention_s`` after the job ended, leaving its tombstone for
 ``tombstone_retention_s``; a node's keys go ``node_retention_s`` after its last heartbeat once it
 holds no job. ``<p>:seq``, ``<p>:leader:token``, ``<p>:replicated`` and ``<p>:metrics:requeues`` are
-fixed-size and kept; so are ``<p>:webhooks:cursor``, ``<p>:webhooks:nodes`` (one field per node)
-and ``<p>:outbox``, emptied of what the webhook sender took from it.
+fixed-size and kept; so are ``<p>:redis:failovers`` (the newest 100), ``<p>:webhooks:cursor``,
+``<p>:webhooks:nodes`` (one field per node) and ``<p>:outbox``, emptied of what the webhook sender
+took from it.
 Accounting rows outlive their jobs: a day's hash goes ``accounting_retention_s`` (400 days) after the
 day ended (``fleet history`` reads them).
 Tenants are the operator's records, kept until deleted; a tenant's usage entry goes once it has
@@ -274,6 +277,11 @@ class Keys:
         """Counter written right before ``WAIT``, on its connection: WAIT counts that connection's
         writes, and replicas take writes in order, so one holding it holds every write before."""
         return f"{self.prefix}:replicated"
+
+    @property
+    def failovers(self) -> str:
+        """Redis failovers the services saw, one field per failover (its sentinels' epoch)."""
+        return f"{self.prefix}:redis:failovers"
 
     @property
     def leader(self) -> str:

@@ -14,17 +14,19 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fleet.log import event
 from fleet.models import NodeState
 from fleet.state.connection import used_memory
+from fleet.state.sentinel import failover_count
 
 if TYPE_CHECKING:
     from fleet.agent.gpus.base import GpuInventory
     from fleet.agent.runtime.base import Runtime
     from fleet.state import JobStore, NodeStore
+    from fleet.state.redisinfo import RedisWatch
     from fleet.state.tenants import TenantStore
 
 
@@ -94,11 +96,50 @@ class ControllerCollector(Collector):
         yield states
 
 
+class RedisCollector(Collector):
+    """The failovers this service saw; given a watch (the controller's), which Redis is primary, its
+    replicas' lag and the sentinels that agree, read at most every few seconds however often scraped."""
+
+    def __init__(self, watch: RedisWatch | None = None) -> None:
+        self.watch = watch
+
+    def collect(self) -> Iterator[Metric]:
+        failovers = CounterMetricFamily(
+            "fleet_redis_failovers", "Redis failovers this service saw (on reaching a new primary)"
+        )
+        failovers.add_metric([], failover_count())
+        yield failovers
+        status = self.watch.status() if self.watch is not None else None
+        if status is None or status.error:
+            return
+        connected = GaugeMetricFamily("fleet_redis_replicas_connected", "Replicas in sync with the primary")
+        connected.add_metric([], sum(1 for r in status.replicas if r.state == "online"))
+        yield connected
+        labels = ["replica"]
+        lag = GaugeMetricFamily(
+            "fleet_redis_replica_lag_bytes",
+            "Replication stream a replica has not acknowledged",
+            labels=labels,
+        )
+        since = GaugeMetricFamily(
+            "fleet_redis_replica_lag_seconds", "Seconds since a replica last acknowledged", labels=labels
+        )
+        for r in status.replicas:
+            lag.add_metric([r.address], r.lag_bytes)
+            since.add_metric([r.address], r.lag_s)
+        yield from (lag, since)
+        if status.sentinels:
+            agree = GaugeMetricFamily("fleet_redis_sentinels_agreeing", "Sentinels that name the primary")
+            agree.add_metric([], status.sentinels_agreeing)
+            yield agree
+
+
 def controller_registry(
-    jobs: JobStore, nodes: NodeStore, tenants: TenantStore | None = None
+    jobs: JobStore, nodes: NodeStore, tenants: TenantStore | None = None, watch: RedisWatch | None = None
 ) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry()
     registry.register(ControllerCollector(jobs, nodes, tenants))
+    registry.register(RedisCollector(watch))
     latency = Histogram(
         "fleet_schedule_pass_seconds",
         "Duration of a scheduling pass",
@@ -149,4 +190,5 @@ class AgentCollector(Collector):
 def agent_registry(agent: Metered, clock: Callable[[], float]) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent, clock))
+    registry.register(RedisCollector())
     return registry

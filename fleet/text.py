@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fleet.models import JobState
 
 if TYPE_CHECKING:
-    from fleet.models import Job, Tenant
+    from fleet.models import Job, RedisStatus, ReplicaLag, Tenant
 
 GiB = 1 << 30
 
@@ -91,3 +91,31 @@ def guarantee(tenant: Tenant) -> str:
     if tenant.guaranteed_memory:
         parts.append(size(tenant.guaranteed_memory))
     return ", ".join(parts)
+
+
+def redis_line(status: RedisStatus, now: float) -> str:
+    """The status as one line: ``redis: primary 10.0.0.1:6379, 2 replicas (lag at most 0 B, 0 s),
+    3 of 3 sentinels agree; 1 failover, the last 5m ago: ...``."""
+    if status.error:
+        return f"redis: unknown ({status.error})"
+    line = f"redis: primary {status.primary}, " + _replicas(status.replicas)
+    if status.sentinels:
+        line += f", {status.sentinels_agreeing} of {status.sentinels} sentinels agree"
+    last = status.last_failover
+    if last is not None:
+        count = f"{status.failovers} failover{'s' if status.failovers != 1 else ''}"
+        line += (
+            f"; {count}, the last {ago(last.at, now)}: {last.previous} -> {last.primary}, "
+            f"services cut off {last.cut_off_s:g} s"
+        )
+    return line
+
+
+def _replicas(replicas: list[ReplicaLag]) -> str:
+    if not replicas:
+        return "no replicas"
+    syncing = sum(1 for r in replicas if r.state != "online")
+    most_bytes, most_s = max(r.lag_bytes for r in replicas), max(r.lag_s for r in replicas)
+    count = f"{len(replicas)} replica{'s' if len(replicas) != 1 else ''}"
+    text = f"{count} (lag at most {nbytes(most_bytes)}, {most_s} s"
+    return text + (f"; {syncing} not yet in sync)" if syncing else ")")

@@ -13,7 +13,7 @@ from fleet import __version__
 from fleet.api.commands import Commands
 from fleet.api.deps import Operator, StrictBody, User, sees_all
 from fleet.api.queries import Queries
-from fleet.models import FleetVersions, Identity, Node, Role
+from fleet.models import FleetVersions, Identity, Node, RedisStatus, Role
 
 #: what a user reads in place of another tenant's claim on a GPU: held, by whom not said
 OTHERS = "another tenant's job"
@@ -99,6 +99,12 @@ def routes(backend: Commands) -> APIRouter:
     @router.get("/v1/fleet")
     def fleet_info(_: User) -> FleetInfo:
         return FleetInfo(version=__version__, most_gpus=backend.most_gpus())
+
+    @router.get("/v1/redis")
+    def redis_status(_: Operator) -> RedisStatus:
+        """Which Redis is primary, its replicas and their lag, the sentinels that agree, and the
+        failovers the services saw; read at most every few seconds. Operators' (it names hosts)."""
+        return backend.redis_status()
 
     @router.get("/v1/version")
     def versions(_: User) -> FleetVersions:

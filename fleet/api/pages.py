@@ -24,10 +24,10 @@ from fleet.api import views
 from fleet.api.deps import COOKIE, Reader, identify, own_array, own_job, sees_all
 from fleet.api.queries import Queries
 from fleet.errors import CorruptRecord, FleetError, JobExpired, NotFound, Unauthorized
-from fleet.models import Identity, JobState
+from fleet.models import Identity, JobState, Role
 from fleet.scheduler.goodput import job_goodput
 from fleet.state.tenants import TenantStore
-from fleet.text import ago, countdown, ordinal, size, stamp, took
+from fleet.text import ago, countdown, ordinal, redis_line, size, stamp, took
 from fleet.versions import OLDEST, VERSION
 
 PREFIX = "/ui"
@@ -173,6 +173,7 @@ def page_routes(backend: Queries, tenants: TenantStore) -> APIRouter:  # noqa: C
             quarantined=backend.quarantined_nodes(),
             mixed=backend.versions(VERSION).mixed,
             oldest=OLDEST,
+            redis=redis_line(backend.redis_status(), time.time()) if who.role.allows(Role.OPERATOR) else "",
         )
 
     @router.get("/queue")

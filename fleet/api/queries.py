@@ -19,9 +19,11 @@ from fleet.models import (
     Node,
     QueuedJob,
     QueuePosition,
+    RedisStatus,
     check_job_id,
 )
 from fleet.state import Stores
+from fleet.state.redisinfo import RedisWatch
 from fleet.versions import API, CONTROLLER, VERSION, mixed
 
 
@@ -40,6 +42,7 @@ class Queries:
         self.stores = stores
         self._jobs, self._nodes = stores.jobs, stores.nodes
         self._arrays, self._ranked = stores.arrays, stores.ranked
+        self._redis_watch = RedisWatch(stores.redis, stores.keys, stores.settings)
 
     @property
     def redis(self) -> Any:
@@ -187,6 +190,11 @@ class Queries:
         controller, nodes = self._nodes.versions()
         services = {API: api, **({} if controller is None else {CONTROLLER: controller}), **nodes}
         return FleetVersions(api=api, controller=controller, nodes=nodes, mixed=mixed(services))
+
+    def redis_status(self) -> RedisStatus:
+        """Which Redis is primary, its replicas' lag, the failovers seen: read at most every few
+        seconds by this process, however many ask (:class:`fleet.state.redisinfo.RedisWatch`)."""
+        return self._redis_watch.status()
 
     def quarantined_nodes(self) -> dict[str, str]:
         """Nodes whose stored record cannot be read (name -> why); they get no jobs until it reads."""

@@ -19,9 +19,9 @@ from fleet.cli.common import (
 from fleet.cli.jobs import note_quarantined, short
 from fleet.cli.output import emit_json, present
 from fleet.cli.view import Field, Table, View
-from fleet.errors import NotFound, SpecError
-from fleet.models import Gpu, Node, NodeState
-from fleet.text import ago, size, stamp
+from fleet.errors import Forbidden, NotFound, SpecError
+from fleet.models import Gpu, Node, NodeState, RedisStatus
+from fleet.text import ago, redis_line, size, stamp
 from fleet.versions import shown
 
 if TYPE_CHECKING:
@@ -34,14 +34,26 @@ NODE_HEADERS = ["NODE", "STATE", "HEARTBEAT", "FREE GPUS", "RUNTIME", "GPU BACKE
     context_settings=CONTEXT, short_help="nodes with state, heartbeat and GPUs; `nodes NODE` for one"
 )
 @click.argument("node", nargs=-1, metavar="[NODE]", shell_complete=complete_nodes)
+@click.option(
+    "--redis",
+    "redis_only",
+    is_flag=True,
+    help="only the Redis line: primary, replicas and their lag, sentinels, failovers (-o json: all of it)",
+)
 @watch_option
 @output_option
 @pass_globals
-def nodes(globals_: Globals, node: tuple[str, ...], watch: float | None, output: str) -> int:
+def nodes(
+    globals_: Globals, node: tuple[str, ...], redis_only: bool, watch: float | None, output: str
+) -> int:
     """Nodes with their state, heartbeat, GPUs (free, claimed by which job attempt, or why not
     placeable) and agent's release; `fleet nodes NODE` (or `fleet nodes show NODE`) shows one in full.
-    A fleet whose services run different releases says so: `mixed versions: ...` (README, "Upgrading")."""
+    A fleet whose services run different releases says so: `mixed versions: ...` (README, "Upgrading").
+    Operators also see which Redis is primary, its replicas' lag, the sentinels that agree and the
+    failovers seen (`redis: ...`; --redis for that alone, -o json for its fields)."""
     client = globals_.client()
+    if redis_only:
+        return present(lambda: redis_frame(client, output), watch, output)
     names = node[1:] if node[:1] == ("show",) else node
     if node[:1] == ("show",) and not names:
         raise SpecError("usage: fleet nodes [show] NODE")
@@ -68,9 +80,9 @@ def nodes(globals_: Globals, node: tuple[str, ...], watch: float | None, output:
             for n in found
         ]
         view = View([Table(NODE_HEADERS, rows, wide=7, optional=(6,))])
-        note = mixed_versions(client)
-        if note:
-            view.add(note)
+        for note in (mixed_versions(client), redis_note(client)):
+            if note:
+                view.add(note)
         for n in found:
             gpu_table(n, view)
         note_quarantined("node", client.quarantined_nodes(), "fleet nodes show NODE")
@@ -86,6 +98,20 @@ def mixed_versions(client: Client) -> str:
         return client.versions().mixed
     except NotFound:
         return ""
+
+
+def redis_note(client: Client) -> str:
+    """``redis: primary ..., N replicas ...`` for an operator; "" for a user (it names hosts) and from
+    an API of a release without it."""
+    try:
+        return redis_line(client.redis_status(), time.time())
+    except (Forbidden, NotFound):
+        return ""
+
+
+def redis_frame(client: Client, output: str) -> View | RedisStatus:
+    status = client.redis_status()
+    return status if output == "json" else View([redis_line(status, time.time())])
 
 
 def placeable(node: Node) -> bool:

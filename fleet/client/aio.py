@@ -43,6 +43,7 @@ from fleet.models import (
     Node,
     Progress,
     QueuePosition,
+    RedisStatus,
     RequeueReport,
     Role,
     TasksChanged,
@@ -276,6 +277,9 @@ class AsyncClient:
 
     async def versions(self) -> FleetVersions:
         return await self._do(fleet_api.versions())
+
+    async def redis_status(self) -> RedisStatus:
+        return await self._do(fleet_api.redis_status())
 
     async def cordon(self, name: str, reason: str = "") -> Node:
         return await self._do(fleet_api.cordon(name, reason))

@@ -9,7 +9,17 @@ from typing import Any
 from fleet.client import checks
 from fleet.client.calls import Call, listed, node_segment, secret, segment, tenant_query
 from fleet.errors import SpecError
-from fleet.models import FleetVersions, Identity, Node, Role, Tenant, TenantStatus, TokenInfo, WebhookOutcome
+from fleet.models import (
+    FleetVersions,
+    Identity,
+    Node,
+    RedisStatus,
+    Role,
+    Tenant,
+    TenantStatus,
+    TokenInfo,
+    WebhookOutcome,
+)
 
 # -- nodes -----------------------------------------------------------------------------
 
@@ -24,6 +34,10 @@ def most_gpus() -> Call[int]:
 
 def versions() -> Call[FleetVersions]:
     return Call("GET", "/v1/version", FleetVersions.model_validate)
+
+
+def redis_status() -> Call[RedisStatus]:
+    return Call("GET", "/v1/redis", RedisStatus.model_validate)
 
 
 def node(name: str) -> Call[Node]:

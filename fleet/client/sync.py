@@ -36,6 +36,7 @@ from fleet.models import (
     Node,
     NodeState,
     QueuePosition,
+    RedisStatus,
     RequeueReport,
     Role,
     TasksChanged,
@@ -406,6 +407,11 @@ class Client:
         that recorded none: 0.1.0 or older), and ``mixed`` when they differ. An API of 0.1.0 has no
         such route: :class:`NotFound` (and ``server_version`` is "")."""
         return self._do(fleet_api.versions())
+
+    def redis_status(self) -> RedisStatus:
+        """Which Redis is primary, its replicas and their lag, the sentinels that agree, and the
+        failovers the fleet's services saw (operators and admins; read by the API every few seconds)."""
+        return self._do(fleet_api.redis_status())
 
     def node(self, name: str) -> Node:
         return self._do(fleet_api.node(name))

@@ -44,6 +44,7 @@ from fleet.scheduler import Plan
 from fleet.scheduler.passes import PassInput, PassSettings, run_pass
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore, Stores
+from fleet.state.redisinfo import RedisWatch
 from fleet.versions import VERSION
 from fleet.webhooks import networks
 
@@ -114,7 +115,8 @@ class Controller:
         self.expiry = Expiry(
             self.retention, nodes, bus, self.views, settings, clock, token, stores.accounting
         )
-        self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants)
+        watch = RedisWatch(jobs.redis, jobs.keys, settings)
+        self.registry, self._pass_seconds = metrics.controller_registry(jobs, nodes, self.tenants, watch)
         store = stores.webhooks
         allowed = networks(settings.webhook_allowed_networks)  # besides public addresses
         self.webhooks = WebhookSender(

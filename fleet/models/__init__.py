@@ -38,7 +38,7 @@ from fleet.models.job import (
     RequeueKind,
     RequeueReport,
 )
-from fleet.models.node import FleetVersions, Gpu, Node, NodeState
+from fleet.models.node import Failover, FleetVersions, Gpu, Node, NodeState, RedisStatus, ReplicaLag
 from fleet.models.parts import WEBHOOK_URL_MAX, Dependency, FunctionCall, Mount, Webhook, WorkdirSize
 from fleet.models.spec import (
     FROM_FLEET,
@@ -72,6 +72,7 @@ __all__ = [
     "Event",
     "Exit",
     "ExitKind",
+    "Failover",
     "Fault",
     "FleetVersions",
     "FunctionCall",
@@ -92,6 +93,8 @@ __all__ = [
     "QueuePosition",
     "QueuedJob",
     "Range",
+    "RedisStatus",
+    "ReplicaLag",
     "RequeueKind",
     "RequeueReport",
     "Role",

@@ -86,3 +86,50 @@ class FleetVersions(BaseModel):
     #: each live node's agent, by node name
     nodes: dict[str, str] = Field(default_factory=dict)
     mixed: str = ""
+
+
+class Failover(BaseModel):
+    """A Redis failover a service saw: when it first reached the new primary, which one, the one
+    before, and how long it could open no connection (``redis_failover`` in its log)."""
+
+    model_config = _LAZY
+
+    at: float
+    primary: str
+    previous: str
+    cut_off_s: float
+    #: the sentinels' configuration epoch that named the new primary: one per failover, so services
+    #: that saw the same one record it once
+    epoch: int = 0
+
+
+class ReplicaLag(BaseModel):
+    """One replica as the primary sees it (``INFO replication``)."""
+
+    address: str
+    #: ``online`` once in sync; ``wait_bgsave``, ``send_bulk`` while it gets its first copy
+    state: str
+    #: the replication stream the primary wrote that the replica has not acknowledged
+    lag_bytes: int
+    #: seconds since the replica last acknowledged (it does every second)
+    lag_s: int
+
+
+class RedisStatus(BaseModel):
+    """Which Redis is primary, its replicas and their lag, the sentinels that agree, and the
+    failovers the fleet's services saw (``GET /v1/redis``, ``fleet nodes``, the status page)."""
+
+    model_config = _LAZY
+
+    #: ``host:port`` of the primary ("" when it could not be read: ``error`` says why)
+    primary: str = ""
+    replicas: list[ReplicaLag] = Field(default_factory=list)
+    #: the sentinels configured (``redis_sentinels``), and how many of them name ``primary``
+    sentinels: int = 0
+    sentinels_agreeing: int = 0
+    #: failovers the services recorded (the last 100), and the latest
+    failovers: int = 0
+    last_failover: Failover | None = None
+    #: when this was read (it is read at most every few seconds)
+    read_at: float = 0.0
+    error: str = ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import redis
@@ -25,6 +26,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from fleet.config import Settings
 from fleet.log import event
+from fleet.models import Failover
 
 log = logging.getLogger("fleet.state")
 
@@ -45,6 +47,8 @@ class _Manager(Sentinel):
         self._lock = threading.Lock()
         self._primary: tuple[str, int] | None = None
         self._cut_off_at: float | None = None
+        #: the sentinels' configuration epoch when they last named a primary: each failover's own
+        self._epoch = 0
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         """Sentinel.discover_master, whose error says what each sentinel said in a line (redis-py's
@@ -60,6 +64,7 @@ class _Manager(Sentinel):
             state = masters.get(service_name)
             if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
                 self.sentinels[0], self.sentinels[n] = sentinel, self.sentinels[0]  # ask it first next time
+                self._epoch = int(state.get("config-epoch", 0))
                 return state["ip"], int(state["port"])
             said.append(f"{where}: {'its primary is down' if state else 'watches no ' + repr(service_name)}")
         raise MasterNotFoundError(
@@ -79,9 +84,24 @@ class _Manager(Sentinel):
             previous, first = self._primary, min(self._cut_off_at or since, since)
             self._primary, self._cut_off_at = address, None
         if previous is not None and previous != address:
-            cut_off = f"{time.monotonic() - first:.1f}"
+            cut_off = round(time.monotonic() - first, 1)
+            seen = Failover(
+                at=time.time(),
+                primary=_named(address),
+                previous=_named(previous),
+                cut_off_s=cut_off,
+                epoch=self._epoch,
+            )
+            global _count
+            with _lock:
+                _seen.append(seen)
+                _count += 1
             event(
-                log, "redis_failover", primary=_named(address), previous=_named(previous), cut_off_s=cut_off
+                log,
+                "redis_failover",
+                primary=seen.primary,
+                previous=seen.previous,
+                cut_off_s=f"{cut_off:.1f}",
             )
 
 
@@ -143,5 +163,24 @@ def _manager(settings: Settings) -> _Manager:
         return manager
 
 
+def failovers_seen() -> list[Failover]:
+    """The failovers this process saw (each once, when it first reached the new primary), oldest first."""
+    with _lock:
+        return list(_seen)
+
+
+def failover_count() -> int:
+    """How many failovers this process saw since it started."""
+    return _count
+
+
+def manager(settings: Settings) -> Sentinel:
+    """The process's sentinels for ``settings`` (asked for the primary, as its connections do)."""
+    return _manager(settings)
+
+
 _lock = threading.Lock()
 _managers: dict[tuple[Any, ...], _Manager] = {}
+#: the last failovers this process saw (a process lives through few: the oldest go past 100)
+_seen: deque[Failover] = deque(maxlen=100)
+_count = 0

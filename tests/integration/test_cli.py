@@ -14,6 +14,7 @@ import subprocess
 import sys
 import termios
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_cordoned_node_receives_nothing_until_uncordoned(fleet_cli, client: Clie
     assert fleet_cli("wait", job_id, "--timeout", "30").returncode == 0
 
 
-def test_nodes_lists_gpus_with_their_holders(fleet_cli, client: Client) -> None:  # type: ignore[no-untyped-def]
+def test_nodes_lists_gpus_with_their_holders(fleet_cli, client: Client, procs: FleetProcs) -> None:  # type: ignore[no-untyped-def]
     job_id = fleet_cli("submit", "--gpus", "2", "--", "sleep", "60").stdout.strip()
     deadline = time.monotonic() + 20
     while client.get(job_id).state != JobState.RUNNING and time.monotonic() < deadline:
@@ -121,6 +122,16 @@ def test_nodes_lists_gpus_with_their_holders(fleet_cli, client: Client) -> None:
     assert sorted(nodes[0]["claims"].values()) == [attempt, attempt]
     table = fleet_cli("nodes").stdout
     assert "t-cli" in table and f"claimed by {attempt}" in table and "0/2" in table
+    # And, to an operator, which Redis is primary: one with no replicas says so
+    port = urlsplit(procs.redis_url).port
+    assert f"\nredis: primary 127.0.0.1:{port}, no replicas\n" in table
+    redis = json.loads(fleet_cli("nodes", "--redis", "-o", "json").stdout)
+    assert (redis["primary"], redis["replicas"], redis["failovers"], redis["error"]) == (
+        f"127.0.0.1:{port}",
+        [],
+        0,
+        "",
+    )
     fleet_cli("cancel", job_id)
 
 

@@ -323,10 +323,11 @@ def test_another_tenant_sees_none_of_its_jobs(browser: Any, api: Api, alices_fle
     # Then he sees the node and that GPU 0 is taken, by whom not
     assert "another tenant's job" in gpu0 and links == 0
     assert "1 of other tenants" in node
-    # And no page names alice's jobs
+    # And no page names alice's jobs, nor the fleet's Redis hosts
     for page in ("/ui", "/ui/queue", "/ui/running"):
         browser.get(f"{api.url}{page}")
         assert not any(ids[j] in browser.page_source for j in ("hold", "waiter", "printer")), page
+        assert "redis: primary" not in browser.page_source
     browser.get(f"{api.url}/ui/queue")
     assert "Nothing is queued in tenant b" in text(browser, "main")
     # And a job's URL shows him the page an id nobody holds gets (404), not that the job exists
@@ -343,6 +344,9 @@ def test_another_tenant_sees_none_of_its_jobs(browser: Any, api: Api, alices_fle
     # While an operator sees every tenant's queue
     operator = api.token_for("olga", "ops", "operator")
     assert ids["waiter"] in page_text(f"{api.url}/ui/queue", operator)
+    # And which Redis is primary: this fleet's has no replicas
+    port = urllib.parse.urlsplit(api.redis_url).port
+    assert f"redis: primary 127.0.0.1:{port}, no replicas" in page_text(f"{api.url}/ui", operator)
 
 
 def status_of(url: str, token: str) -> int:

@@ -18,15 +18,18 @@ import redis
 
 from bench.procs import DirectClient, FleetProcs
 from fleet import JobSpec, JobState
+from fleet.api.queries import Queries
 from fleet.bus import Bus, JobSubmitted
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
 from fleet.models import Role
 from fleet.ops import redis_local
+from fleet.ops.local import free_port
 from fleet.ops.redis_local import LocalRedis
 from fleet.state import Stores
 from fleet.state.connection import connect
 from tests.integration.conftest import primary_port
+from tests.integration.test_metrics import scrape
 from tests.support import until, wait_for
 
 pytestmark = pytest.mark.integration
@@ -57,6 +60,7 @@ def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
     # Given a controller and an agent that know Redis only through the sentinels
     procs = FleetProcs(ha.url, tmp_path, "process")
     client = DirectClient(settings=load_settings())
+    metrics = procs.env["FLEET_CONTROLLER__METRICS_PORT"] = str(free_port())
     try:
         procs.controller()
         procs.agent("t-a", gpus=2)
@@ -65,6 +69,11 @@ def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
         before = client.submit(hello())
         assert before.wait(timeout=30).state == JobState.SUCCEEDED
         assert replicated(ha) == redis_local.REPLICAS
+        # (the controller's metrics say so: both replicas in sync, each with its lag, all sentinels agree)
+        seen = scrape(int(metrics))
+        assert seen["fleet_redis_replicas_connected"] == 2 and seen["fleet_redis_sentinels_agreeing"] == 3
+        assert len([k for k in seen if k.startswith("fleet_redis_replica_lag_bytes{")]) == 2
+        assert seen["fleet_redis_failovers_total"] == 0
         # When the primary is SIGKILLed, and the first sentinel the services ask with it (one
         # machine), and the two sentinels left promote a replica
         old = primary_port(ha)
@@ -87,9 +96,28 @@ def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
             assert f"previous=127.0.0.1:{old} cut_off_s=" in lines[0]
             # cut off at least until the sentinels gave up on the old primary (down after 1 s)
             assert float(lines[0].rpartition("cut_off_s=")[2]) >= 1.0, lines
+        # And the controller counted it, and reads the new primary's one replica (within its few seconds)
+        until(lambda: _redis_metrics(int(metrics)) == (1, 1, 2), "the failover in the metrics", timeout=30)
+        # And the fleet shows it once, though two processes (the controller, this test's client) saw it
+        stores = Stores.open(load_settings())
+        status = Queries(stores).redis_status()
+        stores.close()
+        assert (status.primary, status.failovers) == (f"127.0.0.1:{primary_port(ha)}", 1), status
+        assert status.last_failover is not None and status.last_failover.previous == f"127.0.0.1:{old}"
     finally:
         procs.stop()
         client.close()
+
+
+def _redis_metrics(port: int) -> tuple[float, float, float]:
+    """The controller's failovers seen, replicas in sync and sentinels agreeing."""
+    seen = scrape(port)
+    names = (
+        "fleet_redis_failovers_total",
+        "fleet_redis_replicas_connected",
+        "fleet_redis_sentinels_agreeing",
+    )
+    return tuple(seen.get(name, -1) for name in names)  # type: ignore[return-value]
 
 
 def _submitted(client: DirectClient) -> object:
