@@ -301,20 +301,34 @@ def installed_credentials(service: str, root: Path = Path("/")) -> tuple[str | N
     """The Redis user and password file ``fleet install SERVICE`` handed the service (its unit's
     drop-in), or None for each it did not: what the service logs in with, for ``fleet doctor`` run
     from a shell, where systemd's environment is not set."""
-    dropin = root / "etc" / "systemd" / "system" / f"fleet-{service}.service.d" / "redis.conf"
-    try:
-        lines = dropin.read_text().splitlines()
-    except OSError:
-        return None, None
-    username = password_file = None
-    for line in lines:
+    username = None
+    for line in _dropin(service, root):
         key, _, value = line.partition("=")
         if key == "Environment" and value.startswith("FLEET_REDIS_USERNAME="):
             username = value.partition("=")[2] or None
-        elif key == "LoadCredential" and value.startswith("redis-password:"):
+    return username, _credential(service, root, "redis-password")
+
+
+def installed_sentinel_password(service: str, root: Path = Path("/")) -> Path | None:
+    """The file of the sentinels' password ``fleet install SERVICE`` handed the service, or None."""
+    return _credential(service, root, "redis-sentinel-password")
+
+
+def _credential(service: str, root: Path, name: str) -> Path | None:
+    for line in _dropin(service, root):
+        key, _, value = line.partition("=")
+        if key == "LoadCredential" and value.startswith(f"{name}:"):
             path = Path(value.partition(":")[2])
-            password_file = root / path.relative_to(path.anchor) if path.is_absolute() else None
-    return username, password_file
+            return root / path.relative_to(path.anchor) if path.is_absolute() else None
+    return None
+
+
+def _dropin(service: str, root: Path) -> list[str]:
+    dropin = root / "etc" / "systemd" / "system" / f"fleet-{service}.service.d" / "redis.conf"
+    try:
+        return dropin.read_text().splitlines()
+    except OSError:
+        return []
 
 
 @dataclass(frozen=True)

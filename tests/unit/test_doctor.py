@@ -511,6 +511,17 @@ def test_the_installed_agents_credentials_are_used_when_none_are_given(tmp_path:
     assert installed_credentials("agent", tmp_path / "elsewhere") == (None, None)
 
 
+def test_the_installed_agents_sentinel_password_is_used_with_sentinels(tmp_path: Path) -> None:
+    # Given an agent installed with its Redis and the sentinels' passwords
+    install("agent", tmp_path, None, "s3cret", None, "s3ntinel")
+    # When doctor reads settings naming sentinels and no sentinel password
+    settings, _ = with_installed_credentials(Settings(redis_sentinels=["10.0.0.1:26379"]), tmp_path)
+    # Then it logs in to them with the unit's, as the agent does
+    assert settings.sentinel_credentials() == {"password": "s3ntinel"}
+    # And without sentinels it leaves the setting alone
+    assert with_installed_credentials(Settings(), tmp_path)[0].redis_sentinel_password_file is None
+
+
 def test_an_unreadable_password_file_fails_redis_with_the_fix(tmp_path: Path) -> None:
     settings = Settings(redis_username="fleet-agent", redis_password_file=tmp_path / "missing")
     check, client = redis_check(settings)

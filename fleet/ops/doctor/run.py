@@ -21,17 +21,22 @@ from fleet.ops.doctor.storage import checkpoint_check, job_identity, new_marker,
 
 def with_installed_credentials(settings: Settings, root: Path = Path("/")) -> tuple[Settings, str]:
     """``settings`` with the Redis user and password file ``fleet install agent`` gave the agent's
-    unit, when neither the file nor the environment gives any; and a note saying so, or ''."""
-    from fleet.ops.install import installed_credentials
+    unit, when neither the file nor the environment gives any (and the sentinels' password file, with
+    sentinels and none given); and a note saying so, or ''."""
+    from fleet.ops.install import installed_credentials, installed_sentinel_password
 
+    note, update = " (the installed agent unit's)", {}
     given = (settings.redis_username, settings.redis_password, settings.redis_password_file)
-    if any(v is not None for v in given):
-        return settings, ""
-    username, password_file = installed_credentials("agent", root)
-    if username is None and password_file is None:
-        return settings, ""
-    changed = settings.model_copy(update={"redis_username": username, "redis_password_file": password_file})
-    return changed, " (the installed agent unit's)"
+    if all(v is None for v in given):
+        username, password_file = installed_credentials("agent", root)
+        update = {
+            k: v for k, v in (("redis_username", username), ("redis_password_file", password_file)) if v
+        }
+    sentinel = (settings.redis_sentinel_password, settings.redis_sentinel_password_file)
+    if settings.redis_sentinels and all(v is None for v in sentinel):
+        found = installed_sentinel_password("agent", root)
+        update.update({"redis_sentinel_password_file": found} if found else {})
+    return (settings.model_copy(update=update), note) if update else (settings, "")
 
 
 def diagnose(settings: Settings, config: str | None = None) -> Iterator[Check]:
