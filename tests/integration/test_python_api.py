@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -272,6 +273,10 @@ def test_nodes_tenants_tokens_and_webhook_methods(ready: Client, api: Api) -> No
     assert ready.wait_drained(["t-py"], timeout=30)[0].admin_state == NodeState.DRAINED
     ready.uncordon("t-py")
     assert ready.quarantined_nodes() == {}
+    # the fleet's one Redis (the session's), as an operator sees it: primary, nothing replicating it
+    redis_status = ready.redis_status()
+    seen = (redis_status.primary, redis_status.replicas, redis_status.failovers, redis_status.error)
+    assert seen == (f"127.0.0.1:{urlparse(api.redis_url).port}", [], 0, ""), redis_status
     # tenants: set, listed with their standing (deleted below, once a token and webhook used it)
     assert ready.set_tenant("ml", guaranteed_gpus=1, webhook="https://hooks.example/x").webhook is not None
     assert "ml" in [t.tenant.name for t in ready.tenants()]

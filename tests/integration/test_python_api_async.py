@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -130,6 +131,7 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             await client.drain("t-aio", deadline_s=0, force=True)
             assert (await client.wait_drained("t-aio", timeout=30))[0].admin_state == NodeState.DRAINED
             await client.uncordon("t-aio")
+            assert (await client.redis_status()).primary == f"127.0.0.1:{urlparse(ready.redis_url).port}"
             # tenants, tokens and webhooks
             assert (await client.set_tenant("ml", max_gpus=4)).max_gpus == 4
             assert "ml" in [t.tenant.name for t in await client.tenants()]
