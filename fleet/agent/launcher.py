@@ -1,5 +1,6 @@
 """Start an attempt the controller placed on this node: claim it, check its GPUs, build its launch
-(image, user, limits, mounts, checkpoint and shipped directories) and start it through the runtime.
+(image, user, limits, mounts, checkpoint and shipped directories, the results a call takes) and
+start it through the runtime.
 
 An attempt that cannot start ends through the exit path like any other (``exits.ExitPath.end``):
 the job's fault (a spec this node refuses) fails it, the node's (a GPU busy, a directory it cannot
@@ -20,6 +21,7 @@ import psutil
 from fleet.agent import checkpoints
 from fleet.agent.exits import ExitPath
 from fleet.agent.gpucheck import check_assigned
+from fleet.agent.inputs import passed_results
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import LaunchSpec
 from fleet.config_sections import AgentSettings
@@ -240,6 +242,7 @@ class Launcher:
             batch_size=job.global_batch,
             stdin=spec.stdin and rank == 0,
             call=self._call(job),
+            inputs=passed_results(job, self.p.jobs, settings.checkpoint_root),
         )
 
     def _job_user(self, spec: JobSpec) -> tuple[int, int] | None:

@@ -42,6 +42,7 @@ def with_dependencies(spec: JobSpec, jobs: JobStore) -> JobSpec:
     """The spec with each job it waits for checked: it exists in the spec's tenant (another tenant's
     job is refused as an unknown one is, naming it), and an array's id stands for all its tasks."""
     if not spec.after:
+        check_inputs(spec)
         return spec
     ids = [d.job for d in spec.after]
     found = {j.id: j.spec.tenant for j in jobs.get_many(ids)}
@@ -61,7 +62,21 @@ def with_dependencies(spec: JobSpec, jobs: JobStore) -> JobSpec:
             f"after: {len(after)} jobs counting each array's tasks, more than {AFTER_MAX}; "
             "wait for fewer jobs, or split the arrays"
         )
-    return spec.model_copy(update={"after": after})
+    spec = spec.model_copy(update={"after": after})
+    check_inputs(spec)
+    return spec
+
+
+def check_inputs(spec: JobSpec) -> None:
+    """A call takes as arguments the results of jobs it waits to succeed, and only those: the node
+    hands it their outcomes once they have (``call.inputs``, each in ``after`` with ``when: ok``)."""
+    waited = {dep.job for dep in spec.after if dep.when == "ok"}
+    for job_id in spec.call.inputs if spec.call is not None else ():
+        if job_id not in waited:
+            raise SpecError(
+                f"call.inputs: job {job_id!r} is not in after with when ok; a call takes the result of "
+                f"a job it waits to succeed: add {job_id}:ok to after (fleet.function's submit does)"
+            )
 
 
 def check_webhook(hook: Webhook | None, settings: Settings) -> None:

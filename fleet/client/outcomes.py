@@ -5,20 +5,29 @@ process: the return value, or the function's exception raised again with the nod
 attached as a note. A fleet error comes only for what is not the function's own doing: the job
 cancelled (:class:`JobCancelled`), or failed without an outcome, as a time limit or a node lost past
 its retries end it, or with a call that could not be made (:class:`JobFailed`, saying why).
+
+A handle passed as an argument of another call (``g.submit(f.submit(x))``, or inside a list, tuple,
+dict or object among its arguments) stands there for the call's result, without its coming back
+here: pickled, it is a placeholder the job's runner replaces with that result (see
+:data:`PASSED`), and the call waits for the job to succeed.
 """
 
 from __future__ import annotations
 
 import tempfile
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from fleet.client.handles import JobHandle, Source
 from fleet.errors import FleetError, JobCancelled, JobFailed, NotFound, RemoteError
 from fleet.models import Job, JobState
-from fleet_worker.call import FOLDER, OUTCOME, OUTCOME_MAGIC, RAISED, RETURNED, unpack
+from fleet_worker.call import FOLDER, OUTCOME, OUTCOME_MAGIC, RAISED, RETURNED, result_of, unpack
 
 R = TypeVar("R")
+#: while a call is pickled (``fleet.client.pickled.pickle_call``): the ids of the jobs whose handles
+#: its arguments hold, each pickled as a placeholder for its result; None otherwise
+PASSED: ContextVar[list[str] | None] = ContextVar("fleet_passed", default=None)
 
 
 class Outcome:
@@ -84,6 +93,18 @@ class FunctionHandle(JobHandle, Generic[R]):
     def __repr__(self) -> str:
         return f"FunctionHandle({self.id!r}, {self.function})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """As an argument of a call: a placeholder the job's runner replaces with this call's result
+        (:func:`fleet_worker.call.result_of`), the job recorded in :data:`PASSED`."""
+        passed = PASSED.get()
+        if passed is None:
+            raise TypeError(
+                f"{self!r} is pickled only as an argument of a function's call (g.submit(handle)), "
+                "which gets its result; pass handle.result() to pickle the value"
+            )
+        passed.append(self.id)
+        return (result_of, (self.id,))
+
     def result(self, timeout: float | None = None) -> R:  # type: ignore[override]
         """The function's return value once the job ended; its exception raised again (with the
         node's traceback as a note); :class:`JobCancelled`, :class:`JobFailed` when the job ended
@@ -93,7 +114,7 @@ class FunctionHandle(JobHandle, Generic[R]):
     def _result_of(self, job: Job) -> R:
         """:meth:`result` of the job as it ended (``job``: its final status)."""
         if job.state == JobState.CANCELLED:
-            raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}")
+            raise JobCancelled(job, f"job {job.id} CANCELLED: {job.reason}{self._unmade(job)}")
         outcome = self._outcome_of(job)
         if outcome is None:
             note = f" ({job.outputs_note})" if job.outputs_note else ""
@@ -103,6 +124,17 @@ class FunctionHandle(JobHandle, Generic[R]):
                 job, f"job {job.id} {job.state.value} and left no outcome of {self.function}{note}"
             )
         return cast(R, outcome.value(job, self.function))
+
+    def _unmade(self, job: Job) -> str:
+        """Why a call cancelled for a dependency was not made: the result it takes of that job."""
+        inputs = job.spec.call.inputs if job.spec.call is not None else []
+        failed = [i for i in inputs if f"dependency {i} " in job.reason]
+        if not failed:
+            return ""
+        return (
+            f"; {self.function} was not called: it takes the result of job {failed[0]}, which did not "
+            f"succeed (fleet result {failed[0]} says why)"
+        )
 
     def _outcome_of(self, job: Job) -> Outcome | None:
         """The outcome the job's last attempt left, or None (it left none: killed, or lost); read

@@ -1,7 +1,9 @@
 """A function's call as it travels (:mod:`fleet.client.functions`, :mod:`fleet.client.executor`):
 pickled with cloudpickle behind a header naming the caller's Python and cloudpickle, uploaded as a
 blob, and the spec of the job that makes it (``python3 -m fleet_worker.call``). An argument that
-cannot be pickled is refused here, naming it, before anything is sent.
+cannot be pickled is refused here, naming it, before anything is sent. A function's handle among the
+arguments is pickled as a placeholder for its result (:class:`fleet.client.outcomes.FunctionHandle`):
+the job waits for that call to succeed (``after``) and is handed its outcome (``call.inputs``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import reprlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.client.outcomes import PASSED
 from fleet.errors import SpecError
 from fleet_worker.call import CALL_MAGIC, pack, versions
 
@@ -48,18 +51,24 @@ def check_module_level(fn: Callable[..., Any]) -> None:
         )
 
 
-def pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+def pickle_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], passed: list[str] | None = None
+) -> bytes:
     """The call as the runner reads it; :class:`SpecError` naming an argument that cannot be
-    pickled, or a call larger than :data:`CALL_MAX_BYTES`."""
+    pickled, or a call larger than :data:`CALL_MAX_BYTES`. ``passed``: where the ids of the jobs
+    whose handles the arguments hold are added (without it, such a handle is refused)."""
     import cloudpickle
 
     # a script's, or a lambda or local function (fleet.Executor takes them): nothing the node imports
     by_value = fn.__module__ == "__main__" or "<" in fn.__qualname__
     header = {**versions(), "module": fn.__module__, "qualname": fn.__qualname__}
+    token = PASSED.set(passed)
     try:
         payload = cloudpickle.dumps((fn if by_value else None, args, kwargs))
     except Exception as exc:
         raise SpecError(_culprit(fn, args, kwargs, exc)) from exc
+    finally:
+        PASSED.reset(token)
     if len(payload) > CALL_MAX_BYTES:
         raise SpecError(
             f"{fn.__qualname__}: its arguments pickle to {len(payload)} bytes, more than "
@@ -130,7 +139,14 @@ def call_spec(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
-    """The spec of a job making the call ``fn(*args, **kwargs)``, its call uploaded."""
-    blob = client.upload_blob(pickle_call(fn, args, kwargs))
-    name = f"{fn.__module__}.{fn.__qualname__}"
-    return job_fields(fn, python, fields, {"blob": blob, "function": name, "args": summary(args, kwargs)})
+    """The spec of a job making the call ``fn(*args, **kwargs)``, its call uploaded; one that takes
+    other calls' results (their handles among its arguments) waits for each to succeed."""
+    passed: list[str] = []
+    blob = client.upload_blob(pickle_call(fn, args, kwargs, passed))
+    inputs = list(dict.fromkeys(passed))  # a handle passed twice is one job to wait for
+    call: dict[str, Any] = {"blob": blob, "function": f"{fn.__module__}.{fn.__qualname__}"}
+    call["args"] = summary(args, kwargs)
+    if inputs:
+        call["inputs"] = inputs
+        fields = {**fields, "after": [*fields.get("after", []), *(f"{i}:ok" for i in inputs)]}
+    return job_fields(fn, python, fields, call)

@@ -3,7 +3,7 @@ records of a shipped directory, and a function's call."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -41,6 +41,12 @@ class WorkdirSize(_UserModel):
     files: int = Field(ge=0)
 
 
+#: most jobs one job may wait for, an array's tasks counted one by one (the stored spec lists each)
+AFTER_MAX = 10_000
+#: a job's id, as an entry of ``after`` or a call's ``inputs`` names one
+_JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
 class FunctionCall(_UserModel):
     """A function job's call (``fleet.function``): its function and arguments, pickled by the caller
     into an uploaded blob the node hands the job; the rest is what ``fleet show`` tells of it."""
@@ -52,6 +58,9 @@ class FunctionCall(_UserModel):
     function: Text = Field(max_length=512)
     #: the arguments, summarised by the caller (reprs cut short)
     args: Text = Field(default="", max_length=1024)
+    #: the jobs whose results are among the arguments (``g.submit(f.submit(x))``): each must be in
+    #: ``after`` (when ``ok``), and the node hands the job their outcomes beside its call
+    inputs: list[Annotated[str, Field(pattern=_JOB_ID)]] = Field(default_factory=list, max_length=AFTER_MAX)
 
 
 #: the longest webhook URL accepted (a Slack incoming webhook's is about 80 characters)
@@ -92,16 +101,12 @@ def _webhook(value: Any) -> Any:
 When = Literal["ok", "any", "notok"]
 
 
-#: most jobs one job may wait for, an array's tasks counted one by one (the stored spec lists each)
-AFTER_MAX = 10_000
-
-
 class Dependency(_UserModel):
     """A job this one waits for (``after``): ``{job, when}``, or ``"JOB[:ok|:any|:notok]"``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    job: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", description="a job or array id")
+    job: str = Field(pattern=_JOB_ID, description="a job or array id")
     when: When = "ok"
 
 

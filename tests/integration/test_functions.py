@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 from redis import Redis
 
-from fleet import Client, JobCancelled, JobFailed, JobState, SpecError
+from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, SpecError
 from tests.conftest import Api, FleetProcs, need, need_torch
 from tests.support import start_api, wait_for
 
@@ -54,6 +54,11 @@ def withdraw(balance, amount):
     if amount > balance:
         raise Overdrawn(f"{amount} is more than {balance}")
     return balance - amount
+
+
+@ON_FLEET
+def gather(*parts, **named):
+    return {"parts": parts, "named": named}
 
 
 @ON_FLEET
@@ -171,17 +176,40 @@ def test_a_time_limit_or_a_cancel_is_a_fleet_error_not_the_functions(ready: Clie
         cancelled.result(timeout=120)
 
 
-def test_calls_after_other_calls_wait_for_them_and_follow_how_they_ended(
+def test_calls_wait_for_other_calls_and_take_their_results_without_the_caller(
     ready: Client, calc: ModuleType
 ) -> None:
-    # Given a call that raises, one after it (it must succeed) and one after it in any case
-    first = calc.withdraw.on(ready).submit(10, 25)
-    skipped = calc.squares.on(ready).submit(3, after=[first])
-    tidy = calc.squares.on(ready).submit(2, after=[f"{first.id}:any"])
-    # Then the first is cancelled with the reason, and the second runs to its result
+    # Given a first call held back by a job that cannot be placed here yet (it asks for another GPU)
+    gate = ready.submit(
+        JobSpec(name="gate", command=["true"], gpus=1, gpu_model="no-such-gpu", allow_unplaceable=True)
+    )
+    withdraw = calc.withdraw.on(ready)
+    first = withdraw.submit(100, 1, after=[f"{gate.id}:any"])
+    # When its handle is passed to a second call, and both handles, nested, to a third
+    second = withdraw.submit(first, 9)
+    third = calc.gather.on(ready).submit([second, (first,)], named={"k": second})
+    # Then both are queued without the first having run, each waiting for the calls it takes
+    assert first.status().state == JobState.QUEUED
+    assert {(d.job, d.when) for d in third.status().spec.after} == {(first.id, "ok"), (second.id, "ok")}
+    # And once the first may run, each call gets the one before's return value in its handle's place
+    gate.cancel()
+    assert third.result(timeout=120) == {"parts": ([90, (99,)],), "named": {"named": {"k": 90}}}
+    assert second.result(timeout=10) == 90
+
+    # Given a call that raises, one after it, one taking its result, and one after it in any case
+    failing = withdraw.submit(10, 25)
+    skipped = calc.squares.on(ready).submit(3, after=[failing])
+    taking = calc.squares.on(ready).submit(failing)
+    tidy = calc.squares.on(ready).submit(2, after=[f"{failing.id}:any"])
+    # Then those that needed it to succeed are cancelled, the one taking its result saying so
     with pytest.raises(JobCancelled):
         skipped.result(timeout=120)
-    assert skipped.status().reason == f"dependency {first.id} ended FAILED (after ok)"
+    assert skipped.status().reason == f"dependency {failing.id} ended FAILED (after ok)"
+    with pytest.raises(
+        JobCancelled, match=rf"squares was not called: it takes the result of job {failing.id},"
+    ):
+        taking.result(timeout=120)
+    # And the last runs to its result
     assert tidy.result(timeout=120)["sum"] == 1
 
 

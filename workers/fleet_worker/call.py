@@ -10,6 +10,10 @@ traceback, or why the call could not be made at all (in words: a Python or cloud
 differs from the caller's, a module the node cannot find). It exits 0 when the function returned,
 1 otherwise. Unpickling happens here, in the job, as the tenant's own code, and in the caller.
 
+A call may take other calls' results as arguments (``g.submit(f.submit(x))``): the caller pickled
+each such handle as :func:`result_of` its job, and the node, once those jobs succeeded, put their
+outcomes in ``OUTPUTS/.fleet-function/inputs/<job id>``, where unpickling the call reads them.
+
 Both files are one line of JSON (the header) and then the pickle. The job's Python needs
 ``cloudpickle`` (of the caller's version) and this package: fleet's own environment has both, and so
 do the images fleet builds (``localhost/fleet/python``, ``localhost/fleet/torch``).
@@ -23,6 +27,8 @@ import importlib.util
 import json
 import os
 import platform
+import re
+import shutil
 import sys
 import traceback
 import types
@@ -31,6 +37,8 @@ from typing import Any
 #: where the call and its outcome are, inside the job's outputs directory
 FOLDER = ".fleet-function"
 CALL, OUTCOME = "call", "outcome"
+#: the folder, beside the call, of the outcomes of the jobs whose results are its arguments
+INPUTS = "inputs"
 #: what each file starts with, so that neither is taken for the other, nor an old format for this one
 CALL_MAGIC, OUTCOME_MAGIC = b"fleet-call 1\n", b"fleet-outcome 1\n"
 #: the largest return value (pickled) brought back; a larger one is refused, saying so
@@ -141,6 +149,36 @@ def _function(header: dict[str, Any], by_value: Any) -> Any:
     return getattr(found, "__wrapped__", found)
 
 
+#: a job's id, as fleet allows it (it names a file here)
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+#: while a call is unpickled: the folder of the outcomes passed to it, and the results read so far
+_INPUTS: list[str] = []
+_PASSED: dict[str, Any] = {}
+
+
+def result_of(job_id: str) -> Any:
+    """What job ``job_id``'s call returned, where the caller passed its handle as an argument: read
+    from the outcome the node put beside the call. One job's result is one object, however often it
+    is passed."""
+    if job_id in _PASSED:
+        return _PASSED[job_id]
+    if not _INPUTS or not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise Refused(f"the result of job {job_id!r} is an argument, but the node handed the job none")
+    try:
+        with open(os.path.join(_INPUTS[0], job_id), "rb") as file:
+            header, payload = unpack(OUTCOME_MAGIC, file.read())
+    except (OSError, ValueError) as exc:
+        raise Refused(f"the result of job {job_id}, an argument of the call, is not here: {exc}") from None
+    if header.get("status") != RETURNED:
+        raise Refused(f"job {job_id}, whose result is an argument of the call, returned none")
+    if why := mismatch(header, versions()):
+        raise Refused(f"the result of job {job_id}, an argument of the call: {why}")
+    import cloudpickle
+
+    value = _PASSED[job_id] = cloudpickle.loads(payload)
+    return value
+
+
 def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     try:
         with open(path, "rb") as file:
@@ -152,8 +190,11 @@ def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         raise Refused(why)
     import cloudpickle
 
+    _INPUTS[:] = [os.path.join(os.path.dirname(path), INPUTS)]
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
+    except Refused:
+        raise
     except ModuleNotFoundError as exc:
         raise Refused(
             f"cannot import {exc.name!r}, which the call's function or arguments need, in the job: "
@@ -162,6 +203,9 @@ def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     except Exception as exc:
         why = mismatch(header, here, exc) or f"cannot unpickle the call: {type(exc).__name__}: {exc}"
         raise Refused(why) from exc
+    finally:
+        _INPUTS.clear()
+        _PASSED.clear()
     return _function(header, fn), args, kwargs
 
 
@@ -214,6 +258,7 @@ def run(outputs: str) -> int:
         return 1
     with contextlib.suppress(FileNotFoundError):  # kept outputs need not hold the arguments again
         os.remove(os.path.join(folder, CALL))
+    shutil.rmtree(os.path.join(folder, INPUTS), ignore_errors=True)
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:
@@ -227,4 +272,7 @@ def run(outputs: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python3 -m fleet_worker.call OUTPUTS (the job's outputs directory)")
-    sys.exit(run(sys.argv[1]))
+    # run by the module the call's pickle names (result_of's), not by this copy, ``__main__``
+    from fleet_worker import call
+
+    sys.exit(call.run(sys.argv[1]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -21,6 +21,8 @@ CONTAINER_STDIN = "/fleet/stdin"
 #: where a function job's runner (``fleet_worker.call``) reads its call, inside the job's outputs
 #: directory (where it also leaves the outcome), which every runtime gives the job in its cwd
 CALL_FILE = ".fleet-function/call"
+#: where it reads the outcomes of the jobs whose results its call takes as arguments, one file each
+INPUTS_DIR = ".fleet-function/inputs"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_NODE = "fleet.job", "fleet.attempt", "fleet.node"
 
 
@@ -63,11 +65,16 @@ class LaunchSpec:
     stdin: bool = False
     #: a function job's call (``spec.call``'s bytes), written where its runner reads it (:data:`CALL_FILE`)
     call: bytes | None = None
+    #: the outcomes of the jobs whose results the call takes (job id: bytes), written beside it
+    inputs: dict[str, bytes] = field(default_factory=dict)
 
     def work_files(self) -> dict[str, bytes]:
         """What the runtime writes into the attempt's working directory before it starts: a function
-        job's call, in its outputs directory."""
-        return {} if self.call is None else {f"{self.outputs}/{CALL_FILE}": self.call}
+        job's call, and the outcomes its arguments are taken from, in its outputs directory."""
+        if self.call is None:
+            return {}
+        passed = {f"{self.outputs}/{INPUTS_DIR}/{job}": data for job, data in self.inputs.items()}
+        return {f"{self.outputs}/{CALL_FILE}": self.call, **passed}
 
     @property
     def name(self) -> str:
