@@ -109,10 +109,14 @@ class AsyncClient:
         return AsyncJobHandle(self, handle.id)
 
     async def submit_many(
-        self, specs: Iterable[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None
+        self,
+        specs: Iterable[JobSpec | dict[str, Any]],
+        *,
+        job_ids: Sequence[str | None] | None = None,
+        after: Iterable[object] | None = None,
     ) -> list[AsyncJobHandle]:
         """As :meth:`fleet.Client.submit_many`: up to 1,000 jobs in one call, all or nothing."""
-        handles = await self._run(self.sync.submit_many, list(specs), job_ids=job_ids)
+        handles = await self._run(self.sync.submit_many, list(specs), job_ids=job_ids, after=after)
         return [AsyncJobHandle(self, h.id) for h in handles]
 
     async def submit_array(

@@ -45,6 +45,11 @@ def spec_body(spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def waiting(body: dict[str, Any], deps: list[object]) -> dict[str, Any]:
+    """A spec's body that waits for ``deps`` too (``after=``, checked), after its own ``after``."""
+    return {**body, "after": [*body.get("after", []), *deps]} if deps else body
+
+
 def entries(rows: Any) -> list[Job | JobArray]:
     return [array(r) if r.get("kind") == "array" else job(r) for r in rows]
 

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
+from fleet.client import checks
 from fleet.client.outcomes import FunctionHandle
 from fleet.client.pickled import (
     CALL_MAX_BYTES,
@@ -88,6 +89,7 @@ class Function(Generic[P, R]):
         max_running: int | None = None,
         ordered: bool = True,
         return_exceptions: Literal[False] = False,
+        after: Iterable[object] | None = None,
     ) -> Iterator[R]: ...
     @overload
     def map(
@@ -96,6 +98,7 @@ class Function(Generic[P, R]):
         max_running: int | None = None,
         ordered: bool = True,
         return_exceptions: Literal[True],
+        after: Iterable[object] | None = None,
     ) -> Iterator[R | Exception]: ...
 
     def map(
@@ -104,6 +107,7 @@ class Function(Generic[P, R]):
         max_running: int | None = None,
         ordered: bool = True,
         return_exceptions: bool = False,
+        after: Iterable[object] | None = None,
     ) -> Iterator[R] | Iterator[R | Exception]:
         """One call per item (``f.map(xs, ys)`` calls ``f(x, y)``, as the built-in ``map``), each a
         job, sent in batches; the results as an iterator, in the order of the items (``ordered=False``:
@@ -112,10 +116,13 @@ class Function(Generic[P, R]):
         queued or running at once (the rest wait here). A call that raised is raised again in its
         place, after every earlier result, and the calls still queued are cancelled; with
         ``return_exceptions=True`` its exception is yielded in its place instead and every call runs.
-        Closing the iterator early cancels the calls still queued."""
+        Closing the iterator early cancels the calls still queued. ``after``: jobs every call waits
+        for (as :meth:`submit`'s); an item that is a call's handle is that call's result, waited for."""
         from fleet.client.executor import Executor, results
 
-        executor = Executor._for(self.fields, self.python, self.client, max_running)
+        deps = checks.after(after)
+        fields = {**self.fields, "after": [*self.fields.get("after", []), *deps]} if deps else self.fields
+        executor = Executor._for(fields, self.python, self.client, max_running)
         try:
             futures = [executor.submit(self.fn, *args) for args in zip(*iterables, strict=False)]
         except BaseException:

@@ -104,22 +104,27 @@ class Client:
         for (handles or ids, ``"JOB:any"``), added to the spec's ``after``."""
         if job_id is not None:
             check_job_id(job_id)  # before a shipped directory is uploaded
-        body, deps = self._shipped(spec), checks.after(after)
-        if deps:
-            body["after"] = [*body.get("after", []), *deps]
+        deps = checks.after(after)
+        body = calls.waiting(self._shipped(spec), deps)
         return JobHandle(self, self._do(api.submit(body, job_id)).id)
 
     def submit_many(
-        self, specs: Iterable[JobSpec | dict[str, Any]], *, job_ids: Sequence[str | None] | None = None
+        self,
+        specs: Iterable[JobSpec | dict[str, Any]],
+        *,
+        job_ids: Sequence[str | None] | None = None,
+        after: Iterable[object] | None = None,
     ) -> list[JobHandle]:
         """Queue up to 1,000 jobs in one call, all or nothing: every spec is checked before any job is
         queued, and a refusal names the first bad one (``jobs[3]: gpus: ...``). Handles in order.
         ``job_ids[i]``, when given, makes job ``i`` idempotent as :meth:`submit`'s ``job_id`` does, so a
-        batch whose call failed midway can be sent again as it was."""
+        batch whose call failed midway can be sent again as it was. ``after``: jobs every one of them
+        waits for (as :meth:`submit`'s), added to each spec's ``after``."""
         specs = list(specs)
         job_ids = api.check_batch(len(specs), job_ids)  # before any directory is uploaded
+        deps = checks.after(after)
         shipped: dict[str, dict[str, Any]] = {}  # one upload per distinct directory, not per spec
-        bodies = [at_index(i, self._shipped, spec, shipped) for i, spec in enumerate(specs)]
+        bodies = [calls.waiting(at_index(i, self._shipped, s, shipped), deps) for i, s in enumerate(specs)]
         return [JobHandle(self, job_id) for job_id in self._do(api.submit_batch(bodies, job_ids))]
 
     def submit_array(

@@ -56,8 +56,12 @@ def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_al
     # Then the results before it came first
     assert seen == [9, 8]
 
-    # And unordered, every value comes back, as its call ends
-    assert sorted(withdraw.map([10] * 4, [1, 2, 3, 4], ordered=False)) == [6, 7, 8, 9]
+    # And unordered, every value comes back, as its call ends, an item that is a call's handle taken
+    # as its result on the node, and every call waiting for the job given as after
+    base, gate = withdraw.submit(20, 10), withdraw.submit(5, 1)
+    assert sorted(withdraw.map([base] * 3, [1, 2, 3], ordered=False, after=[gate])) == [7, 8, 9]
+    mapped = [j for j in ready.jobs() if j.spec.call and j.spec.call.inputs == [base.id]]
+    assert len(mapped) == 3 and all({d.job for d in j.spec.after} == {base.id, gate.id} for j in mapped)
 
 
 def test_as_completed_from_the_standard_library_on_executor_futures(

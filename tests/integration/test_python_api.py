@@ -206,6 +206,9 @@ def test_submit_many_queues_a_batch_all_or_nothing(ready: Client, tmp_path: Path
     assert [h.result(timeout=60).state for h in handles] == [JobState.SUCCEEDED] * 5
     assert [h.logs() for h in handles] == ["0", "1", "2", "shipped", "shipped"]
     assert len({h.id for h in handles}) == 5 and all(h.status().owner == "tester" for h in handles)
+    # And a batch given after= waits for those jobs, each of its jobs
+    later = ready.submit_many([sh("l0", "true"), sh("l1", "true")], after=[handles[0]])
+    assert [[d.job for d in h.status().spec.after] for h in later] == [[handles[0].id]] * 2
     # And with ids given a repeated batch queues nothing more
     ided = ready.submit_many([sh("c", "true"), sh("d", "true")], job_ids=["batch-c", "batch-d"])
     assert [h.id for h in ided] == ["batch-c", "batch-d"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -97,3 +97,19 @@ def test_waiting_for_more_jobs_than_a_spec_can_list_is_refused() -> None:
     store = Stored([], [JobArray(id="huge", spec=spec("a", []), indices="0-10000", size=10_001)])
     with pytest.raises(SpecError, match="after: 10001 jobs counting each array's tasks, more than 10000"):
         with_dependencies(spec("a", ["huge"]), cast(JobStore, store))
+
+
+def test_after_given_to_a_call_is_added_to_each_specs_own() -> None:
+    # Given a spec that waits for one job, and jobs given as submit's and submit_many's after=
+    from fleet.client import calls, checks
+    from fleet.client.handles import JobHandle
+
+    body = {"name": "b", "command": ["true"], "after": ["prep-1"]}
+    deps = checks.after([JobHandle(cast(Any, None), "train-1"), "eval-1:any"])
+    # Then each body waits for its own and those, the caller's dict left as it was
+    assert calls.waiting(body, deps)["after"] == ["prep-1", "train-1", "eval-1:any"]
+    assert body["after"] == ["prep-1"] and calls.waiting(body, []) is body
+    # And one job given alone is a list of one; anything but a job is refused, naming it
+    assert checks.after("train-1") == ["train-1"]
+    with pytest.raises(SpecError, match=r"after: 3\.5 is not a job: give handles, job ids"):
+        checks.after([3.5])

@@ -13,6 +13,8 @@ import pytest
 
 import fleet
 from fleet.client.executor import results
+from fleet.client.handles import JobHandle
+from fleet.client.outcomes import FunctionHandle
 from fleet.models import Job, JobSpec, JobState
 from fleet_worker import call as runner
 
@@ -85,6 +87,7 @@ class Fleet:
 
     def __init__(self) -> None:
         self.jobs_: dict[str, Job] = {}
+        self.specs: list[dict[str, Any]] = []  # as submitted
         self.most_out = 0
         self.transport = SimpleNamespace(close=lambda: None)
 
@@ -92,6 +95,7 @@ class Fleet:
         return "sha256:" + "0" * 64
 
     def submit_many(self, specs: list[dict[str, Any]]) -> list[SimpleNamespace]:
+        self.specs += specs
         ids = [f"call-{len(self.jobs_) + i}" for i in range(len(specs))]
         for job_id in ids:
             self.jobs_[job_id] = Job(id=job_id, spec=JobSpec(name="c", command=["c"]), state=JobState.QUEUED)
@@ -143,3 +147,22 @@ def test_shutdown_cancelling_futures_cancels_the_calls_not_yet_out() -> None:
     # Then every future is cancelled, and the job that was out is cancelled on the fleet
     assert all(f.cancelled() for f in futures)
     assert [j.state for j in fake.jobs_.values()] == [JobState.CANCELLED] * len(fake.jobs_)
+
+
+def test_map_after_makes_every_call_wait_and_takes_a_calls_handle_as_its_result() -> None:
+    # Given a function mapped over a call's handle and a number, every call after two other jobs
+    fake = Fleet()
+    double = fleet.function(gpus=0, client=fake)(abs)  # type: ignore[arg-type]
+    prep = FunctionHandle(fake, "prep-1", "prep")
+    got = list(double.map([prep, -2], after=[JobHandle(fake, "gate-1"), "setup-1:any"]))
+    # Then each call waits for both, the one taking the handle for its job to succeed too
+    assert [s["after"] for s in fake.specs] == [
+        ["gate-1", "setup-1:any", "prep-1:ok"],
+        ["gate-1", "setup-1:any"],
+    ]
+    assert fake.specs[0]["call"]["inputs"] == ["prep-1"] and "inputs" not in fake.specs[1]["call"]
+    assert got == [0, 2]  # the fake's jobs return their number doubled
+    # And anything but a job is refused before any call is sent
+    with pytest.raises(fleet.SpecError, match=r"after: 3\.5 is not a job"):
+        double.map([1], after=[3.5])
+    assert len(fake.specs) == 2
