@@ -160,8 +160,8 @@ def short(text: str, width: int) -> str:
 @output_option
 @pass_globals
 def show(globals_: Globals, job: str, output: str) -> int:
-    """One job: spec, state, node, GPUs, progress, attempts and history; or a job array: its tasks
-    per state."""
+    """One job: spec, state, node, GPUs, progress, attempts, the jobs it waits for and history; or a
+    job array: its tasks per state."""
     client = globals_.client()
     found = arrays.job_or_array(client, job)
     if isinstance(found, JobArray):

@@ -1,6 +1,7 @@
 """What ``fleet show`` says of a job beyond its state: who submitted it, its time limit and the time
 left, its labels, the names of its environment variables (never their values: they may hold
-secrets), the directory shipped with it (its digest and size), and a function job's call and result."""
+secrets), the directory shipped with it (its digest and size), the jobs it waits for, and a function
+job's call and result."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from fleet.text import nbytes, took
 
 #: states in which an attempt runs against its time limit
 _TIMED = (JobState.STARTING, JobState.RUNNING)
+#: the jobs it waits for named on ``After``; past them, how many more (an array's tasks count one each)
+AFTER_SHOWN = 10
 
 
 def about(job: Job, now: float) -> list[Field]:
@@ -20,6 +23,7 @@ def about(job: Job, now: float) -> list[Field]:
         Field("Labels", " ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         Field("Env", " ".join(sorted(spec.env)) or "-"),
         Field("Workdir", workdir(job)),
+        Field("After", after(job)),
         *function(job),
     ]
 
@@ -38,6 +42,18 @@ def function(job: Job) -> list[Field]:
     elif job.state.final:
         result = f"none kept{f': {job.outputs_note}' if job.outputs_note else ''}"
     return [Field("Function", f"{call.function}({call.args})"), Field("Result", result)]
+
+
+def after(job: Job) -> str:
+    """The jobs it waits for, each with what it waits for (``ok``, ``any``, ``notok``), a call's
+    input saying its result is taken: ``prep-3fa2 (ok, result taken), train-9b1c (any)``."""
+    deps = job.spec.after
+    if not deps:
+        return "-"
+    inputs = set(job.spec.call.inputs) if job.spec.call is not None else set()
+    shown = [f"{d.job} ({d.when}{', result taken' if d.job in inputs else ''})" for d in deps[:AFTER_SHOWN]]
+    more = f" and {len(deps) - AFTER_SHOWN:,} more" if len(deps) > AFTER_SHOWN else ""
+    return ", ".join(shown) + more
 
 
 def workdir(job: Job) -> str:

@@ -1,8 +1,8 @@
 """Displays that tell the truth: ``fleet show`` says who submitted a job, its time limit and the time
-left, its labels, its environment's names (never values) and its workdir (digest and size); a job
-that never started shows no ticking ELAPSED; ``fleet jobs --label fleet.array=ID`` lists an array's
-tasks; ``fleet top`` counts queued array tasks, as they are now (no leader has published anything
-here)."""
+left, its labels, its environment's names (never values), its workdir (digest and size) and the
+jobs it waits for; a job that never started shows no ticking ELAPSED; ``fleet jobs --label
+fleet.array=ID`` lists an array's tasks; ``fleet top`` counts queued array tasks, as they are now
+(no leader has published anything here)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,11 @@ def test_show_tells_the_size_of_the_shipped_directory_as_uploaded(
         }
     )
     assert client.get(forged.id).spec.workdir_size == client.get(job.id).spec.workdir_size
+
+    # And a job waiting for both shows each with what it waits for
+    waiting = client.submit(JobSpec(name="after", command=["true"]), after=[job, f"{forged.id}:any"])
+    line = re.search(r"^After:\s+(.*)$", cli(api, "show", waiting.id).stdout, re.MULTILINE)
+    assert line is not None and line[1] == f"{job.id} (ok), {forged.id} (any)"
 
 
 def test_elapsed_of_a_job_that_never_started_does_not_tick(client: Client, api: Api) -> None:

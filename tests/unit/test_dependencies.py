@@ -113,3 +113,24 @@ def test_after_given_to_a_call_is_added_to_each_specs_own() -> None:
     assert checks.after("train-1") == ["train-1"]
     with pytest.raises(SpecError, match=r"after: 3\.5 is not a job: give handles, job ids"):
         checks.after([3.5])
+
+
+def test_fleet_show_names_what_a_job_waits_for_and_counts_the_rest() -> None:
+    from fleet.cli.showing import AFTER_SHOWN, after
+
+    def waiting(deps: list[str], **call: Any) -> Job:
+        calls = {"call": {"blob": "sha256:" + "0" * 64, "function": "g", **call}} if call else {}
+        return Job(id="w", spec=JobSpec(name="w", command=["x"], after=deps, **calls), state=JobState.QUEUED)
+
+    assert after(waiting([])) == "-"
+    # a call's input says its result is taken
+    assert (
+        after(waiting(["prep-1", "train-2:any"], inputs=["prep-1"]))
+        == "prep-1 (ok, result taken), train-2 (any)"
+    )
+    # an array's 10,000 tasks: the first few, then how many more
+    many = after(waiting([f"sweep-{i}:notok" for i in range(10_000)]))
+    assert many.startswith("sweep-0 (notok), sweep-1 (notok)") and many.endswith(
+        f"and {10_000 - AFTER_SHOWN:,} more"
+    )
+    assert many.count("(notok)") == AFTER_SHOWN
