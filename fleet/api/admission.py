@@ -3,12 +3,13 @@ resize asks for. Each refusal is a :class:`SpecError` naming the field and what 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fleet import webhooks
 from fleet.config import Settings
 from fleet.errors import SpecError
-from fleet.models import Dependency, Job, JobSpec, JobState, Range, Webhook
+from fleet.models import Dependency, Job, JobArray, JobSpec, JobState, Range, Webhook
 from fleet.models.arrays import task_ids
 from fleet.models.parts import AFTER_MAX
 from fleet.mounts import check_mounts
@@ -25,9 +26,11 @@ def admit(
     tenants: TenantStore,
     profiles: ProfileStore,
     jobs: JobStore,
+    named: Named | None = None,
 ) -> JobSpec:
     """The spec, if this fleet runs it: mounts, image registry, webhook address, the tenant's
-    allowed users and an elastic job's profile checked; :class:`SpecError` naming what is not."""
+    allowed users and an elastic job's profile checked; :class:`SpecError` naming what is not.
+    ``named``: the jobs ``after`` names, read once for a batch of specs."""
     if isinstance(spec, dict):
         spec = JobSpec.parse(spec)
     check_mounts(spec.mounts, settings.allowed_mounts)
@@ -35,27 +38,48 @@ def admit(
     check_webhook(spec.notify, settings)
     check_user(spec, tenants)
     check_elastic(spec, profiles)
-    return with_dependencies(spec, jobs)
+    return with_dependencies(spec, jobs, named)
 
 
-def with_dependencies(spec: JobSpec, jobs: JobStore) -> JobSpec:
+class Named:
+    """The jobs and arrays specs' ``after`` entries name, each read once (a batch of specs waiting
+    for one job reads it once, not once a spec): its tenant (None: there is none), an array's record."""
+
+    def __init__(self, jobs: JobStore) -> None:
+        self.jobs = jobs
+        self.tenants: dict[str, str | None] = {}
+        self.arrays: dict[str, JobArray] = {}
+
+    def read(self, ids: Iterable[str]) -> None:
+        new = set(ids) - self.tenants.keys()
+        if not new:
+            return
+        found = {j.id: j.spec.tenant for j in self.jobs.get_many(new)}
+        arrays = self.jobs.arrays(new - found.keys())
+        self.arrays.update(arrays)
+        for job_id in new:
+            self.tenants[job_id] = found.get(job_id) or (
+                arrays[job_id].spec.tenant if job_id in arrays else None
+            )
+
+
+def with_dependencies(spec: JobSpec, jobs: JobStore, named: Named | None = None) -> JobSpec:
     """The spec with each job it waits for checked: it exists in the spec's tenant (another tenant's
     job is refused as an unknown one is, naming it), and an array's id stands for all its tasks."""
     if not spec.after:
         check_inputs(spec)
         return spec
-    ids = [d.job for d in spec.after]
-    found = {j.id: j.spec.tenant for j in jobs.get_many(ids)}
-    arrays = jobs.arrays(set(ids) - found.keys())
+    named = named or Named(jobs)
+    named.read(d.job for d in spec.after)
     after = []
     for dep in spec.after:
-        tenant = found.get(dep.job) or (arrays[dep.job].spec.tenant if dep.job in arrays else None)
-        if tenant != spec.tenant:
+        if named.tenants[dep.job] != spec.tenant:
             raise SpecError(
                 f"after: no job or array {dep.job!r} in tenant {spec.tenant!r}; "
                 "a job can only wait for jobs of its own tenant that were already submitted"
             )
-        tasks = task_ids(dep.job, arrays[dep.job].indices) if dep.job in arrays else [dep.job]
+        array = named.arrays.get(dep.job)
+        tasks = task_ids(dep.job, array.indices) if array is not None else [dep.job]
         after += [Dependency(job=t, when=dep.when) for t in tasks]
     if len(after) > AFTER_MAX:
         raise SpecError(

@@ -81,10 +81,10 @@ class Commands(Queries):
         """:class:`SpecError` for a webhook whose host is written as an address fleet never sends to."""
         admission.check_webhook(hook, self.settings)
 
-    def admit(self, spec: JobSpec | dict[str, Any]) -> JobSpec:
+    def admit(self, spec: JobSpec | dict[str, Any], named: admission.Named | None = None) -> JobSpec:
         """The spec, if this fleet runs it (:func:`fleet.api.admission.admit`) and a registered node
         could ever hold it (:class:`fleet.api.placeable.Shapes`)."""
-        spec = admission.admit(spec, self.settings, self._tenants, self._profiles, self._jobs)
+        spec = admission.admit(spec, self.settings, self._tenants, self._profiles, self._jobs, named)
         self._shapes.check(spec)
         return spec
 
@@ -152,14 +152,14 @@ class Commands(Queries):
         job_ids: Sequence[str | None] | None = None,
         owner: str = "",
     ) -> list[str]:
-        """Queue many jobs in one round trip to Redis; their ids, in order. All or nothing up front:
-        every spec (and every id given) is checked before any job is stored, and the first refusal
-        names its index (``jobs[3]: gpus: ...``). ``job_ids[i]``, when given, makes job ``i``'s
-        submit idempotent as :meth:`submit`'s ``job_id`` does: a repeated batch is a no-op."""
+        """Queue many jobs in one round trip to Redis; their ids, in order. All or nothing: every spec
+        (and id given) is checked before any job is stored, the jobs their ``after`` names read once, and
+        the first refusal names its index (``jobs[3]: gpus: ...``). ``job_ids[i]``: as submit's job_id."""
         chosen: list[str | None] = list(job_ids) if job_ids is not None else [None] * len(specs)
         if len(chosen) != len(specs):
             raise SpecError(f"job_ids: {len(chosen)} ids for {len(specs)} specs; give one per spec (or None)")
-        admitted = [at_index(i, self.admit, spec) for i, spec in enumerate(specs)]
+        named = admission.Named(self._jobs)
+        admitted = [at_index(i, self.admit, spec, named) for i, spec in enumerate(specs)]
         seen: dict[str, int] = {}
         for i, job_id in enumerate(chosen):
             if job_id is None:

@@ -134,3 +134,24 @@ def test_fleet_show_names_what_a_job_waits_for_and_counts_the_rest() -> None:
         f"and {10_000 - AFTER_SHOWN:,} more"
     )
     assert many.count("(notok)") == AFTER_SHOWN
+
+
+def test_a_batch_reads_the_jobs_it_waits_for_once() -> None:
+    from fleet.api.admission import Named
+
+    # Given a store that counts its reads, and a batch of specs waiting for the same jobs
+    store = Stored([Job(id="mine", spec=spec("a", []), state=R)], [])
+    reads: list[list[str]] = []
+    get_many = store.get_many
+    store.get_many = lambda ids: reads.append(sorted(ids)) or get_many(ids)  # type: ignore[method-assign]
+    named = Named(cast(JobStore, store))
+    # When each is checked with what was read for the batch
+    for _ in range(3):
+        assert [
+            d.job for d in with_dependencies(spec("a", ["mine"]), cast(JobStore, store), named).after
+        ] == ["mine"]
+    # Then the job was read once, and one refused still names itself
+    assert reads == [["mine"]]
+    with pytest.raises(SpecError, match="after: no job or array 'nope' in tenant 'a'"):
+        with_dependencies(spec("a", ["mine", "nope"]), cast(JobStore, store), named)
+    assert reads == [["mine"], ["nope"]]
