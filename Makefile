@@ -19,7 +19,7 @@ LOAD ?= 1x
 POLICIES ?= fleet,tiresias,pollux
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo up test coverage test-installed test-unit dist e2e-hosts lint typecheck all images image-python image-torch images-test bench bench-pollux clean
+.PHONY: install demo up test coverage test-installed test-unit chaos-failover dist e2e-hosts lint typecheck all images image-python image-torch images-test bench bench-pollux clean
 
 $(STAMP)/installed: pyproject.toml config/setup-host.sh
 	bash config/setup-host.sh
@@ -67,6 +67,10 @@ test-installed: install  ## build the wheel and sdist, install each into a fresh
 
 test-unit: install
 	$(PYTHON) -m pytest tests/unit
+
+chaos-failover: install  ## the failover test, long: 3 rounds (a SIGKILLed and a partitioned Redis primary each) under load
+	FLEET_FAILOVER_ROUNDS=$${FLEET_FAILOVER_ROUNDS:-3} FLEET_FAILOVER_JOB_S=$${FLEET_FAILOVER_JOB_S:-5-30} \
+	FLEET_FAILOVER_GAP_S=$${FLEET_FAILOVER_GAP_S:-10-20} $(PYTHON) -m pytest tests/chaos/test_failover.py -s
 
 e2e-hosts: install  ## a fleet over four hosts (network namespaces, as root): the wheel, TLS, a gang, a drain, a cut link
 	$(PYTHON) -m pytest tests/integration/test_hosts.py

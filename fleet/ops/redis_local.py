@@ -27,6 +27,8 @@ from fleet.errors import ConfigError, FleetError
 
 #: ``(name, argv, stdin text, umask)`` -> the started process
 Spawn = Callable[[str, list[str], "str | None", int], "subprocess.Popen[bytes]"]
+#: a Redis' port -> the port of what forwards to it (a proxy), which every other part dials instead
+Front = Callable[[int], int]
 #: how long a spawned redis-server may take to answer, and the sentinels to agree, before giving up
 REDIS_START_S = 30.0
 #: the name the sentinels know the primary by (``redis_master``)
@@ -74,9 +76,15 @@ class LocalRedis:
         return env
 
 
-def start(folder: Path, spawn: Spawn, *, ha: bool = False, timings: Timings = Timings()) -> LocalRedis:
+def start(
+    folder: Path, spawn: Spawn, *, ha: bool = False, timings: Timings = Timings(), front: Front | None = None
+) -> LocalRedis:
     """Start Redis in ``folder`` (one server, or with ``ha`` the primary, replicas and sentinels)
-    and return once it answers (and the sentinels know each other and the replicas)."""
+    and return once it answers (and the sentinels know each other and the replicas).
+
+    ``front``: each Redis is known to the replicas, the sentinels and the services by the port
+    ``front(port)`` gives (``replica-announce-port``), a forwarder the caller runs: cutting it cuts
+    that Redis off from all of them (the failover test's partitions)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ConfigError("redis-server not found: run `make install` (it installs it) or pass --redis-url")
@@ -84,17 +92,20 @@ def start(folder: Path, spawn: Spawn, *, ha: bool = False, timings: Timings = Ti
     folder.chmod(0o700)
     password = _secret(folder.parent / "redis.password")
     ports = [free_port() for _ in range(1 + (REPLICAS if ha else 0))]
-    found = LocalRedis(f"redis://127.0.0.1:{ports[0]}/0", folder.parent / "redis.password")
+    known = [front(port) for port in ports] if front else ports
+    found = LocalRedis(f"redis://127.0.0.1:{known[0]}/0", folder.parent / "redis.password")
     for n, port in enumerate(ports):
         data = folder / (f"redis-{n}" if ha else "")
         data.mkdir(mode=0o700, exist_ok=True)
-        config = _server_config(port, data, password, ports[0] if n else None)
+        config = _server_config(port, data, password, known[0] if n else None)
+        if front:
+            config += f"replica-announce-ip 127.0.0.1\nreplica-announce-port {known[n]}\n"
         found.procs[f"redis-{n}" if ha else "redis"] = spawn("redis", [binary, "-"], config, 0o077)
     for port in ports:
         _wait_ping(redis.Redis(port=port, password=password), f"redis-server on port {port}")
     if ha:
         _wait_replicas(redis.Redis(port=ports[0], password=password))
-        _start_sentinels(found, folder, binary, ports[0], password, timings, spawn)
+        _start_sentinels(found, folder, binary, known[0], password, timings, spawn)
     return found
 
 

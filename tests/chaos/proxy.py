@@ -1,0 +1,91 @@
+"""TCP forwarders the failover test can cut: one in front of each Redis, the only address the
+replicas, the sentinels and the services know it by (``replica-announce-port``).
+
+A cut is a network partition, not a crash: connections stay open and nothing passes either way
+(bytes already sent wait, as TCP retransmits them), new connections are accepted and held; when the
+cut heals, all of it flows again, to a Redis that may have been demoted meanwhile. This is what a
+firewall rule dropping packets does, without changing the host's firewall (the test runs beside
+others, as any user, in CI) or needing root for a network namespace. SIGSTOP of the Redis would
+not do: a stopped primary takes no writes, and one cut off by a network goes on taking them from
+whoever still reaches it (or reaches it again before the sentinels demote it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Forwarders:
+    """Forwarders to ports of 127.0.0.1, all on one event loop in a thread of their own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="forwarders", daemon=True)
+        self._thread.start()
+        self._open: dict[int, asyncio.Event] = {}  # front port -> set while not cut
+        self._servers: list[asyncio.Server] = []
+
+    def front(self, target: int) -> int:
+        """Start forwarding a free port to ``target``; that port."""
+        return self._run(self._serve(target))
+
+    def cut(self, front: int) -> None:
+        self.loop.call_soon_threadsafe(self._open[front].clear)
+
+    def heal(self, front: int) -> None:
+        self.loop.call_soon_threadsafe(self._open[front].set)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for server in self._servers:
+                server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        self._run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    async def _serve(self, target: int) -> int:
+        gate = asyncio.Event()
+        gate.set()
+
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await gate.wait()  # a connection opened across a cut waits, as a SYN retransmitted
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
+            except OSError:  # the Redis is down: the connection is refused, as it would be
+                writer.close()
+                return
+            await asyncio.gather(_pump(reader, up_writer, gate), _pump(up_reader, writer, gate))
+
+        server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+        self._servers.append(server)
+        port = int(server.sockets[0].getsockname()[1])
+        self._open[port] = gate
+        return port
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, gate: asyncio.Event) -> None:
+    """Bytes from ``source`` to ``sink`` while the gate is open; either end closing closes both."""
+    try:
+        while data := await source.read(65536):
+            await gate.wait()
+            sink.write(data)
+            await sink.drain()
+    except (OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sink.close()  # the other pump then reads its end's close
