@@ -22,12 +22,14 @@ from fleet.api.queries import Queries
 from fleet.bus import Bus, JobSubmitted
 from fleet.config import load_settings
 from fleet.errors import StoreUnavailable
+from fleet.keys import Keys
 from fleet.models import Role
 from fleet.ops import redis_local
 from fleet.ops.local import free_port
 from fleet.ops.redis_local import LocalRedis
 from fleet.state import Stores
 from fleet.state.connection import connect
+from tests.chaos.failover import Cluster
 from tests.integration.conftest import primary_port
 from tests.integration.test_metrics import scrape
 from tests.support import until, wait_for
@@ -222,3 +224,60 @@ def test_fleet_direct_finds_the_primary_through_the_sentinels(ha: LocalRedis) ->
         assert stores.tokens.identify(token[0]) is not None
     finally:
         stores.close()
+
+
+@pytest.mark.xfail(strict=True, reason="services stay on a deposed primary until the sentinels demote it")
+def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a store with a connection open to the primary, each Redis behind a forwarder the test cuts
+    cluster = Cluster(tmp_path / "redis")
+    for name, value in cluster.ha.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "200")
+    stores = Stores.open(load_settings())
+    try:
+        stores.tokens.create("before", "default", Role.USER)
+        # When a partition cuts the primary off, the sentinels promote a replica, and the partition
+        # heals before they demote the old primary (they look at it again within 10 s): the store's
+        # connection reaches it again, and it still takes writes as a primary with no replica
+        fault = cluster.partition(hold_s=0)
+        # Then the first write there is not acknowledged, and a retry is, by the promoted replica,
+        # while the old primary is still a primary: the store left it as soon as a write fell short
+        with pytest.raises(StoreUnavailable):
+            stores.tokens.create("during", "default", Role.USER)
+        token, _ = stores.tokens.create("after", "default", Role.USER)
+        assert cluster.role(fault.victim) == "master"
+        assert cluster.primary() != fault.victim and stores.tokens.identify(token) is not None
+    finally:
+        stores.close()
+        cluster.close()
+
+
+@pytest.mark.xfail(reason="a leader stays on a deposed primary (unless a renewal of its times out)")
+def test_a_leader_leaves_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a controller leading (a 5 s lease), on a primary behind a forwarder the test cuts
+    cluster = Cluster(tmp_path / "redis")
+    for name, value in cluster.ha.env().items():
+        monkeypatch.setenv(name, value)
+    procs = FleetProcs(cluster.ha.url, tmp_path, "process")
+    procs.env.update(FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS="200", FLEET_CONTROLLER__LEADER_LEASE_S="5")
+    keys = Keys(load_settings().key_prefix)
+    try:
+        procs.controller()
+        wait_for(lambda: "leadership_acquired" in procs.logs(), 30, "a leader", procs)
+        # When the primary is cut off, a replica promoted (with the lease, counting down), and the
+        # cut healed before the sentinels demote the old primary, which the renewals reach again
+        fault = cluster.partition(hold_s=0)
+        with cluster.client(cluster.primary()) as new:
+            left = new.pttl(keys.leader)
+            # Then the controller renews its lease on the promoted replica, while the old primary is
+            # still a primary: a renewal that no replica took sent it there
+            assert left > 0
+            wait_for(lambda: new.pttl(keys.leader) > left + 1000, 30, "the lease renewed there", procs)
+        assert cluster.role(fault.victim) == "master"
+    finally:
+        procs.stop()
+        cluster.close()
