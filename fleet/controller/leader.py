@@ -41,11 +41,16 @@ class LeaderLease:
     def renew(self) -> bool:
         """Acquire or renew; True while this controller is the leader. A newly acquired lease counts
         once its fencing token is on the replicas: a replica promoted without it would hand the same
-        token to another controller, and fencing tokens must only grow."""
+        token to another controller, and fencing tokens must only grow. A renewal is checked too,
+        though it counts either way: one the replicas do not take may have reached a primary the
+        sentinels deposed (cut off, and reached again before they demote it), which the check leaves
+        (:func:`~fleet.state.sentinel.follow_primary`), so that the next renewal reaches the promoted
+        replica rather than this one until it is demoted, with no leader there meanwhile."""
         keys = [self.keys.leader, self.keys.leader_token, self.keys.leader_version]
         held = self.value or self.pending
         value = str(self._script(keys=keys, args=[self.controller_id, self.ttl_ms, held, VERSION]))
-        if value and not self.value and not confirmed(self._client, self.keys):
+        replicated = not value or confirmed(self._client, self.keys)
+        if value and not self.value and not replicated:
             if value != self.pending:
                 event(log, "leadership_not_replicated", logging.WARNING, id=self.controller_id, lease=value)
             self.pending = value

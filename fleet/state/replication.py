@@ -12,7 +12,9 @@ with the caller's job id, a cancel, a token revoke), and the caller is told noth
 ``WAIT`` counts the writes of the connection it is sent on, and a pooled client sends each command
 on whichever connection is free; so the check writes a counter (``Keys.replicated``) and waits on
 that connection. Redis replicates in order, and the write to acknowledge was answered before, so a
-replica holding the counter's write holds it too.
+replica holding the counter's write holds it too. A write that falls short may have reached a primary
+the sentinels deposed (cut off, then reachable again before they demote it): the check then asks
+them, and leaves it (:func:`~fleet.state.sentinel.follow_primary`), so that the retry reaches the new one.
 
 Not waited for, because nothing outside Redis acts on them being there: heartbeats (a lost one
 costs the node a renewal, and the agent counts its lease only from renewals that were replicated,
@@ -28,6 +30,7 @@ from fleet.errors import NotReplicated
 from fleet.keys import Keys
 from fleet.state.connection import REPLICAS_ACK as _ACKS
 from fleet.state.connection import translated
+from fleet.state.sentinel import follow_primary
 
 
 @translated
@@ -40,7 +43,10 @@ def replicas_holding(client: Any, keys: Keys) -> int | None:
     pipe = client.pipeline(transaction=False)  # one connection: the counter's write, then WAIT on it
     pipe.incr(keys.replicated)
     pipe.wait(replicas, timeout_ms)
-    return int(pipe.execute()[1])
+    held = int(pipe.execute()[1])
+    if held < replicas:
+        follow_primary(client)
+    return held
 
 
 def replicated(client: Any, keys: Keys, what: str) -> None:

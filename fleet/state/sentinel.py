@@ -5,13 +5,16 @@ address each time it opens a connection, so after a failover every new connectio
 promoted replica: nothing in fleet holds an address. Connections open to the old primary fail
 (it died), or, if it lives on demoted to a replica, their next write answers ``READONLY``, which
 redis-py's :class:`~redis.sentinel.SentinelManagedConnection` turns into a ``ConnectionError``
-after dropping the connection: to fleet, the same as an outage, retried by whoever called.
-Registered Lua scripts need nothing: :class:`redis.commands.core.Script` loads itself again when
-the new primary answers ``NOSCRIPT``.
+after dropping the connection: to fleet, the same as an outage, retried by whoever called. One cut
+off by a partition and reached again before the sentinels demote it is still a primary, with no
+replica: a write it takes is not replicated, and that makes the pool ask the sentinels again
+(:func:`follow_primary`). Registered Lua scripts need nothing: :class:`redis.commands.core.Script`
+loads itself again when the new primary answers ``NOSCRIPT``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -52,7 +55,9 @@ class _Manager(Sentinel):
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         """Sentinel.discover_master, whose error says what each sentinel said in a line (redis-py's
-        holds each client's whole repr) and which settings to look at."""
+        holds each client's whole repr) and which settings to look at. A sentinel leading a failover
+        is not asked: it names the old primary until the failover ends (the replicas reconfigured, a
+        second or more after the promotion), when the others already name the new one."""
         said = []
         for n, sentinel in enumerate(self.sentinels):
             where = "{host}:{port}".format_map(sentinel.connection_pool.connection_kwargs)
@@ -62,6 +67,9 @@ class _Manager(Sentinel):
                 said.append(f"{where}: {type(exc).__name__}: {exc}")
                 continue
             state = masters.get(service_name)
+            if state and "failover_in_progress" in _flags(state):
+                said.append(f"{where}: its failover is under way")
+                continue
             if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
                 self.sentinels[0], self.sentinels[n] = sentinel, self.sentinels[0]  # ask it first next time
                 self._epoch = int(state.get("config-epoch", 0))
@@ -125,6 +133,28 @@ class _Connection(SentinelManagedConnection):
     def _manager(self) -> _Manager:
         manager: _Manager = self.connection_pool.sentinel_manager
         return manager
+
+
+def follow_primary(client: redis.Redis) -> None:
+    """Ask the sentinels which Redis is primary now; if ``client``'s connections reach another, drop
+    them (the idle ones at once, the others as they come back to the pool), so its next call opens a
+    connection to the primary. For a write that was not replicated: a primary cut off by a partition
+    that heals before the sentinels demote it (they look at it again within 10 s) still answers
+    writes, with no replica to take them, and a connection open to it from before the partition
+    would go on reaching it until then, nothing acknowledged. A client without sentinels: nothing;
+    sentinels that name no primary (a failover under way): nothing either, the write stays short."""
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        # redis-py's own rule: a pool whose primary moved drops its idle connections, and takes back
+        # no connection to another address
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            pool.get_master_address()  # type: ignore[no-untyped-call]
+
+
+def _flags(state: dict[str, Any]) -> set[str]:
+    """A sentinel's flags of a primary: a comma-separated string in RESP2, a set in RESP3."""
+    flags = state.get("flags", "")
+    return set(flags.split(",")) if isinstance(flags, str) else set(flags)
 
 
 def _named(address: tuple[str, int]) -> str:

@@ -226,7 +226,6 @@ def test_fleet_direct_finds_the_primary_through_the_sentinels(ha: LocalRedis) ->
         stores.close()
 
 
-@pytest.mark.xfail(strict=True, reason="services stay on a deposed primary until the sentinels demote it")
 def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,7 +253,6 @@ def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
         cluster.close()
 
 
-@pytest.mark.xfail(reason="a leader stays on a deposed primary (unless a renewal of its times out)")
 def test_a_leader_leaves_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
