@@ -61,6 +61,10 @@ if start < steps:
 """
 #: a job's steps last this long (s)
 STEP_S = 0.25
+#: a user's script gives up a call it could not get acknowledged for this long (s)
+GIVE_UP_S = 120
+#: what a call's try may end in once acknowledged (the job's id, or its cancel, took effect)
+ACKNOWLEDGED = ("ok", "cancelled", "final")
 
 
 @dataclass
@@ -267,20 +271,28 @@ class Load:
         return "cancelled" if job.state == JobState.CANCELLED or job.cancel_requested else "final"
 
     def _call(self, user: str, op: str, job_id: str, call: Callable[[str], str]) -> bool:
-        """Try ``call`` until acknowledged (retrying what a user's script retries); whether it was."""
+        """Try ``call`` until acknowledged (retrying what a user's script retries, for up to
+        ``GIVE_UP_S``); whether it was. A call refused or given up is logged as such."""
+        deadline = time.monotonic() + GIVE_UP_S
         while True:
             began = time.time()
             try:
                 outcome = call(job_id)
             except StoreUnavailable as exc:  # 503s (not replicated, Redis unavailable), the API unreachable
                 outcome = f"{type(exc).__name__}: {exc}"
-            except FleetError as exc:  # not retried: the checker's history says why
-                self._log(Call(user, op, job_id, began, time.time(), f"refused {type(exc).__name__}: {exc}"))
-                return False
+            except FleetError as exc:  # a user's script would not retry it: neither do we
+                outcome = f"refused {type(exc).__name__}: {exc}"
             self._log(Call(user, op, job_id, began, time.time(), outcome))
-            if outcome in ("ok", "cancelled", "final"):
+            if outcome in ACKNOWLEDGED:
                 return True
+            if outcome.startswith("refused") or time.monotonic() > deadline:
+                return False
             time.sleep(0.2)
+
+    def failed(self) -> list[Call]:
+        """The calls refused, or never acknowledged however long they were retried (their last try)."""
+        last = {(c.op, c.job_id): c for c in self.calls}
+        return [c for c in last.values() if c.outcome not in ACKNOWLEDGED]
 
     def _log(self, call: Call) -> None:
         with self._lock:
