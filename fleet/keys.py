@@ -68,7 +68,8 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | profile (JSON), expiring ``workdir_retention_s`` after  |
 |                                   |        | its last upload, submit, or use by the leader           |
 | ``<p>:blobs:of:<tenant>``         | hash   | sha256 -> "<bytes> <expires ms>": the blobs a tenant    |
-|                                   |        | uploaded, against its ``blob_quota_bytes``              |
+|                                   |        | uploaded, the only ones it may use, counted against its |
+|                                   |        | ``blob_quota_bytes``; a submit naming one renews it     |
 | ``<p>:outbox``                    | stream | jobs as they end (kind, id, state), capped at ~50,000:  |
 |                                   |        | the feed of the leader's webhook sender                 |
 | ``<p>:webhooks:cursor``           | string | the last outbox entry the sender turned into deliveries |

@@ -1,5 +1,6 @@
 """``/v1/blobs``: what jobs take along, named by the SHA-256 of its bytes: shipped directories
-(``--workdir``, a tar.gz) and scaling profiles (``--profile ./dir``, JSON)."""
+(``--workdir``, a tar.gz), scaling profiles (``--profile ./dir``, JSON) and functions' calls. Each
+tenant sees and uses only what it uploaded itself (:mod:`fleet.state.blobs`)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ def routes(blobs: BlobStore, settings: Settings) -> APIRouter:
     router = APIRouter()
 
     @router.head("/v1/blobs/{digest}")
-    def blob_exists(digest: str, _: User) -> Response:
-        """200 when the fleet holds it (and keeps it another ``workdir_retention_s``), else 404."""
-        return Response(status_code=200 if blobs.touch(digest) else 404)
+    def blob_exists(digest: str, who: User) -> Response:
+        """200 when the fleet holds it for the caller's tenant, which uploaded it (and keeps it
+        another ``workdir_retention_s``), else 404: what other tenants uploaded is never told."""
+        return Response(status_code=200 if blobs.use(digest, [who.tenant]) else 404)
 
     @router.put("/v1/blobs/{digest}", status_code=201)
     async def blob_put(digest: str, request: Request, who: User) -> dict[str, Any]:
         """A packed directory (tar.gz) or a scaling profile (JSON) named by the SHA-256 of its bytes, at
-        most ``workdir_max_bytes``."""
+        most ``workdir_max_bytes``, uploaded for the caller's tenant (``created``: the tenant had not
+        uploaded it already)."""
         check_digest(digest)
         limit = settings.workdir_max_bytes
         declared = int(request.headers.get("content-length") or 0)

@@ -20,8 +20,20 @@ from fleet.api.queries import known_attempt
 from fleet.api.waiting import ClientGone, Waiting, unless_gone
 from fleet.errors import Forbidden, SpecError, at_index
 from fleet.log import event
-from fleet.models import CancelReport, Event, Identity, Job, JobArray, JobSpec, LogLine, QueuePosition, Role
+from fleet.models import (
+    CancelReport,
+    Event,
+    Identity,
+    Job,
+    JobArray,
+    JobSpec,
+    LogLine,
+    QueuePosition,
+    Role,
+    uploaded_profile,
+)
 from fleet.state.blobs import BlobStore
+from fleet.state.profiles import not_uploaded
 
 log = logging.getLogger("fleet.api")
 #: the longest one ``wait`` call blocks; clients call again (proxies cut idle requests)
@@ -75,19 +87,23 @@ def routes(backend: Commands, blobs: BlobStore, waits: PerToken, waiting: Waitin
 
     def spec_for(who: Identity, raw: dict[str, Any]) -> JobSpec:
         """The spec, in the caller's tenant unless it names one: only an admin submits for another;
-        its shipped directory and a function's call uploaded already (and kept another
-        ``workdir_retention_s``)."""
+        its shipped directory, uploaded profile and a function's call uploaded already by the job's
+        tenant or the caller's (an admin's), and kept another ``workdir_retention_s``. Another
+        tenant's upload is refused as one never made, in the same words."""
         spec = JobSpec.parse({**raw, "tenant": raw.get("tenant", who.tenant)})
-        if spec.workdir is not None and not blobs.touch(spec.workdir):
+        tenants = (spec.tenant, who.tenant)
+        if spec.workdir is not None and not blobs.use(spec.workdir, tenants):
             raise SpecError(
                 f"workdir {spec.workdir}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
                 "as the CLI and Client do"
             )
-        if spec.call is not None and not blobs.touch(spec.call.blob):
+        if spec.call is not None and not blobs.use(spec.call.blob, tenants):
             raise SpecError(
                 f"call.blob {spec.call.blob}: not uploaded (or expired); PUT /v1/blobs/DIGEST first, "
                 "as fleet.function's submit does"
             )
+        if uploaded_profile(spec.profile or "") and not blobs.use(spec.profile or "", tenants):
+            raise SpecError(not_uploaded(spec.profile or ""))
         size = None if spec.workdir is None else blobs.size(spec.workdir)
         if size != spec.workdir_size:  # what the upload held, never what the body says
             spec = spec.model_copy(update={"workdir_size": size})

@@ -2,11 +2,18 @@
 
 A blob lives ``ttl_s`` after its last upload or use by a submit: a job queued for longer than that
 fails at launch saying its directory expired. Blobs are bounded by the API's ``workdir_max_bytes``.
+
+A blob is its uploaders': each tenant's uploads are recorded (``<p>:blobs:of:<tenant>``, also what
+its ``blob_quota_bytes`` counts), and a tenant may use (:meth:`BlobStore.use`) only the blobs it
+uploaded itself, so a digest learnt or guessed reaches nobody else's bytes, and whether another
+tenant uploaded some content is never told. The same bytes uploaded by two tenants are stored once
+and counted against each.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,7 +21,7 @@ from pydantic import ValidationError
 from fleet.errors import SpecError
 from fleet.keys import Keys
 from fleet.models import WorkdirSize
-from fleet.state.connection import translated
+from fleet.state.connection import load_scripts, translated
 from fleet.workdir import check_digest
 
 
@@ -33,20 +40,32 @@ class BlobStore:
         quota: int | None = None,
         size: WorkdirSize | None = None,
     ) -> bool:
-        """Store the bytes (the caller checked their digest); False when they were there already.
-        With ``tenant``, the blob counts against its ``quota`` (bytes) until it expires:
-        :class:`SpecError` when it would go over (checked, then written: two uploads racing may pass
-        it by one blob). ``size``: what a packed directory holds, kept as long as the blob."""
+        """Store the bytes (the caller checked their digest); False when they were there already
+        (with ``tenant``: when that tenant had uploaded them already, whoever else did). With
+        ``tenant``, the blob is its to use and counts against its ``quota`` (bytes) until it
+        expires: :class:`SpecError` when it would go over (checked, then written: two uploads racing
+        may pass it by one blob). ``size``: what a packed directory holds, kept as long as the blob."""
         hexdigest = check_digest(digest)
-        if tenant is not None:
-            self._charge(tenant, hexdigest, len(data), quota)
+        held = tenant is not None and self._charge(tenant, hexdigest, len(data), quota)
         if size is not None:
-            held = f"{size.packed} {size.bytes} {size.files}"
-            self.redis.set(self.keys.blob_size(hexdigest), held, px=self.ttl_ms)
+            counts = f"{size.packed} {size.bytes} {size.files}"
+            self.redis.set(self.keys.blob_size(hexdigest), counts, px=self.ttl_ms)
         if self.redis.set(self.keys.blob(hexdigest), data, px=self.ttl_ms, nx=True):
             return True
         self.touch(digest)
-        return False
+        return tenant is not None and not held
+
+    @translated
+    def use(self, digest: str, tenants: Iterable[str]) -> bool:
+        """Whether the blob is stored and one of ``tenants`` uploaded it (its upload not expired);
+        if so it is kept another ``ttl_s``, and so is that tenant's upload, counted on against its
+        quota. False, changing nothing, for a blob only other tenants uploaded, as for one never
+        uploaded: the answer tells nothing of other tenants' uploads."""
+        hexdigest = check_digest(digest)
+        keys = [self.keys.blob(hexdigest), self.keys.blob_size(hexdigest)]
+        keys += [self.keys.blobs_of(t) for t in dict.fromkeys(tenants)]
+        args = [hexdigest, self.ttl_ms, int(time.time() * 1000)]
+        return bool(load_scripts(self.redis)["blob_use"](keys=keys, args=args))
 
     @translated
     def size(self, digest: str) -> WorkdirSize | None:
@@ -61,7 +80,8 @@ class BlobStore:
         except (ValueError, ValidationError):  # not what put wrote: no size is better than a wrong one
             return None
 
-    def _charge(self, tenant: str, hexdigest: str, size: int, quota: int | None) -> None:
+    def _charge(self, tenant: str, hexdigest: str, size: int, quota: int | None) -> bool:
+        """Count the upload against the tenant's quota; whether it held the blob already."""
         key, now = self.keys.blobs_of(tenant), int(time.time() * 1000)
         held: dict[str, tuple[int, int]] = {}
         for field, value in self.redis.hgetall(key).items():
@@ -81,10 +101,12 @@ class BlobStore:
         pipe.hset(key, hexdigest, f"{size} {now + self.ttl_ms}")
         pipe.pexpire(key, self.ttl_ms)
         pipe.execute()
+        return hexdigest in held and held[hexdigest][1] > now
 
     @translated
     def touch(self, digest: str) -> bool:
-        """Keep a blob another ``ttl_s``; False when it is not stored (never uploaded, or expired)."""
+        """Keep a blob another ``ttl_s``, whoever uploaded it; False when it is not stored (never
+        uploaded, or expired). Services only: what a tenant asks goes through :meth:`use`."""
         hexdigest = check_digest(digest)
         pipe = self.redis.pipeline(transaction=False)
         pipe.pexpire(self.keys.blob(hexdigest), self.ttl_ms)

@@ -60,8 +60,7 @@ class ProfileStore:
             return found
         data = self.blobs.get(digest)
         if data is None:
-            why = "give the directory (--profile ./DIR, or profile='./DIR' to Client.submit): they upload it"
-            raise SpecError(f"profile {digest}: not uploaded (or expired); {why}")
+            raise SpecError(not_uploaded(digest))
         try:
             profile = from_data(json.loads(data))
         except ValueError as exc:  # a JSONDecodeError is one
@@ -91,6 +90,13 @@ class ProfileStore:
         for digest in set(digests):
             pipe.pexpire(self.blobs.keys.blob(check_digest(digest)), self.blobs.ttl_ms)
         pipe.execute()
+
+
+def not_uploaded(digest: str) -> str:
+    """Why a profile named by its digest cannot be used: not stored, or not the tenant's upload (the
+    same words, so that the answer tells nothing of other tenants' uploads)."""
+    why = "give the directory (--profile ./DIR, or profile='./DIR' to Client.submit): they upload it"
+    return f"profile {digest}: not uploaded (or expired); {why}"
 
 
 def learned(spec: JobSpec, measured: Mapping[tuple[int, int], float]) -> LearnedProfile:
