@@ -84,7 +84,8 @@ class Settings(BaseModel):
     log_max_bytes: int = Field(default=16 << 20, ge=64 << 10, le=1 << 30)
     #: a directory shipped with a job (``--workdir``), packed: at most this many bytes
     workdir_max_bytes: int = Field(default=64 << 20, ge=1 << 10, le=1 << 30)
-    #: how long a shipped directory is kept after its last upload or submit
+    #: how long a shipped directory is kept after its last upload or submit (a function's call: as
+    #: long as the jobs that name it)
     workdir_retention_s: float = Field(default=7 * DAY, gt=0)
     #: what one tenant's uploads (shipped directories, profiles) may hold in Redis at once
     blob_quota_bytes: int = Field(default=1 << 30, ge=1 << 20)

@@ -64,9 +64,15 @@ namespace, ``fleet``, as a key; key patterns are not per-DB.
 |                                   |        | and ``@at``; rewritten whole each time                  |
 | ``<p>:quarantine:jobs``           | hash   | job id -> why its record cannot be read (set aside)     |
 | ``<p>:quarantine:nodes``          | hash   | node name -> why its record cannot be read              |
-| ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), or a scaling    |
-|                                   |        | profile (JSON), expiring ``workdir_retention_s`` after  |
-|                                   |        | its last upload, submit, or use by the leader           |
+| ``<p>:blob:<sha256>``             | string | a directory shipped with jobs (tar.gz), a scaling       |
+|                                   |        | profile (JSON) or a function's call, expiring           |
+|                                   |        | ``workdir_retention_s`` after its last upload, submit,  |
+|                                   |        | or use by the leader; a call held by jobs never expires |
+|                                   |        | and goes with the last of them                          |
+| ``<p>:blob:<sha256>:jobs``        | set    | ids of the jobs and job arrays whose call it is, each   |
+|                                   |        | added at its submit, removed as retention deletes it    |
+| ``<p>:blobsize:<sha256>``         | string | "<packed> <bytes> <files>" of a shipped directory, kept |
+|                                   |        | as long as its blob                                     |
 | ``<p>:blobs:of:<tenant>``         | hash   | sha256 -> "<bytes> <expires ms>": the blobs a tenant    |
 |                                   |        | uploaded, the only ones it may use, counted against its |
 |                                   |        | ``blob_quota_bytes``; a submit naming one renews it     |
@@ -330,6 +336,10 @@ class Keys:
 
     def blob(self, hexdigest: str) -> str:
         return f"{self.prefix}:blob:{hexdigest}"
+
+    def blob_jobs(self, hexdigest: str) -> str:
+        """Ids of the jobs and job arrays holding a function's call (``lib/blobs.lua``)."""
+        return f"{self.prefix}:blob:{hexdigest}:jobs"
 
     def blob_size(self, hexdigest: str) -> str:
         """What a packed directory holds ("<packed> <bytes> <files>"), kept as long as its blob."""

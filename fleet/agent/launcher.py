@@ -289,7 +289,8 @@ class Launcher:
         data = self.blobs.get(job.spec.call.blob)
         if data is None:
             raise LaunchError(
-                f"call {job.spec.call.blob} of {job.spec.call.function} is no longer stored (kept "
+                f"call {job.spec.call.blob} of {job.spec.call.function} is no longer stored (a job "
+                "holds its call while it exists, but one submitted before fleet did kept it "
                 "workdir_retention_s after its upload or submit): submit the call again",
                 retryable=False,
             )

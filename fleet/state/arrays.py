@@ -75,6 +75,7 @@ class ArrayStore:
             owner,
             spec.priority,
             spec.tenant,
+            "" if spec.call is None else spec.call.blob.removeprefix("sha256:"),
         ]
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(indices), ARRAY_BATCH):

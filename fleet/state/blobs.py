@@ -1,7 +1,11 @@
-"""Directories shipped with jobs (``fleet.workdir``), kept in Redis by their SHA-256.
+"""What jobs take along, kept in Redis by their SHA-256: directories shipped with jobs
+(``fleet.workdir``), scaling profiles, functions' calls.
 
 A blob lives ``ttl_s`` after its last upload or use by a submit: a job queued for longer than that
-fails at launch saying its directory expired. Blobs are bounded by the API's ``workdir_max_bytes``.
+fails at launch saying its directory expired. A function's call is held by the jobs (and job arrays)
+that name it instead, from their submit until retention deletes the last of them, which deletes it
+(``lua/lib/blobs.lua``): it lives as long as their records. Blobs are bounded by the API's
+``workdir_max_bytes``.
 
 A blob is its uploaders': each tenant's uploads are recorded (``<p>:blobs:of:<tenant>``, also what
 its ``blob_quota_bytes`` counts), and a tenant may use (:meth:`BlobStore.use`) only the blobs it
@@ -52,17 +56,18 @@ class BlobStore:
             self.redis.set(self.keys.blob_size(hexdigest), counts, px=self.ttl_ms)
         if self.redis.set(self.keys.blob(hexdigest), data, px=self.ttl_ms, nx=True):
             return True
-        self.touch(digest)
+        self.use(digest, [] if tenant is None else [tenant])
         return tenant is not None and not held
 
     @translated
     def use(self, digest: str, tenants: Iterable[str]) -> bool:
         """Whether the blob is stored and one of ``tenants`` uploaded it (its upload not expired);
-        if so it is kept another ``ttl_s``, and so is that tenant's upload, counted on against its
-        quota. False, changing nothing, for a blob only other tenants uploaded, as for one never
-        uploaded: the answer tells nothing of other tenants' uploads."""
+        if so it is kept another ``ttl_s`` (unless jobs hold it), and so is that tenant's upload,
+        counted on against its quota. False, changing nothing, for a blob only other tenants
+        uploaded, as for one never uploaded: the answer tells nothing of other tenants' uploads.
+        With no tenants (a service's use): whether it is stored, kept so."""
         hexdigest = check_digest(digest)
-        keys = [self.keys.blob(hexdigest), self.keys.blob_size(hexdigest)]
+        keys = [self.keys.blob(hexdigest), self.keys.blob_size(hexdigest), self.keys.blob_jobs(hexdigest)]
         keys += [self.keys.blobs_of(t) for t in dict.fromkeys(tenants)]
         args = [hexdigest, self.ttl_ms, int(time.time() * 1000)]
         return bool(load_scripts(self.redis)["blob_use"](keys=keys, args=args))
@@ -103,15 +108,11 @@ class BlobStore:
         pipe.execute()
         return hexdigest in held and held[hexdigest][1] > now
 
-    @translated
     def touch(self, digest: str) -> bool:
-        """Keep a blob another ``ttl_s``, whoever uploaded it; False when it is not stored (never
-        uploaded, or expired). Services only: what a tenant asks goes through :meth:`use`."""
-        hexdigest = check_digest(digest)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.pexpire(self.keys.blob(hexdigest), self.ttl_ms)
-        pipe.pexpire(self.keys.blob_size(hexdigest), self.ttl_ms)
-        return bool(pipe.execute()[0])
+        """Keep a blob another ``ttl_s`` (one held by jobs needs nothing), whoever uploaded it; False
+        when it is not stored (never uploaded, or expired). Services only: what a tenant asks goes
+        through :meth:`use`."""
+        return self.use(digest, [])
 
     @translated
     def get(self, digest: str) -> bytes | None:

@@ -93,7 +93,8 @@ class JobStore(JobTransitions, JobLogs):
             k.array(job_id),
         ]
         rank = f"{spec.priority} {spec.tenant}"
-        args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix, spec.tenant]
+        call = "" if spec.call is None else spec.call.blob.removeprefix("sha256:")  # checked by the model
+        args = [job_id, spec.model_dump_json(), now, "submitted", owner, rank, k.prefix, spec.tenant, call]
         return self._scripts["submit"](keys=keys, args=args, client=client)
 
     @translated

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,11 @@ from types import ModuleType
 import pytest
 from redis import Redis
 
+import fleet
 from fleet import Client, JobCancelled, JobFailed, JobSpec, JobState, SpecError
+from fleet.errors import JobExpired
+from fleet.keys import Keys
+from fleet.outputs import kept_dir
 from tests.conftest import Api, FleetProcs, need, need_torch
 from tests.support import start_api, wait_for
 
@@ -314,6 +320,45 @@ def test_a_function_runs_in_the_python_image_without_fleet_installed(
         calc.withdraw.on(client).options(python="python3", image=PYTHON_IMAGE).submit(1, 3).result(
             timeout=180
         )
+
+
+def test_a_calls_bytes_and_result_live_as_long_as_its_job_and_go_with_it(procs: FleetProcs, api: Api) -> None:
+    # Given a fleet keeping uploads 1 s after their last use, and ended jobs 3 s
+    procs.env.update(
+        FLEET_WORKDIR_RETENTION_S="1",
+        FLEET_JOB_RETENTION_S="3",
+        FLEET_CONTROLLER__RETENTION_INTERVAL_S="0.5",
+        FLEET_AGENT__CHECKPOINT_SWEEP_INTERVAL_S="0.3",
+    )
+    procs.controller()
+    procs.agent("t-fn-ret", gpus=1)
+    client = Client(start_api(procs, "api-functions-retention"), api.token)
+    api.clients.append(client)
+    procs.wait_nodes(client, 1)
+
+    # (functions every node imports from the standard library: a shipped directory would expire as
+    # fast as the calls)
+    on_fleet = fleet.function(python=sys.executable, gpus=1)
+    # When a call waits in the queue longer than that for another to end
+    first = on_fleet(time.sleep).on(client).submit(2)
+    second = on_fleet(math.factorial).on(client).submit(5, after=[first])
+    # Then it runs all the same: its job held its call, and its result is read back
+    assert second.result(timeout=120) == 120
+    assert first.result(timeout=5) is None
+    call = second.status().spec.call
+    assert call is not None
+    blob = Keys().blob(call.blob.removeprefix("sha256:"))
+    kept = kept_dir(procs.root / "checkpoints", "default", second.id)
+    assert kept.is_dir()
+    r = Redis.from_url(procs.redis_url)
+    # When retention deletes the job (3 s after it ended)
+    wait_for(lambda: not r.exists(Keys().job(second.id)), timeout=60, what="the job deleted")
+    # Then its call went with it, and its kept result with its outputs; result() says it expired
+    assert not r.exists(blob)
+    wait_for(lambda: not kept.exists(), timeout=30, what="the kept outputs removed")
+    with pytest.raises(JobExpired):
+        second.result(timeout=5)
+    r.close()
 
 
 def test_a_call_that_was_not_uploaded_is_refused_naming_it(client: Client) -> None:

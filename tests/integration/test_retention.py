@@ -22,8 +22,12 @@ from fleet.errors import JobExpired, NotFound, SpecError
 from fleet.keys import Keys
 from fleet.lifecycle import RetryPolicy, decide
 from fleet.models import Exit
+from fleet.state.arrays import ArrayStore
+from fleet.state.blobs import BlobStore
+from fleet.state.connection import connect_binary
 from fleet.state.retention import RetentionStore
 from fleet.state.stdin import StdinStreams
+from fleet.workdir import digest_of
 from tests.conftest import Api, FleetProcs
 from tests.integration.inprocess import Harness, info
 from tests.support import wait_for
@@ -193,6 +197,54 @@ def test_a_node_gone_for_the_retention_is_removed_with_its_bus_queue(
     ]
     for name in ("gone-busy", "gone-1d", "live"):
         assert bus.hlen(f"fleet:{node_queue(name)}.msgs") == 1
+
+
+def test_a_functions_call_lives_as_long_as_the_jobs_that_name_it_and_goes_with_the_last(
+    harness: Harness, clock: Clock
+) -> None:
+    h, now = harness, clock.now
+    h.node("n")
+    blobs = BlobStore(connect_binary(h.settings), K, ttl_s=60)
+    # Given two calls uploaded (kept 60 s after their upload), one named by two jobs, the other by a
+    # job array of two tasks, and a job naming none
+    calls = [blobs.put(digest_of(data), data, "default") and digest_of(data) for data in (b"one", b"two")]
+    first = {"call": {"blob": calls[0], "function": "m.f"}}
+    for job_id in ("a", "b"):
+        submit(h, job_id, now - 1200, **first)
+    submit(h, "plain", now - 1200)
+    spec = JobSpec.parse(
+        {"name": "j", "command": ["true"], "gpus": 1, "call": {"blob": calls[1], "function": "m.g"}}
+    )
+    assert ArrayStore(h.jobs).create("arr", spec, (0, 1), None, now - 1200)
+
+    def stored(digest: str) -> tuple[bool, int]:
+        key = K.blob(digest.removeprefix("sha256:"))
+        return bool(blobs.redis.exists(key)), int(blobs.redis.pttl(key))
+
+    # Then each call outlives its upload's 60 s: it has no expiry while they exist
+    assert [stored(c) for c in calls] == [(True, -1), (True, -1)]
+    # And uploading or naming one again (a HEAD, a submit) gives it no expiry
+    assert blobs.put(calls[0], b"one", "other") and blobs.use(calls[0], ["default"])
+    assert stored(calls[0]) == (True, -1)
+    # When job a ends and is deleted by retention, then its call stays for job b
+    run_attempt(h, "a", 0, now - 120)
+    assert h.controller.expire() == 1
+    assert stored(calls[0]) == (True, -1)
+    # When job b and one task of the array go too, then the first call goes with b
+    for job_id in ("b", "arr-0", "plain"):
+        run_attempt(h, job_id, 0, now - 100)
+    assert h.controller.expire() == 3
+    assert stored(calls[0]) == (False, -2)
+    assert stored(calls[1]) == (True, -1)
+    # And the second goes with the array's last task
+    run_attempt(h, "arr-1", 0, now - 90)
+    assert h.controller.expire() == 1
+    assert stored(calls[1]) == (False, -2)
+    assert not [
+        *blobs.redis.scan_iter(match=b"fleet:blob:*"),
+        *blobs.redis.scan_iter(match=b"fleet:blobsize:*"),
+    ]
+    blobs.redis.close()
 
 
 def test_retention_store_reports_only_jobs_it_deleted(harness: Harness, clock: Clock) -> None:

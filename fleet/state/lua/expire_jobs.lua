@@ -14,11 +14,14 @@
 --   listing <prefix>:jobs:of:<tenant> (its tenant from the record: lib/ranked.lua); for a task of a
 --   job array, <prefix>:array:<array id> (its count of tasks left), and once the array's last task
 --   is deleted, that hash, <prefix>:array:<array id>:active and its entry in <prefix>:arrays.
+--   A job or array whose record names a function's 'call' lets go of that blob, which goes with
+--   the last job or array holding it (lib/blobs.lua).
 -- ARGV[1] the leader value this write is fenced by  ARGV[2] key prefix  ARGV[3] cutoff (unix s)
 -- ARGV[4] now  ARGV[5] tombstone TTL ms  ARGV[6] final job states, comma separated
 -- ARGV[7], ARGV[8], ...: job ids
 -- Returns the number of jobs deleted, -2 when ARGV[1] is not the current leader.
 --! include ranked
+--! include blobs
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then
   return -2
 end
@@ -31,6 +34,8 @@ end
 local function forget_task(array)
   local record = prefix .. ':array:' .. array
   if redis.call('EXISTS', record) == 1 and redis.call('HINCRBY', record, 'left', -1) <= 0 then
+    local call = redis.call('HGET', record, 'call')
+    if call then blob_release(prefix, call, array) end
     redis.call('DEL', record, record .. ':active')
     redis.call('ZREM', prefix .. ':arrays', array)
   end
@@ -41,7 +46,7 @@ for i = 7, #ARGV do
   local ended = tonumber(redis.call('ZSCORE', KEYS[1], id))
   if ended and ended <= cutoff then
     local job = prefix .. ':job:' .. id
-    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at', 'array', 'max_members')
+    local fields = redis.call('HMGET', job, 'state', 'attempt', 'finished_at', 'array', 'max_members', 'call')
     local state = fields[1]
     local quarantined = redis.call('HEXISTS', KEYS[3], id) == 1
     redis.call('ZREM', KEYS[1], id)
@@ -56,6 +61,7 @@ for i = 7, #ARGV do
       local _, _, tenant = rank_of(prefix, id)
       if tenant then redis.call('ZREM', prefix .. ':jobs:of:' .. tenant, id) end
       redis.call('DEL', job, job .. ':events', job .. ':stdin', job .. ':stdin:bytes')
+      if fields[6] then blob_release(prefix, fields[6], id) end
       if state then
         redis.call('SREM', prefix .. ':jobs:state:' .. state, id)
         if quarantined then state = 'QUARANTINED' end

@@ -10,12 +10,16 @@
 -- ARGV[5] owner: the user who submitted it ('' when unknown)
 -- ARGV[6] "<priority> <tenant>" (its place in the queue: lib/ranked.lua)  ARGV[7] key prefix
 -- ARGV[8] its tenant: the job joins <prefix>:jobs:of:<tenant> too (a tenant's listing)
+-- ARGV[9] the hex digest of a function's call ('' for none): the job holds that blob
+--   (lib/blobs.lua; derived keys <prefix>:blob:<hex>, :jobs, <prefix>:blobsize:<hex>) and its hash
+--   names it as 'call', for expire_jobs.lua
 -- Fields that start at their default (failures, not_before, updated_at, ...) are not stored: a job
 -- queued costs its hash, and every field of a hash of this size is ~50 bytes.
 -- Returns 1 when created, 0 when a job with this id already existed, -1 while the tombstone of
 -- an expired job holds the id (a new job must not inherit its checkpoint directory), -2 when a
 -- job array has this id.
 --! include ranked
+--! include blobs
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
@@ -32,4 +36,8 @@ redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('ZADD', ARGV[7] .. ':jobs:of:' .. ARGV[8], seq, ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])
 ranked_add(ARGV[7], ARGV[1])
+if ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[1], 'call', ARGV[9])
+  blob_hold(ARGV[7], ARGV[9], ARGV[1])
+end
 return 1

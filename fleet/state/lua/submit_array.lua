@@ -14,7 +14,9 @@
 -- ARGV[11] the spec's priority  ARGV[12] its tenant (the queue's order: lib/ranked.lua; the
 --   tasks of one array all have the same rank but for their seq); the tasks join the tenant's
 --   listing, <prefix>:jobs:of:<tenant>, too
--- ARGV[13], ARGV[14], ...: the indices of this batch
+-- ARGV[13] the hex digest of a function's call ('' for none): the array holds that blob while its
+--   record lasts (lib/blobs.lua) and its record names it as 'call', for expire_jobs.lua
+-- ARGV[14], ARGV[15], ...: the indices of this batch
 -- Returns {tasks created, ''}; {-1, field} when the array exists with another spec, indices or
 -- max running; {-2, task id} when a job that is not this array's task holds a task's id;
 -- {-3, ''} when a job has the array's id; {-4, task id} while the tombstone of an expired job
@@ -23,6 +25,7 @@
 -- The record counts its tasks not yet deleted by retention ("left"): expire_jobs.lua deletes the
 -- record with the last one.
 --! include ranked
+--! include blobs
 if redis.call('EXISTS', KEYS[7]) == 1 then
   return {-3, ''}
 end
@@ -37,7 +40,7 @@ if stored[1] then
   if stored[3] ~= ARGV[5] then return {-1, 'max_running'} end
 end
 local todo = {}
-for i = 13, #ARGV do
+for i = 14, #ARGV do
   local task = id .. '-' .. ARGV[i]
   local owner = redis.call('HMGET', prefix .. ':job:' .. task, 'id', 'array')
   if owner[1] and owner[2] ~= id then
@@ -52,6 +55,10 @@ end
 if not stored[1] then
   redis.call('HSET', KEYS[1], 'id', id, 'spec', ARGV[2], 'indices', ARGV[3], 'size', ARGV[4],
     'max_running', ARGV[5], 'created_at', now, 'owner', ARGV[10])
+  if ARGV[13] ~= '' then
+    redis.call('HSET', KEYS[1], 'call', ARGV[13])
+    blob_hold(prefix, ARGV[13], id)
+  end
 end
 if #todo == 0 then
   return {0, ''}
