@@ -84,7 +84,7 @@ typecheck: install
 
 all: lint typecheck test
 
-bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, a large workdir's submit, fair share and preemption, queue positions, webhooks, the API path (submits/s, jobs/s), a live resize, fleet sim and the elastic policy, Slurm if installed; results go to BENCHMARKS.md by hand
+bench: install images-test  ## dispatch, recovery, launch cost, memory under retention, scale (small; see bench/scale.py), job arrays, CLI time, a large workdir's submit, fair share and preemption, queue positions, webhooks, the API path (submits/s, jobs/s), functions (f.map, a call's round trip), a live resize, fleet sim and the elastic policy, Slurm if installed; results go to BENCHMARKS.md by hand
 	$(PYTHON) -m bench.dispatch
 	$(PYTHON) -m bench.recovery
 	$(PYTHON) -m bench.supervisor
@@ -97,6 +97,7 @@ bench: install images-test  ## dispatch, recovery, launch cost, memory under ret
 	$(PYTHON) -m bench.positions
 	$(PYTHON) -m bench.webhooks
 	$(PYTHON) -m bench.api  # submits/s and trivial jobs/s through the real API, sbatch beside it when installed
+	$(PYTHON) -m bench.functions  # f.map and one call's round trip against plain jobs, submitit on Slurm beside them when installed
 	$(PYTHON) -m bench.elastic  # a live resize through the real path
 	$(PYTHON) -m bench.sim  # the simulator and the elastic policy: allocator cost, the paper's workloads, Philly
 	bash bench/slurm.sh  # Slurm beside fleet; skips when Slurm is not installed (--install installs it)

@@ -7,17 +7,21 @@
 # are started here (no systemd) and stopped on exit. Run: bash bench/slurm.sh [--install] [--jobs N]
 # `--sbatch-rate N` only times N `sbatch --wrap true` calls one after another (bench/api.py puts that
 # beside fleet's submits through its API) and prints `sbatch_per_s=<rate>`.
+# `--run CMD...` starts Slurm (tuned settings, below) and runs CMD with SLURM_CONF set, then stops it
+# (bench/functions.py runs submitit there).
 set -euo pipefail
 
 JOBS=1000
 INSTALL=0
 RATE=0
+RUN=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --install) INSTALL=1 ;;
     --jobs) JOBS=$2; shift ;;
     --sbatch-rate) RATE=$2; shift ;;
-    *) echo "usage: $0 [--install] [--jobs N] [--sbatch-rate N]" >&2; exit 2 ;;
+    --run) shift; RUN=("$@"); break ;;
+    *) echo "usage: $0 [--install] [--jobs N] [--sbatch-rate N] [--run CMD...]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -134,7 +138,15 @@ EOF
   stop_slurm
 }
 
+TUNED="SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,default_queue_depth=1000"
 start_munge
+if [[ ${#RUN[@]} -gt 0 ]]; then
+  start_slurm "$TUNED" || { echo "node never became idle (see $ROOT/*.log)"; exit 1; }
+  status=0
+  "${RUN[@]}" || status=$?
+  stop_slurm
+  exit $status
+fi
 if [[ $RATE -gt 0 ]]; then
   sbatch_rate "$RATE"
   exit
@@ -143,5 +155,4 @@ echo "# slurm $(slurmctld -V | awk '{print $2}'), $(date +%F), $HOST: $(nproc) c
 echo "| Slurm settings | jobs | first sbatch -> last done | throughput | notes |"
 echo "|---|---|---|---|---|"
 run "default" ""
-run "tuned: batch_sched_delay=0, sched_min_interval=0, default_queue_depth=1000" \
-  "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,default_queue_depth=1000"
+run "tuned: batch_sched_delay=0, sched_min_interval=0, default_queue_depth=1000" "$TUNED"
