@@ -9,7 +9,9 @@ there, naming it); one background thread per executor queues them in batches (``
 most ``max_running`` queued or running at once, and resolves their futures. It watches them all
 with two calls a round, not one per job: a long-poll on the oldest job still out (``wait``, which
 returns as soon as that job ends), then one listing of the executor's jobs by the label
-:data:`LABEL` that each of them carries. A future stays pending while its job is queued (so
+:data:`LABEL` that each of them carries: its newest, as many as are out and :data:`SLACK` more
+(jobs end about in the order they were sent, so those out are the newest), or all of them in a
+round where a job out is older than that. A future stays pending while its job is queued (so
 ``cancel()`` works, and cancels the job), runs once the job is placed, and holds the function's
 return value or exception once the job ended (:meth:`fleet.FunctionHandle.result`'s).
 """
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 LABEL = "fleet-executor"
 #: consecutive rounds the watcher may fail (the API unreachable) before it fails every future
 FAILURES_MAX = 5
+#: jobs a round's listing reads beyond those out, for jobs that ended out of order
+SLACK = 100
 
 
 @dataclass
@@ -199,17 +203,27 @@ class Executor(cf.Executor):
             self.client.cancel_jobs(gone[start : start + 10_000])
 
     def _look(self) -> None:
-        """One round: wait for the oldest job out (at most ``poll_s``), then read all of them."""
+        """One round: wait for the oldest job out (at most ``poll_s``), then read every other job out:
+        the newest, as many as are out and ``SLACK`` more; all of them when that missed one (a
+        listing of every job the executor sent grows with the calls made, not with those out)."""
         with self._lock:
             oldest = next(iter(self._out), None)
             if oldest is None or (self._held and self._room()):
                 return
-            count = self._sent
+            count, out = self._sent, len(self._out)
         with contextlib.suppress(JobTimeout):  # not ended yet: look at the others all the same
-            self.client.wait(oldest, self._poll)
-        jobs = self.client.jobs(labels={LABEL: self._tag}, limit=min(max(count, 1), 100_000))
+            self._update(self.client.wait(oldest, self._poll))
+        jobs = self._listed(min(out + SLACK, count))
+        with self._lock:
+            missed = not self._out.keys() - {oldest} <= {job.id for job in jobs}
+        if missed and len(jobs) < count:
+            jobs = self._listed(count)
         for job in jobs:
             self._update(job)
+
+    def _listed(self, most: int) -> list[Job]:
+        """The executor's newest ``most`` jobs."""
+        return self.client.jobs(labels={LABEL: self._tag}, limit=min(max(most, 1), 100_000))
 
     def _room(self) -> bool:
         return self._most is None or len(self._out) < self._most

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import fleet
-from fleet.client.executor import results
+from fleet.client.executor import SLACK, results
 from fleet.client.handles import JobHandle
 from fleet.client.outcomes import FunctionHandle
 from fleet.models import Job, JobSpec, JobState
@@ -90,6 +90,7 @@ class Fleet:
         self.specs: list[dict[str, Any]] = []  # as submitted
         self.most_out = 0
         self.transport = SimpleNamespace(close=lambda: None)
+        self.limits: list[int] = []  # of each listing
 
     def upload_blob(self, data: bytes) -> str:
         return "sha256:" + "0" * 64
@@ -110,7 +111,8 @@ class Fleet:
         return self.jobs_[job_id]
 
     def jobs(self, labels: dict[str, str], limit: int) -> list[Job]:
-        return list(self.jobs_.values())
+        self.limits.append(limit)
+        return list(reversed(self.jobs_.values()))[:limit]  # newest first, as the API lists
 
     def cancel_jobs(self, ids: list[str]) -> None:
         for job_id in ids:
@@ -166,3 +168,34 @@ def test_map_after_makes_every_call_wait_and_takes_a_calls_handle_as_its_result(
     with pytest.raises(fleet.SpecError, match=r"after: 3\.5 is not a job"):
         double.map([1], after=[3.5])
     assert len(fake.specs) == 2
+
+
+def test_a_round_reads_the_jobs_out_not_every_job_sent_and_misses_none() -> None:
+    # Given a fleet whose jobs end as they are listed, but for those held back
+    fake, held = Fleet(), {"call-150", "call-151"}
+    listing = fake.jobs
+
+    def jobs(labels: dict[str, str], limit: int) -> list[Job]:
+        done = {"state": JobState.SUCCEEDED, "attempt": 1, "outputs_attempt": 1}
+        for job_id, job in fake.jobs_.items():
+            if not job.state.final and job_id not in held:
+                fake.jobs_[job_id] = job.model_copy(update=done)
+        return listing(labels, limit)
+
+    fake.jobs = jobs  # type: ignore[method-assign]
+    fake.wait = lambda job_id, timeout=None: fake.jobs_[job_id]  # type: ignore[method-assign]
+    with fleet.Executor(gpus=0, client=fake, max_running=3, poll_s=0.01) as pool:  # type: ignore[arg-type]
+        # When 150 calls are made, at most 3 out at once
+        first = [pool.submit(abs, n) for n in range(150)]
+        assert [f.result(timeout=30) for f in first] == [2 * n for n in range(150)]
+        # Then each round read the jobs out and a few more, never every job sent
+        assert max(fake.limits) <= 3 + SLACK
+        # When 150 more are made, the first two of them running until released
+        later = [pool.submit(abs, n) for n in range(150, 300)]
+        assert [f.result(timeout=30) for f in later[2:]] == [2 * n for n in range(152, 300)]
+        # Then the second's end is seen while the first runs on, though it is older than a
+        # round's few by then
+        held.remove("call-151")
+        assert later[1].result(timeout=30) == 302 and not later[0].done()
+        held.clear()
+        assert later[0].result(timeout=30) == 300
