@@ -9,7 +9,7 @@ drained queue:
 1. ``f.map(range(N))`` for each N of ``--calls`` (200 and 1,000): first call -> last result in hand,
    as calls/s and ms of wall time per call;
 2. the same number of 1-GPU ``true`` jobs through ``Client.submit_many`` (first submit -> last
-   final status in hand), and for the smallest N through ``fleet submit`` (a CLI process a job);
+   final status in hand), and ``--cli`` (200) through ``fleet submit`` (a CLI process a job);
 3. one call's round trip, ``f.submit(i).result()`` one after another (``--round-trips``, 50):
    p50 and p99, beside a plain job's (``client.submit`` then ``wait``), and where the time goes:
    the median of each step from the job's history;
@@ -42,7 +42,7 @@ import redis
 import fleet
 from bench.api import SPEC, _listens, drain
 from bench.dispatch import machine_line, redis_server
-from bench.harness import REPO, Result, pythonpath, until
+from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
 from bench.procs import FleetProcs
 from bench.scale import DEFAULTS
 from fleet.api.backend import Backend
@@ -62,7 +62,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--calls", type=int, nargs="+", default=[200, 1000], help="map sizes (200 1000)")
+    parser.add_argument(
+        "--cli", type=int, default=200, help="`true` jobs through `fleet submit` (200; 0: skip)"
+    )
     parser.add_argument("--round-trips", type=int, default=50, help="single calls timed one by one (50)")
+    parser.add_argument("--no-slurm", action="store_true", help="leave submitit on Slurm out")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each measurement, s")
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy during round trips (0: skip)")
     parser.add_argument("--submitit", action="store_true", help="measure submitit on the running Slurm only")
@@ -80,7 +84,8 @@ def main() -> None:
         print("| what | result | notes |\n|---|---|---|", flush=True)
         with redis_server() as url:
             run(args, url, root, out)
-        beside_slurm(args, out)
+        if not args.no_slurm:
+            beside_slurm(args, out)
         print(f"load average at the end: {load()}")
     if args.json:
         args.json.write_text(json.dumps({"rows": out.rows, **out.data}, indent=1))
@@ -109,14 +114,17 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         assert list(f.map(range(10))) == list(range(1, 11))  # warm: connections, imports, scripts
         client.submit_many([SPEC] * 10)
         drain(backend, args.timeout)
+        meter = Meter(api.pid)
         for n in args.calls:
-            mapped(f, n, out)
+            mapped(f, n, out, meter)
             drain(backend, args.timeout)
-            batched_jobs(client, n, out)
+            batched_jobs(client, n, out, meter)
             drain(backend, args.timeout)
-        cli_jobs(procs, port, token, min(args.calls), backend, out)
-        drain(backend, args.timeout)
-        round_trips(f, client, args.round_trips, out)
+        if args.cli:
+            cli_jobs(procs, port, token, args.cli, backend, out)
+            drain(backend, args.timeout)
+        if args.round_trips:
+            round_trips(f, client, args.round_trips, out)
         if args.profile_s:
             profile(f, [os.getpid(), api.pid, agent.pid], args.profile_s, root, out)
         client.close()
@@ -125,37 +133,54 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         backend.close()
 
 
+class Meter:
+    """CPU seconds of this process (the client) and of the API: less moved by other work on the
+    machine than wall time is."""
+
+    def __init__(self, api_pid: int) -> None:
+        self.api_pid = api_pid
+
+    def read(self) -> tuple[float, float]:
+        return cpu_seconds(os.getpid()), cpu_seconds(self.api_pid)
+
+    def note(self, before: tuple[float, float], n: int) -> str:
+        client, api = (b - a for a, b in zip(before, self.read(), strict=True))
+        return f"CPU a call: client {client / n * 1000:.1f} ms, API {api / n * 1000:.1f} ms"
+
+
 def per_call(what: str, n: int, took: float, out: Result, note: str = "", **data: Any) -> None:
     out.add(what, f"{took:.1f} s = **{n / took:.1f}/s**", f"{took / n * 1000:.0f} ms a call; {note}", **data)
 
 
-def mapped(f: Any, n: int, out: Result) -> None:
-    started = time.perf_counter()
+def mapped(f: Any, n: int, out: Result, meter: Meter) -> None:
+    started, cpu = time.perf_counter(), meter.read()
     results = list(f.map(range(n)))
     took = time.perf_counter() - started
     assert results == [i + 1 for i in range(n)], "a call returned something else"
+    note = f"{meter.note(cpu, n)}; load {load()}"
     per_call(
         f"`f.map` of {n} trivial calls: first call -> last result",
         n,
         took,
         out,
-        f"load {load()}",
+        note,
         **{f"map_{n}_per_s": n / took},
     )
 
 
-def batched_jobs(client: Client, n: int, out: Result) -> None:
-    started = time.perf_counter()
+def batched_jobs(client: Client, n: int, out: Result, meter: Meter) -> None:
+    started, cpu = time.perf_counter(), meter.read()
     handles = [h for at in range(0, n, 500) for h in client.submit_many([SPEC] * min(500, n - at))]
     states = [h.wait(timeout=600).state.value for h in handles]
     took = time.perf_counter() - started
     assert states == ["SUCCEEDED"] * n, sorted(set(states))
+    note = f"{meter.note(cpu, n)}; load {load()}"
     per_call(
         f"{n} `true` jobs, `Client.submit_many`: first submit -> last status",
         n,
         took,
         out,
-        f"load {load()}",
+        note,
         **{f"submit_many_{n}_per_s": n / took},
     )
 
