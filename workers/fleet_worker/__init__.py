@@ -20,12 +20,44 @@ They may report their gradient noise scale with it (``fw.GradientNoiseScale``, `
 so fleet sizes them by goodput: see ``fw.gns``.
 """
 
-from fleet_worker import dist, elastic, gns
-from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
-from fleet_worker.elastic import scale_lr
-from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, num_nodes
-from fleet_worker.gns import GradientNoiseScale, NoiseScale
-from fleet_worker.signals import exit_after_checkpoint, progress, report, stop_requested
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleet_worker import dist, elastic, gns
+    from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
+    from fleet_worker.elastic import scale_lr
+    from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, num_nodes
+    from fleet_worker.gns import GradientNoiseScale, NoiseScale
+    from fleet_worker.signals import exit_after_checkpoint, progress, report, stop_requested
+
+#: the module of each public name but the modules themselves, imported at the name's first use: a
+#: job starts with only what it uses (a function's runner, ``python -m fleet_worker.call``, none)
+_HOME = {
+    **dict.fromkeys(("StaleAttempt", "checkpoint_dir", "latest_name", "load_latest", "save"), "checkpoint"),
+    "scale_lr": "elastic",
+    **dict.fromkeys(("attempt", "batch_size", "job_id", "node_rank", "num_gpus", "num_nodes"), "env"),
+    **dict.fromkeys(("GradientNoiseScale", "NoiseScale"), "gns"),
+    **dict.fromkeys(("exit_after_checkpoint", "progress", "report", "stop_requested"), "signals"),
+}
+_MODULES = ("dist", "elastic", "gns")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"fleet_worker.{name}")  # the import sets it here too
+    if name not in _HOME:
+        raise AttributeError(f"module 'fleet_worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"fleet_worker.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "GradientNoiseScale",
