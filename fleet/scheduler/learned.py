@@ -25,8 +25,8 @@ class LearnedProfile(Profile):
     Step time at per-GPU batch ``b`` on ``g`` GPUs = ``fixed + per_sample x b + sync(g)``, fitted to
     every report at once (:func:`_fit`): ``fixed`` is what a step costs whatever its batch (why a
     finer split gains less than its share of samples), ``sync`` 0 at one GPU, linear between the GPU
-    counts it ran at, past the largest along the last two (with one count beyond one GPU that was
-    faster than one, the same as there). Optimistic where nothing was seen, so the job is tried
+    counts it ran at, past the largest the same as there if the job ran faster there than at the
+    count before (else along the last two). Optimistic where nothing was seen, so the job is tried
     bigger; never beyond ``EXPLORE`` x the most GPUs it ran at (``least``, its smallest size, before
     any report), and never a larger per-GPU batch than ``max_local`` (what the job declared fits a
     GPU's memory) or, undeclared, than it ran at, in one pass: sized by goodput (``accumulate``), a
@@ -95,8 +95,8 @@ class LearnedProfile(Profile):
             return points[i][1]
         if len(points) == 1:
             return 0.0  # never ran on more than one GPU: optimistic
-        if i == len(points) and len(points) == 2 and self._model.flat:
-            return points[1][1]
+        if i == len(points) and self._model.flat:
+            return points[-1][1]
         (g0, s0), (g1, s1) = points[i - 1 : i + 1] if i < len(points) else points[-2:]
         return max(s0 + (s1 - s0) * (gpus - g0) / (g1 - g0), 0.0)
 
@@ -110,9 +110,11 @@ class Model(NamedTuple):
     per_sample: float
     #: the synchronisation's seconds at each GPU count it ran at, with (1, 0.0)
     syncs: tuple[tuple[int, float], ...]
-    #: past the one count beyond one GPU it ran at, the same synchronisation (Pollux's model, with no
-    #: growth seen yet), rather than growth along the line from one GPU: only when that count was
-    #: faster than one GPU (a job that did not gain is not pushed further)
+    #: past the largest GPU count it ran at, the same synchronisation as there (Pollux's model with no
+    #: growth seen beyond), rather than growth along the line through the last two counts: only when
+    #: the largest count was faster than the one before it (a job that did not gain is not pushed
+    #: further). Drawn along the line, a job whose batch grew with its GPUs (cifar10 in Pollux's
+    #: simulator) looked slower on twice the GPUs and was never tried there
     flat: bool
 
 
@@ -143,7 +145,8 @@ def _fit(observed: Mapping[tuple[int, int], float]) -> Model:
     syncs = [(c, max(float(v), 0.0)) for c, v in zip(counts, solved[2:], strict=True)]
     start = [(least, 0.0)] if least > 1 else []
     rates = {g: max(rate for (n, _), rate in observed.items() if n == g) for g, _, _ in seen}
-    flat = len(rates) == 2 and rates[max(rates)] > rates[min(rates)]
+    counted = sorted(rates)
+    flat = len(counted) >= 2 and rates[counted[-1]] > rates[counted[-2]]
     return Model(fixed, per_sample, ((1, 0.0), *start, *syncs), flat)
 
 

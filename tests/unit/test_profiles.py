@@ -80,6 +80,22 @@ def test_a_job_slower_on_more_gpus_is_not_given_more() -> None:
     assert allocate([slower], 16, now=0.0)["j"] == (1, 64)
 
 
+def test_a_job_that_gained_from_its_last_doubling_is_tried_at_the_next() -> None:
+    # Given what cifar10 made in Pollux's simulator at 1, 2, 4 and 8 GPUs as its batch grew (its
+    # step's synchronisation looks to grow from 4 to 8 GPUs, and it still ran faster on 8)
+    seen = {(1, 128): 1241.0, (2, 278): 2274.0, (4, 864): 5011.0, (8, 3312): 9370.0}
+    profile = LearnedProfile(
+        name="learned", min_batch=128, max_batch=4096, least=1, max_local=1024, observed=seen
+    )
+    job = ElasticJob("j", "t", 1, 64, 128, 4096, profile, gpus=8, batch=3312, changed_at=0.0)
+    # Then past the largest count it ran at, its synchronisation is taken as there (nothing seen says
+    # more): it is tried at twice the GPUs (along the growth from 4 to 8, 16 looked slower than 8)
+    assert allocate([job], 64, now=1000.0) == {"j": (16, 4096)}
+    # And a job that did not gain from its last doubling is not pushed further
+    stalled = replace(profile, observed={**seen, (8, 3312): 4900.0})
+    assert allocate([replace(job, profile=stalled)], 64, now=1000.0)["j"][0] < 8
+
+
 def test_learned_jobs_share_gpus_by_how_well_each_scales() -> None:
     good = learned({(1, 64): 100.0, (2, 128): 198.0, (4, 256): 390.0})
     poor = learned({(1, 64): 100.0, (2, 128): 120.0, (4, 256): 125.0})
@@ -157,10 +173,13 @@ def test_a_learned_sync_stays_at_its_one_measured_count_until_a_second_says_how_
     )
     # Then 4 GPUs at 64 each are expected to synchronise as 2 do (Pollux: no growth seen yet)
     assert one.throughput(4, 256) == pytest.approx(360.0)
-    # and once 4 GPUs were seen slower still, 8 follow the line through 2 and 4
+    # and once 4 GPUs were seen to synchronise slower still but run faster than 2, 8 are expected to
+    # synchronise as 4 do; had 4 run no faster than 2, 8 would follow the line through 2 and 4
     two = replace(one, observed={**one.observed, (4, 256): 320.0})
-    step = {g: 64 * g / two.observed[g, 64 * g] for g in (2, 4)}
-    assert two.throughput(8, 512) == pytest.approx(512 / (3 * step[4] - 2 * step[2]), rel=1e-6)
+    assert two.throughput(8, 512) == pytest.approx(2 * 320.0, rel=1e-6)
+    stalled = replace(one, observed={**one.observed, (4, 256): 170.0})
+    step = {g: 64 * g / stalled.observed[g, 64 * g] for g in (2, 4)}
+    assert stalled.throughput(8, 512) == pytest.approx(512 / (3 * step[4] - 2 * step[2]), rel=1e-6)
 
 
 def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
