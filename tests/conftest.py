@@ -9,6 +9,7 @@ import contextlib
 import gc
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,7 +41,15 @@ DEFAULT_CGROUP_PARENT = {"test_up.py", "test_hosts.py"}
 
 def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker's fleets give their gangs' rank 0 ports (``MASTER_PORT``, bound on
-    this host) from a range of the worker's own, so that two workers' gangs never meet."""
+    this host) from a range of the worker's own, so that two workers' gangs never meet.
+
+    Ctrl-C reaches the commands the tests start as it does a user's: a pytest started where SIGINT
+    is ignored (a background job of a script, some CI runners) hands that to every child, and a
+    Python program that starts with SIGINT ignored never raises KeyboardInterrupt, so `fleet jobs
+    --watch`, `fleet run` and `fleet shell` went on after the tests' Ctrl-C. With a handler here,
+    the children start with SIGINT at its default (exec resets handled signals, not ignored ones)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):  # 50 ports each, past the default 29400-29899 (a serial run's) and
         # below the kernel's ephemeral ports (from 32768)
