@@ -1,7 +1,8 @@
 """Functions on the fleet: ``@fleet.function(gpus=1, workdir=".")`` on a module-level function makes
 ``f.submit(*args, **kwargs)`` run it as a job and return a :class:`FunctionHandle`, whose
 ``result()`` is the function's return value (or its exception, raised again here); ``f(*args)``
-still runs it here, unchanged; ``f.map(items)`` makes one call per item (:mod:`fleet.client.executor`).
+still runs it here, unchanged; ``f.map(items)`` makes one call per item, all one job array
+(:mod:`fleet.client.mapped`).
 
 The call travels as one content-addressed blob through the API (``PUT /v1/blobs``): the function
 (pickled by value when it is defined in a script, else named by module and qualified name and
@@ -109,22 +110,50 @@ class Function(Generic[P, R]):
         return_exceptions: bool = False,
         after: Iterable[object] | None = None,
     ) -> Iterator[R] | Iterator[R | Exception]:
-        """One call per item (``f.map(xs, ys)`` calls ``f(x, y)``, as the built-in ``map``), each a
-        job, sent in batches; the results as an iterator, in the order of the items (``ordered=False``:
-        as the calls end). Every call is pickled and sent before this returns (an argument that
-        cannot be pickled is refused, naming it, and nothing runs). ``max_running``: most calls
-        queued or running at once (the rest wait here). A call that raised is raised again in its
-        place, after every earlier result, and the calls still queued are cancelled; with
-        ``return_exceptions=True`` its exception is yielded in its place instead and every call runs.
-        Closing the iterator early cancels the calls still queued. ``after``: jobs every call waits
-        for (as :meth:`submit`'s); an item that is a call's handle is that call's result, waited for."""
-        from fleet.client.executor import Executor, results
+        """One call per item (``f.map(xs, ys)`` calls ``f(x, y)``, as the built-in ``map``), all of
+        them one job array (task ``i`` makes call ``i``); the results as an iterator, in the order of
+        the items (``ordered=False``: as the calls end). Every call is pickled and sent before this
+        returns (an argument that cannot be pickled is refused, naming it, and nothing runs).
+        ``max_running``: most calls on nodes at once (the array's; the rest wait in the queue). A
+        call that raised is raised again in its place, after every earlier result, and the calls
+        still queued are cancelled; with ``return_exceptions=True`` its exception is yielded in its
+        place instead and every call runs. Closing the iterator early cancels the calls still queued.
+        ``after``: jobs every call waits for (as :meth:`submit`'s). An item that is a call's handle
+        is that call's result, waited for: such a map (or one whose calls pickle to more than
+        :data:`fleet.client.mapped.MAP_BLOB_MAX` in all) is one job per call, sent in batches, with
+        at most ``max_running`` queued or running (:class:`fleet.Executor`'s way)."""
+        from fleet.client import mapped
 
         deps = checks.after(after)
+        most = None if max_running is None else checks.count(max_running, "max_running")
         fields = {**self.fields, "after": [*self.fields.get("after", []), *deps]} if deps else self.fields
-        executor = Executor._for(fields, self.python, self.client, max_running)
+        items = list(zip(*iterables, strict=False))
+        if not items:
+            return iter(())
+        blob = mapped.calls_blob(self.fn, items)
+        if blob is None:
+            return self._map_jobs(fields, items, most, ordered, return_exceptions)
+        client = self.client or default_client()
+        call = mapped.call_of(self.fn, client.upload_blob(blob), items)
+        spec = job_fields(self.fn, self.python, fields, call)
+        array = client.submit_array(spec, range(len(items)), max_running=most)
+        tasks = mapped.Tasks(client, array.id, len(items), self.name)
+        return mapped.results(tasks, ordered, return_exceptions)
+
+    def _map_jobs(
+        self,
+        fields: dict[str, Any],
+        items: list[tuple[Any, ...]],
+        most: int | None,
+        ordered: bool,
+        return_exceptions: bool,
+    ) -> Iterator[Any]:
+        """:meth:`map` as one job per call, through an executor."""
+        from fleet.client.executor import Executor, results
+
+        executor = Executor._for(fields, self.python, self.client, most)
         try:
-            futures = [executor.submit(self.fn, *args) for args in zip(*iterables, strict=False)]
+            futures = [executor.submit(self.fn, *args) for args in items]
         except BaseException:
             executor.shutdown(wait=False, cancel_futures=True)
             raise

@@ -10,13 +10,13 @@ from types import ModuleType
 import pytest
 
 import fleet
-from fleet import Client, JobCancelled, JobState
+from fleet import Client, JobArray, JobCancelled, JobState
 from tests.integration.test_functions import calc, ready, runtime  # noqa: F401 (fixtures)
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 #: inputs of the map test: each call is a process started on this fleet's one node, so the suite
-#: maps a few dozen, not the issue's 1,000 (the same path: submit_many batches, a listing a round)
+#: maps a few dozen, not the issue's 1,000 (the same path: one array, its tasks watched a round)
 MANY = 40
 
 
@@ -37,8 +37,11 @@ def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
     failed = results.pop(MANY // 2)
     assert isinstance(failed, calc.Overdrawn) and "1000000 is more than 100" in str(failed)
     assert results == [99] * (MANY - 1)
-    # And each call was one job, all of them ended
+    # And the map was one job array, a task per call, all of them ended
     assert len(ready.jobs(state="SUCCEEDED")) == MANY - 1 and len(ready.jobs(state="FAILED")) == 1
+    (array,) = ready.listing()
+    assert isinstance(array, JobArray) and array.size == MANY
+    assert array.tasks[JobState.SUCCEEDED] == MANY - 1 and array.tasks[JobState.FAILED] == 1
 
 
 def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_all(
@@ -57,11 +60,16 @@ def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_al
     assert seen == [9, 8]
 
     # And unordered, every value comes back, as its call ends, an item that is a call's handle taken
-    # as its result on the node, and every call waiting for the job given as after
+    # as its result on the node (such a map is one job per call, each waiting for its own inputs),
+    # and every call waiting for the job given as after
     base, gate = withdraw.submit(20, 10), withdraw.submit(5, 1)
     assert sorted(withdraw.map([base] * 3, [1, 2, 3], ordered=False, after=[gate])) == [7, 8, 9]
     mapped = [j for j in ready.jobs() if j.spec.call and j.spec.call.inputs == [base.id]]
     assert len(mapped) == 3 and all({d.job for d in j.spec.after} == {base.id, gate.id} for j in mapped)
+    # And a map of plain items is one array, every task of which waits for the job given as after
+    assert list(withdraw.map([5, 6], [1, 1], after=[gate])) == [4, 5]
+    newest = next(a for a in ready.listing() if isinstance(a, JobArray))
+    assert newest.size == 2 and [d.job for d in newest.spec.after] == [gate.id]
 
 
 def test_as_completed_from_the_standard_library_on_executor_futures(

@@ -1,10 +1,13 @@
-"""What ``f.map`` yields from its calls' futures, without a fleet: the order, a failure in its place
-or raised after every earlier result, and the calls not yet started cancelled when it stops."""
+"""What ``f.map`` yields, without a fleet: one job array whose tasks each find their own call, the
+order, a failure in its place or raised after every earlier result, and the calls not yet started
+cancelled when it stops; one job per call through an executor's futures where items hold handles."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import pickle
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,10 +15,12 @@ from typing import Any
 import pytest
 
 import fleet
+from fleet.client import mapped
 from fleet.client.executor import SLACK, results
 from fleet.client.handles import JobHandle
 from fleet.client.outcomes import FunctionHandle
 from fleet.models import Job, JobSpec, JobState
+from fleet.models.arrays import task_id
 from fleet_worker import call as runner
 
 
@@ -199,3 +204,147 @@ def test_a_round_reads_the_jobs_out_not_every_job_sent_and_misses_none() -> None
         assert later[1].result(timeout=30) == 302 and not later[0].done()
         held.clear()
         assert later[0].result(timeout=30) == 300
+
+
+def test_each_task_of_a_map_finds_its_own_arguments_by_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a map's calls of a function imported on the node and of one that travels by value
+    for fn, items, want in (
+        (divmod, [(7, 2), (9, 4), (1, 1)], [(3, 1), (2, 1), (1, 0)]),
+        (lambda a, b: f"{a}{b}", [("x", 1), ("y", 2)], ["x1", "y2"]),
+    ):
+        blob = mapped.calls_blob(fn, items)
+        assert blob is not None
+        for index, expected in enumerate(want):
+            # When the runner of task `index` makes its call
+            folder = tmp_path / f"{id(fn)}-{index}" / runner.FOLDER
+            folder.mkdir(parents=True)
+            (folder / runner.CALL).write_bytes(blob)
+            monkeypatch.setenv("FLEET_ARRAY_INDEX", str(index))
+            assert runner.run(str(folder.parent)) == 0
+            # Then it made the call of its own item, and kept no arguments beside its outcome
+            header, payload = runner.unpack(runner.OUTCOME_MAGIC, (folder / runner.OUTCOME).read_bytes())
+            assert header["status"] == runner.RETURNED and pickle.loads(payload) == expected
+            assert not (folder / runner.CALL).exists()
+    # And an index the map does not hold, or none, is refused in words
+    with pytest.raises(runner.Refused, match="FLEET_ARRAY_INDEX 3: the map holds calls 0 to 2"):
+        runner.task_call(mapped.calls_blob(divmod, [(1, 1)] * 3) or b"", 3)
+    folder = tmp_path / "none" / runner.FOLDER
+    folder.mkdir(parents=True)
+    (folder / runner.CALL).write_bytes(mapped.calls_blob(divmod, [(1, 1)]) or b"")
+    monkeypatch.delenv("FLEET_ARRAY_INDEX")
+    assert runner.run(str(folder.parent)) == 1
+    assert b"a map's call runs as a task of its job array" in (folder / runner.OUTCOME).read_bytes()
+
+
+def test_a_map_holding_a_handle_or_too_many_bytes_goes_one_job_per_call() -> None:
+    fake = Fleet()
+    assert mapped.calls_blob(abs, [(1,), (FunctionHandle(fake, "prep-1", "prep"),)]) is None
+    big = b"x" * (mapped.MAP_BLOB_MAX // 2)
+    assert mapped.calls_blob(len, [(big,), (big,), (big,)]) is None
+    assert mapped.calls_blob(len, [(big,)]) is not None
+    with pytest.raises(fleet.SpecError, match=r"item 1: len: argument 1 \(<generator"):
+        mapped.calls_blob(len, [(1,), ((x for x in ()),)])
+
+
+class ArrayFleet:
+    """Stands in for a :class:`fleet.Client` as a map's array uses it: a task runs, through the real
+    runner, when it is waited for; the others stay queued until then."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp, self.env = tmp_path, monkeypatch
+        self.blobs: dict[str, bytes] = {}
+        self.arrays: list[tuple[dict[str, Any], list[int], int | None]] = []
+        self.tasks: dict[str, Job] = {}
+        self.cancelled: list[str] = []
+
+    def upload_blob(self, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.blobs[digest] = data
+        return digest
+
+    def submit_array(self, spec: dict[str, Any], indices: range, max_running: int | None) -> Any:
+        self.arrays.append((spec, list(indices), max_running))
+        for i in indices:
+            task = task_id("map-1", i)
+            shape = JobSpec(name="c", command=["c"])
+            self.tasks[task] = Job(
+                id=task, spec=shape, state=JobState.QUEUED, array_id="map-1", array_index=i
+            )
+        return SimpleNamespace(id="map-1")
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        job = self.tasks[job_id]
+        if job.state == JobState.QUEUED:
+            folder = self.tmp / job_id / runner.FOLDER
+            folder.mkdir(parents=True)
+            (folder / runner.CALL).write_bytes(self.blobs[self.arrays[-1][0]["call"]["blob"]])
+            self.env.setenv("FLEET_ARRAY_INDEX", str(job.array_index))
+            code = runner.run(str(folder.parent))
+            ended = {
+                "state": JobState.FAILED if code else JobState.SUCCEEDED,
+                "attempt": 1,
+                "outputs_attempt": 1,
+            }
+            job = self.tasks[job_id] = job.model_copy(update=ended)
+        return job
+
+    def array(self, array_id: str) -> Any:
+        return SimpleNamespace(tasks=Counter(j.state for j in self.tasks.values()))
+
+    def jobs(self, labels: dict[str, str], limit: int) -> list[Job]:
+        assert labels == {"fleet.array": "map-1"}
+        return list(reversed(self.tasks.values()))[:limit]
+
+    def cancel_jobs(self, ids: list[str], state: str) -> None:
+        for job_id in ids:
+            if self.tasks[job_id].state == state:
+                self.cancelled.append(job_id)
+                self.tasks[job_id] = self.tasks[job_id].model_copy(update={"state": JobState.CANCELLED})
+
+    def download(self, job_id: str, path: str, dest: str) -> list[Path]:
+        return [self.tmp / job_id / runner.FOLDER / runner.OUTCOME]
+
+
+def test_a_map_is_one_array_whose_results_come_in_order_a_failure_raised_in_its_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a function mapped on a fleet, at most 2 calls on nodes at once
+    fake = ArrayFleet(tmp_path, monkeypatch)
+    divide = fleet.function(gpus=0, client=fake)(divmod)  # type: ignore[arg-type]
+    seen: list[Any] = []
+    # When one call of five raises
+    with pytest.raises(ZeroDivisionError):
+        for value in divide.map([9, 8, 7, 6, 5], [2, 3, 0, 1, 1], max_running=2):
+            seen.append(value)
+    # Then the map was one array of five tasks, one call each, limited as asked
+    ((spec, indices, most),) = fake.arrays
+    assert indices == [0, 1, 2, 3, 4] and most == 2 and spec["call"]["function"] == "builtins.divmod"
+    assert spec["call"]["args"].startswith("*item[FLEET_ARRAY_INDEX] of 5: (9, 2), (8, 3)")
+    # And the results before the failure came first, and the tasks still queued were cancelled
+    assert seen == [(4, 1), (2, 2)]
+    assert fake.cancelled == ["map-1-3", "map-1-4"]
+
+
+def test_a_maps_failures_in_their_place_unordered_results_and_an_early_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = ArrayFleet(tmp_path, monkeypatch)
+    divide = fleet.function(gpus=0, client=fake)(divmod)  # type: ignore[arg-type]
+    # With return_exceptions, every call runs and a failure is yielded in its place
+    got = list(divide.map([4, 1, 9], [2, 0, 3], return_exceptions=True))
+    assert got[0] == (2, 0) and isinstance(got[1], ZeroDivisionError) and got[2] == (3, 0)
+    assert not fake.cancelled
+    # Unordered, each result comes as its task ends
+    fake = ArrayFleet(tmp_path / "unordered", monkeypatch)
+    divide = divide.on(fake)  # type: ignore[arg-type]
+    assert sorted(divide.map([5, 6, 7], [1, 1, 1], ordered=False)) == [(5, 0), (6, 0), (7, 0)]
+    # Closing the results early cancels the tasks still queued
+    fake = ArrayFleet(tmp_path / "closed", monkeypatch)
+    results_ = divide.on(fake).map([1, 2, 3], [1, 1, 1])  # type: ignore[arg-type]
+    assert next(results_) == (1, 0)
+    results_.close()
+    assert fake.cancelled == ["map-1-1", "map-1-2"]
+    # And nothing is sent for no items
+    assert list(divide.on(fake).map([])) == [] and len(fake.arrays) == 1  # type: ignore[arg-type]

@@ -14,7 +14,11 @@ A call may take other calls' results as arguments (``g.submit(f.submit(x))``): t
 each such handle as :func:`result_of` its job, and the node, once those jobs succeeded, put their
 outcomes in ``OUTPUTS/.fleet-function/inputs/<job id>``, where unpickling the call reads them.
 
-Both files are one line of JSON (the header) and then the pickle. The job's Python needs
+A map's job array (``f.map``) has one call file for all its tasks (:func:`pack_calls`): the function
+pickled once, then each call's arguments pickled on their own, their ends in the header; task ``i``
+(``FLEET_ARRAY_INDEX``) unpickles the function and its own arguments only (:func:`task_call`).
+
+Both files are one line of JSON (the header) and then the pickle (or pickles). The job's Python needs
 ``cloudpickle`` (of the caller's version) and this package: fleet's own environment has both, and so
 do the images fleet builds (``localhost/fleet/python``, ``localhost/fleet/torch``).
 """
@@ -41,6 +45,8 @@ CALL, OUTCOME = "call", "outcome"
 INPUTS = "inputs"
 #: what each file starts with, so that neither is taken for the other, nor an old format for this one
 CALL_MAGIC, OUTCOME_MAGIC = b"fleet-call 1\n", b"fleet-outcome 1\n"
+#: what a map's calls (one per task of its job array) start with
+CALLS_MAGIC = b"fleet-calls 1\n"
 #: the largest return value (pickled) brought back; a larger one is refused, saying so
 RESULT_MAX_BYTES = 64 << 20
 #: what the outcome says of the call
@@ -75,6 +81,38 @@ def unpack(magic: bytes, data: bytes) -> tuple[dict[str, Any], bytes]:
 
 class Refused(Exception):
     """The call could not be made (the job's environment, not the function): said in words."""
+
+
+def pack_calls(header: dict[str, Any], function: bytes, calls: list[bytes]) -> bytes:
+    """A map's calls in one file: ``header`` (versions, module, qualname), the function's pickle
+    (empty when the node imports it) and each call's pickle of ``(args, kwargs)``, in task order."""
+    ends: list[int] = []
+    end = 0
+    for call in calls:
+        end += len(call)
+        ends.append(end)
+    return pack(CALLS_MAGIC, {**header, "function": len(function), "ends": ends}, function + b"".join(calls))
+
+
+def task_call(data: bytes, index: int) -> tuple[dict[str, Any], bytes, bytes]:
+    """Task ``index``'s call in a map's calls (:func:`pack_calls`): the header, the function's pickle
+    (empty when imported) and that call's pickle; :class:`Refused` for an index it does not hold."""
+    try:
+        header, payload = unpack(CALLS_MAGIC, data)
+        size, ends = int(header["function"]), [int(e) for e in header["ends"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Refused(f"the map's calls cannot be read: {exc}") from None
+    if not 0 <= index < len(ends):
+        raise Refused(f"FLEET_ARRAY_INDEX {index}: the map holds calls 0 to {len(ends) - 1}")
+    start = size + (ends[index - 1] if index else 0)
+    return header, payload[:size], payload[start : size + ends[index]]
+
+
+def _array_index() -> int:
+    raw = os.environ.get("FLEET_ARRAY_INDEX", "")
+    if not raw.isdigit():
+        raise Refused(f"FLEET_ARRAY_INDEX {raw!r}: a map's call runs as a task of its job array")
+    return int(raw)
 
 
 def mismatch(caller: dict[str, Any], here: dict[str, str], cause: BaseException | None = None) -> str:
@@ -179,12 +217,22 @@ def result_of(job_id: str) -> Any:
     return value
 
 
-def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def _read(path: str) -> tuple[dict[str, Any], bytes, bytes | None]:
+    """The call's header and pickle, or for a map's task its own call's pickle and the function's."""
     try:
         with open(path, "rb") as file:
-            header, payload = unpack(CALL_MAGIC, file.read())
+            data = file.read()
+        if data.startswith(CALLS_MAGIC):
+            header, function, payload = task_call(data, _array_index())
+            return header, payload, function
+        header, payload = unpack(CALL_MAGIC, data)
     except (OSError, ValueError) as exc:
         raise Refused(f"no call to make at {path}: {exc}") from None
+    return header, payload, None
+
+
+def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    header, payload, function = _read(path)
     here = versions()
     if why := mismatch(header, here):
         raise Refused(why)
@@ -192,7 +240,11 @@ def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
 
     _INPUTS[:] = [os.path.join(os.path.dirname(path), INPUTS)]
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
+        if function is None:
+            fn, args, kwargs = cloudpickle.loads(payload)
+        else:
+            fn = cloudpickle.loads(function) if function else None
+            args, kwargs = cloudpickle.loads(payload)
     except Refused:
         raise
     except ModuleNotFoundError as exc:
