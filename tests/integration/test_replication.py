@@ -23,7 +23,7 @@ from fleet import JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import NotFound, NotReplicated, StoreUnavailable
 from fleet.keys import Keys
-from fleet.models import Job, Role
+from fleet.models import Job, NodeState, Role
 from fleet.ops.redis_local import LocalRedis
 from fleet.state import Stores
 from tests.integration.conftest import primary_port
@@ -146,7 +146,7 @@ TICKER = (
 def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
     acks: LocalRedis, tmp_path: Path
 ) -> None:
-    # Given a controller, a node t-b that is cordoned, and a job acknowledged (on the replicas)
+    # Given a controller, nodes t-a and t-b both cordoned, and a job acknowledged (on the replicas)
     procs = FleetProcs(acks.url, tmp_path, "process")
     client = DirectClient(settings=load_settings())
     ticks = tmp_path / "ticks"
@@ -156,8 +156,10 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
     keys = Keys(load_settings().key_prefix)
     try:
         procs.controller()
+        procs.agent("t-a", gpus=1)
         procs.agent("t-b", gpus=1)
-        procs.wait_nodes(client, 1)
+        procs.wait_nodes(client, 2)
+        client.cordon("t-a")
         client.cordon("t-b")
         job = client.submit(spec, job_id="once")
         with primary(acks) as old:
@@ -166,8 +168,10 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
             # And replicas cut off the primary from here
             ports = cut(acks)
             old.set("test:after-cut", 1)
-            # When node t-a joins and the controller places the job there, on the primary alone
-            procs.agent("t-a", gpus=1)
+            # When an operator uncordons t-a, on the primary alone (not acknowledged: the write stands
+            # there), and the controller places the job on t-a
+            with pytest.raises(NotReplicated, match="the state of node t-a"):
+                client.uncordon("t-a")
             placed = lambda: old.hget(keys.job("once"), "node") == "t-a"  # noqa: E731
             wait_for(placed, 30, "the job placed on the primary", procs)
             refused = "not replicated yet: the start of job once"
@@ -182,15 +186,16 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
         until(lambda: primary_port(acks) != port, "a replica promoted", timeout=60)
         with primary(acks) as new:  # one that lacks every write the primary took after the cut
             assert new.exists("test:after-cut") == 0
-        # And the job goes to t-b (an operator moves work off t-a)
-        until(lambda: _done(lambda: client.cordon("t-a")), "t-a cordoned on the new primary", timeout=60)
+            assert new.hget(keys.node("t-a"), "state") == NodeState.CORDONED  # the uncordon is lost too
+            until(lambda: _replicating(new), "a replica taking the new primary's writes", timeout=60)
+        # And an operator uncordons t-b
         until(lambda: _done(lambda: client.uncordon("t-b")), "t-b uncordoned", timeout=30)
-        # Then it runs to the end, on the services that were already running
+        # Then the job runs to the end there, on the services that were already running
         done = until(lambda: _ended(client, job.id), "the job ended", timeout=120)
         assert (done.state, done.node) == (JobState.SUCCEEDED, "t-b"), procs.logs()
         # Exactly once: one run, whole
         runs = sorted(ticks.iterdir())
-        assert [len(run.read_text().split()) for run in runs] == [TICKS], runs
+        assert [len(run.read_text().split()) for run in runs] == [TICKS], (runs, procs.logs())
         # And the fencing token and the attempts only went up, and no GPU is left claimed
         with primary(acks) as new:
             assert int(new.get(keys.leader_token) or 0) >= token_before
@@ -201,6 +206,14 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
     finally:
         procs.stop()
         client.close()
+
+
+def _replicating(source: redis.Redis) -> bool:
+    """Whether a replica holds a write made now on ``source`` within a second (WAIT on its connection)."""
+    pipe = source.pipeline(transaction=False)
+    pipe.incr("test:probe")
+    pipe.wait(1, 1000)
+    return int(pipe.execute()[1]) >= 1
 
 
 #: a job that ticks into a file of its own run until the test writes ``stop``, then exits 0
