@@ -25,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -71,7 +73,23 @@ def main() -> None:
         args.json.write_text(json.dumps({"rows": out.rows, **out.data}, indent=1))
 
 
-def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
+@dataclass
+class ApiFleet:
+    """A fleet behind its API: the services' processes, a store-level view, and a user's client."""
+
+    procs: FleetProcs
+    api: subprocess.Popen[bytes]
+    agent: subprocess.Popen[bytes]
+    backend: Backend
+    client: Client
+    port: int
+    token: str
+
+
+@contextmanager
+def api_fleet(url: str, root: Path, gpus: int = 16) -> Iterator[ApiFleet]:
+    """``fleet api``, ``fleet controller`` and one agent (process runtime, ``gpus`` simulated GPUs,
+    bench/scale.py's real-agent settings) on ``url``; a user's token and client. Stopped after."""
     procs = FleetProcs(url, root, "process")
     procs.env.update(DEFAULTS, PYTHONPATH=pythonpath())
     port = free_port()
@@ -79,13 +97,22 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
     try:
         api = procs.start("api", ["api", "--port", str(port), "--log-level", "warning"])
         procs.controller()
-        procs.agent("real-0", gpus=16)
+        agent = procs.agent("real-0", gpus=gpus)
         procs.wait_nodes(backend, 1, timeout=60)
         token, _ = TokenStore(redis.Redis.from_url(url, decode_responses=True), Keys()).create(
             "bench", "default", Role.USER
         )
         assert until(lambda: _listens(port), 30), "fleet api did not listen"
-        client = Client(f"http://127.0.0.1:{port}", token)
+        with Client(f"http://127.0.0.1:{port}", token) as client:
+            yield ApiFleet(procs, api, agent, backend, client, port, token)
+    finally:
+        procs.stop()
+        backend.close()
+
+
+def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
+    with api_fleet(url, root) as fleet:
+        client, backend, api = fleet.client, fleet.backend, fleet.api
         client.submit_many([SPEC] * 10)  # warm: first connection, imports, scripts loaded
         drain(backend, args.timeout)
         one = timed_submits(client, backend, args, api.pid, lambda n: [client.submit(SPEC) for _ in range(n)])
@@ -112,10 +139,6 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
             drain(backend, args.timeout)
         if args.profile_s:
             profile(client, api.pid, args.profile_s, root, out)
-        client.close()
-    finally:
-        procs.stop()
-        backend.close()
 
 
 def batched(client: Client, count: int, size: int) -> list[str]:

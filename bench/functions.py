@@ -37,20 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis
-
 import fleet
-from bench.api import SPEC, _listens, drain
+from bench.api import SPEC, api_fleet, drain
 from bench.dispatch import machine_line, redis_server
-from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
+from bench.harness import REPO, Result, cpu_seconds, pythonpath
 from bench.procs import FleetProcs
-from bench.scale import DEFAULTS
 from fleet.api.backend import Backend
 from fleet.client import Client
-from fleet.keys import Keys
-from fleet.models import Role
-from fleet.ops.local import free_port
-from fleet.state.tokens import TokenStore
 
 
 def trivial(x: int) -> int:
@@ -96,41 +89,25 @@ def load() -> str:
 
 
 def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
-    procs = FleetProcs(url, root, "process")
-    procs.env.update(DEFAULTS, PYTHONPATH=pythonpath())
-    port = free_port()
-    backend = Backend(url)
-    try:
-        api = procs.start("api", ["api", "--port", str(port), "--log-level", "warning"])
-        procs.controller()
-        agent = procs.agent("real-0", gpus=16)
-        procs.wait_nodes(backend, 1, timeout=60)
-        token, _ = TokenStore(redis.Redis.from_url(url, decode_responses=True), Keys()).create(
-            "bench", "default", Role.USER
-        )
-        assert until(lambda: _listens(port), 30), "fleet api did not listen"
-        client = Client(f"http://127.0.0.1:{port}", token)
+    with api_fleet(url, root) as running:
+        client, backend = running.client, running.backend
         f = fleet.function(gpus=1, python=sys.executable)(trivial).on(client)
         assert list(f.map(range(10))) == list(range(1, 11))  # warm: connections, imports, scripts
         client.submit_many([SPEC] * 10)
         drain(backend, args.timeout)
-        meter = Meter(api.pid)
+        meter = Meter(running.api.pid)
         for n in args.calls:
             mapped(f, n, out, meter)
             drain(backend, args.timeout)
             batched_jobs(client, n, out, meter)
             drain(backend, args.timeout)
         if args.cli:
-            cli_jobs(procs, port, token, args.cli, backend, out)
+            cli_jobs(running.procs, running.port, running.token, args.cli, backend, out)
             drain(backend, args.timeout)
         if args.round_trips:
             round_trips(f, client, args.round_trips, out)
         if args.profile_s:
-            profile(f, [os.getpid(), api.pid, agent.pid], args.profile_s, root, out)
-        client.close()
-    finally:
-        procs.stop()
-        backend.close()
+            profile(f, [os.getpid(), running.api.pid, running.agent.pid], args.profile_s, root, out)
 
 
 class Meter:
