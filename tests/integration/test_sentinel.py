@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -226,14 +227,20 @@ def test_fleet_direct_finds_the_primary_through_the_sentinels(ha: LocalRedis) ->
         stores.close()
 
 
-def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a store with a connection open to the primary, each Redis behind a forwarder the test cuts
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """Redis with two replicas and three sentinels, each Redis behind a forwarder the test cuts; the
+    settings of this process name it, and acknowledged writes wait 200 ms for a replica."""
     cluster = Cluster(tmp_path / "redis")
     for name, value in cluster.ha.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS", "200")
+    yield cluster
+    cluster.close()
+
+
+def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(cluster: Cluster) -> None:
+    # Given a store with a connection open to the primary, each Redis behind a forwarder the test cuts
     stores = Stores.open(load_settings())
     try:
         stores.tokens.create("before", "default", Role.USER)
@@ -250,18 +257,14 @@ def test_writes_leave_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
         assert cluster.primary() != fault.victim and stores.tokens.identify(token) is not None
     finally:
         stores.close()
-        cluster.close()
 
 
 def test_a_leader_leaves_a_primary_cut_off_and_back_before_the_sentinels_demote_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     # Given a controller leading (a 5 s lease), on a primary behind a forwarder the test cuts
-    cluster = Cluster(tmp_path / "redis")
-    for name, value in cluster.ha.env().items():
-        monkeypatch.setenv(name, value)
     procs = FleetProcs(cluster.ha.url, tmp_path, "process")
-    procs.env.update(FLEET_REDIS_REPLICAS_ACK_TIMEOUT_MS="200", FLEET_CONTROLLER__LEADER_LEASE_S="5")
+    procs.env.update(FLEET_CONTROLLER__LEADER_LEASE_S="5")
     keys = Keys(load_settings().key_prefix)
     try:
         procs.controller()
@@ -278,4 +281,3 @@ def test_a_leader_leaves_a_primary_cut_off_and_back_before_the_sentinels_demote_
         assert cluster.role(fault.victim) == "master"
     finally:
         procs.stop()
-        cluster.close()
