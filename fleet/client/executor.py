@@ -284,8 +284,13 @@ def results(
                 value = exc
             yield value
     finally:
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        else:
-            for future in futures:
-                future.cancel()
+        cancel_rest(executor, futures)
+
+
+def cancel_rest(executor: Executor | None, futures: Sequence[cf.Future[Any]]) -> None:
+    """Cancel the calls of a map not yet running: the executor's (and their jobs), or each future."""
+    if executor is not None:
+        executor.shutdown(wait=False, cancel_futures=True)
+    else:
+        for future in futures:
+            future.cancel()

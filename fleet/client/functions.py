@@ -32,7 +32,14 @@ from fleet.client.pickled import (
 )
 
 if TYPE_CHECKING:
+    import concurrent.futures as cf
+
+    from fleet.client.executor import Executor
+    from fleet.client.mapped import Tasks
     from fleet.client.sync import Client
+
+    #: a map's calls sent one job per call: the executor that sent them, and their futures
+    Calls = tuple[Executor | None, list[cf.Future[Any]]]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -122,6 +129,18 @@ class Function(Generic[P, R]):
         is that call's result, waited for: such a map (or one whose calls pickle to more than
         :data:`fleet.client.mapped.MAP_BLOB_MAX` in all) is one job per call, sent in batches, with
         at most ``max_running`` queued or running (:class:`fleet.Executor`'s way)."""
+        from fleet.client import executor, mapped
+
+        sent = self._send_map(iterables, max_running, after)
+        if isinstance(sent, mapped.Tasks):
+            return mapped.results(sent, ordered, return_exceptions)
+        return executor.results(*sent, ordered, return_exceptions)
+
+    def _send_map(
+        self, iterables: tuple[Iterable[Any], ...], max_running: int | None, after: Iterable[object] | None
+    ) -> Tasks | Calls:
+        """:meth:`map`'s calls pickled and sent: one array's tasks, or (a map that goes one job per
+        call) an executor's futures of them, in the items' order (none for no items)."""
         from fleet.client import mapped
 
         deps = checks.after(after)
@@ -129,27 +148,19 @@ class Function(Generic[P, R]):
         fields = {**self.fields, "after": [*self.fields.get("after", []), *deps]} if deps else self.fields
         items = list(zip(*iterables, strict=False))
         if not items:
-            return iter(())
+            return None, []
         blob = mapped.calls_blob(self.fn, items)
         if blob is None:
-            return self._map_jobs(fields, items, most, ordered, return_exceptions)
+            return self._map_jobs(fields, items, most)
         client = self.client or default_client()
         call = mapped.call_of(self.fn, client.upload_blob(blob), items)
         spec = job_fields(self.fn, self.python, fields, call)
         array = client.submit_array(spec, range(len(items)), max_running=most)
-        tasks = mapped.Tasks(client, array.id, len(items), self.name)
-        return mapped.results(tasks, ordered, return_exceptions)
+        return mapped.Tasks(client, array.id, len(items), self.name)
 
-    def _map_jobs(
-        self,
-        fields: dict[str, Any],
-        items: list[tuple[Any, ...]],
-        most: int | None,
-        ordered: bool,
-        return_exceptions: bool,
-    ) -> Iterator[Any]:
-        """:meth:`map` as one job per call, through an executor."""
-        from fleet.client.executor import Executor, results
+    def _map_jobs(self, fields: dict[str, Any], items: list[tuple[Any, ...]], most: int | None) -> Calls:
+        """:meth:`map`'s calls as one job per call, through an executor."""
+        from fleet.client.executor import Executor
 
         executor = Executor._for(fields, self.python, self.client, most)
         try:
@@ -158,7 +169,7 @@ class Function(Generic[P, R]):
             executor.shutdown(wait=False, cancel_futures=True)
             raise
         executor.shutdown(wait=False)
-        return results(executor, futures, ordered, return_exceptions)
+        return executor, futures
 
     def _spec(self, call: dict[str, Any] | None) -> dict[str, Any]:
         """The job spec of a call (checked: :class:`SpecError` naming a bad field)."""

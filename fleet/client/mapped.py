@@ -93,6 +93,7 @@ class Tasks:
         self.client, self.id, self.poll = client, array_id, poll_s
         self.handles = [FunctionHandle[Any](client, task_id(array_id, i), function) for i in range(size)]
         self.ended: dict[int, Job] = {}
+        self.given: set[int] = set()  # the tasks whose results were given
         self._low = 0
 
     @property
@@ -101,6 +102,19 @@ class Tasks:
         while self._low < len(self.handles) and self._low in self.ended:
             self._low += 1
         return self._low
+
+    @property
+    def over(self) -> bool:
+        """Whether every task's result was given."""
+        return len(self.given) == len(self.handles)
+
+    def take(self, ordered: bool) -> list[int]:
+        """The tasks whose results may be given now, marked given: those seen ended and not given
+        (``ordered``: only those before the lowest not seen ended). The one to :meth:`look` for
+        next, either way, is :attr:`low`."""
+        fresh = range(len(self.given), self.low) if ordered else sorted(self.ended.keys() - self.given)
+        self.given.update(fresh)
+        return list(fresh)
 
     def look(self, first: int) -> None:
         """One round: wait for task ``first`` (at most ``poll_s``), then, if more tasks ended than
@@ -126,8 +140,11 @@ class Tasks:
                 raise
             return exc
 
-    def cancel_queued(self) -> None:
-        """Cancel the tasks not seen ended that are still queued (those on nodes run on)."""
+    def stop(self) -> None:
+        """Cancel the tasks not seen ended that are still queued (those on nodes run on), unless
+        every task was seen ended: once the results end, are left early, or raise a call's exception."""
+        if len(self.ended) == len(self.handles):
+            return
         left = [h.id for i, h in enumerate(self.handles) if i not in self.ended]
         for start in range(0, len(left), CANCEL_BATCH):
             self.client.cancel_jobs(left[start : start + CANCEL_BATCH], state="QUEUED")
@@ -137,20 +154,11 @@ def results(tasks: Tasks, ordered: bool, return_exceptions: bool) -> Iterator[An
     """The tasks' results in their order (``ordered``) or as they end; once this ends, is closed
     early, or raises a call's exception, the tasks still queued are cancelled."""
     try:
-        if ordered:
-            for index in range(len(tasks.handles)):
-                while index not in tasks.ended:
-                    tasks.look(index)
+        while True:
+            for index in tasks.take(ordered):
                 yield tasks.value(index, return_exceptions)
-            return
-        given: set[int] = set()
-        while len(given) < len(tasks.handles):
-            fresh = sorted(tasks.ended.keys() - given)
-            if not fresh:
-                tasks.look(tasks.low)
-            for index in fresh:
-                given.add(index)
-                yield tasks.value(index, return_exceptions)
+            if tasks.over:
+                return
+            tasks.look(tasks.low)
     finally:
-        if len(tasks.ended) < len(tasks.handles):
-            tasks.cancel_queued()
+        tasks.stop()
