@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from fleet.client.workdir import Progress, Shipped
 
 T = TypeVar("T")
+#: longest one round of :meth:`AsyncClient.wait` holds a pool thread
+WAIT_ROUND_S = 10.0
 
 
 class AsyncClient:
@@ -77,6 +79,7 @@ class AsyncClient:
         self.url = self.sync.url
         threads = checks.count(max_threads, "max_threads", 1, 1024)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fleet-aio")
+        self.closed = False
 
     async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -93,6 +96,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close every connection and end the pool's threads."""
+        self.closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.sync.transport.close_all()
 
@@ -239,8 +243,18 @@ class AsyncClient:
         return await self._do(api.requeue(array_id, failed, cancelled))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
-        """The job once final; :class:`JobTimeout` after ``timeout`` seconds."""
-        return await self._run(self.sync.wait, job_id, timeout)
+        """The job once final; :class:`JobTimeout` after ``timeout`` seconds. Waited for on the pool
+        in rounds of at most :data:`WAIT_ROUND_S`, so that a wait cancelled (``asyncio.wait_for``, a
+        task's cancel) frees its thread within a round rather than when the job ends."""
+        timeout = checks.seconds(timeout)
+        deadline = _deadline(timeout)
+        while True:
+            left = WAIT_ROUND_S if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await self._run(self.sync.wait, job_id, min(left, WAIT_ROUND_S))
+            except JobTimeout as exc:
+                if left <= WAIT_ROUND_S and deadline is not None:
+                    raise JobTimeout(f"job {job_id} not final after {timeout:g}s") from exc
 
     async def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> list[LogLine]:
         return await self._do(api.logs(job_id, attempt, rank))
