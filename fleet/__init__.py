@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleet.client.aio import AsyncArrayHandle, AsyncClient, AsyncJobHandle
+    from fleet.client.aio_functions import AsyncFunctionHandle
     from fleet.client.executor import Executor
-    from fleet.client.functions import Function, FunctionHandle, function
+    from fleet.client.functions import AsyncFunction, Function, FunctionHandle, function
     from fleet.client.handles import (
         ALL_COMPLETED,
         FIRST_COMPLETED,
@@ -48,9 +49,10 @@ __version__ = "0.2.0"
 
 _HOMES = {
     "fleet.client.aio": ("AsyncArrayHandle", "AsyncClient", "AsyncJobHandle"),
+    "fleet.client.aio_functions": ("AsyncFunctionHandle",),
     "fleet.client.sync": ("Client",),
     "fleet.client.executor": ("Executor",),
-    "fleet.client.functions": ("Function", "FunctionHandle", "function"),
+    "fleet.client.functions": ("AsyncFunction", "Function", "FunctionHandle", "function"),
     "fleet.client.handles": (
         "ALL_COMPLETED",
         "FIRST_COMPLETED",
@@ -89,6 +91,8 @@ __all__ = [
     "ArrayHandle",
     "AsyncArrayHandle",
     "AsyncClient",
+    "AsyncFunction",
+    "AsyncFunctionHandle",
     "AsyncJobHandle",
     "CancelReport",
     "Client",

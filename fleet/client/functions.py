@@ -2,7 +2,8 @@
 ``f.submit(*args, **kwargs)`` run it as a job and return a :class:`FunctionHandle`, whose
 ``result()`` is the function's return value (or its exception, raised again here); ``f(*args)``
 still runs it here, unchanged; ``f.map(items)`` makes one call per item, all one job array
-(:mod:`fleet.client.mapped`).
+(:mod:`fleet.client.mapped`). ``f.on(async_client)`` is the same function for asyncio
+(:class:`AsyncFunction`, :mod:`fleet.client.aio_functions`).
 
 The call travels as one content-addressed blob through the API (``PUT /v1/blobs``): the function
 (pickled by value when it is defined in a script, else named by module and qualified name and
@@ -16,8 +17,9 @@ fleet_worker.call``) makes the call and leaves the outcome with the job's kept o
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from fleet.client import checks
@@ -30,10 +32,13 @@ from fleet.client.pickled import (
     default_client,
     job_fields,
 )
+from fleet.errors import SpecError
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
 
+    from fleet.client.aio import AsyncClient
+    from fleet.client.aio_functions import AsyncFunctionHandle
     from fleet.client.executor import Executor
     from fleet.client.mapped import Tasks
     from fleet.client.sync import Client
@@ -68,8 +73,18 @@ class Function(Generic[P, R]):
         """Pickled (a function defined beside it refers to it) without its client."""
         return (Function, (self.fn, self.python, None, self.fields))
 
-    def on(self, client: Client) -> Function[P, R]:
-        """The same function, submitted with ``client`` (another API or token)."""
+    @overload
+    def on(self, client: Client) -> Function[P, R]: ...
+    @overload
+    def on(self, client: AsyncClient) -> AsyncFunction[P, R]: ...
+
+    def on(self, client: Client | AsyncClient) -> Function[P, R] | AsyncFunction[P, R]:
+        """The same function, submitted with ``client`` (another API or token); with an
+        :class:`fleet.AsyncClient`, the same function for asyncio (:class:`AsyncFunction`)."""
+        from fleet.client.aio import AsyncClient
+
+        if isinstance(client, AsyncClient):
+            return AsyncFunction(Function(self.fn, self.python, client.sync, self.fields), client)
         return Function(self.fn, self.python, client, self.fields)
 
     def options(self, *, python: str | None = None, **fields: Any) -> Function[P, R]:
@@ -176,6 +191,100 @@ class Function(Generic[P, R]):
         return job_fields(self.fn, self.python, self.fields, call)
 
 
+class AsyncFunction(Generic[P, R]):
+    """A :class:`Function` for asyncio, submitted with a :class:`fleet.AsyncClient`
+    (``f.on(async_client)``): ``h = await af.submit(x)`` then ``await h.result()``, and ``async for
+    value in af.map(xs)``. Pickling, uploading and sending run on the client's thread pool (the sync
+    function's own code), waiting on the event loop: nothing here blocks the loop."""
+
+    def __init__(self, function: Function[P, R], client: AsyncClient) -> None:
+        self.sync, self.client = function, client
+
+    def __repr__(self) -> str:
+        return f"fleet.function({self.name}).on({self.client.url})"
+
+    @property
+    def name(self) -> str:
+        return self.sync.name
+
+    def options(self, *, python: str | None = None, **fields: Any) -> AsyncFunction[P, R]:
+        """The same function with other spec fields or interpreter (:meth:`Function.options`)."""
+        return AsyncFunction(self.sync.options(python=python, **fields), self.client)
+
+    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> AsyncFunctionHandle[R]:
+        """Run the call as a job (:meth:`Function.submit`, ``after=`` too); its handle, whose
+        ``await result()`` is the return value. A handle of either kind may be an argument."""
+        from fleet.client.aio_functions import AsyncFunctionHandle
+
+        handle = await self.client._run(functools.partial(self.sync.submit, *args, **kwargs))
+        return AsyncFunctionHandle(self.client, handle)
+
+    @overload
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: Literal[False] = False,
+        after: Iterable[object] | None = None,
+    ) -> AsyncGenerator[R, None]: ...
+    @overload
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: Literal[True],
+        after: Iterable[object] | None = None,
+    ) -> AsyncGenerator[R | Exception, None]: ...
+
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        max_running: int | None = None,
+        ordered: bool = True,
+        return_exceptions: bool = False,
+        after: Iterable[object] | None = None,
+    ) -> AsyncGenerator[R, None] | AsyncGenerator[R | Exception, None]:
+        """``async for value in af.map(xs)``: :meth:`Function.map`, with the same arguments and
+        results (in order, or as they end; a call's exception raised in its place, or yielded with
+        ``return_exceptions=True``; the calls still queued cancelled on a failure, when the loop is
+        left early or its task cancelled). The calls are pickled and sent when the loop first asks
+        for a result (an argument that cannot be pickled is raised there)."""
+        return self._map(iterables, max_running, ordered, return_exceptions, after)
+
+    async def _map(
+        self,
+        iterables: tuple[Iterable[Any], ...],
+        max_running: int | None,
+        ordered: bool,
+        return_exceptions: bool,
+        after: Iterable[object] | None,
+    ) -> AsyncGenerator[Any, None]:
+        from fleet.client.aio_functions import array_results, call_results
+        from fleet.client.mapped import Tasks
+
+        sent = await self.client._run(self.sync._send_map, iterables, max_running, after)
+        if isinstance(sent, Tasks):
+            results = array_results(self.client, sent, ordered, return_exceptions)
+        else:
+            results = call_results(*sent, ordered, return_exceptions)
+        async with contextlib.aclosing(results):
+            async for value in results:
+                yield value
+
+
+def check_sync(client: object) -> None:
+    """A function's own client is a :class:`fleet.Client`: an AsyncClient is given with ``on``."""
+    from fleet.client.aio import AsyncClient
+
+    if isinstance(client, AsyncClient):
+        raise SpecError(
+            "client: an AsyncClient submits a function from asyncio as f.on(client); give "
+            "fleet.function a fleet.Client, or none"
+        )
+
+
 @overload
 def function(fn: Callable[P, R], /) -> Function[P, R]: ...
 @overload
@@ -199,6 +308,8 @@ def function(
     A function job makes one attempt unless ``max_attempts`` says more (a node lost or drained
     requeues it all the same, without counting)."""
     check_own(fields, python)
+    if client is not None:
+        check_sync(client)
 
     def wrap(target: Callable[P, R]) -> Function[P, R]:
         check_module_level(target)
@@ -207,4 +318,4 @@ def function(
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["CALL_MAX_BYTES", "Function", "FunctionHandle", "function"]
+__all__ = ["CALL_MAX_BYTES", "AsyncFunction", "Function", "FunctionHandle", "function"]

@@ -3,6 +3,7 @@ standard library's, on a fleet of one node with the process runtime."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import sys
 from types import ModuleType
@@ -10,7 +11,8 @@ from types import ModuleType
 import pytest
 
 import fleet
-from fleet import Client, JobArray, JobCancelled, JobState
+from fleet import AsyncClient, Client, JobArray, JobCancelled, JobState
+from tests.conftest import Api
 from tests.integration.test_functions import calc, ready, runtime  # noqa: F401 (fixtures)
 from tests.support import wait_for
 
@@ -71,6 +73,46 @@ def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_al
     assert sorted(withdraw.map([5, 6], [1, 1], ordered=False, after=[gate])) == [4, 5]
     newest = next(a for a in ready.listing() if isinstance(a, JobArray))
     assert newest.size == 2 and [d.job for d in newest.spec.after] == [gate.id]
+
+
+def test_calls_and_a_map_from_asyncio_leave_the_event_loop_free(
+    ready: Client,  # noqa: F811
+    api: Api,
+    calc: ModuleType,  # noqa: F811
+) -> None:
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        ticker = asyncio.create_task(tick())
+        async with AsyncClient(ready.url, api.token) as client:
+            # Given calls submitted from one event loop: one to fail, one taking another's result
+            withdraw = calc.withdraw.on(client).options(gpus=0)
+            ok, bad = await asyncio.gather(withdraw.submit(100, 1), withdraw.submit(1, 100))
+            chained = await withdraw.submit(ok, 9)
+            # When the last one's result is awaited, then it comes, and the loop ran on meanwhile
+            before = ticks
+            assert await chained.result(timeout=120) == 90 and ticks > before
+            # And the failed call's own exception is raised, with the node's traceback
+            with pytest.raises(calc.Overdrawn, match="100 is more than 1") as raised:
+                await bad.result(timeout=120)
+            assert "raised on the fleet" in raised.value.__notes__[0]
+            # And a map yields every value in its item's order, the failure in its place
+            before = ticks
+            got = [v async for v in withdraw.map([10] * 4, [1, 2, 50, 3], return_exceptions=True)]
+            assert got[:2] == [9, 8] and got[3] == 7 and isinstance(got[2], calc.Overdrawn)
+            assert ticks > before
+        ticker.cancel()
+
+    asyncio.run(main())
+    # And the map was one array of four tasks, each ended
+    (array, *_) = [a for a in ready.listing() if isinstance(a, JobArray)]
+    assert array.size == 4 and array.tasks[JobState.SUCCEEDED] == 3 and array.tasks[JobState.FAILED] == 1
 
 
 def test_as_completed_from_the_standard_library_on_executor_futures(
