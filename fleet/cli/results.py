@@ -1,7 +1,8 @@
 """``fleet result JOB``: what a function job (``fleet.function``) returned, as its repr, or as JSON
-(``-o json``) when it is JSON-serialisable. The outcome is unpickled here, in the caller's own
-process, as ``result()`` does: a value of a class defined in the function's module needs that module
-importable here (run it from the project's directory)."""
+(``-o json``) when it is JSON-serialisable; of a map's task of several calls (``chunksize``), their
+values as one list, or the first exception (a note names its item). The outcome is unpickled here,
+in the caller's own process, as ``result()`` does: a value of a class defined in the function's
+module needs that module importable here (run it from the project's directory)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from fleet.errors import FleetError, SpecError
 @output_option
 @pass_globals
 def result(globals_: Globals, job: str, timeout: float | None, output: str) -> int:
-    """Wait for a function job to end and print what it returned: its repr, or JSON with -o json.
-    The function's exception is printed with the node's traceback, exit 1; a job that ended without
-    a result (cancelled, a time limit) exits as ``fleet wait`` does."""
+    """Wait for a function job to end and print what it returned: its repr, or JSON with -o json
+    (a map's task of several calls: their values, one list). The function's exception is printed
+    with the node's traceback, exit 1; a job that ended without a result (cancelled, a time limit)
+    exits as ``fleet wait`` does."""
     # the classes of what it returned or raised are found as the caller's script finds them: from
     # the directory it runs in first (a console script's sys.path starts with its bin directory)
     sys.path.insert(0, os.getcwd())

@@ -66,7 +66,8 @@ async def array_results(
     try:
         while True:
             for index in tasks.take(ordered):
-                yield await client._run(tasks.value, index, return_exceptions)
+                for call in tasks.calls_of(index):
+                    yield await client._run(tasks.value, call, return_exceptions)
             if tasks.over:
                 return
             await client._run(tasks.look, tasks.low)

@@ -35,6 +35,16 @@ def count(value: object, what: str, least: int = 1, most: int = 100_000) -> int:
     return value
 
 
+def chunksize(value: object) -> int:
+    """``chunksize``: calls one task (or job) makes, one after another; 1, a task per call."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise SpecError(
+            f"chunksize {value!r}: expected a whole number of calls per task from 1 to 100000 "
+            "(1: a task per call; e.g. chunksize=25 makes 40 tasks of a map of 1,000 items)"
+        )
+    return value
+
+
 def attempt(value: object) -> int | None:
     """An attempt number (1 is the first), or None for the latest."""
     return None if value is None else count(value, "attempt", 1, 1_000_000)

@@ -22,12 +22,13 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleet.client import checks
+from fleet.client import checks, mapped
 from fleet.client.endpoints import MAX_BATCH
 from fleet.client.outcomes import FunctionHandle
 from fleet.client.pickled import call_spec, check_own, default_client, job_fields
@@ -43,6 +44,7 @@ LABEL = "fleet-executor"
 FAILURES_MAX = 5
 #: jobs a round's listing reads beyond those out, for jobs that ended out of order
 SLACK = 100
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +54,9 @@ class _Call:
     future: cf.Future[Any]
     spec: dict[str, Any]
     function: str
+    #: the calls of a job of ``map``'s chunks (its future's result: a function of each call's
+    #: result), or 0: a job of one call (its future's result: the call's)
+    calls: int = 0
 
 
 class Executor(cf.Executor):
@@ -82,6 +87,7 @@ class Executor(cf.Executor):
         self._held: list[_Call] = []
         self._sending: list[_Call] = []  # being queued: a cancel here is done once they are out
         self._out: dict[str, tuple[cf.Future[Any], FunctionHandle[Any]]] = {}
+        self._chunks: dict[str, int] = {}  # the calls of each job out that makes several
         self._sent = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -100,16 +106,51 @@ class Executor(cf.Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         """A future of ``fn(*args, **kwargs)`` run as a job (``fn``: a function, ``fleet.function``'s
         or not, that cloudpickle can pickle)."""
-        target = fn.fn if getattr(fn, "_fleet_function", False) else fn  # type: ignore[attr-defined]
-        if not callable(target):
-            raise SpecError(f"Executor.submit: fn {target!r} is not callable; pass the function to run")
+        target = _target(fn, "submit")
+        self._check_open()
+        spec = call_spec(self.client, target, self._python, self._fields, args, kwargs)
+        return self._hold(spec, 0)
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[T]:
+        """The standard library's ``map``: ``fn(*item)`` of each item, the results in order, the
+        first exception raised in its place (the calls after it cancelled where still queued),
+        :class:`TimeoutError` once ``timeout`` seconds from this call passed. ``chunksize`` N: each
+        job makes N calls one after another, in one process (``ProcessPoolExecutor``'s meaning), and
+        ``max_running`` counts jobs; a map whose items hold a call's handle makes a job per call."""
+        end = None if timeout is None else time.monotonic() + timeout
+        each = checks.chunksize(chunksize)
+        if each == 1:
+            return super().map(fn, *iterables, timeout=timeout)
+        target, items = _target(fn, "map"), list(zip(*iterables, strict=False))
+        starts = range(0, len(items), each)
+        blobs = [mapped.calls_blob(target, items[s : s + each], each, s) for s in starts]
+        packed = [blob for blob in blobs if blob is not None]
+        if len(packed) < len(blobs):  # an item holds a call's handle: its call waits for that job alone
+            return super().map(fn, *zip(*items, strict=True), timeout=timeout)
+        self._check_open()
+        futures = []
+        for start, blob in zip(starts, packed, strict=True):
+            chunk = items[start : start + each]
+            call = mapped.call_of(target, self.client.upload_blob(blob), chunk, each, start)
+            futures.append(self._hold(job_fields(target, self._python, self._fields, call), len(chunk)))
+        return _chunk_results(futures, end)
+
+    def _check_open(self) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-        spec = call_spec(self.client, target, self._python, self._fields, args, kwargs)
+
+    def _hold(self, spec: dict[str, Any], calls: int) -> cf.Future[Any]:
+        """A future of the job of ``spec``, held here until there is room to queue it."""
         future: cf.Future[Any] = cf.Future()
         with self._lock:
-            self._held.append(_Call(future, spec, str(spec["call"]["function"])))
+            self._held.append(_Call(future, spec, str(spec["call"]["function"]), calls))
             self._start()
             self._lock.notify_all()
         return future
@@ -189,6 +230,8 @@ class Executor(cf.Executor):
             self._sent += len(handles)
             for call, handle in zip(batch, handles, strict=False):
                 self._out[handle.id] = (call.future, FunctionHandle(self.client, handle.id, call.function))
+                if call.calls:
+                    self._chunks[handle.id] = call.calls
         if refused is not None:
             for call in batch:
                 _resolve(call.future, functools.partial(_raise, refused))
@@ -199,6 +242,7 @@ class Executor(cf.Executor):
             gone = [job_id for job_id, (future, _) in self._out.items() if future.cancelled()]
             for job_id in gone:
                 del self._out[job_id]
+                self._chunks.pop(job_id, None)
         for start in range(0, len(gone), 10_000):
             self.client.cancel_jobs(gone[start : start + 10_000])
 
@@ -233,11 +277,14 @@ class Executor(cf.Executor):
             entry = self._out.get(job.id)
             if entry is None:
                 return
+            calls = self._chunks.pop(job.id, 0) if job.state.final else 0
             if job.state.final:
                 del self._out[job.id]
                 self._lock.notify_all()
         future, handle = entry
-        if job.state.final:
+        if calls:
+            _resolve(future, lambda: _each_call(handle, job, calls))
+        elif job.state.final:
             _resolve(future, lambda: handle._result_of(job))
         elif job.state.on_node and not future.running():
             future.set_running_or_notify_cancel()  # False: cancelled here; the next round cancels the job
@@ -245,7 +292,7 @@ class Executor(cf.Executor):
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
             futures = [c.future for c in self._held] + [f for f, _ in self._out.values()]
-            self._held, self._out = [], {}
+            self._held, self._out, self._chunks = [], {}, {}
         for future in futures:
             _resolve(future, functools.partial(_raise, error))
 
@@ -262,6 +309,41 @@ def _resolve(future: cf.Future[Any], outcome: Callable[[], Any]) -> None:
 
 def _raise(error: Exception) -> Any:
     raise error
+
+
+def _target(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """The function a call runs: a ``fleet.function``'s own."""
+    target = fn.fn if getattr(fn, "_fleet_function", False) else fn  # type: ignore[attr-defined]
+    if not callable(target):
+        raise SpecError(f"Executor.{what}: fn {target!r} is not callable; pass the function to run")
+    return target
+
+
+def _each_call(handle: FunctionHandle[Any], job: Job, calls: int) -> list[Callable[[], Any]]:
+    """A job of ``map``'s chunks as its future holds it: a function of each call's result (or
+    exception), its outcome read here, once (a read that failed is tried again by each)."""
+    with contextlib.suppress(Exception):
+        handle._outcome_of(job)
+    return [functools.partial(handle._call_of, job, number) for number in range(calls)]
+
+
+def _chunk_results(futures: list[cf.Future[Any]], end: float | None) -> Iterator[Any]:
+    """``map``'s results from its jobs of several calls, in order, as the standard library's
+    ``map`` gives them: a call's exception raised in its place; once this ends, is closed, or
+    raises, the jobs not yet running are cancelled."""
+    try:
+        for number, future in enumerate(futures):
+            try:
+                calls = future.result(None if end is None else end - time.monotonic())
+            except cf.TimeoutError:
+                future.cancel()
+                raise
+            futures[number] = cf.Future()  # let go of the calls' results once taken
+            for call in calls:
+                yield call()
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 def _probe() -> None:

@@ -110,6 +110,7 @@ class Function(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: Literal[False] = False,
         after: Iterable[object] | None = None,
@@ -119,6 +120,7 @@ class Function(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: Literal[True],
         after: Iterable[object] | None = None,
@@ -128,6 +130,7 @@ class Function(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: bool = False,
         after: Iterable[object] | None = None,
@@ -136,23 +139,32 @@ class Function(Generic[P, R]):
         them one job array (task ``i`` makes call ``i``); the results as an iterator, in the order of
         the items (``ordered=False``: as the calls end). Every call is pickled and sent before this
         returns (an argument that cannot be pickled is refused, naming it, and nothing runs).
-        ``max_running``: most calls on nodes at once (the array's; the rest wait in the queue). A
+        ``max_running``: most tasks on nodes at once (the array's; the rest wait in the queue). A
         call that raised is raised again in its place, after every earlier result, and the calls
         still queued are cancelled; with ``return_exceptions=True`` its exception is yielded in its
         place instead and every call runs. Closing the iterator early cancels the calls still queued.
+        ``chunksize``: calls each task makes, one after another in one process (as
+        ``ProcessPoolExecutor.map``'s): task ``i`` makes calls ``i*N`` to ``i*N+N-1``, each call's
+        result (or exception) kept and yielded in its place; a task one of whose calls raised ends
+        FAILED, and an attempt run again makes all its calls again.
         ``after``: jobs every call waits for (as :meth:`submit`'s). An item that is a call's handle
         is that call's result, waited for: such a map (or one whose calls pickle to more than
-        :data:`fleet.client.mapped.MAP_BLOB_MAX` in all) is one job per call, sent in batches, with
-        at most ``max_running`` queued or running (:class:`fleet.Executor`'s way)."""
+        :data:`fleet.client.mapped.MAP_BLOB_MAX` in all) is one job per call whatever
+        ``chunksize``, sent in batches, with at most ``max_running`` queued or running
+        (:class:`fleet.Executor`'s way)."""
         from fleet.client import executor, mapped
 
-        sent = self._send_map(iterables, max_running, after)
+        sent = self._send_map(iterables, max_running, chunksize, after)
         if isinstance(sent, mapped.Tasks):
             return mapped.results(sent, ordered, return_exceptions)
         return executor.results(*sent, ordered, return_exceptions)
 
     def _send_map(
-        self, iterables: tuple[Iterable[Any], ...], max_running: int | None, after: Iterable[object] | None
+        self,
+        iterables: tuple[Iterable[Any], ...],
+        max_running: int | None,
+        chunksize: int,
+        after: Iterable[object] | None,
     ) -> Tasks | Calls:
         """:meth:`map`'s calls pickled and sent: one array's tasks, or (a map that goes one job per
         call) an executor's futures of them, in the items' order (none for no items)."""
@@ -160,18 +172,19 @@ class Function(Generic[P, R]):
 
         deps = checks.after(after)
         most = None if max_running is None else checks.count(max_running, "max_running")
+        each = checks.chunksize(chunksize)
         fields = {**self.fields, "after": [*self.fields.get("after", []), *deps]} if deps else self.fields
         items = list(zip(*iterables, strict=False))
         if not items:
             return None, []
-        blob = mapped.calls_blob(self.fn, items)
+        blob = mapped.calls_blob(self.fn, items, each)
         if blob is None:
             return self._map_jobs(fields, items, most)
         client = self.client or default_client()
-        call = mapped.call_of(self.fn, client.upload_blob(blob), items)
+        call = mapped.call_of(self.fn, client.upload_blob(blob), items, each)
         spec = job_fields(self.fn, self.python, fields, call)
-        array = client.submit_array(spec, range(len(items)), max_running=most)
-        return mapped.Tasks(client, array.id, len(items), self.name)
+        array = client.submit_array(spec, range(-(-len(items) // each)), max_running=most)
+        return mapped.Tasks(client, array.id, len(items), self.name, each)
 
     def _map_jobs(self, fields: dict[str, Any], items: list[tuple[Any, ...]], most: int | None) -> Calls:
         """:meth:`map`'s calls as one job per call, through an executor."""
@@ -224,6 +237,7 @@ class AsyncFunction(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: Literal[False] = False,
         after: Iterable[object] | None = None,
@@ -233,6 +247,7 @@ class AsyncFunction(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: Literal[True],
         after: Iterable[object] | None = None,
@@ -242,6 +257,7 @@ class AsyncFunction(Generic[P, R]):
         self,
         *iterables: Iterable[Any],
         max_running: int | None = None,
+        chunksize: int = 1,
         ordered: bool = True,
         return_exceptions: bool = False,
         after: Iterable[object] | None = None,
@@ -251,12 +267,13 @@ class AsyncFunction(Generic[P, R]):
         ``return_exceptions=True``; the calls still queued cancelled on a failure, when the loop is
         left early or its task cancelled). The calls are pickled and sent when the loop first asks
         for a result (an argument that cannot be pickled is raised there)."""
-        return self._map(iterables, max_running, ordered, return_exceptions, after)
+        return self._map(iterables, max_running, chunksize, ordered, return_exceptions, after)
 
     async def _map(
         self,
         iterables: tuple[Iterable[Any], ...],
         max_running: int | None,
+        chunksize: int,
         ordered: bool,
         return_exceptions: bool,
         after: Iterable[object] | None,
@@ -264,7 +281,7 @@ class AsyncFunction(Generic[P, R]):
         from fleet.client.aio_functions import array_results, call_results
         from fleet.client.mapped import Tasks
 
-        sent = await self.client._run(self.sync._send_map, iterables, max_running, after)
+        sent = await self.client._run(self.sync._send_map, iterables, max_running, chunksize, after)
         if isinstance(sent, Tasks):
             results = array_results(self.client, sent, ordered, return_exceptions)
         else:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.client.outcomes import PASSED
 from fleet.errors import SpecError
-from fleet_worker.call import CALL_MAGIC, pack, versions
+from fleet_worker.formats import CALL_MAGIC, pack, versions
 
 if TYPE_CHECKING:
     from fleet.client.sync import Client

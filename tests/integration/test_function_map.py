@@ -17,9 +17,9 @@ from tests.integration.test_functions import calc, ready, runtime  # noqa: F401 
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
-#: inputs of the map test: each call is a process started on this fleet's one node, so the suite
-#: maps a few dozen, not the issue's 1,000 (the same path: one array, its tasks watched a round)
-MANY = 40
+#: inputs of the map test (the issue's 1,000), and calls a task makes: each task is a process started
+#: on this fleet's one node, so the suite maps them 25 to a task, 40 tasks (one array, watched a round)
+MANY, CHUNK = 1000, 25
 
 
 def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
@@ -28,22 +28,31 @@ def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
 ) -> None:
     # Given a function that fails for one input of many
     withdraw = calc.withdraw.on(ready).options(gpus=0)
-    amounts = [1] * MANY
+    amounts = [1 + n % 7 for n in range(MANY)]
     amounts[MANY // 2] = 10**6
 
-    # When it is mapped over all of them, failures returned in place
-    results = list(withdraw.map([100] * MANY, amounts, return_exceptions=True))
+    # When it is mapped over all of them, 25 calls a task, failures returned in place
+    results = list(withdraw.map([100] * MANY, amounts, chunksize=CHUNK, return_exceptions=True))
 
     # Then every other call's value comes back, in the inputs' order, and the failure in its place
     assert len(results) == MANY
     failed = results.pop(MANY // 2)
     assert isinstance(failed, calc.Overdrawn) and "1000000 is more than 100" in str(failed)
-    assert results == [99] * (MANY - 1)
-    # And the map was one job array, a task per call, all of them ended
-    assert len(ready.jobs(state="SUCCEEDED")) == MANY - 1 and len(ready.jobs(state="FAILED")) == 1
+    assert results == [100 - a for n, a in enumerate(amounts) if n != MANY // 2]
+    # And the map was one job array of a task per 25 calls, the one holding the failure FAILED
     (array,) = ready.listing()
-    assert isinstance(array, JobArray) and array.size == MANY
-    assert array.tasks[JobState.SUCCEEDED] == MANY - 1 and array.tasks[JobState.FAILED] == 1
+    assert isinstance(array, JobArray) and array.size == MANY // CHUNK
+    assert array.tasks[JobState.SUCCEEDED] == MANY // CHUNK - 1 and array.tasks[JobState.FAILED] == 1
+    # And that task's result (as `fleet result` reads it) is the failure, naming its item
+    task = ready.jobs(state="FAILED")[0]
+    assert task.array_index == MANY // 2 // CHUNK and task.spec.call is not None
+    assert "items[FLEET_ARRAY_INDEX*25:FLEET_ARRAY_INDEX*25+25] of 1000" in task.spec.call.args
+    with pytest.raises(calc.Overdrawn) as raised:
+        fleet.FunctionHandle(ready, task.id, task.spec.call.function).result(timeout=60)
+    assert (
+        f"item {MANY // 2}: call {MANY // 2 % CHUNK + 1} of the 25 job {task.id} made"
+        in raised.value.__notes__
+    )
 
 
 def test_map_raises_a_failure_after_every_earlier_result_and_unordered_yields_all(
@@ -133,6 +142,18 @@ def test_as_completed_from_the_standard_library_on_executor_futures(
     # And the standard library's map works as its own does
     with fleet.Executor(gpus=0, client=ready, python=sys.executable, workdir=calc.HERE) as pool:
         assert list(pool.map(calc.withdraw, [10, 20], [1, 2], timeout=120)) == [9, 18]
+        # And with a chunksize, a job makes that many calls: every value before a failure comes back
+        # in order, then the failure is raised in its place
+        amounts = [1] * MANY
+        amounts[MANY // 2] = 10**6
+        values = pool.map(calc.withdraw, [100] * MANY, amounts, timeout=120, chunksize=MANY // 4)
+        assert [next(values) for _ in range(MANY // 2)] == [99] * (MANY // 2)
+        with pytest.raises(calc.Overdrawn, match="1000000 is more than 100"):
+            next(values)
+        chunks = [j for j in ready.jobs() if j.spec.call and j.spec.call.args.startswith("*item for item in")]
+        assert sorted(j.spec.call.args.partition("]")[0] for j in chunks if j.spec.call) == [
+            f"*item for item in items[{n}:{n + MANY // 4}" for n in (0, 250, 500, 750)
+        ]
         # And a lambda travels by value, as it would to a ProcessPoolExecutor with cloudpickle
         assert pool.submit(lambda x: x * 2, 21).result(timeout=120) == 42
 

@@ -27,6 +27,7 @@ from fleet.errors import JobTimeout, SpecError
 from fleet.models import Job, JobSpec, JobState
 from fleet.models.arrays import task_id
 from fleet_worker import call as runner
+from fleet_worker import formats
 
 
 class Overdrawn(ValueError):
@@ -73,7 +74,7 @@ class Node:
     def submit_array(self, spec: dict[str, Any], indices: range, max_running: int | None) -> SimpleNamespace:
         data = self.blobs[spec["call"]["blob"]]
         for index in indices:
-            _, _, call = runner.task_call(data, index)
+            _, _, (call,), _ = formats.task_calls(data, index)
             self.calls[task_id("map", index)] = (spec["call"]["function"], cloudpickle.loads(call)[0])
             self._queue(task_id("map", index), index)
         return SimpleNamespace(id="map")

@@ -228,8 +228,8 @@ def test_each_task_of_a_map_finds_its_own_arguments_by_its_index(
             assert header["status"] == runner.RETURNED and pickle.loads(payload) == expected
             assert not (folder / runner.CALL).exists()
     # And an index the map does not hold, or none, is refused in words
-    with pytest.raises(runner.Refused, match="FLEET_ARRAY_INDEX 3: the map holds calls 0 to 2"):
-        runner.task_call(mapped.calls_blob(divmod, [(1, 1)] * 3) or b"", 3)
+    with pytest.raises(runner.Refused, match="FLEET_ARRAY_INDEX 3: the map holds tasks 0 to 2"):
+        runner.task_calls(mapped.calls_blob(divmod, [(1, 1)] * 3) or b"", 3)
     folder = tmp_path / "none" / runner.FOLDER
     folder.mkdir(parents=True)
     (folder / runner.CALL).write_bytes(mapped.calls_blob(divmod, [(1, 1)]) or b"")

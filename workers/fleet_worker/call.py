@@ -14,13 +14,24 @@ A call may take other calls' results as arguments (``g.submit(f.submit(x))``): t
 each such handle as :func:`result_of` its job, and the node, once those jobs succeeded, put their
 outcomes in ``OUTPUTS/.fleet-function/inputs/<job id>``, where unpickling the call reads them.
 
-A map's job array (``f.map``) has one call file for all its tasks (:func:`pack_calls`): the function
-pickled once, then each call's arguments pickled on their own, their ends in the header; task ``i``
-(``FLEET_ARRAY_INDEX``) unpickles the function and its own arguments only (:func:`task_call`).
+A map's job array (``f.map``) has one call file for all its tasks
+(:func:`fleet_worker.formats.pack_calls`): the function pickled once, then each call's arguments
+pickled on their own; task ``i`` (``FLEET_ARRAY_INDEX``) unpickles the function and its own
+arguments only. With ``chunksize`` N, task ``i`` makes calls ``i*N`` to ``i*N+N-1`` one after
+another in this one process (the function unpickled or imported once), each call's arguments
+unpickled just before it, and appends each call's outcome as it ends to a ``fleet-outcomes 1`` file:
+a call that raised, or whose arguments would not unpickle, loses no other's result, and the calls
+after it are made all the same. Such a task exits 0 when every call returned, 1 otherwise, as a
+single call does: its job FAILED (the function's own exception spends one of the job's
+``max_attempts``, which is 1 unless the caller asked for more), and an attempt that runs again, after
+that or a node lost, makes every call of the task again: a task's results are those of one attempt.
+A job of no array whose file holds one task's calls (``fleet.Executor.map``'s chunks) makes them all.
+A call that cannot be made at all (the versions differ, the function's module is missing) leaves a
+single ``fleet-outcome 1`` that stands for each of the task's calls.
 
-Both files are one line of JSON (the header) and then the pickle (or pickles). The job's Python needs
-``cloudpickle`` (of the caller's version) and this package: fleet's own environment has both, and so
-do the images fleet builds (``localhost/fleet/python``, ``localhost/fleet/torch``).
+The files' formats are :mod:`fleet_worker.formats`'. The job's Python needs ``cloudpickle`` (of the
+caller's version) and this package: fleet's own environment has both, and so do the images fleet
+builds (``localhost/fleet/python``, ``localhost/fleet/torch``).
 """
 
 from __future__ import annotations
@@ -28,9 +39,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -38,81 +47,34 @@ import traceback
 import types
 from typing import Any
 
-#: where the call and its outcome are, inside the job's outputs directory
-FOLDER = ".fleet-function"
-CALL, OUTCOME = "call", "outcome"
-#: the folder, beside the call, of the outcomes of the jobs whose results are its arguments
-INPUTS = "inputs"
-#: what each file starts with, so that neither is taken for the other, nor an old format for this one
-CALL_MAGIC, OUTCOME_MAGIC = b"fleet-call 1\n", b"fleet-outcome 1\n"
-#: what a map's calls (one per task of its job array) start with
-CALLS_MAGIC = b"fleet-calls 1\n"
-#: the largest return value (pickled) brought back; a larger one is refused, saying so
-RESULT_MAX_BYTES = 64 << 20
-#: what the outcome says of the call
-RETURNED, RAISED, REFUSED = "returned", "raised", "refused"
+from fleet_worker.formats import (
+    CALL,
+    CALL_MAGIC,
+    CALLS_MAGIC,
+    CHUNKS_MAGIC,
+    FOLDER,
+    INPUTS,
+    OUTCOME,
+    OUTCOME_MAGIC,
+    OUTCOMES_MAGIC,
+    OUTCOMES_MAX_BYTES,
+    RAISED,
+    REFUSED,
+    RESULT_MAX_BYTES,
+    RETURNED,
+    Refused,
+    outcome_entry,
+    pack,
+    status,
+    task_calls,
+    unpack,
+    versions,
+)
 
 
-def versions() -> dict[str, str]:
-    """The Python and cloudpickle of this process: a pickle is read only by the same ones."""
-    try:
-        import cloudpickle
-
-        pickler = str(cloudpickle.__version__)
-    except ImportError:
-        pickler = ""
-    return {"python": platform.python_version(), "cloudpickle": pickler}
-
-
-def pack(magic: bytes, header: dict[str, Any], payload: bytes) -> bytes:
-    return magic + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
-
-
-def unpack(magic: bytes, data: bytes) -> tuple[dict[str, Any], bytes]:
-    """The header and the pickle of a call or outcome; ``ValueError`` for anything else."""
-    if not data.startswith(magic):
-        raise ValueError(f"not a {magic.decode().split()[0]} of this format")
-    line, _, payload = data[len(magic) :].partition(b"\n")
-    header = json.loads(line)
-    if not isinstance(header, dict):
-        raise ValueError("its header is not a JSON object")
-    return header, payload
-
-
-class Refused(Exception):
-    """The call could not be made (the job's environment, not the function): said in words."""
-
-
-def pack_calls(header: dict[str, Any], function: bytes, calls: list[bytes]) -> bytes:
-    """A map's calls in one file: ``header`` (versions, module, qualname), the function's pickle
-    (empty when the node imports it) and each call's pickle of ``(args, kwargs)``, in task order."""
-    ends: list[int] = []
-    end = 0
-    for call in calls:
-        end += len(call)
-        ends.append(end)
-    return pack(CALLS_MAGIC, {**header, "function": len(function), "ends": ends}, function + b"".join(calls))
-
-
-def task_call(data: bytes, index: int) -> tuple[dict[str, Any], bytes, bytes]:
-    """Task ``index``'s call in a map's calls (:func:`pack_calls`): the header, the function's pickle
-    (empty when imported) and that call's pickle; :class:`Refused` for an index it does not hold."""
-    try:
-        header, payload = unpack(CALLS_MAGIC, data)
-        size, ends = int(header["function"]), [int(e) for e in header["ends"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise Refused(f"the map's calls cannot be read: {exc}") from None
-    if not 0 <= index < len(ends):
-        raise Refused(f"FLEET_ARRAY_INDEX {index}: the map holds calls 0 to {len(ends) - 1}")
-    start = size + (ends[index - 1] if index else 0)
-    return header, payload[:size], payload[start : size + ends[index]]
-
-
-def _array_index() -> int:
+def _array_index() -> int | None:
     raw = os.environ.get("FLEET_ARRAY_INDEX", "")
-    if not raw.isdigit():
-        raise Refused(f"FLEET_ARRAY_INDEX {raw!r}: a map's call runs as a task of its job array")
-    return int(raw)
+    return int(raw) if raw.isdigit() else None
 
 
 def mismatch(caller: dict[str, Any], here: dict[str, str], cause: BaseException | None = None) -> str:
@@ -217,34 +179,27 @@ def result_of(job_id: str) -> Any:
     return value
 
 
-def _read(path: str) -> tuple[dict[str, Any], bytes, bytes | None]:
-    """The call's header and pickle, or for a map's task its own call's pickle and the function's."""
+def _read(path: str) -> tuple[dict[str, Any], list[bytes], bytes | None, int | None]:
+    """The call's header and pickle; for a map's task, its own calls' pickles, the function's, and
+    the first call's number among the map's items."""
     try:
         with open(path, "rb") as file:
             data = file.read()
-        if data.startswith(CALLS_MAGIC):
-            header, function, payload = task_call(data, _array_index())
-            return header, payload, function
+        if data.startswith((CALLS_MAGIC, CHUNKS_MAGIC)):
+            header, function, calls, first = task_calls(data, _array_index())
+            return header, calls, function, first
         header, payload = unpack(CALL_MAGIC, data)
     except (OSError, ValueError) as exc:
         raise Refused(f"no call to make at {path}: {exc}") from None
-    return header, payload, None
+    return header, [payload], None, None
 
 
-def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    header, payload, function = _read(path)
-    here = versions()
-    if why := mismatch(header, here):
-        raise Refused(why)
+def _loads(header: dict[str, Any], data: bytes) -> Any:
+    """A pickle of the call; :class:`Refused` saying why it cannot be read here."""
     import cloudpickle
 
-    _INPUTS[:] = [os.path.join(os.path.dirname(path), INPUTS)]
     try:
-        if function is None:
-            fn, args, kwargs = cloudpickle.loads(payload)
-        else:
-            fn = cloudpickle.loads(function) if function else None
-            args, kwargs = cloudpickle.loads(payload)
+        return cloudpickle.loads(data)
     except Refused:
         raise
     except ModuleNotFoundError as exc:
@@ -253,8 +208,30 @@ def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
             "ship the code with workdir='.' or install it in the image"
         ) from exc
     except Exception as exc:
-        why = mismatch(header, here, exc) or f"cannot unpickle the call: {type(exc).__name__}: {exc}"
+        why = mismatch(header, versions(), exc) or f"cannot unpickle the call: {type(exc).__name__}: {exc}"
         raise Refused(why) from exc
+
+
+class Task:
+    """A map's task of several calls (``chunksize``): the function, and each call's pickle."""
+
+    def __init__(self, header: dict[str, Any], fn: Any, calls: list[bytes], first: int) -> None:
+        self.header, self.fn, self.calls, self.first = header, fn, calls, first
+
+
+def _load(path: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | Task:
+    header, calls, function, first = _read(path)
+    if why := mismatch(header, versions()):
+        raise Refused(why)
+    _INPUTS[:] = [os.path.join(os.path.dirname(path), INPUTS)]
+    try:
+        if function is None:
+            fn, args, kwargs = _loads(header, calls[0])
+        else:
+            fn = _loads(header, function) if function else None
+            if int(header.get("chunksize", 1)) > 1:
+                return Task(header, _function(header, fn), calls, first or 0)
+            args, kwargs = _loads(header, calls[0])
     finally:
         _INPUTS.clear()
         _PASSED.clear()
@@ -295,11 +272,12 @@ def _write(folder: str, data: bytes) -> None:
 
 
 def run(outputs: str) -> int:
-    """Make the call found under ``outputs``, leave its outcome there; the exit status."""
+    """Make the call (or a map's task's calls) found under ``outputs``, leave the outcome there; the
+    exit status."""
     folder = os.path.join(outputs, FOLDER)
     sys.path.insert(0, os.getcwd())  # the shipped working directory: the function's module is here
     try:
-        fn, args, kwargs = _load(os.path.join(folder, CALL))
+        loaded = _load(os.path.join(folder, CALL))
     except Refused as exc:
         _write(folder, _outcome(REFUSED, None, exc))
         print(f"fleet: the call was not made: {exc}", file=sys.stderr)
@@ -311,6 +289,9 @@ def run(outputs: str) -> int:
     with contextlib.suppress(FileNotFoundError):  # kept outputs need not hold the arguments again
         os.remove(os.path.join(folder, CALL))
     shutil.rmtree(os.path.join(folder, INPUTS), ignore_errors=True)
+    if isinstance(loaded, Task):
+        return _run_task(folder, loaded)
+    fn, args, kwargs = loaded
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:
@@ -319,6 +300,45 @@ def run(outputs: str) -> int:
         return 1
     _write(folder, _outcome(RETURNED, value))
     return 0
+
+
+def _made(task: Task, call: bytes) -> bytes:
+    """One of a task's calls made: its outcome."""
+    try:
+        args, kwargs = _loads(task.header, call)
+    except Refused as exc:
+        print(f"fleet: the call was not made: {exc}", file=sys.stderr)
+        return _outcome(REFUSED, None, exc)
+    try:
+        value = task.fn(*args, **kwargs)
+    except Exception as exc:
+        traceback.print_exc()
+        return _outcome(RAISED, None, exc)
+    return _outcome(RETURNED, value)
+
+
+def _run_task(folder: str, task: Task) -> int:
+    """Make a task's calls one after another, each one's outcome appended to the task's as it ends
+    (a call that raised loses no other's; a task killed midway keeps those that ended): exit 0 when
+    every call returned, else 1."""
+    failed, total = 0, 0
+    with open(os.path.join(folder, OUTCOME), "wb") as file:
+        file.write(pack(OUTCOMES_MAGIC, {**versions(), "first": task.first, "calls": len(task.calls)}, b""))
+        for number, call in enumerate(task.calls):
+            print(f"fleet: item {task.first + number}", file=sys.stderr, flush=True)
+            outcome = _made(task, call)
+            if total + len(outcome) > OUTCOMES_MAX_BYTES:
+                why = (
+                    f"the task's outcomes come to more than {OUTCOMES_MAX_BYTES} bytes: map with a smaller "
+                    "chunksize, or write the results to the job's outputs and return their names"
+                )
+                outcome = _outcome(REFUSED, None, Refused(why))
+            total += len(outcome)
+            failed += status(outcome) != RETURNED
+            file.write(outcome_entry(outcome))
+            file.flush()
+        os.fsync(file.fileno())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
