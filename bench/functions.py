@@ -6,8 +6,9 @@ runtime, 16 simulated GPUs; bench/scale.py's real-agent settings), and this proc
 (so pickled by value: run this as ``python -m bench.functions``), on 1 GPU. Measured, each on a
 drained queue:
 
-1. ``f.map(range(N))`` for each N of ``--calls`` (200 and 1,000): first call -> last result in hand,
-   as calls/s and ms of wall time per call;
+1. ``f.map(range(N), chunksize=C)`` for each N of ``--calls`` (200 and 1,000) and C of
+   ``--chunksize`` (1, a task per call, and 25): first call -> last result in hand, as calls/s and
+   ms of wall time per call;
 2. the same number of 1-GPU ``true`` jobs through ``Client.submit_many`` (first submit -> last
    final status in hand), and ``--cli`` (200) through ``fleet submit`` (a CLI process a job);
 3. one call's round trip, ``f.submit(i).result()`` one after another (``--round-trips``, 50):
@@ -55,6 +56,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--calls", type=int, nargs="+", default=[200, 1000], help="map sizes (200 1000)")
+    parser.add_argument("--chunksize", type=int, nargs="+", default=[1, 25], help="calls a task (1 25)")
     parser.add_argument(
         "--cli", type=int, default=200, help="`true` jobs through `fleet submit` (200; 0: skip)"
     )
@@ -97,8 +99,9 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         drain(backend, args.timeout)
         meter = Meter(running.api.pid)
         for n in args.calls:
-            mapped(f, n, out, meter)
-            drain(backend, args.timeout)
+            for chunksize in args.chunksize:
+                mapped(f, n, chunksize, out, meter)
+                drain(backend, args.timeout)
             batched_jobs(client, n, out, meter)
             drain(backend, args.timeout)
         if args.cli:
@@ -129,19 +132,21 @@ def per_call(what: str, n: int, took: float, out: Result, note: str = "", **data
     out.add(what, f"{took:.1f} s = **{n / took:.1f}/s**", f"{took / n * 1000:.0f} ms a call; {note}", **data)
 
 
-def mapped(f: Any, n: int, out: Result, meter: Meter) -> None:
+def mapped(f: Any, n: int, chunksize: int, out: Result, meter: Meter) -> None:
     started, cpu = time.perf_counter(), meter.read()
-    results = list(f.map(range(n)))
+    results = list(f.map(range(n), chunksize=chunksize))
     took = time.perf_counter() - started
     assert results == [i + 1 for i in range(n)], "a call returned something else"
     note = f"{meter.note(cpu, n)}; load {load()}"
+    each = f", `chunksize={chunksize}`" if chunksize > 1 else ""
+    key = f"map_{n}_per_s" if chunksize == 1 else f"map_{n}_chunk_{chunksize}_per_s"
     per_call(
-        f"`f.map` of {n} trivial calls: first call -> last result",
+        f"`f.map` of {n} trivial calls{each}: first call -> last result",
         n,
         took,
         out,
         note,
-        **{f"map_{n}_per_s": n / took},
+        **{key: n / took},
     )
 
 
