@@ -9,6 +9,7 @@ import itertools
 import json
 import pickle
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -295,3 +296,24 @@ def test_executor_map_with_chunksize_makes_a_job_per_chunk_and_raises_a_failure_
         assert list(pool.map(abs, range(-4, 0), chunksize=3)) == [4, 3, 2, 1] and len(fake.specs) == 5
         # And chunksize 1 is a job per call, as before
         assert list(pool.map(abs, [-1, -2])) == [1, 2] and len(fake.specs) == 7
+
+
+def test_executor_map_with_chunksize_times_out_as_the_standard_librarys_and_cancels_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an executor on a fleet whose jobs stay queued
+    fake = JobsFleet(tmp_path, monkeypatch)
+    fake.wait = lambda job_id, timeout=None: fake.jobs_[job_id]  # type: ignore[method-assign]
+    fake.jobs = lambda labels, limit: list(reversed(fake.jobs_.values()))[:limit]  # type: ignore[method-assign]
+    pool = fleet.Executor(gpus=0, client=fake, poll_s=0.01)  # type: ignore[arg-type]
+    # When a map of two jobs of two calls is waited for past its timeout
+    values = pool.map(abs, range(4), chunksize=2, timeout=1.0)
+    for _ in range(100):
+        if len(fake.jobs_) == 2:
+            break
+        time.sleep(0.01)
+    with pytest.raises(TimeoutError):
+        next(values)
+    pool.shutdown(wait=True)
+    # Then both jobs, sent and still queued, are cancelled on the fleet
+    assert [j.state for j in fake.jobs_.values()] == [JobState.CANCELLED] * 2

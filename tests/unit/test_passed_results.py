@@ -86,6 +86,11 @@ def test_a_result_the_node_did_not_hand_over_is_a_call_not_made(
         JobFailed, match=r"gather was not called: job f-1, whose result is an argument .* returned none"
     ):
         outcome.value(a_job(), "gather")
+    # And a map's task of several calls (chunksize) is no one value to take
+    chunk = runner.pack(runner.OUTCOMES_MAGIC, {"first": 0, "calls": 1}, runner.outcome_entry(returned(1)))
+    outcome = run_with(tmp_path / "chunk", monkeypatch, call, {"f-1": chunk, "f-2": returned(2)})
+    with pytest.raises(JobFailed, match="job f-1, whose result is an argument, made several calls of a map"):
+        outcome.value(a_job(), "gather")
 
 
 def test_a_handle_outside_a_call_is_not_pickled() -> None:

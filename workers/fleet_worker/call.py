@@ -166,7 +166,12 @@ def result_of(job_id: str) -> Any:
         raise Refused(f"the result of job {job_id!r} is an argument, but the node handed the job none")
     try:
         with open(os.path.join(_INPUTS[0], job_id), "rb") as file:
-            header, payload = unpack(OUTCOME_MAGIC, file.read())
+            data = file.read()
+        if data.startswith(OUTCOMES_MAGIC):
+            raise Refused(
+                f"job {job_id}, whose result is an argument, made several calls of a map: pass a value"
+            )
+        header, payload = unpack(OUTCOME_MAGIC, data)
     except (OSError, ValueError) as exc:
         raise Refused(f"the result of job {job_id}, an argument of the call, is not here: {exc}") from None
     if header.get("status") != RETURNED:
