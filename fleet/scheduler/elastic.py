@@ -41,12 +41,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from fleet.scheduler import goodput
-from fleet.scheduler.knapsack import Option, combine, knapsack, walk
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
+
+if TYPE_CHECKING:
+    from fleet.scheduler.knapsack import Option
 
 #: allocate's objectives: the sum of jobs' speedups (the fleet's useful throughput), or of the
 #: share of its remaining work each job does per second (favours jobs near their end: lower
@@ -222,6 +223,10 @@ def allocate(
     resize cost (default: ``min_interval_s``, at least 4 resize costs, or half the time the job has
     kept its size if longer). ``service_s``: weigh
     each job's value by its attained service (:func:`service_weight`; 0: off)."""
+    import numpy as np  # here: every controller imports this module, few run elastic jobs
+
+    from fleet.scheduler.knapsack import combine, knapsack, walk
+
     gpus = max(int(gpus), 0)
     caps = {t: max(int(c), 0) for t, c in (tenant_gpus or {}).items()}
     chosen: dict[str, tuple[int, int]] = {job.id: (0, 0) for job in jobs}

@@ -8,6 +8,8 @@ module over ``MAX_LINES`` lines says here why it is not split.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -81,6 +83,18 @@ def test_bench_does_not_import_the_tests() -> None:
                 names = [node.module or ""]
             offenders += [f"{path.name}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
     assert offenders == []
+
+
+def test_the_services_and_the_cli_start_without_numpy_or_torch() -> None:
+    # numpy alone is a third of a second of CPU at every start of an agent, API or controller; only
+    # an elastic allocation or a learned profile's fit needs it, and they import it when they run
+    code = (
+        "import sys\n"
+        "import fleet.agent.service, fleet.controller.service, fleet.api.app, fleet.cli.main\n"
+        "print(sorted(m for m in ('numpy', 'torch', 'docker') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["[]"]
 
 
 def test_the_formatter_is_not_switched_off() -> None:
