@@ -72,9 +72,10 @@ MiB = 1 << 20
 LOCAL_REGISTRY = "localhost/"
 #: makes docker-init (tini) signal the job's process group, as ``tini -g`` does, not its main process
 KILL_PROCESS_GROUP = "TINI_KILL_PROCESS_GROUP"
-#: Docker records an OOM kill from an event that can land just after the exit it caused: an exit
-#: by SIGKILL of a container with a memory limit is read again for this long after it ended
-OOM_SETTLE_S = 1.0
+#: Docker records an OOM kill from an event that can land after the exit it caused (over a second
+#: later on a busy node): an exit by SIGKILL of a container with a memory limit is read again for
+#: this long after it ended (only such an exit waits, and only once)
+OOM_SETTLE_S = 3.0
 #: lines asked for per log read: enough for a round's output, few enough to find from the log's end
 _TAIL = 1000
 
