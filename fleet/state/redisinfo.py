@@ -121,11 +121,15 @@ class RedisWatch:
         return primary, agreeing
 
     def _failovers(self) -> tuple[int, Failover | None]:
-        """Record this process's failovers not recorded yet; all recorded, and the latest."""
+        """Record this process's failovers not recorded yet; all recorded, and the latest. Each is
+        keyed by the sentinels' configuration epoch of its promotion, the same for every process
+        that saw it (so it is recorded once); one seen without an epoch (a change of primary the
+        sentinels did not make) is logged by the process that saw it, not recorded here."""
         new, key = [f for f in sentinel.failovers_seen() if f.at > self._recorded_at], self.keys.failovers
         pipe = self.client.pipeline(transaction=False)
         for f in new:
-            pipe.hsetnx(key, str(f.epoch or int(f.at)), f.model_dump_json())
+            if f.epoch:
+                pipe.hsetnx(key, str(f.epoch), f.model_dump_json())
         pipe.hgetall(key)
         recorded: dict[Any, Any] = pipe.execute()[-1]
         self._recorded_at = max([self._recorded_at, *(f.at for f in new)])
