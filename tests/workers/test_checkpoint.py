@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import fleet_worker as fw
 from fleet.agent import checkpoints
+from tests.conftest import need_torch
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +118,31 @@ def test_temporary_names_differ_per_attempt(ckpt_env: Path, monkeypatch: pytest.
         fw.save({"w": n}, 1)
     assert seen[0].split(".tmp-")[1].startswith("1-") and seen[2].split(".tmp-")[1].startswith("2-")
     assert len(set(seen)) == len(seen)
+
+
+def test_a_job_that_checkpoints_plain_data_never_imports_torch(ckpt_env: Path) -> None:
+    # importing torch costs seconds of CPU: a job whose state is a dict must not pay it to checkpoint
+    code = (
+        "import sys, fleet_worker as fw\n"
+        "fw.save({'step': 3, 'loss': [0.5]}, 3)\n"
+        "print(fw.load_latest(), 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "FLEET_CHECKPOINT_DIR": str(ckpt_env)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[0] == "({'step': 3, 'loss': [0.5]}, 3) False"
+
+
+def test_a_job_that_uses_torch_checkpoints_tensors_with_torch_save(ckpt_env: Path) -> None:
+    need_torch()
+    import torch
+
+    # Given a job that imported torch and checkpoints tensors
+    fw.save({"w": torch.arange(4.0)}, 1)
+    # Then the file is torch.save's (a zip archive), and it loads back as tensors
+    assert (ckpt_env / "step-0000000001.ckpt").read_bytes()[:4] == b"PK\x03\x04"
+    state, step = fw.load_latest()  # type: ignore[misc]
+    assert step == 1 and torch.equal(state["w"], torch.arange(4.0))
+    # And a checkpoint a job without torch wrote (a pickle) still loads where torch is imported
+    fw.save({"w": [1.0]}, 2)  # torch is imported here: make the pickle the way such a job does
+    (ckpt_env / "step-0000000002.ckpt").write_bytes(pickle.dumps({"step": 2, "state": {"w": [1.0]}}))
+    assert fw.load_latest() == ({"w": [1.0]}, 2)

@@ -15,6 +15,7 @@ import io
 import os
 import pickle
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +36,34 @@ def checkpoint_dir() -> Path:
     return path
 
 
-def _dump(state: Any) -> bytes:
-    buffer = io.BytesIO()
-    try:
-        import torch
+#: what a file of ``torch.save`` starts with (a zip archive); any other checkpoint is a pickle
+TORCH_MAGIC = b"PK\x03\x04"
 
+
+def _dump(state: Any) -> bytes:
+    """``torch.save`` when the job has imported torch (its state may hold tensors), else a pickle:
+    a job that checkpoints a dict does not pay for importing torch (seconds of CPU)."""
+    buffer = io.BytesIO()
+    torch = sys.modules.get("torch")
+    if torch is not None:
         torch.save(state, buffer)
-    except ImportError:
+    else:
         pickle.dump(state, buffer, protocol=pickle.HIGHEST_PROTOCOL)
     return buffer.getvalue()
 
 
 def _load(data: bytes) -> Any:
+    """A checkpoint of either kind, by what it starts with."""
+    if not data.startswith(TORCH_MAGIC):
+        return pickle.loads(data)
     try:
         import torch
-
-        return torch.load(io.BytesIO(data), weights_only=False)
     except ImportError:
-        return pickle.loads(data)
+        raise RuntimeError(
+            "this checkpoint was written with torch.save and torch is not installed here: install "
+            "torch in the job's image, or resume from another checkpoint"
+        ) from None
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
