@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -121,6 +122,19 @@ def _shared(item: pytest.Item) -> str | None:
     if item.path.name in DEFAULT_CGROUP_PARENT:
         return "default-cgroup-parent"
     return None
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """tests/workers/test_ddp.py's job trained by one plain process, once a session (what every gang
+    of it must train): the finished member and its checkpoint directory."""
+    need_torch()
+    from tests.workers.test_ddp import JOB, finish_ok, start_gang
+
+    root, started = tmp_path_factory.mktemp("one-process"), list[Any]()
+    (single,) = start_gang(root, started, nodes=1, plain=True)
+    finish_ok([single])
+    return single, root / JOB
 
 
 def need_torch() -> None:

@@ -13,7 +13,7 @@ import pytest
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs, need_torch
 from tests.integration.test_gangs import fleet_of
-from tests.workers.test_ddp import BATCH, EVERY, EXAMPLE, JOB, STEPS, final_weights, finish_ok, start_gang
+from tests.workers.test_ddp import BATCH, EVERY, EXAMPLE, STEPS, final_weights
 
 pytestmark = pytest.mark.integration
 TORCHRUN = (
@@ -57,22 +57,19 @@ def steps(text: str) -> list[int]:
     return [int(s) for s in re.findall(r"^step (\d+) loss", text, re.MULTILINE)]
 
 
-def assert_trains_what_one_process_trains(checkpoint_dir: Path, tmp_path: Path) -> None:
+def assert_trains_what_one_process_trains(checkpoint_dir: Path, one_process: tuple[object, Path]) -> None:
     """Final weights within 1e-5 of one plain process on the same global batch (why 1e-5:
     tests/workers/test_ddp.py, test_a_two_member_gang_trains_what_one_process_trains)."""
     import torch
 
-    started: list = []  # type: ignore[type-arg]
-    (single,) = start_gang(tmp_path, started, nodes=1, plain=True)
-    finish_ok([single])
-    expected, actual = final_weights(tmp_path / JOB), final_weights(checkpoint_dir)
+    expected, actual = final_weights(one_process[1]), final_weights(checkpoint_dir)
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-5, msg=name)
 
 
 def test_a_two_node_ddp_job_trains_what_one_process_trains(
-    procs: FleetProcs, client: Client, tmp_path: Path
+    procs: FleetProcs, client: Client, one_process: tuple[object, Path]
 ) -> None:
     # Given two nodes of 2 GPUs and a DDP job of 2 GPUs on 2 nodes (one torchrun per node)
     fleet_of(procs, client, 2)
@@ -84,11 +81,11 @@ def test_a_two_node_ddp_job_trains_what_one_process_trains(
     assert "rank 1 of 2 local_rank 0 node 1 of 2 attempt 1" in job.logs(rank=1)
     assert steps(job.logs(rank=0)) == list(range(1, STEPS + 1))  # rank 0 logs every step
     # And the model is what one process trains on the same global batch
-    assert_trains_what_one_process_trains(procs.root / "checkpoints" / job.id, tmp_path)
+    assert_trains_what_one_process_trains(procs.root / "checkpoints" / job.id, one_process)
 
 
 def test_killing_a_members_node_resumes_the_gang_from_its_checkpoint_without_repeating_a_step(
-    procs: FleetProcs, client: Client, tmp_path: Path
+    procs: FleetProcs, client: Client, one_process: tuple[object, Path]
 ) -> None:
     # Given three nodes and the DDP job on two of them, a tenth of a second per step
     fleet_of(procs, client, 3)
@@ -110,4 +107,4 @@ def test_killing_a_members_node_resumes_the_gang_from_its_checkpoint_without_rep
     assert int(resumed.group(1)) >= 3 * EVERY
     assert steps(second) == list(range(int(resumed.group(1)) + 1, STEPS + 1))
     # And the model is still what one process trains
-    assert_trains_what_one_process_trains(procs.root / "checkpoints" / job.id, tmp_path)
+    assert_trains_what_one_process_trains(procs.root / "checkpoints" / job.id, one_process)

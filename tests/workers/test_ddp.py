@@ -194,12 +194,11 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Me
 
 
 def test_a_two_member_gang_trains_what_one_process_trains(
-    straight: tuple[list[Member], Path], tmp_path: Path, members: list[Member]
+    straight: tuple[list[Member], Path], one_process: tuple[Member, Path]
 ) -> None:
     # Given a two-member gang run (torchrun on each "node") and one plain process, same global batch
     gang, directory = straight
-    (single,) = start_gang(tmp_path, members, nodes=1, plain=True)
-    finish_ok([single])
+    single, alone = one_process
     # Then each worker joined as the rank of its node in a world of two, and rank 0 logged every step
     for member in gang:
         assert f"rank {member.node} of 2 local_rank 0 node {member.node} of 2 attempt 1" in member.output
@@ -215,7 +214,7 @@ def test_a_two_member_gang_trains_what_one_process_trains(
     # split of the batch or a lost step fails here.
     import torch
 
-    expected, actual = final_weights(tmp_path / JOB), final_weights(directory)
+    expected, actual = final_weights(alone), final_weights(directory)
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-5, msg=name)
