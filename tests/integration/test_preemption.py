@@ -40,9 +40,9 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
     procs.agent("t-a", gpus=2)
     procs.agent("t-b", gpus=2)
     procs.wait_nodes(client, 2)
-    # And a's 100 jobs: four training jobs filling all 4 GPUs, checkpointing every 10 steps, and 96
+    # And a's 40 jobs: four training jobs filling all 4 GPUs, checkpointing every 10 steps, and 36
     # short ones queued behind them
-    train = [sys.executable, EXAMPLE, "--steps", "300", "--every", "10", "--sleep", "0.05"]
+    train = [sys.executable, EXAMPLE, "--steps", "200", "--every", "10", "--sleep", "0.05"]
     a_jobs = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=train, tenant="a")) for i in range(4)]
     wait_for(
         lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs),
@@ -50,10 +50,10 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
         what="a's jobs running and checkpointing",
     )
     short = [sys.executable, "-c", "import time; time.sleep(0.5)"]
-    a_rest = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=short, tenant="a")) for i in range(4, 100)]
-    # When b submits 20 jobs of a few seconds
+    a_rest = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=short, tenant="a")) for i in range(4, 40)]
+    # When b submits 10 jobs of a few seconds
     b_run = [sys.executable, "-c", "import time; time.sleep(3)"]
-    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=b_run, tenant="b")) for i in range(20)]
+    b_jobs = [client.submit(JobSpec(name=f"b{i}", gpus=1, command=b_run, tenant="b")) for i in range(10)]
     started = time.monotonic()
     # Then within one grace period b runs its guarantee, on GPUs two of a's jobs gave up
     wait_for(
