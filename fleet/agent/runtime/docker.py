@@ -7,22 +7,21 @@ restarted agent finds its own by label. Never privileged: every capability dropp
 (``TINI_KILL_PROCESS_GROUP``) to pass a stop's SIGTERM to the job's whole process group, as the
 process runtime sends it, so a training process behind a wrapper shell gets it too. Each started
 container's init is handed to the node supervisor, which kills it if the node's lease lapses, agent
-or no agent.
-Images named ``localhost/...`` are built on the node and never pulled. Exits are seen through
-Docker events, and the agent's periodic reconcile lists containers by label in case one was missed.
-Single-node jobs run on fleet's guarded network, multi-node members on the host's (see
-:mod:`fleet.agent.netguard`), unless the operator turned the guard off.
+or no agent. Exits are seen through Docker events, and the agent's periodic reconcile lists
+containers by label in case one was missed. Single-node jobs run on fleet's guarded network,
+multi-node members on the host's (see :mod:`fleet.agent.netguard`), unless the operator turned the
+guard off.
 
 Each attempt has a working directory on the host as the process runtime's
-(:mod:`fleet.agent.runtime.workspace`, ``<root>/<job>.<attempt>/work``, the job's, 0700), bind-mounted
-writable, so what the job leaves in its ``outputs`` directory is on the host when it ends, kept by the
-same code as a process's (:mod:`fleet.agent.outputs`) without reading anything out of the container.
-With a shipped directory, ``work`` is its copy and is mounted at ``/fleet/workdir``, the working
-directory. Without one the job starts in its image's ``WORKDIR`` (``/`` when it names none), and only
-``work/<outputs>`` is mounted there, at ``<WORKDIR>/<outputs>``: the image's files stay as they are.
-A job that reads forwarded stdin has a named pipe beside ``work``, mounted read-only at
-``/fleet/stdin``, which ``/bin/sh`` opens as the stdin of the image's entrypoint and command (the
-node supervisor holds a writing end, as for a process: :mod:`fleet.agent.stdin`).
+(:mod:`fleet.agent.runtime.workspace`, ``<root>/<job>.<attempt>/work``, the job's, 0700),
+bind-mounted writable, so what the job leaves in its ``outputs`` directory is on the host when it
+ends, kept by the same code as a process's (:mod:`fleet.agent.outputs`) without reading anything out
+of the container. With a shipped directory, ``work`` is its copy and is mounted at
+``/fleet/workdir``, the working directory. Without one the job starts in its image's ``WORKDIR``
+(``/`` when it names none), and only ``work/<outputs>`` is mounted there, at
+``<WORKDIR>/<outputs>``: the image's files stay as they are. A job that reads forwarded stdin has a
+named pipe beside ``work``, mounted read-only at ``/fleet/stdin``, which ``/bin/sh`` opens as the
+stdin of the image's entrypoint and command (:mod:`fleet.agent.stdin`).
 """
 
 from __future__ import annotations
@@ -72,9 +71,8 @@ MiB = 1 << 20
 LOCAL_REGISTRY = "localhost/"
 #: makes docker-init (tini) signal the job's process group, as ``tini -g`` does, not its main process
 KILL_PROCESS_GROUP = "TINI_KILL_PROCESS_GROUP"
-#: Docker records an OOM kill from an event that can land after the exit it caused (over a second
-#: later on a busy node): an exit by SIGKILL of a container with a memory limit is read again for
-#: this long after it ended (only such an exit waits, and only once)
+#: Docker's OOM flag can land after the exit it caused (seconds later on a busy node): a SIGKILL exit
+#: of a container with a memory limit is read again for this long after it ended (only such an exit)
 OOM_SETTLE_S = 3.0
 #: lines asked for per log read: enough for a round's output, few enough to find from the log's end
 _TAIL = 1000
@@ -107,6 +105,7 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"Docker daemon not reachable: {exc}") from exc
         self._events: Any = None
         self._names: dict[tuple[str, int], str] = {}
+        self._ooms: set[tuple[str, int]] = set()  # "oom" events: 20.10 drops one after the exit
 
     def _filters(self, **extra: str) -> dict[str, Any]:
         labels = [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]
@@ -255,36 +254,33 @@ class DockerRuntime:
         return [self._status(c) for c in self.client.containers.list(all=True, filters=self._filters())]
 
     def _status(self, container: Any) -> AttemptStatus:
-        labels = container.labels
-        job_id, attempt = labels[LABEL_JOB], int(labels[LABEL_ATTEMPT])
+        job_id, attempt = container.labels[LABEL_JOB], int(container.labels[LABEL_ATTEMPT])
         state = container.attrs["State"]
         if state.get("Running") or container.status in ("created", "restarting"):
             return AttemptStatus(job_id, attempt, True)
         code, oom = int(state.get("ExitCode", -1)), self._oom_killed(container)
+        limit, reason = container.attrs["HostConfig"].get("Memory") or 0, f"exited with code {code}"
         if oom:
-            limit = container.attrs["HostConfig"].get("Memory") or 0
             reason = f"OOMKilled (memory limit {limit // MiB} MiB)" if limit else "OOMKilled"
         elif state.get("Error"):
             reason = f"container error: {state['Error']}"
-        else:
-            reason = f"exited with code {code}"
         return AttemptStatus(job_id, attempt, False, Exit(code=code, oom=oom, reason=reason))
 
     def _oom_killed(self, container: Any) -> bool:
-        """Whether the kernel's OOM killer ended the container; a SIGKILL exit of a container with a
-        memory limit, under ``OOM_SETTLE_S`` ago, is read again until Docker says so or the time is up."""
-        if container.attrs["State"].get("OOMKilled"):
-            return True
-        if container.attrs["State"].get("ExitCode") != 137 or not container.attrs["HostConfig"].get("Memory"):
-            return False
-        ended = float(_epoch(container.attrs["State"].get("FinishedAt", "")))
-        while time.time() < ended + OOM_SETTLE_S:
+        """Whether the kernel's OOM killer ended the container: Docker's flag, or its "oom" event. A
+        SIGKILL exit of a container with a memory limit is read again for ``OOM_SETTLE_S`` after it ended."""
+        key, settled = (container.labels[LABEL_JOB], int(container.labels[LABEL_ATTEMPT])), 0.0
+        while not (container.attrs["State"].get("OOMKilled") or key in self._ooms):
+            state = container.attrs["State"]
+            if state.get("ExitCode") != 137 or not container.attrs["HostConfig"].get("Memory"):
+                return False
+            settled = settled or float(_epoch(state.get("FinishedAt", ""))) + OOM_SETTLE_S
+            if time.time() >= settled:
+                return False
             time.sleep(0.1)
             with contextlib.suppress(NotFound):
                 container.reload()
-            if container.attrs["State"].get("OOMKilled"):
-                return True
-        return False
+        return True
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -332,12 +328,15 @@ class DockerRuntime:
     def _watch(self, on_exit: Callable[[str, int], None], stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                filters = {"type": "container", "event": "die", **self._filters()}
+                filters = {"type": "container", "event": ["die", "oom"], **self._filters()}
                 self._events = self.client.events(decode=True, filters=filters)
                 for ev in self._events:
                     labels = ev.get("Actor", {}).get("Attributes", {})
-                    if LABEL_JOB in labels:
-                        on_exit(labels[LABEL_JOB], int(labels[LABEL_ATTEMPT]))
+                    key = (labels.get(LABEL_JOB), int(labels.get(LABEL_ATTEMPT, 0)))
+                    if key[0] and ev.get("Action", ev.get("status")) == "oom":
+                        self._ooms.add(key)
+                    elif key[0]:
+                        on_exit(*key)
             except Exception as exc:  # the reconcile loop covers the gap; keep watching
                 if not stop.is_set():
                     event(log, "docker_events_lost", logging.WARNING, error=exc)
@@ -366,6 +365,7 @@ class DockerRuntime:
 
     def remove(self, job_id: str, attempt: int) -> None:
         self._names.pop((job_id, attempt), None)
+        self._ooms.discard((job_id, attempt))
         container = self._container(job_id, attempt)
         if container is not None:
             with contextlib.suppress(NotFound):
