@@ -30,6 +30,7 @@ class Forwarders:
         self._thread.start()
         self._open: dict[int, asyncio.Event] = {}  # front port -> set while not cut
         self._servers: list[asyncio.Server] = []
+        self._writers: set[asyncio.StreamWriter] = set()  # every connection's ends, closed at close()
 
     def front(self, target: int) -> int:
         """Start forwarding a free port to ``target``; that port."""
@@ -42,12 +43,22 @@ class Forwarders:
         self.loop.call_soon_threadsafe(self._open[front].set)
 
     def close(self) -> None:
+        """Stop the forwarders and close every connection here, before the loop stops: a
+        transport left open is found by the garbage collector later, as a ResourceWarning in
+        whichever test then runs in this process."""
+
         async def stop() -> None:
             for server in self._servers:
                 server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in self._writers:
+                writer.transport.abort()
+            for server in self._servers:
+                await server.wait_closed()
+            await asyncio.sleep(0)  # the aborted transports' connection_lost callbacks
 
         self._run(stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -62,12 +73,14 @@ class Forwarders:
         gate.set()
 
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._writers.add(writer)
             try:
                 await gate.wait()  # a connection opened across a cut waits, as a SYN retransmitted
                 up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
             except OSError:  # the Redis is down: the connection is refused, as it would be
                 writer.close()
                 return
+            self._writers.add(up_writer)
             await asyncio.gather(_pump(reader, up_writer, gate), _pump(up_reader, writer, gate))
 
         server = await asyncio.start_server(accepted, "127.0.0.1", 0)
