@@ -207,7 +207,11 @@ class CuttableProxy:
         self.open = True
 
     def close(self) -> None:
+        """Drop every connection and stop accepting: a shutdown wakes the thread blocked in
+        ``accept`` (closing the socket alone would leave it there, with the socket)."""
         self.cut()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
 
 
