@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet import Client, JobSpec, JobState
+from fleet import Client, JobArray, JobSpec, JobState
 from fleet.api.backend import Backend
 from fleet.cli.showing import time_limit
 from fleet.client import ArrayHandle
-from fleet.errors import SpecError
+from fleet.errors import JobTimeout, SpecError
 from fleet.state.control import JobControl, Need
 from tests.conftest import Api, FleetProcs
 from tests.integration.memfleet import MemFleet
@@ -174,7 +174,7 @@ def test_requeue_failed_runs_exactly_the_failed_tasks_again(
     mark = tmp_path / "fixed"
     script = f"test -e {mark} || [ $((FLEET_ARRAY_INDEX % 2)) -eq 0 ]"
     array = client.submit_array(spec("sh", "-c", script, max_attempts=1), "0-3")
-    done = ArrayHandle(client, array.id).wait(120)
+    done = _ended(client, array.id, procs)
     assert done.tasks[JobState.FAILED] == 2 and done.tasks[JobState.SUCCEEDED] == 2
     assert cli("requeue", array.id).returncode == 2  # which tasks: it must be said
 
@@ -189,7 +189,7 @@ def test_requeue_failed_runs_exactly_the_failed_tasks_again(
     ]
 
     # Then exactly those ran again, as their next attempt, and the array ends SUCCEEDED
-    done = ArrayHandle(client, array.id).wait(120)
+    done = _ended(client, array.id, procs)
     assert done.tasks[JobState.SUCCEEDED] == 4 and done.failed == []
     attempts = {j.array_index: j.attempt for j in client.jobs(labels={"fleet.array": array.id})}
     assert attempts == {0: 1, 1: 2, 2: 1, 3: 2}
@@ -301,3 +301,12 @@ def test_the_changed_jobs_feed_says_when_the_leader_must_read_its_whole_queue(re
     # And one that looked lately still gets just what changed since
     assert jobs.changed_since(now - 2) == ([f"{array.id}-9999", f"{array.id}-10000"], now, False)
     backend.close()
+
+
+def _ended(client: Client, array_id: str, procs: FleetProcs) -> JobArray:
+    """The array once every task is final (within the suite's per-test timeout, with the services'
+    logs when not)."""
+    try:
+        return ArrayHandle(client, array_id).wait(60)
+    except JobTimeout:
+        pytest.fail(f"array {array_id} did not end in 60 s:\n{procs.logs()}")
