@@ -200,7 +200,32 @@ def _private(path: Path, text: str) -> None:
         f.write(text)
 
 
+#: where :func:`free_port` picks from: below the kernel's ephemeral range (its usual first port)
+PORTS_FROM = 10_000
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port of 127.0.0.1 free now, for a server this process starts next (Redis, a sentinel, the
+    API), never one it gave before. Picked below the kernel's ephemeral range
+    (``ip_local_port_range``), from which every outgoing connection and every bind to port 0 takes
+    its port: one of those could take a port picked there before its server binds it (seen: a
+    forwarder on port 0 took the port just picked for a Redis, which then could not start)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200 if low - PORTS_FROM >= 1000 else 0):
+        port = secrets.choice(range(PORTS_FROM, low))
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    with socket.socket() as s:  # an ephemeral range that starts low: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -6,13 +6,16 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fleet.errors import ConfigError
-from fleet.ops.local import die_with_parent, jobs_run_as
+from fleet.ops.local import die_with_parent, free_port, jobs_run_as
+from fleet.ops.redis_local import PORTS_FROM
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 PR_GET_PDEATHSIG = 2
@@ -81,3 +84,16 @@ def test_an_unprivileged_start_runs_jobs_as_itself_and_says_nothing(monkeypatch:
     for name, value in (("geteuid", 1000), ("getuid", 1000), ("getgid", 1001)):
         monkeypatch.setattr(f"fleet.ops.local.os.{name}", lambda value=value: value)
     assert jobs_run_as({"SUDO_USER": "nobody"}) == ({"FLEET_AGENT__JOB_USER": "1000:1001"}, "")
+
+
+def test_free_ports_come_from_below_the_kernels_ephemeral_range_and_never_twice() -> None:
+    # a port picked from the ephemeral range can be taken by any connection or bind to port 0
+    # before its server binds it; below it, only an explicit bind competes
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    if low - PORTS_FROM >= 1000:
+        assert all(PORTS_FROM <= port < low for port in ports)
+    # and each was free: a server binds it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
