@@ -50,15 +50,18 @@ class Forwarders:
         async def stop() -> None:
             for server in self._servers:
                 server.close()
+            for gate in self._open.values():
+                gate.set()  # nothing waits on a cut any more
+            # a connection accepted just now is a transport, then its callback's task: let them run
+            # their first steps (each registers its ends here) before anything is cancelled
+            await asyncio.sleep(0.05)
             tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for writer in self._writers:
                 writer.transport.abort()
-            for server in self._servers:
-                await server.wait_closed()
-            await asyncio.sleep(0)  # the aborted transports' connection_lost callbacks
+            await asyncio.sleep(0.05)  # the aborted transports' connection_lost callbacks close them
 
         self._run(stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
