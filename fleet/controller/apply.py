@@ -93,6 +93,7 @@ class Applier:
             # their claims changed: read again; refused: see where the job stands now
             self.views.touch(jobs=[] if attempt else [job_id], nodes=[p.node for p in members])
             if attempt:
+                self.views.placed(members, attempt)
                 self.tenancy.placed(plan.jobs[job_id], members, attempt)
                 self.elasticity.placed(job_id, attempt)
             for p in members if attempt else ():

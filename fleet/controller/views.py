@@ -20,7 +20,7 @@ from fleet.config_sections import ControllerSettings
 from fleet.controller import snapshot
 from fleet.log import event
 from fleet.models import Job, JobState, Node
-from fleet.scheduler import NodeView, PendingQueue, dependencies
+from fleet.scheduler import NodeView, PendingQueue, Placement, dependencies
 from fleet.state import JobStore, NodeStore
 from fleet.state.ranked import RankIndex
 from fleet.state.records import JobBatch, NodeBatch
@@ -218,6 +218,14 @@ class ViewCache:
         nodes.update({n.name: n for n in batch.nodes})
         self._views_changed |= views != self.views
         self.views, self.known = views, nodes
+
+    def placed(self, members: list[Placement], attempt: int) -> None:
+        """A placement was written: its nodes' views hold its claims from now on. The nodes are read
+        again at the next refresh, and a read that differs from this counts as a change, so GPUs the
+        job gave back before that read (it ended at once) are seen free, not as they were."""
+        job = members[0].job_id
+        for name in {p.node for p in members} & self.views.keys():
+            self.views[name] = snapshot.claimed(self.views[name], members, f"{job}:{attempt}")
 
     # -- unreadable records ------------------------------------------------------------
 

@@ -104,3 +104,24 @@ def test_a_cancelled_job_that_ignores_sigterm_is_killed_after_the_grace(fleet: M
     next_id = fleet.submit(sh("exit 0", gpus=2))
     fleet.settle()
     assert fleet.job(next_id).state == JobState.SUCCEEDED
+
+
+def test_a_job_left_waiting_starts_when_the_placed_jobs_end_before_the_node_is_read(fleet: MemFleet) -> None:
+    # Given three 1-GPU jobs of 10 s for a node of two GPUs, and a pass that placed two of them
+    ids = [fleet.submit(sh("sleep 10", gpus=1)) for _ in range(3)]
+    fleet.bus.deliver()
+    fleet.controller.schedule_pass()
+    assert [fleet.job(i).state for i in ids] == [JobState.SCHEDULED, JobState.SCHEDULED, JobState.QUEUED]
+    # When both run and end before the controller reads the node again (it reads it as it was
+    # before that pass: both GPUs free)
+    fleet.bus.deliver()
+    fleet.clock.advance(10)
+    fleet.runtimes["m-node1"].poll()
+    fleet.bus.deliver()
+    assert [fleet.job(i).state for i in ids[:2]] == [JobState.SUCCEEDED, JobState.SUCCEEDED]
+    assert fleet.nodes.get("m-node1").claims == {}
+    # Then the third starts on the GPUs they left
+    fleet.settle()
+    assert fleet.job(ids[2]).state == JobState.RUNNING
+    fleet.advance(10)
+    assert fleet.job(ids[2]).state == JobState.SUCCEEDED
