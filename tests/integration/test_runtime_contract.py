@@ -114,6 +114,28 @@ def test_an_attempt_runs_ends_with_its_code_told_through_watch_and_leaves_its_ou
         stop.set()
 
 
+def test_an_exit_is_told_by_the_runtimes_watch_never_on_the_thread_reading_logs(runtime: Runtime) -> None:
+    # The log shipper reads on its own thread and an exit's watcher waits for that thread to ship the
+    # attempt's last lines: a watcher called on the reading thread would wait for itself
+    told: list[str] = []
+    stop = threading.Event()
+    runtime.watch(lambda job_id, attempt: told.append(threading.current_thread().name), stop)
+    try:
+        spec = launch(runtime, "echo one; sleep 0.3")
+
+        def read() -> None:
+            deadline = time.monotonic() + 30
+            while not told and time.monotonic() < deadline:
+                runtime.read_logs(spec.job_id, spec.attempt, None, False)
+
+        reader = threading.Thread(target=read, name="log-reader")
+        reader.start()
+        reader.join()
+        assert told and "log-reader" not in told
+    finally:
+        stop.set()
+
+
 def test_a_last_line_without_its_newline_comes_once_the_attempt_ended(runtime: Runtime) -> None:
     spec = launch(runtime, "echo one; printf two")
     wait_for(lambda: ended(runtime, spec), what="the attempt to end")

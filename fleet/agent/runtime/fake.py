@@ -148,8 +148,10 @@ class FakeRuntime:
             return {r.pid for r in self._held.values() if r.exit is None}
 
     def read_logs(self, job_id: str, attempt: int, cursor: str | None, ended: bool) -> list[tuple[str, str]]:
-        """The cursor is the number of lines read; a line without its newline comes once ``ended``."""
-        self.poll()
+        """The cursor is the number of lines read; a line without its newline comes once ``ended``.
+        It tells no watcher: the log shipper's thread reads, and an exit's watcher waits for that
+        thread to ship the attempt's last lines (the real runtimes tell exits from their own watch)."""
+        self._catch_up()
         with self._lock:
             run = self._held.get((job_id, attempt))
             if run is None:
@@ -184,12 +186,10 @@ class FakeRuntime:
 
     def poll(self) -> None:
         """End the attempts whose scripts ran to their end by ``clock``, and tell the watchers."""
-        now, ended = self.clock(), []
+        self._catch_up()
+        ended = []
         with self._lock:
             for run in self._held.values():
-                ends_after = run.script.ends_after
-                if run.exit is None and ends_after is not None and now - run.started >= ends_after:
-                    self._end(run, run.script.code, after=ends_after)
                 if run.exit is not None and not run.seen:
                     run.seen = True
                     ended.append((run.spec.job_id, run.spec.attempt))
@@ -221,6 +221,16 @@ class FakeRuntime:
             return [name for name, _ in self._held[(job_id, attempt)].signals]
 
     # -- inside ------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """End the attempts whose scripts ran to their end by ``clock``; their watchers hear of it at
+        the next ``poll``."""
+        now = self.clock()
+        with self._lock:
+            for run in self._held.values():
+                ends_after = run.script.ends_after
+                if run.exit is None and ends_after is not None and now - run.started >= ends_after:
+                    self._end(run, run.script.code, after=ends_after)
 
     def _running(self, run: _Attempt) -> bool:
         with self._lock:
