@@ -115,6 +115,12 @@ class FleetProcs:
             **env,
         )
 
+    def one_node(self, client: Client, node: str, gpus: int = 2, **env: str) -> None:
+        """The smallest fleet: a controller and one agent, once ``client`` sees the node alive."""
+        self.controller()
+        self.agent(node, gpus, **env)
+        self.wait_nodes(client, 1)
+
     def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

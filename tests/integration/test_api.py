@@ -394,9 +394,7 @@ def test_show_says_where_a_queued_job_stands_in_its_tenant_and_overall(api: Api,
 
 def test_jobs_list_who_submitted_them_and_how_they_ran(api: Api, procs: FleetProcs) -> None:
     # Given a fleet, and a user of tenant ml who submits a job that fails, and an array
-    procs.controller()
-    procs.agent("t-1", gpus=1)
-    procs.wait_nodes(api.client(), 1)
+    procs.one_node(api.client(), "t-1", gpus=1)
     token = api.token_for("mia", "ml")
     failed = fleet(api, "submit", "--max-attempts", "1", "--wait", "--", "sh", "-c", "exit 3", token=token)
     assert failed.returncode == 1, failed.stderr

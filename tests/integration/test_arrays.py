@@ -38,9 +38,7 @@ def test_each_task_of_a_2000_task_array_runs_once_with_its_own_index(
     procs: FleetProcs, client: Client
 ) -> None:
     # Given a controller and a node with 16 GPUs
-    procs.controller()
-    procs.agent("t-sweep", gpus=16)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-sweep", gpus=16)
 
     # When a 2,000-task array of 1-GPU tasks printing their index is submitted in one call
     array = client.submit_array(sh('echo "index=$FLEET_ARRAY_INDEX"'), "0-1999")
@@ -64,9 +62,7 @@ def test_each_task_of_a_2000_task_array_runs_once_with_its_own_index(
 
 def test_max_running_caps_the_tasks_on_nodes_at_once(procs: FleetProcs, client: Client) -> None:
     # Given a node with 16 free GPUs
-    procs.controller()
-    procs.agent("t-cap", gpus=16)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-cap", gpus=16)
 
     # When an 8-task array of 1-second tasks is submitted with at most 2 running
     array = client.submit_array(sh(PROBE.format(secs=1)), "0-7", max_running=2)
@@ -89,9 +85,7 @@ def test_cancel_an_array_stops_its_running_tasks_and_drops_the_queued(
     procs: FleetProcs, client: Client
 ) -> None:
     # Given a 20-task array of long tasks on a node with 2 GPUs: 2 running, 18 queued
-    procs.controller()
-    procs.agent("t-cancel", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-cancel", gpus=2)
     array = client.submit_array(sh("sleep 60"), "0-19")
     wait_for(lambda: array.status().tasks[JobState.RUNNING] == 2, timeout=30)
 
@@ -109,9 +103,7 @@ def test_cancel_an_array_stops_its_running_tasks_and_drops_the_queued(
 
 def test_cancel_by_label_cancels_only_the_matching_jobs(procs: FleetProcs, client: Client) -> None:
     # Given two running and one queued job labelled team=a (a node with 2 GPUs), and one of team=b
-    procs.controller()
-    procs.agent("t-label", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-label", gpus=2)
     team_a = [client.submit(sh("sleep 60", labels={"team": "a"})) for _ in range(2)]
     wait_for(lambda: all(h.status().state == JobState.RUNNING for h in team_a), timeout=30)
     queued_a = client.submit(sh("sleep 60", labels={"team": "a", "run": "x"}))
@@ -239,9 +231,7 @@ def test_an_array_submitted_after_a_queued_job_was_cancelled_starts_without_a_re
 ) -> None:
     # Given a controller that reads the whole queue only every 10 minutes, and one node of 2 GPUs
     procs.env["FLEET_CONTROLLER__RESYNC_INTERVAL_S"] = "600"
-    procs.controller()
-    procs.agent("t-left", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-left", gpus=2)
     # And a job that waits (it asks more GPUs than the fleet has), cancelled once the controller saw it
     waiting = client.submit(sh("true", gpus=8, allow_unplaceable=True))
     wait_for(lambda: client.get(waiting.id).reason.startswith("fits no registered node"), timeout=30)

@@ -40,9 +40,7 @@ def test_malformed_messages_are_dead_lettered_and_the_agent_keeps_serving(
     procs: FleetProcs, client: Client
 ) -> None:
     # Given a running node
-    procs.controller()
-    procs.agent("t-bus", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-bus", gpus=1)
     bus = Bus(procs.settings())
     queue = node_queue("t-bus")
     # When messages arrive with a bad payload, with positional args, for an unknown actor,
@@ -332,9 +330,7 @@ def test_a_stopped_worker_stops_without_waiting_out_its_block(redis_url: str) ->
 
 def test_idle_services_fetch_only_at_their_safety_net_rate(procs: FleetProcs, client: Client) -> None:
     # Given a controller and an agent with nothing to do, both consumers blocked on their wake lists
-    procs.controller()
-    procs.agent("t-idle", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-idle", gpus=1)
     wait_blocked(procs.redis_url, 2)
     poll_s = procs.settings().bus_poll_ms / 1000
     # When they are watched for a few safety-net periods

@@ -34,9 +34,7 @@ def runtime() -> str:
 def fleet_cli(procs: FleetProcs, client: Client):  # type: ignore[no-untyped-def]
     # the leader publishes the tenants' queues (`fleet top`) every usage interval: 10 s by default
     procs.env["FLEET_CONTROLLER__USAGE_INTERVAL_S"] = "1"
-    procs.controller()
-    procs.agent("t-cli", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-cli", gpus=2)
 
     def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

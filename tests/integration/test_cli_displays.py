@@ -35,9 +35,7 @@ def cli(api: Api, *args: str) -> subprocess.CompletedProcess[str]:
 def test_show_tells_the_user_the_time_left_labels_env_names_and_workdir(
     procs: FleetProcs, client: Client, api: Api, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-show", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-show", gpus=1)
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "run.sh").write_text("sleep 60\n")
     # Given a running job with a time limit, labels, a secret in its environment, and shipped code

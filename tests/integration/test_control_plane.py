@@ -90,9 +90,7 @@ def test_a_redis_restart_loses_nothing_and_disturbs_no_running_job(
     procs = FleetProcs(own_redis.url, tmp_path, "process")
     client = DirectClient(own_redis.url)
     try:
-        procs.controller()
-        procs.agent("t-a", gpus=2)
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=2)
         running = [client.submit(sleeper(4)) for _ in range(2)]
         queued = client.submit(sleeper(0.5, gpus=2))
         wait_for(lambda: all(h.status().state == JobState.RUNNING for h in running), what="two jobs running")
@@ -153,9 +151,7 @@ def test_a_restarted_lone_controller_reconciles_from_state(procs: FleetProcs, cl
 
 def test_infrastructure_requeues_are_capped(procs: FleetProcs, client: Client) -> None:
     procs.env["FLEET_MAX_INFRA_REQUEUES"] = "1"
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(sleeper(300))
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running on t-a")
     procs.agent("t-b", gpus=1)

@@ -104,9 +104,7 @@ def test_a_claim_no_attempt_holds_is_released_and_its_gpu_used_again(
 ) -> None:
     # orphan claims are found by the full reconcile, every resync interval (30 s by default)
     procs.env["FLEET_CONTROLLER__RESYNC_INTERVAL_S"] = "2"
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     # Given the node's only GPU claimed by an attempt that no job has (a crash left it behind)
     gpu = client.node("t-a").gpus[0].uuid
     redis.hset(Keys().claims, gpu, "vanished:1")

@@ -69,9 +69,7 @@ def progress(client: Client, job_id: str, attempt: int) -> list[int]:
 def test_a_crash_requeues_with_backoff_and_resumes_from_the_checkpoint(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     # Given a training job whose first attempt crashes at step 55 (last checkpoint: 50)
     job = client.submit(train("--fail-at", "55"))
     status = job.wait(timeout=120)
@@ -89,9 +87,7 @@ def test_a_crash_requeues_with_backoff_and_resumes_from_the_checkpoint(
 def test_node_death_moves_the_job_to_another_node_without_spending_retries(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(train("--sleep", "0.05"))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 30, what="30 steps on t-a")
     procs.agent("t-b", gpus=1)
@@ -118,9 +114,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
 
 
 def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: Client) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(train("--sleep", "0.05"))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 20, what="20 steps")
     # When the agent alone is SIGKILLed (its jobs keep running) and restarted within the lease TTL
@@ -138,9 +132,7 @@ def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: 
 
 
 def test_stale_and_duplicate_messages_change_nothing(procs: FleetProcs, client: Client) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(train("--sleep", "0.03", "--fail-at", "15"))
     wait_for(lambda: job.status().attempt == 2 and job.status().state == JobState.RUNNING, what="attempt 2")
     status = job.status()
@@ -234,9 +226,7 @@ TICKER = (
 def test_a_partitioned_agent_fences_itself_and_no_attempts_overlap(
     procs: FleetProcs, client: Client, proxy: CuttableProxy, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)
     ticks.chmod(0o777)  # the job runs as the unprivileged job user

@@ -21,9 +21,7 @@ def runtime() -> str:
 
 @pytest.fixture
 def ready(procs: FleetProcs, client: Client) -> Client:
-    procs.controller()
-    procs.agent("t-deps", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-deps", gpus=1)
     return client
 
 

@@ -33,9 +33,7 @@ def cli(procs: FleetProcs, *args: str, timeout: float = 120) -> subprocess.Compl
 def test_drain_lets_a_short_job_finish_and_moves_a_long_one_from_its_checkpoint(
     procs: FleetProcs, client: Client
 ) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=2)
     short = client.submit(
         JobSpec(name="short", gpus=1, command=[sys.executable, "-c", "import time; time.sleep(1)"])
     )
@@ -96,9 +94,7 @@ def test_drain_of_several_nodes_cordons_all_first(procs: FleetProcs, client: Cli
 def test_a_node_that_dies_mid_drain_ends_drained_with_every_job_accounted_for(
     procs: FleetProcs, client: Client
 ) -> None:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(JobSpec(name="j", gpus=1, command=["sleep", "300"]))
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running")
     client.drain(["t-a"], deadline_s=600)
@@ -117,9 +113,7 @@ def test_a_node_that_dies_mid_drain_ends_drained_with_every_job_accounted_for(
 def test_the_documented_maintenance_script_runs_as_written(
     procs: FleetProcs, client: Client, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(JobSpec(name="j", gpus=1, command=["sleep", "300"]))
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running")
     marker = tmp_path / "maintained"

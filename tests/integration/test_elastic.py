@@ -101,9 +101,7 @@ def test_the_controller_resizes_a_training_job_1_2_4_2_as_the_fleet_changes(
         FLEET_CONTROLLER__RESIZE_COST_S="1",
         FLEET_CONTROLLER__ELASTIC_INTERVAL_S="0.5",
     )
-    procs.controller()
-    procs.agent("e-a", gpus=4)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "e-a", gpus=4)
     three = client.submit(fixed(3))
     wait_for(lambda: three.status().state == JobState.RUNNING, what="the 3-GPU job running")
     # When an elastic job (1-4 GPUs, batch 128-1024) arrives, it starts on the GPU left

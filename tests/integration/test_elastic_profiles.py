@@ -63,9 +63,7 @@ def test_a_users_profile_directory_is_uploaded_and_sizes_the_job(
 ) -> None:
     # Given a fleet of one 4-GPU node, and a user's own profile: cifar10's measurements without the
     # batch sizes above 256 (its batch range is what its validation-<B>.csv files say)
-    procs.controller()
-    procs.agent("p-a", gpus=4)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "p-a", gpus=4)
     mine = tmp_path / "my-model"
     shutil.copytree(BUNDLED / "cifar10", mine)
     for big in ("512", "1024", "2048", "4096"):

@@ -36,9 +36,7 @@ def test_a_killed_agent_never_leaves_its_attempt_running_past_the_lease(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
     # Given a job running on t-a, and a second node t-b
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
     ckpt = procs.root / "checkpoints" / job.id
     wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "attempt 1 ticking")
@@ -62,9 +60,7 @@ def test_a_supervisor_that_dies_takes_its_process_jobs_with_it(procs: FleetProcs
     if procs.runtime != "process":
         pytest.skip("process runtime: Docker containers are not the supervisor's children")
     # Given a running process-runtime job
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
     ckpt = procs.root / "checkpoints" / job.id
     wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "attempt 1 ticking")
@@ -90,9 +86,7 @@ def test_an_exit_the_agent_could_not_record_is_never_taken_for_a_lost_attempt(
     proxy = CuttableProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
     try:
         # Given a job running on an agent whose Redis connection can be cut
-        procs.controller()
-        procs.agent("t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=1, FLEET_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
         job = client.submit(JobSpec(name="once", gpus=1, command=["sh", "-c", WAIT_FOR_GO]))
         wait_for(lambda: job.status().state == JobState.RUNNING, 30, "running")
         # When the job exits successfully while its agent cannot reach Redis (shorter than the lease)
@@ -151,9 +145,7 @@ def test_a_pull_that_hangs_never_delays_the_heartbeat(
     registry = HangingRegistry()
     try:
         # Given a node running a job, and pulls allowed
-        procs.controller()
-        procs.agent("t-a", gpus=2, FLEET_AGENT__DOCKER_PULL="missing")
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=2, FLEET_AGENT__DOCKER_PULL="missing")
         running = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
         ckpt = procs.root / "checkpoints" / running.id
         wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "job ticking")

@@ -32,9 +32,7 @@ def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
 ) -> None:
     # Given a node of 2 GPUs and a controller that leaves elastic jobs at the size they are given
     procs.env.update(FLEET_CONTROLLER__ELASTIC="false")
-    procs.controller()
-    procs.agent("gns-a", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "gns-a", gpus=2)
     # When the example runs on 2 GPUs (two DDP workers) at batch 64, its smallest
     command = [sys.executable, EXAMPLE, "--steps", "100000", "--every", "5", "--sleep", "0.02"]
     command += ["--done-file", str(tmp_path / "done")]

@@ -62,9 +62,7 @@ def test_a_cancelled_job_takes_the_child_it_moved_to_a_session_of_its_own(
     cgroups: None, procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
     folder = shared(tmp_path)
-    procs.controller()
-    procs.agent("t-hc", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hc", gpus=1)
     with reaped(folder):
         # Given a running job whose child left the job's process group and session
         job = client.submit(JobSpec(name="escape", command=["sh", "-c", f"{escape(folder)} & wait"]))
@@ -91,9 +89,7 @@ def test_a_killed_supervisor_leaves_nothing_of_a_job_running_when_its_next_attem
         "fi\n"
         "echo clean"
     )
-    procs.controller()
-    procs.agent("t-hs", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hs", gpus=1)
     with reaped(folder):
         # Given attempt 1 of a job running, with its escaped child
         job = client.submit(JobSpec(name="outlive", command=["sh", "-c", script], max_attempts=1))
@@ -111,9 +107,7 @@ def test_a_killed_supervisor_leaves_nothing_of_a_job_running_when_its_next_attem
 def test_a_job_over_its_memory_is_oom_killed_and_told_so(
     cgroups: None, procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-hm", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hm", gpus=1)
     # Given a job limited to 64 MiB whose child, in a session of its own, fills 512 MiB
     hog = "setsid python3 -c 'b = bytearray(512 << 20); print(\"not killed\")'"
     job = client.submit(JobSpec(name="hog", command=["sh", "-c", hog], memory="64m", max_attempts=1))
@@ -127,9 +121,7 @@ def test_a_job_over_its_memory_is_oom_killed_and_told_so(
 def test_a_fork_bomb_stops_at_the_pids_limit_and_the_node_keeps_serving(
     cgroups: None, procs: FleetProcs, client: Client
 ) -> None:
-    procs.controller()
-    procs.agent("t-hf", gpus=1, FLEET_AGENT__PIDS_LIMIT="32")
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hf", gpus=1, FLEET_AGENT__PIDS_LIMIT="32")
     # Given a job that forks 200 children (each sleeping) on a node whose jobs may hold 32 processes
     bomb = (
         "import os, time\n"

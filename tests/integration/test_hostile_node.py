@@ -74,9 +74,7 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
     # Given alice's job running with a secret in its environment, its work dir, its checkpoint dir
     # and its output
     alice, bob = tenants
-    procs.controller()
-    procs.agent("t-hostile", gpus=1, **PER_TENANT)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hostile", gpus=1, **PER_TENANT)
     script = (
         'echo "$SECRET" > secret.txt; echo "$SECRET" > "$FLEET_CHECKPOINT_DIR/s"; echo "$SECRET"; sleep 300'
     )
@@ -147,9 +145,7 @@ def test_an_allow_listed_user_runs_as_that_uid_with_no_other_group(
     as_root: None, procs: FleetProcs, client: Client
 ) -> None:
     # Given an admin who allowed tenant default the host user 4242:4343
-    procs.controller()
-    procs.agent("t-hostile", gpus=1, **PER_TENANT)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hostile", gpus=1, **PER_TENANT)
     allow = _fleet(procs, "tenant", "set", "default", "--allow-user", "4242:4343")
     assert allow.returncode == 0 and "host users its jobs may name: 4242:4343" in allow.stdout, allow.stderr
     # When a job names it

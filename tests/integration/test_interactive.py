@@ -41,9 +41,7 @@ def runtime() -> str:
 @pytest.fixture
 def env(procs: FleetProcs, client: Client) -> dict[str, str]:
     """A node with 2 GPUs and the environment of a ``fleet`` command run there (its agent's config)."""
-    procs.controller()
-    procs.agent(NODE, gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, NODE, gpus=2)
     return procs.cli_env(
         FLEET_AGENT__NODE_NAME=NODE,
         FLEET_AGENT__STATE_DIR=str(procs.root / NODE),
@@ -145,9 +143,7 @@ def test_ctrl_c_on_the_commands_that_wait_leaves_the_job_running(
 def test_fleet_shell_runs_as_the_job_in_its_directory_and_cgroup_from_anywhere(
     procs: FleetProcs, client: Client, api: Api
 ) -> None:
-    procs.controller()
-    procs.agent(NODE, gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, NODE, gpus=1)
     job = client.submit({"command": ["sh", "-c", "id -u; pwd; echo started; sleep 600"], "name": "held"})
     lines = until(lambda: (got := [x.line for x in client.logs(job.id)])[2:] and got, "the job started")
     uid, cwd = lines[0], lines[1]
@@ -237,9 +233,7 @@ def test_fleet_shell_sessions_are_capped_per_node_and_end_when_idle(
     procs: FleetProcs, client: Client, api: Api
 ) -> None:
     node = "t-interactive-caps"
-    procs.controller()
-    procs.agent(node, gpus=1, FLEET_AGENT__SHELL_MAX_SESSIONS="1", FLEET_AGENT__SHELL_IDLE_S="2")
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, node, gpus=1, FLEET_AGENT__SHELL_MAX_SESSIONS="1", FLEET_AGENT__SHELL_IDLE_S="2")
     job = client.submit({"command": ["sh", "-c", "echo started; sleep 600"], "name": "capped"})
     until(lambda: client.logs(job.id), "the job started")
 
@@ -271,9 +265,7 @@ def running(*argv: str) -> bool:
 def test_a_shell_that_does_not_read_its_input_slows_only_itself_and_ends_on_hang_up(
     procs: FleetProcs, client: Client, api: Api, redis_url: str, tmp_path: Path
 ) -> None:
-    procs.controller()
-    procs.agent("t-interactive-full", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-interactive-full", gpus=1)
     job = client.submit({"command": ["sh", "-c", "echo started; sleep 600"], "name": "stuffed"})
     until(lambda: client.logs(job.id), "the job started")
     # Given a shell whose command never reads its stdin, sent 1 MiB (16 times a pipe's 64 KiB)

@@ -63,9 +63,7 @@ def state(client: Client, job_id: str) -> JobState:
 
 def test_a_held_job_waits_on_a_free_node_until_released(procs: FleetProcs, client: Client, cli: Cli) -> None:
     # Given one node of one GPU, busy with a job, and a job queued behind it
-    procs.controller()
-    procs.agent("t-hold", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-hold", gpus=1)
     blocker = client.submit(spec("sleep", "600")).id
     wait_for(lambda: state(client, blocker) == JobState.RUNNING, what="the blocker runs", procs=procs)
     held = client.submit(spec("true")).id
@@ -168,9 +166,7 @@ def test_requeue_failed_runs_exactly_the_failed_tasks_again(
     procs: FleetProcs, client: Client, cli: Cli, tmp_path: Path
 ) -> None:
     # Given an array whose odd tasks fail until a file exists
-    procs.controller()
-    procs.agent("t-requeue", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-requeue", gpus=2)
     mark = tmp_path / "fixed"
     script = f"test -e {mark} || [ $((FLEET_ARRAY_INDEX % 2)) -eq 0 ]"
     array = client.submit_array(spec("sh", "-c", script, max_attempts=1), "0-3")

@@ -18,9 +18,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def one_node(procs: FleetProcs, client: Client) -> FleetProcs:
-    procs.controller()
-    procs.agent("t-node1", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-node1", gpus=2)
     return procs
 
 

@@ -36,9 +36,7 @@ def test_many_jobs_at_once_each_get_all_their_output_in_order(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
     # Given a node with 8 GPUs
-    procs.controller()
-    procs.agent("t-logs", gpus=8)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-logs", gpus=8)
     # When 8 jobs print 300 lines each at the same time, in bursts spread over several rounds
     handles = [client.submit(counting(300, 50, 0.2)) for _ in range(8)]
     statuses = [h.wait(timeout=120) for h in handles]
@@ -51,9 +49,7 @@ def test_many_jobs_at_once_each_get_all_their_output_in_order(
 def test_a_last_line_without_newline_of_a_job_that_exits_at_once_is_kept(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
-    procs.controller()
-    procs.agent("t-logs", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-logs", gpus=2)
     # When jobs print a last line without its newline and exit at once, one of them failing
     ok = client.submit(sh("echo first; printf 'the last line, no newline'"))
     failed = client.submit(sh("echo first; printf 'goodbye'; exit 3", max_attempts=1))
@@ -67,9 +63,7 @@ def test_a_last_line_without_newline_of_a_job_that_exits_at_once_is_kept(
 def test_an_agent_restart_mid_job_ships_no_line_twice_and_loses_none(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
-    procs.controller()
-    procs.agent("t-logs", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-logs", gpus=1)
     job = client.submit(counting(120, 1, 0.04))
     wait_for(lambda: len(job.logs().splitlines()) >= 20, what="20 lines shipped")
     # When the agent is SIGKILLed mid-job (the job keeps running) and started again
@@ -108,9 +102,7 @@ def test_one_job_cannot_fill_redis_with_its_output(
 ) -> None:
     # Given a fleet keeping about 1 MiB of each attempt's output, lines cut at 16 KiB (the default)
     procs.env["FLEET_LOG_MAX_BYTES"] = str(1 << 20)
-    procs.controller()
-    procs.agent("t-flood", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-flood", gpus=1)
     # When a job prints 100 lines of 1 MiB, then 300 lines of 10 KiB, then its last line
     script = (
         "i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/zero | tr '\\0' x; echo; i=$((i+1)); done; "

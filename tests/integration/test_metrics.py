@@ -36,9 +36,7 @@ def scrape(port: int) -> dict[str, float]:
 def test_controller_and_agent_metrics(procs: FleetProcs, client: Client) -> None:
     cport, aport = free_port(), free_port()
     procs.env["FLEET_CONTROLLER__METRICS_PORT"] = str(cport)
-    procs.controller()
-    procs.agent("t-m", gpus=2, FLEET_AGENT__METRICS_PORT=str(aport))
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-m", gpus=2, FLEET_AGENT__METRICS_PORT=str(aport))
     done = client.submit(JobSpec(name="ok", gpus=1, command=["true"]))
     assert done.wait(timeout=30).state == JobState.SUCCEEDED
     flaky = client.submit(JobSpec(name="flaky", gpus=1, max_attempts=2, command=["sh", "-c", "exit 1"]))

@@ -29,9 +29,7 @@ def runtime() -> str:
 
 @pytest.fixture
 def ready(procs: FleetProcs, client: Client) -> Client:
-    procs.controller()
-    procs.agent("t-py", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-py", gpus=2)
     return client
 
 

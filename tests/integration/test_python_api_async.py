@@ -27,9 +27,7 @@ def runtime() -> str:
 
 @pytest.fixture
 def ready(procs: FleetProcs, api: Api) -> Api:
-    procs.controller()
-    procs.agent("t-aio", gpus=2)
-    procs.wait_nodes(api.client(), 1)
+    procs.one_node(api.client(), "t-aio", gpus=2)
     return api
 
 

@@ -239,9 +239,7 @@ def test_an_exit_the_promoted_replica_never_saw_does_not_run_the_job_again(
     spec = JobSpec(name="tick", gpus=1, command=command, env={"TICKS": str(ticks)})
     keys = Keys(load_settings().key_prefix)
     try:
-        procs.controller()
-        procs.agent("t-a", gpus=1)
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=1)
         job = client.submit(spec, job_id="once")
         wait_for(lambda: list(ticks.glob("run-*")), 30, "the job ticking", procs)
         with primary(acks) as old:

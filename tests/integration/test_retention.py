@@ -266,9 +266,7 @@ def test_an_expired_job_is_gone_for_users_agents_and_memory(
         FLEET_CONTROLLER__RETENTION_INTERVAL_S="0.5",
         FLEET_AGENT__CHECKPOINT_SWEEP_INTERVAL_S="0.3",
     )
-    procs.controller()
-    procs.agent("t-ret", gpus=2)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-ret", gpus=2)
     time.sleep(1)  # the empty fleet settles (leader lease, node record)
     baseline = set(r.keys("*"))
     root = procs.root / "checkpoints"

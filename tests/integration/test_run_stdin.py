@@ -36,9 +36,7 @@ def runtime() -> str:
 
 @pytest.fixture
 def env(procs: FleetProcs, client: Client) -> dict[str, str]:
-    procs.controller()
-    procs.agent(NODE, gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, NODE, gpus=1)
     return procs.cli_env()
 
 

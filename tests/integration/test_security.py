@@ -33,9 +33,7 @@ FIRST_UID = 1_000_000_000  # the first tenant's, from the default range
 
 
 def start(procs: FleetProcs, client: Client, node: str = "t-sec", **env: str) -> None:
-    procs.controller()
-    procs.agent(node, gpus=1, **{**UNPRIVILEGED, **env})
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, node, gpus=1, **{**UNPRIVILEGED, **env})
 
 
 def test_a_job_id_that_is_a_path_is_refused_at_submit(procs: FleetProcs, client: Client) -> None:

@@ -65,9 +65,7 @@ def test_jobs_run_on_after_the_primary_is_killed_and_none_replicated_is_lost(
     client = DirectClient(settings=load_settings())
     metrics = procs.env["FLEET_CONTROLLER__METRICS_PORT"] = str(free_port())
     try:
-        procs.controller()
-        procs.agent("t-a", gpus=2)
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=2)
         # And a job that ran, every write of it on both replicas
         before = client.submit(hello())
         assert before.wait(timeout=30).state == JobState.SUCCEEDED

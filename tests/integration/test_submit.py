@@ -89,9 +89,7 @@ def test_a_submit_whose_notify_fails_succeeds_and_the_job_still_runs(
     # Given a client whose bus is broken (its bus DB does not exist on this Redis) next to a working fleet
     client = DirectClient(settings=load_settings(redis_url=url, bus_db=5))
     try:
-        procs.controller()
-        procs.agent("t-a", gpus=1)
-        procs.wait_nodes(client, 1)
+        procs.one_node(client, "t-a", gpus=1)
         # When a job is submitted
         with caplog.at_level(logging.WARNING, logger="fleet.api.backend"):
             handle = client.submit(spec())
@@ -116,9 +114,7 @@ def test_every_submitted_job_is_queued_when_a_generated_id_repeats(
     # Given a fleet whose only GPU is held by a long-running job (the ids are drawn by the backend,
     # in this process: no API in between, so the test can rig the draw)
     client = DirectClient(procs.redis_url)
-    procs.controller()
-    procs.agent("t-busy", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-busy", gpus=1)
     running = client.submit({"name": "long", "command": ["sleep", "600"], "gpus": 1})
     wait_for(lambda: running.status().state == JobState.RUNNING, timeout=30, what="long job running")
     # And a generator of job ids that repeats itself once, as 32 random bits did about once in a

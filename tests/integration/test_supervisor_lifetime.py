@@ -71,9 +71,7 @@ def test_a_supervisor_holding_a_job_stays_without_its_agent_and_the_job_runs_on(
     # Given a job running on t-s, whose lease outlasts the test (no fencing while its agent is gone)
     go = tmp_path / "go"
     env = {"FLEET_AGENT__SUPERVISOR_IDLE_EXIT_S": "0.5", "FLEET_AGENT__NODE_LEASE_TTL_S": "120"}
-    procs.controller()
-    procs.agent("t-s", gpus=1, **env)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-s", gpus=1, **env)
     job = client.submit(
         JobSpec(name="hold", command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"])
     )

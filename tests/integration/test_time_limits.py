@@ -35,9 +35,7 @@ def runtime() -> str:
 
 @pytest.fixture
 def fleet(procs: FleetProcs, client: Client) -> Client:
-    procs.controller()
-    procs.agent("t-a", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-a", gpus=1)
     return client
 
 

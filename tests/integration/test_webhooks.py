@@ -72,9 +72,7 @@ def fleet(procs: FleetProcs, client: Client) -> FleetProcs:
         FLEET_CONTROLLER__WEBHOOK_BACKOFF_S="0.5",
         FLEET_CONTROLLER__WEBHOOK_ATTEMPTS="3",
     )
-    procs.controller()
-    procs.agent("t-wh", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-wh", gpus=1)
     return procs
 
 
@@ -208,9 +206,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_when_sent(
     # Given a controller whose operator allows no internal network, and a job whose webhook names a
     # host (nothing to check at submit) that resolves to loopback, where the receiver listens
     procs.env["FLEET_WEBHOOK_ALLOWED_NETWORKS"] = "[]"
-    procs.controller()
-    procs.agent("w-1", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "w-1", gpus=1)
     port = receiver.url.rsplit(":", 1)[1]
     job = client.submit(JobSpec(name="j", command=["true"], notify=f"http://localhost:{port}/x"))
     assert job.result(timeout=60).state == JobState.SUCCEEDED

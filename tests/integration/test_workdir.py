@@ -50,9 +50,7 @@ def runtime() -> str:
 def test_a_shipped_directory_is_the_jobs_working_directory(
     procs: FleetProcs, client: Client, project: Path, redis: redis.Redis
 ) -> None:
-    procs.controller()
-    procs.agent("t-w", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-w", gpus=1)
     # When a user submits from their project directory, twice
     argv = [
         sys.executable,
@@ -165,9 +163,7 @@ def test_the_readme_training_example_runs_shipped_from_the_examples_directory(
     procs: FleetProcs, client: Client
 ) -> None:
     need_torch()
-    procs.controller()
-    procs.agent("t-ex", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-ex", gpus=1)
     examples = Path(__file__).resolve().parents[2] / "workers" / "examples"
     argv = [
         sys.executable,
@@ -199,9 +195,7 @@ def test_a_node_that_cannot_prepare_attempts_is_quarantined_and_the_job_runs_els
     # Given a node whose agent cannot write its workdirs folder (a file stands where it goes), alone
     (procs.root / "t-bad").mkdir()
     (procs.root / "t-bad" / "workdirs").write_text("not a folder\n")
-    procs.controller()
-    procs.agent("t-bad", gpus=1)
-    procs.wait_nodes(client, 1)
+    procs.one_node(client, "t-bad", gpus=1)
     # When a job shipping a directory is submitted
     job = client.submit(JobSpec(name="train", command=[sys.executable, "train.py"], workdir=str(project)))
     # Then after max_prepare_failures (3) attempts in a row the node cordons itself, saying why
