@@ -83,31 +83,25 @@ def _leftovers_of_a_failure(request: pytest.FixtureRequest) -> Iterator[None]:
             gc.collect()
 
 
-@pytest.hookimpl(trylast=True)  # after -m/-k deselected, and after xdist's own hook
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``), tests that share something host-wide run on one worker,
     one after another (``--dist loadgroup``); the rest spread over the workers, each of which has
     a Redis, an API and temp dirs (so cgroup parents) of its own. Tests marked ``alone`` change
     the host for everyone and run in a pytest of their own (``-m alone``)."""
-    loadgroup = getattr(config.option, "loadgroup", False)  # set in an xdist worker
     for item in items:
         if group := _shared(item):
             item.add_marker(pytest.mark.xdist_group(group))
-            if loadgroup and "@" not in item.nodeid:
-                _in_group(item, group)
 
 
-def _in_group(item: pytest.Item, group: str) -> None:
-    """What xdist's loadgroup does to a grouped test's node id (``ID@group``, which its scheduler
-    reads). pytest-xdist 3.8 sets ``item._nodeid``, which pytest 9.2 no longer reads (the id is
-    ``item._id``): its groups were silently ignored, and the Docker tests ran on every worker."""
-    nodeid = f"{item.nodeid}@{group}"
-    try:
-        from _pytest.nodeid import coerce_node_id
-    except ImportError:  # pytest before 9.2
-        item._nodeid = nodeid
-    else:
-        item._id = coerce_node_id(nodeid)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A group xdist did not take (its id has no ``@group``) would run beside its own kind on
+    another worker: stop before any test runs (see the pytest bound in pyproject.toml)."""
+    if not getattr(session.config.option, "loadgroup", False):  # set in an xdist worker
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests, e.g. {lost[0]}")
 
 
 def _shared(item: pytest.Item) -> str | None:
