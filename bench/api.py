@@ -4,7 +4,8 @@ Real processes on one Redis: ``fleet api``, ``fleet controller`` and one ``fleet
 runtime, 16 simulated GPUs; bench/scale.py's real-agent settings), and this process as the user, a
 :class:`fleet.Client` with a user's token. Measured, each on a drained queue:
 
-1. submits/s, one ``Client.submit`` call at a time (``--submits`` jobs, 1-GPU ``true``);
+1. submits/s, one ``Client.submit`` call at a time (``--submits`` jobs, 1-GPU ``true``): with the
+   jobs running as they arrive, and into a busy fleet (the node cordoned: they queue);
 2. submits/s batched, ``Client.submit_many`` of ``--batch`` jobs a call;
 3. end to end, ``--jobs`` 1-GPU ``true`` jobs submitted in batches: first submit -> last SUCCEEDED
    (and the same one call at a time);
@@ -38,7 +39,7 @@ from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
 from bench.procs import FleetProcs
 from bench.scale import DEFAULTS
 from fleet.api.backend import Backend
-from fleet.client import Client
+from fleet.client import Client, JobHandle
 from fleet.keys import Keys
 from fleet.models import JobSpec, JobState, Role
 from fleet.ops.local import free_port
@@ -115,13 +116,28 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         client, backend, api = fleet.client, fleet.backend, fleet.api
         client.submit_many([SPEC] * 10)  # warm: first connection, imports, scripts loaded
         drain(backend, args.timeout)
-        one = timed_submits(client, backend, args, api.pid, lambda n: [client.submit(SPEC) for _ in range(n)])
+
+        def one_by_one(n: int) -> list[JobHandle]:
+            return [client.submit(SPEC) for _ in range(n)]
+
+        one = timed_submits(client, backend, args, api.pid, one_by_one)
         out.add(
             "submits/s, one `Client.submit` call at a time",
             f"**{one[0]:.0f}/s**",
             f"{args.submits} jobs; {1000 / one[0]:.2f} ms a call; API CPU {one[1]:.2f} ms a job",
             one_at_a_time_per_s=one[0],
         )
+        drain(backend, args.timeout)
+        # a busy fleet: no GPU free, so what is submitted queues and nothing runs beside the API
+        backend.cordon("real-0", "bench: the submits queue")
+        full = timed_submits(client, backend, args, api.pid, one_by_one)
+        out.add(
+            "submits/s, one `Client.submit` call at a time, into a busy fleet (the jobs queue)",
+            f"**{full[0]:.0f}/s**",
+            f"{args.submits} jobs; {1000 / full[0]:.2f} ms a call; API CPU {full[1]:.2f} ms a job",
+            one_at_a_time_queued_per_s=full[0],
+        )
+        backend.uncordon("real-0")
         drain(backend, args.timeout)
         many = timed_submits(client, backend, args, api.pid, lambda n: batched(client, n, args.batch))
         out.add(
@@ -133,7 +149,7 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         drain(backend, args.timeout)
         for label, submit in (
             ("batched", lambda n: batched(client, n, args.batch)),
-            ("one call at a time", lambda n: [client.submit(SPEC) for _ in range(n)]),
+            ("one call at a time", one_by_one),
         ):
             end_to_end(backend, args, label, submit, out)
             drain(backend, args.timeout)
@@ -198,7 +214,21 @@ def profile(client: Client, pid: int, seconds: int, root: Path, out: Result) -> 
         return
     raw = root / "api.pyspy"
     rec = subprocess.Popen(
-        [spy, "record", "-d", str(seconds), "-r", "200", "-f", "raw", "-o", str(raw), "--pid", str(pid)],
+        [
+            spy,
+            "record",
+            "--gil",
+            "-d",
+            str(seconds),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--pid",
+            str(pid),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
