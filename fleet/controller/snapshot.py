@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from fleet.models import Job, Node, NodeState
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, Placement
-from fleet.scheduler.snapshot import UNSIZED, held_reason
+from fleet.scheduler.snapshot import UNSIZED, held_reason, taken
 
 #: CPUs granted to a CPU-only job that names none (as Slurm grants one per task); GPU jobs get none
 DEFAULT_CPUS = 1.0
@@ -84,19 +83,7 @@ def claimed(view: NodeView, members: list[Placement], claim: str) -> NodeView:
     """``view`` with what a placement just took, written as ``node_view`` reads it back (``claim``:
     the job's ``job:attempt``): the leader's picture of the node until it reads it again."""
     here = [p for p in members if p.node == view.name]
-    if not here:
-        return view
-    taken = {u for p in here for u in p.gpus}
-    gpus = tuple(
-        dataclasses.replace(g, free=False, why=f"claimed by {claim}", holder=claim) if g.uuid in taken else g
-        for g in view.gpus
-    )
-    return dataclasses.replace(
-        view,
-        gpus=gpus,
-        used_cpus=view.used_cpus + sum(p.cpus for p in here),
-        used_memory=view.used_memory + sum(p.memory for p in here),
-    )
+    return taken(view, here, lambda _: claim, "claimed by {}")
 
 
 def _clock(at: float) -> str:

@@ -48,7 +48,7 @@ from fleet.scheduler.resizing import (
     smaller_sizes,
     starting_sizes,
 )
-from fleet.scheduler.snapshot import UNSIZED, NodeView, PendingJob, Placement, Plan
+from fleet.scheduler.snapshot import UNSIZED, NodeView, PendingJob, Placement, Plan, taken
 
 #: how long past its victims' grace a hold lasts (their agents report the exit, GPUs are released)
 HOLD_SLACK_S = 60.0
@@ -295,26 +295,7 @@ def _taken(views: list[NodeView], placements: Sequence[Placement]) -> list[NodeV
     by_node: dict[str, list[Placement]] = {}
     for p in placements:
         by_node.setdefault(p.node, []).append(p)
-    out = []
-    for view in views:
-        here = by_node.get(view.name)
-        if not here:
-            out.append(view)
-            continue
-        holder = {u: p.job_id for p in here for u in p.gpus}
-        gpus = tuple(
-            dataclasses.replace(g, free=False, holder=holder[g.uuid]) if g.uuid in holder else g
-            for g in view.gpus
-        )
-        out.append(
-            dataclasses.replace(
-                view,
-                gpus=gpus,
-                used_cpus=view.used_cpus + sum(p.cpus for p in here),
-                used_memory=view.used_memory + sum(p.memory for p in here),
-            )
-        )
-    return out
+    return [taken(view, by_node.get(view.name, []), lambda p: p.job_id) for view in views]
 
 
 def _preemptions(

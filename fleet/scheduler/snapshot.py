@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 #: what a job asks, the unit the queue is grouped by: (GPUs, GPU model substring, minimum GPU
@@ -141,3 +142,26 @@ class Plan:
     #: the best jobs of each shape that found no room this pass (not those held back by a limit or a
     #: backoff), in the order the pass tried them: what a preemption could be for
     blocked: list[str] = field(default_factory=list)
+
+
+def taken(
+    view: NodeView, here: Sequence[Placement], holder: Callable[[Placement], str], why: str = ""
+) -> NodeView:
+    """``view`` with what ``here`` (placements on this node) took: their GPUs, each held by
+    ``holder(placement)`` (and, with ``why``, its reason: ``why`` formatted with the holder), their
+    CPUs and memory."""
+    if not here:
+        return view
+    held = {u: holder(p) for p in here for u in p.gpus}
+    gpus = tuple(
+        replace(g, free=False, holder=held[g.uuid], why=why.format(held[g.uuid]) if why else g.why)
+        if g.uuid in held
+        else g
+        for g in view.gpus
+    )
+    return replace(
+        view,
+        gpus=gpus,
+        used_cpus=view.used_cpus + sum(p.cpus for p in here),
+        used_memory=view.used_memory + sum(p.memory for p in here),
+    )
