@@ -120,25 +120,24 @@ def run(args: argparse.Namespace, url: str, root: Path, out: Result) -> None:
         def one_by_one(n: int) -> list[JobHandle]:
             return [client.submit(SPEC) for _ in range(n)]
 
-        one = timed_submits(client, backend, args, api.pid, one_by_one)
-        out.add(
-            "submits/s, one `Client.submit` call at a time",
-            f"**{one[0]:.0f}/s**",
-            f"{args.submits} jobs; {1000 / one[0]:.2f} ms a call; API CPU {one[1]:.2f} ms a job",
-            one_at_a_time_per_s=one[0],
-        )
-        drain(backend, args.timeout)
-        # a busy fleet: no GPU free, so what is submitted queues and nothing runs beside the API
-        backend.cordon("real-0", "bench: the submits queue")
-        full = timed_submits(client, backend, args, api.pid, one_by_one)
-        out.add(
-            "submits/s, one `Client.submit` call at a time, into a busy fleet (the jobs queue)",
-            f"**{full[0]:.0f}/s**",
-            f"{args.submits} jobs; {1000 / full[0]:.2f} ms a call; API CPU {full[1]:.2f} ms a job",
-            one_at_a_time_queued_per_s=full[0],
-        )
-        backend.uncordon("real-0")
-        drain(backend, args.timeout)
+        # with the jobs running as they arrive, then into a busy fleet: no GPU free, so what is
+        # submitted queues and nothing runs beside the API
+        for where, key, busy in (
+            ("", "one_at_a_time_per_s", False),
+            (", into a busy fleet (the jobs queue)", "one_at_a_time_queued_per_s", True),
+        ):
+            if busy:
+                backend.cordon("real-0", "bench: the submits queue")
+            rate, cpu = timed_submits(client, backend, args, api.pid, one_by_one)
+            out.add(
+                f"submits/s, one `Client.submit` call at a time{where}",
+                f"**{rate:.0f}/s**",
+                f"{args.submits} jobs; {1000 / rate:.2f} ms a call; API CPU {cpu:.2f} ms a job",
+                **{key: rate},
+            )
+            if busy:
+                backend.uncordon("real-0")
+            drain(backend, args.timeout)
         many = timed_submits(client, backend, args, api.pid, lambda n: batched(client, n, args.batch))
         out.add(
             f"submits/s batched, `Client.submit_many` of {args.batch}",
