@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -178,6 +179,18 @@ class AgentSettings(_Section):
             except ValueError:
                 raise ValueError(f"{network!r} is not a network (e.g. 169.254.0.0/16 or fe80::/10)") from None
         return found
+
+    @field_validator("state_dir")
+    @classmethod
+    def _socket_fits(cls, value: Path) -> Path:
+        # the node supervisor listens on STATE_DIR/supervisor.sock; Linux holds 107 bytes of a path
+        used = len(os.fsencode(value / "supervisor.sock"))
+        if used > 107:
+            raise ValueError(
+                f"{str(value)!r} is too long for the node supervisor's socket in it ({used} bytes with "
+                "'/supervisor.sock'; a Unix socket's path holds at most 107): pick a shorter directory"
+            )
+        return value
 
     @field_validator("job_user", mode="before")
     @classmethod

@@ -116,6 +116,17 @@ def test_a_bad_value_from_the_environment_is_named(monkeypatch: pytest.MonkeyPat
         load_settings()
 
 
+def test_a_state_dir_too_long_for_the_supervisors_socket_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fits = "/s" * 45  # 90 bytes, 106 with /supervisor.sock
+    monkeypatch.setenv("FLEET_AGENT__STATE_DIR", fits)
+    assert str(load_settings().agent.state_dir) == fits
+    monkeypatch.setenv("FLEET_AGENT__STATE_DIR", fits + "/x")
+    with pytest.raises(ConfigError, match=r"agent\.state_dir: .*\(108 bytes .* pick a shorter directory"):
+        load_settings()
+
+
 def test_jobs_run_as_per_tenant_uids_by_default() -> None:
     agent = load_settings().agent
     assert (agent.job_user, agent.fixed_user, agent.uid_range) == (None, None, (1_000_000_000, 1_000_000))
