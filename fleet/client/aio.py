@@ -145,6 +145,14 @@ class AsyncClient:
     async def upload_profile(self, path: str) -> str:
         return await self._run(self.sync.upload_profile, path)
 
+    async def upload_blob(self, data: bytes) -> str:
+        return await self._run(self.sync.upload_blob, data)
+
+    @property
+    def server_version(self) -> str:
+        """As :attr:`fleet.Client.server_version`: what the API's last answer named, not a call."""
+        return self.sync.server_version
+
     async def get(self, job_id: str) -> Job:
         return await self._do(api.get(job_id))
 
@@ -275,9 +283,17 @@ class AsyncClient:
                     conn.sock.shutdown(socket.SHUT_RDWR)
             conn.close()
 
-    async def download(self, job_id: str, path: str | None = None, dest: Any = None, **kw: Any) -> list[Path]:
-        """As :meth:`fleet.Client.download` (``checkpoint=``, ``force=``), on a pool thread."""
-        return await self._run(self.sync.download, job_id, path, dest, **kw)
+    async def download(
+        self,
+        job_id: str,
+        path: str | None = None,
+        dest: str | Path | None = None,
+        *,
+        checkpoint: str | None = None,
+        force: bool = False,
+    ) -> list[Path]:
+        """As :meth:`fleet.Client.download`, on a pool thread."""
+        return await self._run(self.sync.download, job_id, path, dest, checkpoint=checkpoint, force=force)
 
     # -- nodes, tenants, identities ---------------------------------------------------------
 
@@ -316,8 +332,14 @@ class AsyncClient:
     ) -> list[Node]:
         return await self._do(fleet_api.drain(names, deadline_s, grace_s, force, reason))
 
-    async def wait_drained(self, names: str | list[str], timeout: float | None = None) -> list[Node]:
-        return await self._run(self.sync.wait_drained, names, timeout)
+    async def wait_drained(
+        self,
+        names: str | Sequence[str],
+        timeout: float | None = None,
+        progress: Callable[[list[Node]], None] | None = None,
+    ) -> list[Node]:
+        """As :meth:`fleet.Client.wait_drained` (``progress`` is called on a pool thread)."""
+        return await self._run(self.sync.wait_drained, names, timeout, progress)
 
     async def tenants(self) -> list[TenantStatus]:
         return await self._do(fleet_api.tenants())
@@ -396,8 +418,15 @@ class AsyncJobHandle:
         async for line in self.client.follow_logs(self.id, attempt, rank):
             yield line.line
 
-    async def download(self, path: str | None = None, dest: Any = None, **kw: Any) -> list[Path]:
-        return await self.client.download(self.id, path, dest, **kw)
+    async def download(
+        self,
+        path: str | None = None,
+        dest: str | Path | None = None,
+        *,
+        checkpoint: str | None = None,
+        force: bool = False,
+    ) -> list[Path]:
+        return await self.client.download(self.id, path, dest, checkpoint=checkpoint, force=force)
 
     async def history(self) -> list[Event]:
         return await self.client.history(self.id)

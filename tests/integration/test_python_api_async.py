@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -13,7 +14,7 @@ import fleet
 from fleet import aio
 from fleet.aio import AsyncClient
 from fleet.errors import JobFailed, JobTimeout, SpecError
-from fleet.models import JobSpec, JobState, NodeState
+from fleet.models import JobSpec, JobState, Node, NodeState
 from tests.conftest import Api, FleetProcs
 from tests.support import sh
 
@@ -120,6 +121,9 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             assert (await client.ship_workdir(str(tmp_path / "p"))).files == 1
             bundled = Path(fleet.__file__).parent / "traces" / "profiles" / "ncf"
             assert (await client.upload_profile(str(bundled))).startswith("sha256:")
+            digest = "sha256:" + hashlib.sha256(b"call").hexdigest()
+            assert await client.upload_blob(b"call") == digest == await client.upload_blob(b"call")
+            assert client.server_version == fleet.__version__
             assert await client.quarantined_jobs() == {} and await client.quarantined_nodes() == {}
             # nodes
             assert [n.name for n in await client.nodes()] == ["t-aio"] and (await client.node("t-aio")).alive
@@ -127,7 +131,10 @@ def test_queue_arrays_nodes_tenants_tokens_and_webhooks_awaited(ready: Api, tmp_
             assert (await client.cordon("t-aio")).admin_state == NodeState.CORDONED
             assert (await client.uncordon("t-aio")).admin_state == NodeState.READY
             await client.drain("t-aio", deadline_s=0, force=True)
-            assert (await client.wait_drained("t-aio", timeout=30))[0].admin_state == NodeState.DRAINED
+            seen: list[list[Node]] = []
+            drained = await client.wait_drained("t-aio", timeout=30, progress=seen.append)
+            assert drained[0].admin_state == NodeState.DRAINED
+            assert all(n[0].name == "t-aio" for n in seen)
             await client.uncordon("t-aio")
             assert (await client.redis_status()).primary == f"127.0.0.1:{urlparse(ready.redis_url).port}"
             # tenants, tokens and webhooks
