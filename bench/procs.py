@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.agent.cgroups import detect
+from fleet.agent.supervision import stop_supervisor
 from fleet.agent.supervisor import kill_leftovers
 from fleet.api.backend import Backend
 from fleet.client import Client, JobHandle
@@ -158,6 +159,8 @@ class FleetProcs:
                 proc.kill()
             proc.wait()
         for state in self.root.glob("*/"):  # supervisors outlive agents on purpose
+            if MEASURED:  # asked to end (as `fleet uninstall agent` asks), it exits and saves its data
+                stop_supervisor(state, wait_s=5)
             kill_supervisor(state)
         for meta in self.root.glob("*/attempts/*/meta.json"):  # process-runtime jobs run in own sessions
             with contextlib.suppress(ProcessLookupError, ValueError):

@@ -4,6 +4,7 @@ preemption, the elastic policies, and the command itself."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,6 +18,14 @@ from fleet.sim import SimConfig, Simulation, read_trace, run
 from fleet.sim.traces import TraceJob
 
 PHILLY = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+#: a command's environment with nothing of the caller's but where fleet is (and, under `make
+#: coverage`, coverage's own setting, so what the command runs is measured too)
+BARE = {
+    "PATH": "/usr/bin:/bin",
+    "PYTHONPATH": str(Path(__file__).parents[2]),
+    **{k: v for k, v in os.environ.items() if k.startswith("COVERAGE_PROCESS_")},
+}
 
 
 def philly(tmp_path: Path, rows: list[tuple[int, float, int, str]]) -> Path:
@@ -206,7 +215,7 @@ def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None
         text=True,
         check=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
+        env=BARE,
     )
     data = json.loads(out.stdout)
     assert (data["completed"], data["makespan"], data["jct"]["mean"]) == (2, 150.0, 120.0)
@@ -228,7 +237,7 @@ def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None
         text=True,
         check=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
+        env=BARE,
     )
     assert "JCT avg / median / p99" in table.stdout and (tmp_path / "p.png").stat().st_size > 10_000
     refused = subprocess.run(
@@ -236,6 +245,6 @@ def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])},
+        env=BARE,
     )
     assert refused.returncode == 2 and "workload-1" in refused.stderr
