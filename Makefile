@@ -54,7 +54,7 @@ up: install  ## a local fleet in the foreground (Ctrl-C stops it)
 	$(VENV)/bin/fleet up
 
 test: install images-test  ## the whole suite (real Redis, real Docker, simulated GPUs), then the built wheel
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --basetemp=$(TEST_TMP)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --basetemp=$(TEST_TMP) --durations=25
 	$(PYTHON) -m pytest -m alone
 	$(MAKE) --no-print-directory test-installed
 
