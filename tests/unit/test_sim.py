@@ -248,3 +248,47 @@ def test_fleet_sim_runs_as_a_command_without_any_service(tmp_path: Path) -> None
         env=BARE,
     )
     assert refused.returncode == 2 and "workload-1" in refused.stderr
+
+
+def test_fleet_sim_takes_tenants_weights_and_guarantees_and_names_a_bad_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet.cli.main import main
+
+    # a fills 4 GPUs with long jobs; b, guaranteed 2 GPUs, arrives after a's min_run_s (600 s)
+    rows = [(0, 5000, 1, "a") for _ in range(5)] + [(700, 100, 2, "b")]
+    trace = str(philly(tmp_path, rows))
+    fair = ["sim", trace, "--gpus", "4", "--policy", "fair", "-o", "json"]
+    assert main([*fair, "--weight", "a=2", "--guarantee", "b=2"]) == 0
+    guaranteed = json.loads(capsys.readouterr().out)
+    assert main(fair) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert guaranteed["completed"] == plain["completed"] == 6
+    # b's guarantee preempts two of a's jobs; without it, b waits for a's to end
+    assert (guaranteed["preemptions"], plain["preemptions"]) == (2, 0)
+    for bad, named in [
+        (["--weight", "a=two"], "--weight a='two': use TENANT=NUMBER"),
+        (["--guarantee", "b"], "--guarantee"),
+        (["--until", "soon"], "--until:"),
+    ]:
+        assert main([*fair, *bad]) == 2
+        assert named in capsys.readouterr().err
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_the_figures_of_a_run_and_of_policies_side_by_side_are_drawn(tmp_path: Path) -> None:
+    from fleet.sim.plot import TOP_TENANTS, compare, plot
+
+    # a run of more tenants than a share plot draws apart (the rest are summed as "others")
+    rows = [(10 * i, 300, 1, f"t{i}") for i in range(TOP_TENANTS + 2)]
+    trace = philly(tmp_path, rows)
+    fifo, fair = run(trace, "fifo", gpus=4), run(trace, "fair", gpus=4)
+    assert len(fair.tenant_share) == TOP_TENANTS + 2
+    assert _png_size(plot(fair, tmp_path / "run.png")) == (900, 855)  # 10 x 9.5 in at 90 dpi
+    side = compare({"fifo": [fifo], "fair": [fair]}, tmp_path / "side.png", "two policies")
+    assert _png_size(side) == (880, 336)  # 11 x 4.2 in at 80 dpi
