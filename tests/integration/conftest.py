@@ -16,7 +16,15 @@ from tests.conftest import need
 
 
 @pytest.fixture
-def ha(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRedis]:
+def ha_timings() -> redis_local.Timings:
+    """How fast the ``ha`` set's sentinels fail over: as ``fleet up --ha`` (a module may override)."""
+    return redis_local.Timings()
+
+
+@pytest.fixture
+def ha(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ha_timings: redis_local.Timings
+) -> Iterator[LocalRedis]:
     """A primary, two replicas and three sentinels (down after 1 s), as ``fleet up --ha`` runs them,
     with the ``FLEET_REDIS_*`` the services read set in the environment."""
     need(shutil.which("redis-server") is not None, "redis-server not installed (make install)")
@@ -34,7 +42,7 @@ def ha(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRedis]:
         return proc
 
     try:
-        found = redis_local.start(tmp_path / "redis", spawn, ha=True)
+        found = redis_local.start(tmp_path / "redis", spawn, ha=True, timings=ha_timings)
         for name, value in found.env().items():
             monkeypatch.setenv(name, value)
         yield found
