@@ -86,7 +86,7 @@ def _docker(
 
     labels = [f"{LABEL_NODE}={node}", f"{LABEL_JOB}={job_id}", f"{LABEL_ATTEMPT}={attempt}"]
     try:
-        found = docker.from_env(timeout=30).containers.list(filters={"label": labels})
+        found = docker.from_env(timeout=30).containers.list(filters={"label": labels}, ignore_removed=True)
     except DockerException as exc:
         raise FleetError(f"Docker daemon not reachable: {exc}") from None
     if not found:

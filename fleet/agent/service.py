@@ -41,7 +41,7 @@ from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, ShellOpen, Sto
 from fleet.bus.hints import Hints
 from fleet.config import Settings
 from fleet.errors import FleetError, LaunchError
-from fleet.log import StepHealth, event
+from fleet.log import StepHealth, event, kv
 from fleet.sdnotify import Notifier
 from fleet.state import JobStore, NodeStore, Stores
 from fleet.state.connection import connect_binary
@@ -285,13 +285,16 @@ class Agent:
 
     def on_exit(self, job_id: str, attempt: int) -> bool:
         """An attempt ended: finish it now. False when another thread holds it (its launch is not
-        done yet). On a Redis error the next reconcile finishes it."""
+        done yet). On an error (Redis, the runtime) the next reconcile finishes it: this runs on
+        the threads that finish every attempt, which an unexpected error must not end."""
         try:
             status = status_of(self.runtime, job_id, attempt)
             if status is not None and status.exit is not None:
                 return self.exits.finish(job_id, attempt, status.exit)
         except FleetError as exc:
             event(log, "exit_not_recorded", logging.WARNING, job=job_id, attempt=attempt, error=exc)
+        except Exception:  # a bug or a runtime's own error: its traceback, and the thread goes on
+            log.exception(kv("exit_not_recorded", job=job_id, attempt=attempt))
         return True
 
     # -- reconcile -------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,28 @@ def test_a_job_left_waiting_starts_when_the_placed_jobs_end_before_the_node_is_r
     assert fleet.job(ids[2]).state == JobState.RUNNING
     fleet.advance(10)
     assert fleet.job(ids[2]).state == JobState.SUCCEEDED
+
+
+def test_an_error_finishing_an_exit_leaves_it_to_the_next_reconcile(
+    fleet: MemFleet, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a running job, and an agent whose first try at finishing an exit raises what no code
+    # expects (as Docker did: a container removed between listing and inspecting it)
+    job_id = fleet.submit(sh("sleep 10", gpus=1))
+    fleet.settle()
+    exits = fleet.agents["m-node1"].exits
+    finish, tries = exits.finish, []
+
+    def broken_once(*args: Any) -> bool:
+        tries.append(args)
+        if len(tries) == 1:
+            raise RuntimeError("404 Client Error: Not Found for url: .../containers/c1/json")
+        return finish(*args)
+
+    monkeypatch.setattr(exits, "finish", broken_once)
+    # When the job ends
+    fleet.advance(10)
+    # Then the error is logged with its traceback, and the agent's next reconcile finished the job
+    assert fleet.job(job_id).state == JobState.SUCCEEDED and len(tries) == 2
+    assert "exit_not_recorded" in caplog.text and "RuntimeError: 404 Client Error" in caplog.text
+    assert fleet.nodes.get("m-node1").claims == {}

@@ -246,3 +246,21 @@ def test_what_an_attempt_leaves_in_its_outputs_is_on_the_host_until_it_is_remove
     # and once it is removed, nothing of it is left there
     runtime.remove(spec.job_id, 1)
     assert not work.exists() and runtime.work_dir(spec.job_id, 1) in (None, work)
+
+
+@pytest.mark.parametrize("runtime", ["docker"], indirect=True)
+def test_a_container_removed_while_docker_lists_them_is_left_out(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two ended attempts, and Docker's list taken while both existed
+    kept, gone = launch(runtime, "true"), launch(runtime, "true")
+    wait_for(lambda: ended(runtime, kept) and ended(runtime, gone), what="both attempts to end")
+    client = runtime.client  # type: ignore[attr-defined]
+    listing = client.api.containers(all=True, filters=runtime._filters())  # type: ignore[attr-defined]
+    assert len(listing) == 2
+    # When one is removed before Docker inspects what it listed (another thread's end of it)
+    runtime.remove(gone.job_id, gone.attempt)
+    monkeypatch.setattr(client.api, "containers", lambda *args, **kwargs: listing)
+    # Then the runtime lists the other, with no error for the one gone (it ended the exit thread)
+    assert [(a.job_id, a.running) for a in runtime.attempts()] == [(kept.job_id, False)]
+    assert status(runtime, gone) is None and not runtime.pids()

@@ -108,17 +108,18 @@ class DockerRuntime:
         self._ooms: set[tuple[str, int]] = set()  # "oom" events: 20.10 drops one after the exit
 
     def _filters(self, **extra: str) -> dict[str, Any]:
-        labels = [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]
-        return {"label": labels}
+        return {"label": [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]}
 
     def _dir(self, job_id: str, attempt: int) -> Path:
         return self.root / f"{job_id}.{attempt}"
 
+    def _listed(self, labels: dict[str, str] | None = None, every: bool = True) -> list[Any]:
+        """This node's containers with ``labels`` (``every``: exited too); one gone meanwhile left out."""
+        filters = self._filters(**(labels or {}))
+        return list(self.client.containers.list(all=every, filters=filters, ignore_removed=True))
+
     def _container(self, job_id: str, attempt: int) -> Any:
-        found = self.client.containers.list(
-            all=True, filters=self._filters(**{LABEL_JOB: job_id, LABEL_ATTEMPT: str(attempt)})
-        )
-        return found[0] if found else None
+        return next(iter(self._listed({LABEL_JOB: job_id, LABEL_ATTEMPT: str(attempt)})), None)
 
     # -- start -----------------------------------------------------------------------
 
@@ -251,7 +252,7 @@ class DockerRuntime:
     # -- observe ---------------------------------------------------------------------
 
     def attempts(self) -> list[AttemptStatus]:
-        return [self._status(c) for c in self.client.containers.list(all=True, filters=self._filters())]
+        return [self._status(c) for c in self._listed()]
 
     def _status(self, container: Any) -> AttemptStatus:
         job_id, attempt = container.labels[LABEL_JOB], int(container.labels[LABEL_ATTEMPT])
@@ -284,7 +285,7 @@ class DockerRuntime:
 
     def pids(self) -> set[int]:
         found: set[int] = set()
-        for container in self.client.containers.list(filters=self._filters()):
+        for container in self._listed(every=False):
             with contextlib.suppress(psutil.NoSuchProcess):
                 root = psutil.Process(container.attrs["State"]["Pid"])
                 found.update(p.pid for p in [root, *root.children(recursive=True)])
@@ -390,8 +391,7 @@ def _stamped(raw: bytes) -> tuple[str, str]:
 
 
 def _epoch(stamp: str) -> str:
-    """Seconds since the epoch, exact to the nanosecond, from Docker's RFC 3339 nano timestamp
-    (``2026-11-21T18:47:00.123456789Z`` -> ``1795286820.123456789``)."""
+    """Epoch seconds to the ns of Docker's ``2026-11-21T18:47:00.123456789Z``: ``1795286820.123456789``."""
     head, _, frac = stamp.rstrip("Z").partition(".")
     try:
         seconds = int(datetime.fromisoformat(head + "+00:00").timestamp())
