@@ -186,7 +186,9 @@ def enter(e: Entry) -> NoReturn:
             os.chdir(e.cwd)
         except OSError as exc:
             raise FleetError(f"cannot enter the job's directory {e.cwd} ({exc.strerror})") from None
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them, and an exec keeps that
+    # Python ignores SIGPIPE and SIGXFSZ, an agent started by nohup (or in a script's background)
+    # SIGHUP or SIGINT, and an exec keeps what is ignored: the command gets them as a login shell's
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     try:
         if e.env is None:

@@ -233,7 +233,14 @@ def test_fleet_shell_sessions_are_capped_per_node_and_end_when_idle(
     procs: FleetProcs, client: Client, api: Api
 ) -> None:
     node = "t-interactive-caps"
-    procs.one_node(client, node, gpus=1, FLEET_AGENT__SHELL_MAX_SESSIONS="1", FLEET_AGENT__SHELL_IDLE_S="2")
+    # (its agent started as by nohup, SIGHUP ignored: the shells' commands still get it, as a login
+    # shell's would, or the idle session's `sleep` below ignored its hang-up and was killed, 137)
+    default = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        caps = {"FLEET_AGENT__SHELL_MAX_SESSIONS": "1", "FLEET_AGENT__SHELL_IDLE_S": "2"}
+        procs.one_node(client, node, gpus=1, **caps)
+    finally:
+        signal.signal(signal.SIGHUP, default)
     job = client.submit({"command": ["sh", "-c", "echo started; sleep 600"], "name": "capped"})
     until(lambda: client.logs(job.id), "the job started")
 
