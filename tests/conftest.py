@@ -48,9 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
     is ignored (a background job of a script, some CI runners) hands that to every child, and a
     Python program that starts with SIGINT ignored never raises KeyboardInterrupt, so `fleet jobs
     --watch`, `fleet run` and `fleet shell` went on after the tests' Ctrl-C. With a handler here,
-    the children start with SIGINT at its default (exec resets handled signals, not ignored ones)."""
+    the children start with SIGINT at its default (exec resets handled signals, not ignored ones).
+    SIGHUP likewise, ignored under ``nohup``: `fleet up` keeps a SIGHUP ignored on purpose, so its
+    test of stopping on SIGHUP hung, and so did a `fleet shell` command's hang-up."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # under nohup: pytest still outlives a
+        # hang-up, and `fleet up` and the services start with SIGHUP as from a terminal
+        signal.signal(signal.SIGHUP, lambda *_: None)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):  # 50 ports each, past the default 29400-29899 (a serial run's) and
         # below the kernel's ephemeral ports (from 32768)

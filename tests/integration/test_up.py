@@ -155,6 +155,25 @@ def test_fleet_up_stopped_by_a_signal_stops_everything_it_started(up: Up, sig: s
     assert list(up.root.glob("fleet-up-*")) == []
 
 
+def test_fleet_up_under_nohup_outlives_a_hang_up_and_stops_on_sigterm(up: Up) -> None:
+    # Given `fleet up` started as `nohup` starts it: SIGHUP ignored
+    default = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        proc = up.start()
+    finally:
+        signal.signal(signal.SIGHUP, default)
+    up.wait_up()
+    # When its terminal hangs up
+    proc.send_signal(signal.SIGHUP)
+    # Then it runs on, as asked; and it still stops on SIGTERM, as it does from a terminal
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)
+    assert "stopping fleet" not in up.output() and len(up.descendants()) == 5
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, up.output()
+    assert list(up.root.glob("fleet-up-*")) == []
+
+
 def test_fleet_up_killed_leaves_no_process_behind(up: Up) -> None:
     # Given `fleet up` running a job (a sleep, under the process runtime)
     proc = up.start()
