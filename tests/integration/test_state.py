@@ -88,6 +88,28 @@ def test_a_cancel_racing_a_requeue_is_never_lost(stores: tuple[JobStore, JobStor
     assert fleet.queued() == [] and job.finished_at == 103.0
 
 
+@pytest.mark.parametrize("code", [0, 127], ids=["succeeded", "failed"])
+def test_a_cancel_acknowledged_while_an_exit_is_recorded_ends_the_job_cancelled(
+    stores: tuple[JobStore, JobStore, redis.Redis], code: int
+) -> None:
+    user, fleet, client = stores
+    running_job(fleet, client, "j3")
+    stale = fleet.get("j3")  # the agent read the job before the user cancelled
+    final = decide(stale, Exit(code=code, reason=f"exited with code {code}"), RetryPolicy())
+    assert final.state == (JobState.SUCCEEDED if code == 0 else JobState.FAILED)  # 127: not retryable
+
+    # Given a running job whose exit the agent records late (as across a Redis failover), When the
+    # user's cancel is acknowledged just before that write
+    assert user.request_cancel("j3", 103.0)
+    ended = fleet.transition(
+        "j3", attempt=1, allowed=[JobState.RUNNING], to=final.state, reason=final.reason, now=104.0
+    )
+    # Then the job ends CANCELLED, as its user was told
+    job = fleet.get("j3")
+    assert ended and (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")
+    assert job.finished_at == 104.0
+
+
 def test_a_cancel_racing_a_placement_ends_cancelled_either_way(
     stores: tuple[JobStore, JobStore, redis.Redis],
 ) -> None:

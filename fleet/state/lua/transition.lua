@@ -17,8 +17,9 @@
 -- ARGV[9] key prefix   ARGV[10] '1' to release the attempt's GPU claims and node binding
 -- ARGV[11] '0' to leave the event stream alone (a queued job's changing wait reason)
 -- ARGV[12] the leader value ("<id>:<token>") a controller write is fenced by; '' for agents and users
--- A requeue (to QUEUED) of a job flagged cancel_requested ends it CANCELLED instead: a cancel
--- that raced the attempt's end (the caller decided from an older read) is never lost.
+-- An end of a job flagged cancel_requested (a requeue to QUEUED, or SUCCEEDED or FAILED) ends it
+-- CANCELLED instead: a cancel acknowledged while the attempt's end was being recorded (the caller
+-- decided from an older read; an exit recorded late, across a Redis failover) is never lost.
 -- A move into a final state (SUCCEEDED, FAILED, CANCELLED: fleet.models.FINAL_STATES) adds the job to
 -- the ended zset, scored by now, so that retention deletes it job_retention_s later, appends it
 -- to <prefix>:outbox (capped at about 50,000 entries), which the leader's webhook sender reads, and
@@ -48,7 +49,7 @@ if not allowed then
 end
 local to, reason = ARGV[4], ARGV[5]
 if to == '' then to = state end
-local cancelled = to == 'QUEUED' and job[5] == '1'
+local cancelled = (to == 'QUEUED' or to == 'SUCCEEDED' or to == 'FAILED') and job[5] == '1'
 if cancelled then
   to, reason = 'CANCELLED', 'cancelled by user'
 end
