@@ -40,6 +40,11 @@ def runtime() -> str:
     return "process"
 
 
+#: a node lease that outlasts a failover (3 s to call the primary down, then the promotion): with
+#: the suite's 3 s, the agents' heartbeats lapsed meanwhile and the controller requeued their jobs
+FAILOVER_LEASE = {"FLEET_AGENT__NODE_LEASE_TTL_S": "10"}
+
+
 @pytest.fixture
 def ha_timings() -> redis_local.Timings:
     """The installed sentinels' 3 s (config/sentinel.conf), not ``fleet up``'s 1 s: on a loaded
@@ -123,6 +128,7 @@ def test_a_controller_leads_only_once_its_fencing_token_is_replicated(
 ) -> None:
     # Given replicas cut off the primary
     procs = FleetProcs(acks.url, tmp_path, "process")
+    procs.env.update(FAILOVER_LEASE)
     keys = Keys(load_settings().key_prefix)
     ports = cut(acks)
     try:
@@ -158,6 +164,7 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
 ) -> None:
     # Given a controller, nodes t-a and t-b both cordoned, and a job acknowledged (on the replicas)
     procs = FleetProcs(acks.url, tmp_path, "process")
+    procs.env.update(FAILOVER_LEASE)
     client = DirectClient(settings=load_settings())
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)
@@ -241,6 +248,7 @@ def test_an_exit_the_promoted_replica_never_saw_does_not_run_the_job_again(
 ) -> None:
     # Given a job RUNNING on t-a, as the replicas know
     procs = FleetProcs(acks.url, tmp_path, "process")
+    procs.env.update(FAILOVER_LEASE)
     client = DirectClient(settings=load_settings())
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)
