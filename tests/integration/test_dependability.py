@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import RESTART_LEASE
+from bench.procs import LASTING_LEASE
 from fleet import Client, JobSpec, JobState
 from fleet.agent import checkpoints
 from fleet.bus import CONTROLLER_QUEUE, AttemptUpdate, Bus, Launch, node_queue
@@ -115,13 +115,13 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
 
 
 def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: Client) -> None:
-    procs.one_node(client, "t-a", gpus=1, **RESTART_LEASE)
+    procs.one_node(client, "t-a", gpus=1, **LASTING_LEASE)
     job = client.submit(train("--sleep", "0.05"))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 20, what="20 steps")
     # When the agent alone is SIGKILLed (its jobs keep running) and restarted within the lease TTL
     procs.procs["t-a"].send_signal(signal.SIGKILL)
     procs.procs["t-a"].wait()
-    procs.agent("t-a", gpus=1, **RESTART_LEASE)
+    procs.agent("t-a", gpus=1, **LASTING_LEASE)
     status = job.wait(timeout=120)
     # Then the same attempt finished: no requeue, one process (steps never repeat), logs complete
     assert status.state == JobState.SUCCEEDED, procs.logs()

@@ -12,7 +12,7 @@ import time
 import pytest
 from redis import Redis
 
-from bench.procs import RESTART_LEASE
+from bench.procs import LASTING_LEASE
 from fleet import Client, JobSpec, JobState
 from tests.conftest import FleetProcs
 from tests.support import wait_for
@@ -64,13 +64,13 @@ def test_a_last_line_without_newline_of_a_job_that_exits_at_once_is_kept(
 def test_an_agent_restart_mid_job_ships_no_line_twice_and_loses_none(
     procs: FleetProcs, client: Client, runtime: str
 ) -> None:
-    procs.one_node(client, "t-logs", gpus=1, **RESTART_LEASE)
+    procs.one_node(client, "t-logs", gpus=1, **LASTING_LEASE)
     job = client.submit(counting(120, 1, 0.04))
     wait_for(lambda: len(job.logs().splitlines()) >= 20, what="20 lines shipped")
     # When the agent is SIGKILLed mid-job (the job keeps running) and started again
     procs.procs["t-logs"].send_signal(signal.SIGKILL)
     procs.procs["t-logs"].wait()
-    procs.agent("t-logs", gpus=1, **RESTART_LEASE)
+    procs.agent("t-logs", gpus=1, **LASTING_LEASE)
     status = job.wait(timeout=120)
     # Then the same attempt finished and its output reads as if nothing happened
     assert status.state == JobState.SUCCEEDED and status.attempt == 1, procs.logs()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.procs import DirectClient, FleetProcs
+from bench.procs import LASTING_LEASE, DirectClient, FleetProcs
 from fleet import JobSpec, JobState
 from fleet.config import load_settings
 from fleet.errors import NotFound, NotReplicated, StoreUnavailable
@@ -38,11 +38,6 @@ REPLICAS = ("redis-1", "redis-2")
 @pytest.fixture
 def runtime() -> str:
     return "process"
-
-
-#: a node lease that outlasts a failover (3 s to call the primary down, then the promotion): with
-#: the suite's 3 s, the agents' heartbeats lapsed meanwhile and the controller requeued their jobs
-FAILOVER_LEASE = {"FLEET_AGENT__NODE_LEASE_TTL_S": "10"}
 
 
 @pytest.fixture
@@ -128,7 +123,7 @@ def test_a_controller_leads_only_once_its_fencing_token_is_replicated(
 ) -> None:
     # Given replicas cut off the primary
     procs = FleetProcs(acks.url, tmp_path, "process")
-    procs.env.update(FAILOVER_LEASE)
+    procs.env.update(LASTING_LEASE)  # a node lease that outlasts a failover
     keys = Keys(load_settings().key_prefix)
     ports = cut(acks)
     try:
@@ -164,7 +159,7 @@ def test_a_placement_the_promoted_replica_never_saw_runs_the_job_once(
 ) -> None:
     # Given a controller, nodes t-a and t-b both cordoned, and a job acknowledged (on the replicas)
     procs = FleetProcs(acks.url, tmp_path, "process")
-    procs.env.update(FAILOVER_LEASE)
+    procs.env.update(LASTING_LEASE)  # a node lease that outlasts a failover
     client = DirectClient(settings=load_settings())
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)
@@ -248,7 +243,7 @@ def test_an_exit_the_promoted_replica_never_saw_does_not_run_the_job_again(
 ) -> None:
     # Given a job RUNNING on t-a, as the replicas know
     procs = FleetProcs(acks.url, tmp_path, "process")
-    procs.env.update(FAILOVER_LEASE)
+    procs.env.update(LASTING_LEASE)  # a node lease that outlasts a failover
     client = DirectClient(settings=load_settings())
     ticks = tmp_path / "ticks"
     ticks.mkdir(mode=0o777)

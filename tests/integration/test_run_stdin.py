@@ -19,7 +19,7 @@ import docker
 import pytest
 from docker.errors import DockerException
 
-from bench.procs import RESTART_LEASE
+from bench.procs import LASTING_LEASE
 from fleet import Client, JobState
 from fleet.errors import FleetError, Forbidden, NotFound, SpecError
 from tests.conftest import Api, FleetProcs
@@ -112,7 +112,7 @@ def test_stdin_is_refused_for_an_array_and_for_a_job_that_reads_none(
 
 
 def test_an_agent_restarted_mid_input_goes_on_where_it_left(procs: FleetProcs, client: Client) -> None:
-    procs.one_node(client, NODE, gpus=1, **RESTART_LEASE)
+    procs.one_node(client, NODE, gpus=1, **LASTING_LEASE)
     job = client.submit(
         {"name": "two", "command": ["sh", "-c", "read a; echo got $a; read b; echo got $b"], "stdin": True}
     )
@@ -125,7 +125,7 @@ def test_an_agent_restarted_mid_input_goes_on_where_it_left(procs: FleetProcs, c
     procs.procs[NODE].send_signal(signal.SIGKILL)
     procs.procs[NODE].wait()
     client.send_stdin(job.id, b"two\n", eof=True)
-    procs.agent(NODE, gpus=1, **RESTART_LEASE)
+    procs.agent(NODE, gpus=1, **LASTING_LEASE)
     # Then the same attempt read the rest, once, and its EOF
     status = job.wait(timeout=60)
     assert (status.state, status.attempt) == (JobState.SUCCEEDED, 1), procs.logs()
@@ -169,7 +169,7 @@ def test_a_docker_job_reads_its_piped_stdin_and_eof_across_an_agent_restart(
 ) -> None:
     node = "t-stdin-dock"
     docker_procs.controller()
-    docker_procs.agent(node, gpus=1, **RESTART_LEASE)
+    docker_procs.agent(node, gpus=1, **LASTING_LEASE)
     docker_procs.wait_nodes(client, 1)
     # A pipe is forwarded unasked to a fleet of Docker nodes: the container reads it, then EOF
     ran = fleet_run(docker_procs.cli_env(), "--", "sh", "-c", "cat; echo done", stdin=b"a\nb\n\nc\n")
@@ -187,7 +187,7 @@ def test_a_docker_job_reads_its_piped_stdin_and_eof_across_an_agent_restart(
     docker_procs.procs[node].send_signal(signal.SIGKILL)
     docker_procs.procs[node].wait()
     client.send_stdin(job.id, b"two\nthree\n", eof=True)
-    docker_procs.agent(node, gpus=1, **RESTART_LEASE)
+    docker_procs.agent(node, gpus=1, **LASTING_LEASE)
     # Then the same container read the rest, once, and its EOF
     status = job.wait(timeout=60)
     assert (status.state, status.attempt) == (JobState.SUCCEEDED, 1), docker_procs.logs()

@@ -96,12 +96,16 @@ def test_the_client_side_finds_the_calls_it_makes() -> None:
     assert len(requests) >= 40
 
 
+def _names(request: tuple[str | None, str], route: tuple[str, str]) -> bool:
+    """Whether a client's (method or None, path template) is a request for a route (method, path)."""
+    (verb, template), (method, path) = request, route
+    return verb in (None, method) and _matches(template, path)
+
+
 def test_every_request_a_client_sends_is_a_route_the_api_serves() -> None:
     routes = served_routes()
     unknown = sorted(
-        f"{verb or 'any'} {template}"
-        for verb, template in client_requests()
-        if not any((verb is None or verb == m) and _matches(template, p) for m, p in routes)
+        f"{r[0] or 'any'} {r[1]}" for r in client_requests() if not any(_names(r, route) for route in routes)
     )
     assert unknown == []
 
@@ -109,9 +113,7 @@ def test_every_request_a_client_sends_is_a_route_the_api_serves() -> None:
 def test_every_route_the_api_serves_is_one_a_client_calls() -> None:
     requests = client_requests()
     uncalled = sorted(
-        f"{method} {path}"
-        for method, path in served_routes()
-        if not any((verb is None or verb == method) and _matches(t, path) for verb, t in requests)
+        f"{route[0]} {route[1]}" for route in served_routes() if not any(_names(r, route) for r in requests)
     )
     assert uncalled == []
 
