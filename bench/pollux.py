@@ -86,6 +86,8 @@ class Known:
     noise_scale: float
     #: GPU-seconds it has held so far
     attained_gpu_s: float
+    #: how many times it restarted at a new size since it first started (``Job.resizes`` live)
+    restarts: int = 0
 
 
 class FleetJob(Job):
@@ -153,6 +155,7 @@ class FleetJob(Job):
             measured=dict(self.measured),
             noise_scale=noise,
             attained_gpu_s=float(self.attained_service),
+            restarts=self.num_restarts or 0,
         )
 
 
@@ -182,6 +185,7 @@ def stored(known: Known) -> StoredJob:
         speeds={f"{g}x{b}": rate for (g, b), rate in known.measured.items()},
         noise_scale=known.noise_scale,
         used_gpu_s=known.attained_gpu_s,
+        resizes=known.restarts,
     )
 
 

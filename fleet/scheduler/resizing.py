@@ -56,6 +56,9 @@ class Elastic:
     #: GPU-seconds it has run; see ``ElasticJob``
     noise_scale: float | None = None
     attained: float = 0.0
+    #: when it was submitted and how often it was resized (the restart penalty; see ``ElasticJob``)
+    arrived_at: float = 0.0
+    restarts: int = 0
 
     @classmethod
     def of(cls, job: Job, profile: Profile, now: float = 0.0) -> Elastic:
@@ -80,6 +83,8 @@ class Elastic:
             fixed_batch=not isinstance(spec.batch_size, Range),
             noise_scale=job.noise_scale if job.noise_scale > 0 else None,
             attained=job.attained_gpu_s(now),
+            arrived_at=job.created_at,
+            restarts=job.resizes,
         )
 
     @property
@@ -238,5 +243,7 @@ def _job(j: Elastic) -> ElasticJob:
         remaining=j.remaining,
         noise_scale=j.noise_scale,
         attained=j.attained,
+        arrived_at=j.arrived_at,
+        restarts=j.restarts,
     )
     return replace(job, batch=running.batch) if running.gpus else job

@@ -1,13 +1,12 @@
 """The simulator: a trace on a virtual clock, scheduled by the controller's own pass.
 
-Every pass is :func:`~fleet.scheduler.passes.run_pass`, the function the leader runs, over simulated
-nodes instead of Redis: the elastic step (``resizing.decide``, each tenant's ``max_gpus`` respected)
-sizes waiting elastic jobs and chooses new sizes for running ones; the
-:class:`~fleet.scheduler.queue.PendingQueue` places waiting jobs on the nodes' GPUs (gangs span
-nodes, large jobs reserve nodes) in the order :class:`~fleet.scheduler.fairshare.FairShare` gives
+Every pass is :func:`~fleet.scheduler.passes.run_pass` over simulated nodes instead of Redis: the elastic
+step (``resizing.decide``, each tenant's ``max_gpus`` respected) sizes waiting elastic jobs and resizes
+running ones; :class:`~fleet.scheduler.queue.PendingQueue` places waiting jobs on the nodes' GPUs (gangs
+span nodes, large jobs reserve nodes) in the order :class:`~fleet.scheduler.fairshare.FairShare` gives
 (tenants' weights, guarantees and limits, decayed usage folded by :func:`~fleet.scheduler.usage.accrue`);
-:func:`~fleet.scheduler.preempt.preemptions` stops jobs for tenants below their guarantee, and the
-GPUs they free are held for the job they were stopped for. This module only carries the plan out.
+:func:`~fleet.scheduler.preempt.preemptions` stops jobs for tenants below their guarantee, and the GPUs
+they free are held for the job they were stopped for. This module only carries the plan out.
 
 Time moves from event to event (arrivals, completions, a resized job's minimum interval ending, a
 job's next epoch under the goodput model), and a pass runs after each instant's events. A job the
@@ -158,6 +157,8 @@ class Simulation:
             accumulate=fixed and self.cfg.accumulate,
             noise_scale=noise_scale(self.cfg, job),
             attained=job.attained,
+            arrived_at=job.trace.arrival,
+            restarts=job.resizes,
         )
 
     # -- nodes --------------------------------------------------------------------------

@@ -7,11 +7,12 @@ import itertools
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fleet.scheduler.elastic import COMPLETION, ElasticJob, _admit, allocate, options, sizes
+from fleet.scheduler.elastic import COMPLETION, ElasticJob, _admit, allocate, options, restart_penalty, sizes
 from fleet.scheduler.profiles import PROFILES, Profile, load_profile, named_profile
 
 
@@ -173,17 +174,40 @@ def test_a_running_job_keeps_its_size_unless_the_gain_outweighs_the_resize() -> 
     running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
     assert allocate([running], 2, now=10_000.0) == {"j": (1, 16)}
     assert allocate([running], 2, now=10_000.0, resize_cost_s=0.0) == {"j": (1, 16)}
-    p = linear(efficiency=0.3)  # 30 %: worth it once the size has lasted (it will last again)
+    p = linear(efficiency=0.3)  # 30 %: worth it once the job has lasted (it will last again)
     running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
-    assert allocate([running], 2, now=130.0) == {"j": (1, 16)}  # 30 s of 120 s: no gain left
+    assert allocate([running], 2, now=130.0) == {"j": (1, 16)}  # 30 s of 160 s: no gain left
     assert allocate([running], 2, now=10_000.0) == {"j": (2, 32)}
     assert allocate([running], 2, now=130.0, horizon_s=10_000.0) == {"j": (2, 32)}
+    # the span ahead is the job's age, not the time since its last resize
+    assert allocate([replace(running, changed_at=9_800.0)], 2, now=10_000.0) == {"j": (2, 32)}
     p = linear(efficiency=0.9)  # 90 %: worth it
     running = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
     assert allocate([running], 2, now=10_000.0) == {"j": (2, 32)}
     # a job about to end is not resized: 20 s of work left at 1 GPU
     ending = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2, remaining=20 * p.throughput(1, 16))
     assert allocate([ending], 2, now=10_000.0) == {"j": (1, 16)}
+
+
+def test_each_restart_a_job_made_counts_against_the_next() -> None:
+    p = linear(efficiency=0.9)  # a second GPU nearly doubles it
+    fresh = job("j", p, gpus=1, batch=16, changed_at=0.0, max_gpus=2)
+    assert allocate([fresh], 2, now=3_600.0) == {"j": (2, 32)}
+    # an hour old with 60 resizes behind it (30 min of restarts): the next is not worth it...
+    churned = replace(fresh, restarts=60)
+    assert allocate([churned], 2, now=3_600.0) == {"j": (1, 16)}
+    # ...until it has run long enough since, or is told a longer span lies ahead
+    assert allocate([churned], 2, now=7_200.0) == {"j": (2, 32)}
+    assert allocate([churned], 2, now=3_600.0, horizon_s=36_000.0) == {"j": (2, 32)}
+    # a shrink it must make (its GPUs are gone) happens whatever its restarts
+    big = replace(fresh, gpus=2, batch=32, restarts=1_000)
+    assert allocate([big], 1, now=3_600.0) == {"j": (1, 16)}
+
+
+def test_the_restart_penalty_is_the_share_of_the_span_spent_making_progress() -> None:
+    assert restart_penalty(90.0, 0, 30.0) == pytest.approx(0.75)
+    assert restart_penalty(3_600.0, 2, 30.0) == pytest.approx(3_540 / 3_630)
+    assert restart_penalty(60.0, 2, 30.0) == restart_penalty(0.0, 0, 30.0) == 0.0
 
 
 def test_no_resize_within_the_minimum_interval_unless_its_gpus_are_gone() -> None:
