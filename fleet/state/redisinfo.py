@@ -7,9 +7,10 @@ scrapes ask: a fleet's Redis is not asked more because more people look. A fleet
 costs one ``INFO`` every few seconds while someone looks, nothing while nobody does.
 
 Failovers are seen by the services themselves (:func:`fleet.state.sentinel.failovers_seen`, when a
-connection first reaches a new primary); each watch records those of its process in
-``<p>:redis:failovers``, one field per failover (the sentinels' epoch, so two services that saw
-one record it once), for the services and the API servers that did not run through it.
+connection first reaches a new primary); each watch records those its process saw through the
+fleet's own sentinels in ``<p>:redis:failovers``, one field per failover (the sentinels' epoch, so
+two services that saw one record it once), for the services and the API servers that did not run
+through it.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class RedisWatch:
         keyed by the sentinels' configuration epoch of its promotion, the same for every process
         that saw it (so it is recorded once); one seen without an epoch (a change of primary the
         sentinels did not make) is logged by the process that saw it, not recorded here."""
-        new, key = [f for f in sentinel.failovers_seen() if f.at > self._recorded_at], self.keys.failovers
+        key = self.keys.failovers
+        new = [f for f in sentinel.failovers_seen(self.settings) if f.at > self._recorded_at]
         pipe = self.client.pipeline(transaction=False)
         for f in new:
             if f.epoch:

@@ -52,6 +52,9 @@ class _Manager(Sentinel):
         self._cut_off_at: float | None = None
         #: the sentinels' configuration epoch when they last named a primary: each failover's own
         self._epoch = 0
+        #: the last failovers seen through these sentinels (a process lives through few: the oldest
+        #: go past 100); another fleet's, which a process that talked to it also saw, are not these
+        self.seen: deque[Failover] = deque(maxlen=100)
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         """Sentinel.discover_master, whose error says what each sentinel said in a line (redis-py's
@@ -102,7 +105,7 @@ class _Manager(Sentinel):
             )
             global _count
             with _lock:
-                _seen.append(seen)
+                self.seen.append(seen)
                 _count += 1
             event(
                 log,
@@ -193,10 +196,12 @@ def _manager(settings: Settings) -> _Manager:
         return manager
 
 
-def failovers_seen() -> list[Failover]:
-    """The failovers this process saw (each once, when it first reached the new primary), oldest first."""
+def failovers_seen(settings: Settings) -> list[Failover]:
+    """The failovers this process saw through ``settings``' sentinels (each once, when it first
+    reached the new primary), oldest first."""
+    seen = _manager(settings).seen
     with _lock:
-        return list(_seen)
+        return list(seen)
 
 
 def failover_count() -> int:
@@ -211,6 +216,4 @@ def manager(settings: Settings) -> Sentinel:
 
 _lock = threading.Lock()
 _managers: dict[tuple[Any, ...], _Manager] = {}
-#: the last failovers this process saw (a process lives through few: the oldest go past 100)
-_seen: deque[Failover] = deque(maxlen=100)
 _count = 0

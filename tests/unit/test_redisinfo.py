@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from fleet.config import load_settings
 from fleet.models import Failover, RedisStatus
+from fleet.state import sentinel
 from fleet.state.redisinfo import replicas_of
 from fleet.text import redis_line
 
@@ -49,3 +53,23 @@ def test_the_redis_line_says_primary_replicas_sentinels_and_the_last_failover() 
     assert (
         redis_line(refused, 0) == "redis: unknown (this service's Redis user may not run INFO: add +info ...)"
     )
+
+
+def test_a_failover_counts_for_the_fleet_whose_sentinels_it_was_seen_through_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process (a notebook, a script) that talked to two fleets, each under its own sentinels
+    monkeypatch.setenv("FLEET_REDIS_SENTINELS", "10.9.0.1:26379,10.9.0.2:26379")
+    one = load_settings()
+    monkeypatch.setenv("FLEET_REDIS_SENTINELS", "10.9.1.1:26379,10.9.1.2:26379")
+    other = load_settings()
+    # When its connections to the first reach a new primary (nothing is dialled: the sentinels'
+    # manager is told where a connection landed, as a connection tells it)
+    manager = sentinel.manager(one)
+    assert isinstance(manager, sentinel._Manager)
+    manager.reached(("10.9.0.5", 6379), 0.0)
+    manager.reached(("10.9.0.6", 6379), 0.0)
+    # Then the failover is the first fleet's, and the other fleet's Redis never records it
+    seen = sentinel.failovers_seen(one)
+    assert [(f.previous, f.primary) for f in seen] == [("10.9.0.5:6379", "10.9.0.6:6379")]
+    assert sentinel.failovers_seen(other) == []
