@@ -198,10 +198,12 @@ def _manager(settings: Settings) -> _Manager:
 
 def failovers_seen(settings: Settings) -> list[Failover]:
     """The failovers this process saw through ``settings``' sentinels (each once, when it first
-    reached the new primary), oldest first."""
-    seen = _manager(settings).seen
+    reached the new primary), oldest first; none where it opened no connection through them. Looked
+    up, not made: no sentinel login read, nothing created for a fleet without sentinels."""
+    addresses = tuple(settings.sentinel_addresses())
     with _lock:
-        return list(seen)
+        seen = [f for (where, _), manager in _managers.items() if where == addresses for f in manager.seen]
+    return sorted(seen, key=lambda f: f.at)
 
 
 def failover_count() -> int:
