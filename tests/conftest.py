@@ -56,11 +56,29 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # under nohup: pytest still outlives a
         # hang-up, and `fleet up` and the services start with SIGHUP as from a terminal
         signal.signal(signal.SIGHUP, lambda *_: None)
+    if blocked := _closed_to_jobs(Path(sys.executable)):
+        raise pytest.UsageError(
+            f"{blocked} is closed to other users (mode {blocked.stat().st_mode & 0o777:o}): the tests' "
+            f"jobs run as unprivileged users and start {sys.executable}; make it searchable "
+            f"(chmod o+x {blocked}) or put the checkout and its venv in a directory they can reach"
+        )
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):  # 50 ports each, past the default 29400-29899 (a serial run's) and
         # below the kernel's ephemeral ports (from 32768)
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORTS"] = "50"
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29900 + 50 * int(worker[2:]))
+
+
+def _closed_to_jobs(interpreter: Path) -> Path | None:
+    """The first directory above ``interpreter`` that other users cannot search (None: none), when
+    the tests run as root: a checkout under /root (0700) fails every test whose job runs as its
+    tenant's uid with "permission denied", far from the cause."""
+    if os.geteuid() != 0:
+        return None  # jobs then run as this user, who reaches its own checkout
+    for parent in reversed(interpreter.absolute().parents):
+        if not parent.stat().st_mode & 0o001:
+            return parent
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
