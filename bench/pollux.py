@@ -90,6 +90,46 @@ class Known:
     restarts: int = 0
 
 
+@dataclasses.dataclass
+class Spent:
+    """Where a simulated job's time went: queued, restarting, progressing (and its GPUs and its
+    batch's statistical efficiency while progressing, as sums over those seconds)."""
+
+    waiting: float = 0.0
+    restarting: float = 0.0
+    running: float = 0.0
+    gpu_s: float = 0.0
+    worth: float = 0.0
+
+    def add(self, start: float, end: float, restart_left: float, gpus: int, efficiency: float) -> None:
+        if end <= start:
+            return
+        if not gpus:
+            self.waiting += end - start
+            return
+        restarting = min(max(restart_left, 0.0), end - start)
+        self.restarting += restarting
+        running = end - start - restarting
+        self.running += running
+        self.gpu_s += running * gpus
+        self.worth += running * efficiency
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStat:
+    """One job of a simulated fleet run: its JCT and where its time went (:class:`Spent`)."""
+
+    name: str
+    model: str
+    jct: float
+    restarts: int
+    waiting_s: float
+    restarting_s: float
+    #: mean GPUs and mean statistical efficiency while it made progress
+    gpus: float
+    efficiency: float
+
+
 class FleetJob(Job):
     """A simulated job whose global batch is the one fleet chose (not Pollux's own optimizer), and
     which measures its samples/s at each size, as ``fw.report`` does live."""
@@ -99,6 +139,7 @@ class FleetJob(Job):
         self.fleet_batch = 0
         self.changed_at = 0.0
         self.measured: dict[tuple[int, int], float] = {}
+        self.spent = Spent()
 
     def update_local_bsz(self, placement: Sequence[int]) -> None:
         app, replicas = self.application, sum(filter(None, placement))
@@ -120,7 +161,13 @@ class FleetJob(Job):
         self.changed_at = self.current_time
 
     def step(self, seconds: float, interference: float = 0.0) -> None:
+        began, restarting, batch = self.current_time, self.rescale_time, self._batch_run()
+        was_done = self.completion_time is not None
         super().step(seconds, interference)
+        if not was_done:
+            start = max(began, float(self.submission_time))
+            end = min(began + seconds, self.completion_time or math.inf)
+            self.spent.add(start, end, restarting, sum(self.placement), self._efficiency(batch))
         placement = tuple(filter(None, self.placement))
         if placement and self.completion_time is None and self.rescale_time <= 0:
             step_time, sync_time = self.application.get_throughput(placement, self.atomic_bsz)
@@ -129,6 +176,32 @@ class FleetJob(Job):
             # the artifact's smallest per-GPU batch raised it
             samples = sum(placement) * self.atomic_bsz * (self.accum_steps + 1)
             self.measured[sum(placement), samples] = float(samples / seconds_per_step)
+
+    def _batch_run(self) -> int:
+        return sum(self.placement) * self.atomic_bsz * (self.accum_steps + 1)
+
+    def _efficiency(self, batch: int) -> float:
+        """The simulator's statistical efficiency of ``batch`` now: a sample's worth against one at the
+        model's initial batch."""
+        if not batch:
+            return 0.0
+        app = self.application
+        sqr, var = app.get_grad_stats(batch, min(self.epoch, app.max_epochs - 1))
+        scale = batch / app.init_batch_size
+        return float((var + sqr) / (var / scale + sqr) / scale)
+
+    def stat(self) -> JobStat:
+        spent, end = self.spent, self.completion_time
+        return JobStat(
+            self.name,
+            self.application.name,
+            math.nan if end is None else float(end - self.submission_time),
+            self.num_restarts or 0,
+            spent.waiting,
+            spent.restarting,
+            spent.gpu_s / spent.running if spent.running else 0.0,
+            spent.worth / spent.running if spent.running else 0.0,
+        )
 
     def known(self) -> Known:
         app = self.application
@@ -315,6 +388,8 @@ class Result:
     makespan: float
     restarts: int | None
     wall_s: float = 0.0
+    #: each job's JCT and where its time went (fleet's simulated runs only)
+    stats: tuple[JobStat, ...] = ()
 
 
 def _summary(
@@ -367,7 +442,7 @@ def simulate(workload: pandas.DataFrame, policy: str, profile: str = "learn", nu
         while not cluster.all_complete() and cluster.current_time < GIVE_UP_S:
             cluster.step(INTERVAL_S)
     done = [j for j in cluster.jobs if j.completion_time is not None]
-    return _summary(
+    result = _summary(
         number,
         policy,
         "simulated",
@@ -377,6 +452,8 @@ def simulate(workload: pandas.DataFrame, policy: str, profile: str = "learn", nu
         sum(j.num_restarts or 0 for j in cluster.jobs),
         time.monotonic() - started,
     )
+    stats = tuple(j.stat() for j in cluster.jobs if isinstance(j, FleetJob))
+    return dataclasses.replace(result, stats=stats)
 
 
 def published(number: int, load: str, policy: str) -> Result:
@@ -451,6 +528,55 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def published_jcts(number: int, load: str, policy: str = "pollux") -> dict[str, float]:
+    """Each job's JCT in the artifact's published run of ``policy`` on one workload."""
+    _, factor = LOADS[load]
+    summary = json.loads((SIM / "results" / f"{policy}-{factor}" / "summary.json").read_text())
+    return {name: float(jct) for name, jct in summary["jcts"][f"workload-{number}"].items()}
+
+
+def mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def by_model(results: Sequence[Result], load: str) -> str:
+    """Where fleet's average JCT differs from Pollux's, per workload and model: the model's jobs, their
+    average JCT under each, the model's share of the difference in the workload's average (its jobs'
+    differences summed over all the workload's jobs), and where fleet's jobs spent their time:
+    queued, starting and restarting (30 s each), and while running their mean GPUs and statistical
+    efficiency (a sample's worth against one at the model's initial batch)."""
+    lines = [
+        "| workload | model | jobs | fleet avg JCT (s) | Pollux | share of the gap (s) | restarts a job "
+        "| queued a job (s) | restarting a job (s) | GPUs running | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r.policy != "fleet" or not r.stats:
+            continue
+        theirs = published_jcts(r.workload, load)
+        models: dict[str, list[JobStat]] = {}
+        for stat in r.stats:
+            models.setdefault(stat.model, []).append(stat)
+        gap = {m: sum(s.jct - theirs[s.name] for s in rows) / len(r.stats) for m, rows in models.items()}
+        for model in sorted(models, key=lambda m: -abs(gap[m])):
+            rows = models[model]
+            lines.append(
+                f"| {r.workload} | {model} | {len(rows)} | {mean([s.jct for s in rows]):,.0f} | "
+                f"{mean([theirs[s.name] for s in rows]):,.0f} | {gap[model]:+,.0f} | "
+                f"{mean([s.restarts for s in rows]):.1f} | {mean([s.waiting_s for s in rows]):,.0f} | "
+                f"{mean([s.restarting_s for s in rows]):,.0f} | {mean([s.gpus for s in rows]):.1f} | "
+                f"{mean([s.efficiency for s in rows]):.2f} |"
+            )
+        lines.append(
+            f"| {r.workload} | all | {len(r.stats)} | {r.avg_jct:,.0f} | "
+            f"{mean(list(theirs.values())):,.0f} | "
+            f"{sum(gap.values()):+,.0f} | {mean([s.restarts for s in r.stats]):.1f} | "
+            f"{mean([s.waiting_s for s in r.stats]):,.0f} | {mean([s.restarting_s for s in r.stats]):,.0f} | "
+            f"{mean([s.gpus for s in r.stats]):.1f} | {mean([s.efficiency for s in r.stats]):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pollux", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", type=_numbers, default=_numbers("1-8"), help="e.g. 1-8 or 1,6")
@@ -469,8 +595,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=int, default=None, help="only each workload's first N jobs (a quick run)"
     )
     parser.add_argument("--processes", type=int, default=1, help="runs in parallel (one core each)")
+    parser.add_argument(
+        "--by-model",
+        action="store_true",
+        help="also where fleet's JCT differs from Pollux's published one, per workload and model",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.by_model and args.limit:
+        parser.error("--by-model compares whole workloads with Pollux's: leave out --limit")
     runs = [
         (n, args.load, p, args.published and p != "fleet", args.limit, args.profile)
         for n in args.workloads
@@ -488,6 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(results))
     if args.limit:
         print(f"(simulated: each workload's first {args.limit} jobs; published: all of them)")
+    if args.by_model:
+        print(by_model(results, args.load))
     for r in results:
         if r.source == "simulated":
             print(f"workload {r.workload} {r.policy}: {r.wall_s:.0f} s to simulate")

@@ -101,3 +101,41 @@ def test_bad_arguments_are_refused_naming_the_flag(
         pollux.main(argv)
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_each_job_time_is_queued_restarting_or_running_and_adds_up_to_its_jct() -> None:
+    result = pollux.simulate(WORKLOAD, "fleet")
+    assert sorted(s.name for s in result.stats) == sorted(WORKLOAD.name)
+    for stat in result.stats:
+        assert stat.restarting_s >= 30  # its first start costs what a restart does
+        assert stat.restarting_s <= 30 * (stat.restarts + 1)
+        running = stat.jct - stat.waiting_s - stat.restarting_s
+        assert running > 0 and stat.gpus >= 1 and 0 < stat.efficiency <= 1
+    # the four jobs fit at once: each waits for the next round only
+    assert max(s.waiting_s for s in result.stats) <= pollux.INTERVAL_S
+
+
+def test_by_model_splits_the_gap_to_pollux_over_the_models_that_make_it() -> None:
+    theirs = pollux.published_jcts(1, "1x")
+    slower = {name for name in theirs if name.startswith("cifar10-")}
+    stats = tuple(
+        pollux.JobStat(
+            name, name.rsplit("-", 1)[0], jct + (160 if name in slower else 0), 1, 0.0, 60.0, 2.0, 0.9
+        )
+        for name, jct in theirs.items()
+    )
+    result = pollux.Result(1, "fleet", "simulated", 160, 160, 0.0, 0.0, 0.0, 160, stats=stats)
+    rows = {
+        line.split(" | ")[1]: line.split(" | ") for line in pollux.by_model([result], "1x").splitlines()[2:]
+    }
+    # each slower cifar10 job adds 160 s / 160 jobs = 1 s to the workload's average
+    assert rows["cifar10"][5] == f"+{len(slower)}"
+    assert rows["ncf"][5] == "+0" and rows["all"][5] == f"+{len(slower)}"
+    assert rows["cifar10"][2] == str(len(slower))
+
+
+def test_by_model_refuses_a_partial_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        pollux.main(["--workloads", "1", "--policies", "fleet", "--limit", "5", "--by-model"])
+    assert exit_.value.code == 2
+    assert "--by-model" in capsys.readouterr().err
