@@ -83,8 +83,8 @@ class FleetProcs:
         )
         if runtime == "process" and not world_reachable(Path(sys.executable)):
             # jobs run this interpreter (torch is installed there); where it sits in a private home
-            # the tenants' unprivileged uids cannot exec it. tests/integration/test_security.py and
-            # test_hostile_node.py check the per-tenant uids with programs every user can run.
+            # the tenants' unprivileged uids cannot exec it, so a benchmark run from there runs its
+            # jobs as root (the tests refuse such a checkout instead: tests/conftest.py)
             self.env.update(FLEET_AGENT__JOB_USER="0:0", FLEET_AGENT__ALLOW_ROOT_JOBS="true")
 
     def settings(self) -> Settings:
@@ -191,10 +191,18 @@ def remove_cgroups(parent: str) -> None:
 
 
 def world_reachable(path: Path) -> bool:
-    """Whether any user may execute ``path``: every directory above it, and above what it links to
-    (a venv's ``python`` links to the system's), searchable."""
+    """Whether any user may execute ``path``."""
+    return closed_above(path) is None
+
+
+def closed_above(path: Path) -> Path | None:
+    """The first of ``path``, the directories above it and above what it links to (a venv's
+    ``python`` links to the system's) that other users cannot search; None when there is none."""
     real = path.resolve()
-    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents, *path.absolute().parents])
+    for p in [*reversed(path.absolute().parents), *reversed(real.parents), real]:
+        if not p.stat().st_mode & 0o001:
+            return p
+    return None
 
 
 def kill_supervisor(state_dir: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from bench.procs import OPERATOR_ALLOWS, TEST_IMAGE, FleetProcs
+from bench.procs import OPERATOR_ALLOWS, TEST_IMAGE, FleetProcs, closed_above
 from fleet.client import Client
 from fleet.keys import Keys
 from fleet.models import Role
@@ -56,7 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # under nohup: pytest still outlives a
         # hang-up, and `fleet up` and the services start with SIGHUP as from a terminal
         signal.signal(signal.SIGHUP, lambda *_: None)
-    if blocked := _closed_to_jobs(Path(sys.executable)):
+    # run as root, jobs run as their tenant's uid and start this interpreter: from a checkout under
+    # /root (0700) six tests failed with "permission denied", far from the cause
+    if os.geteuid() == 0 and (blocked := closed_above(Path(sys.executable))):
         raise pytest.UsageError(
             f"{blocked} is closed to other users (mode {blocked.stat().st_mode & 0o777:o}): the tests' "
             f"jobs run as unprivileged users and start {sys.executable}; make it searchable "
@@ -67,18 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # below the kernel's ephemeral ports (from 32768)
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORTS"] = "50"
         os.environ["FLEET_CONTROLLER__RENDEZVOUS_PORT_BASE"] = str(29900 + 50 * int(worker[2:]))
-
-
-def _closed_to_jobs(interpreter: Path) -> Path | None:
-    """The first directory above ``interpreter`` that other users cannot search (None: none), when
-    the tests run as root: a checkout under /root (0700) fails every test whose job runs as its
-    tenant's uid with "permission denied", far from the cause."""
-    if os.geteuid() != 0:
-        return None  # jobs then run as this user, who reaches its own checkout
-    for parent in reversed(interpreter.absolute().parents):
-        if not parent.stat().st_mode & 0o001:
-            return parent
-    return None
 
 
 @pytest.hookimpl(wrapper=True)
