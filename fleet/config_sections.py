@@ -62,7 +62,8 @@ class ControllerSettings(_Section):
     #: only when the throughput it gains outweighs it
     resize_cost_s: float = Field(default=30.0, ge=0)
     #: elastic jobs that have run less come first when GPUs are shared out: a job's value halves
-    #: once it has had this many GPU-seconds (a third at twice that; 0: off). The default, about 5.6
+    #: once it has had this many GPU-seconds (a third at twice that, never below a tenth:
+    #: ``elastic.SERVICE_FLOOR``; 0: off). The default, about 5.6
     #: GPU-hours, cut the average JCT by 15 % in Pollux's simulator (BENCHMARKS)
     elastic_service_s: float = Field(default=20_000.0, ge=0)
     retention_interval_s: float = Field(default=10.0, gt=0, description="how often expired records go")

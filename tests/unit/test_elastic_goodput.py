@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from fleet.scheduler.elastic import SPEEDUP, allocate, service_weight, sizes
+from fleet.scheduler.elastic import SERVICE_FLOOR, SPEEDUP, allocate, service_weight, sizes
 from fleet.scheduler.goodput import efficiency
 from fleet.scheduler.profiles import Profile, named_profile
 from fleet.sim import SimConfig, Simulation, TraceJob
@@ -38,6 +38,7 @@ def test_attained_service_weighs_new_jobs_first() -> None:
     assert service_weight(0.0, 3600.0) == 1.0
     assert service_weight(3600.0, 3600.0) == 0.5 > service_weight(7200.0, 3600.0)
     assert service_weight(1e9, 0.0) == 1.0  # off
+    assert service_weight(1e9, 3600.0) == SERVICE_FLOOR == service_weight(1e12, 3600.0)
     p = linear(efficiency=0.9)
     old = job("old", p, max_gpus=2, attained=36_000.0)
     new = job("new", p, max_gpus=2)
@@ -45,6 +46,16 @@ def test_attained_service_weighs_new_jobs_first() -> None:
     for jobs in ([old, new], [new, old]):
         plan = allocate(jobs, 3, now=0.0, objective=SPEEDUP, service_s=3600.0)
         assert plan["new"][0] == 2 and plan["old"][0] == 1, plan
+
+
+def test_a_job_that_ran_for_ages_still_gets_a_gpu_it_uses_far_better_than_a_new_one() -> None:
+    # a job that has had a million GPU-seconds scales almost linearly; a new one gains 5 % from a
+    # second GPU: the floor keeps the old one's 90 % gain worth more than the new one's 5 %
+    old = job("old", linear(efficiency=0.9), max_gpus=2, attained=1e6)
+    new = job("new", linear("flat", efficiency=0.05), max_gpus=2)
+    for jobs in ([old, new], [new, old]):
+        plan = allocate(jobs, 3, now=0.0, objective=SPEEDUP, service_s=3600.0)
+        assert plan["old"][0] == 2 and plan["new"][0] == 1, plan
 
 
 def test_no_resize_by_goodput_unless_the_gain_pays_for_the_restart() -> None:
