@@ -174,7 +174,7 @@ class FleetJob(Job):
             seconds_per_step = step_time + (step_time - sync_time) * self.accum_steps
             # keyed by the batch it ran, as ``fw.report(batch_size=...)`` says live: not fleet's when
             # the artifact's smallest per-GPU batch raised it
-            samples = sum(placement) * self.atomic_bsz * (self.accum_steps + 1)
+            samples = self._batch_run()
             self.measured[sum(placement), samples] = float(samples / seconds_per_step)
 
     def _batch_run(self) -> int:
@@ -458,9 +458,7 @@ def simulate(workload: pandas.DataFrame, policy: str, profile: str = "learn", nu
 
 def published(number: int, load: str, policy: str) -> Result:
     """The artifact's published result (``results-jobload``: the authors' runs) for one workload."""
-    _, factor = LOADS[load]
-    summary = json.loads((SIM / "results" / f"{policy}-{factor}" / "summary.json").read_text())
-    jcts = summary["jcts"][f"workload-{number}"]
+    jcts = published_jcts(number, load, policy)
     submitted = dict(zip(*read_workload(number, load)[["name", "time"]].T.values, strict=True))
     ends = [submitted[name] + jct for name, jct in jcts.items()]
     return _summary(number, policy, "published", list(jcts.values()), ends, len(submitted), None)
@@ -560,21 +558,25 @@ def by_model(results: Sequence[Result], load: str) -> str:
         gap = {m: sum(s.jct - theirs[s.name] for s in rows) / len(r.stats) for m, rows in models.items()}
         for model in sorted(models, key=lambda m: -abs(gap[m])):
             rows = models[model]
+            published_mean = mean([theirs[s.name] for s in rows])
             lines.append(
-                f"| {r.workload} | {model} | {len(rows)} | {mean([s.jct for s in rows]):,.0f} | "
-                f"{mean([theirs[s.name] for s in rows]):,.0f} | {gap[model]:+,.0f} | "
-                f"{mean([s.restarts for s in rows]):.1f} | {mean([s.waiting_s for s in rows]):,.0f} | "
-                f"{mean([s.restarting_s for s in rows]):,.0f} | {mean([s.gpus for s in rows]):.1f} | "
-                f"{mean([s.efficiency for s in rows]):.2f} |"
+                _model_row(r.workload, model, rows, mean([s.jct for s in rows]), published_mean, gap[model])
             )
-        lines.append(
-            f"| {r.workload} | all | {len(r.stats)} | {r.avg_jct:,.0f} | "
-            f"{mean(list(theirs.values())):,.0f} | "
-            f"{sum(gap.values()):+,.0f} | {mean([s.restarts for s in r.stats]):.1f} | "
-            f"{mean([s.waiting_s for s in r.stats]):,.0f} | {mean([s.restarting_s for s in r.stats]):,.0f} | "
-            f"{mean([s.gpus for s in r.stats]):.1f} | {mean([s.efficiency for s in r.stats]):.2f} |"
-        )
+        everyone = mean(list(theirs.values()))
+        lines.append(_model_row(r.workload, "all", r.stats, r.avg_jct, everyone, sum(gap.values())))
     return "\n".join(lines)
+
+
+def _model_row(
+    workload: int, model: str, rows: Sequence[JobStat], jct: float, pollux: float, gap: float
+) -> str:
+    """One row of :func:`by_model`: ``rows``' averages, beside their JCT, Pollux's and their gap."""
+    return (
+        f"| {workload} | {model} | {len(rows)} | {jct:,.0f} | {pollux:,.0f} | {gap:+,.0f} | "
+        f"{mean([s.restarts for s in rows]):.1f} | {mean([s.waiting_s for s in rows]):,.0f} | "
+        f"{mean([s.restarting_s for s in rows]):,.0f} | {mean([s.gpus for s in rows]):.1f} | "
+        f"{mean([s.efficiency for s in rows]):.2f} |"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
