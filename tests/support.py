@@ -9,6 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from bench.procs import FleetProcs
 from fleet.models import JobSpec
 from fleet.ops.local import free_port
@@ -70,3 +74,9 @@ def stop(proc: subprocess.Popen[Any]) -> None:
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def redis_once(**options: Any) -> redis.Redis:
+    """A Redis client that asks once: redis-py retries a refused login 3 times with backoff (~3 s
+    each time), as it retries every ConnectionError, AuthenticationError among them."""
+    return redis.Redis(retry=Retry(NoBackoff(), 0), **options)

@@ -26,7 +26,7 @@ from fleet.ops.install import ACL_USERS, render_acl
 from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
-from tests.support import wait_for
+from tests.support import redis_once, wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -208,15 +208,13 @@ def test_an_agent_user_cannot_administer_redis_nor_touch_other_keys(acl_redis: A
 
 def test_the_default_user_is_off_and_wrong_passwords_are_refused(acl_redis: AclRedis) -> None:
     # Given Redis with the shipped ACL file: a client with no username (Redis' default user)
-    anonymous = redis.Redis(port=acl_redis.port)
+    anonymous = redis_once(port=acl_redis.port)
     # Then nothing it sends is served, with or without a password
     with pytest.raises(redis.AuthenticationError):
         anonymous.ping()
     for password in ("", "nopass", PASSWORDS["fleet-admin"]):
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=acl_redis.port, password=password or None, username="default").ping()
+            redis_once(port=acl_redis.port, password=password or None, username="default").ping()
     # And a service user is refused another user's password
     with pytest.raises(redis.AuthenticationError):
-        redis.Redis(
-            port=acl_redis.port, username="fleet-controller", password=PASSWORDS["fleet-agent"]
-        ).ping()
+        redis_once(port=acl_redis.port, username="fleet-controller", password=PASSWORDS["fleet-agent"]).ping()

@@ -18,8 +18,9 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 #: inputs of the map test (the issue's 1,000), and calls a task makes: each task is a process started
-#: on this fleet's one node, so the suite maps them 25 to a task, 40 tasks (one array, watched a round)
-MANY, CHUNK = 1000, 25
+#: on this fleet's one node (a Python start-up, about 0.3 s of CPU), so the suite maps them 100 to a
+#: task, 10 tasks (one array, watched a round)
+MANY, CHUNK = 1000, 100
 
 
 def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
@@ -31,7 +32,7 @@ def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
     amounts = [1 + n % 7 for n in range(MANY)]
     amounts[MANY // 2] = 10**6
 
-    # When it is mapped over all of them, 25 calls a task, failures returned in place
+    # When it is mapped over all of them, 100 calls a task, failures returned in place
     results = list(withdraw.map([100] * MANY, amounts, chunksize=CHUNK, return_exceptions=True))
 
     # Then every other call's value comes back, in the inputs' order, and the failure in its place
@@ -39,18 +40,19 @@ def test_map_returns_every_result_in_order_and_one_failure_in_its_place(
     failed = results.pop(MANY // 2)
     assert isinstance(failed, calc.Overdrawn) and "1000000 is more than 100" in str(failed)
     assert results == [100 - a for n, a in enumerate(amounts) if n != MANY // 2]
-    # And the map was one job array of a task per 25 calls, the one holding the failure FAILED
+    # And the map was one job array of a task per 100 calls, the one holding the failure FAILED
     (array,) = ready.listing()
     assert isinstance(array, JobArray) and array.size == MANY // CHUNK
     assert array.tasks[JobState.SUCCEEDED] == MANY // CHUNK - 1 and array.tasks[JobState.FAILED] == 1
     # And that task's result (as `fleet result` reads it) is the failure, naming its item
     task = ready.jobs(state="FAILED")[0]
     assert task.array_index == MANY // 2 // CHUNK and task.spec.call is not None
-    assert "items[FLEET_ARRAY_INDEX*25:FLEET_ARRAY_INDEX*25+25] of 1000" in task.spec.call.args
+    items = f"items[FLEET_ARRAY_INDEX*{CHUNK}:FLEET_ARRAY_INDEX*{CHUNK}+{CHUNK}] of {MANY}"
+    assert items in task.spec.call.args
     with pytest.raises(calc.Overdrawn) as raised:
         fleet.FunctionHandle(ready, task.id, task.spec.call.function).result(timeout=60)
     assert (
-        f"item {MANY // 2}: call {MANY // 2 % CHUNK + 1} of the 25 job {task.id} made"
+        f"item {MANY // 2}: call {MANY // 2 % CHUNK + 1} of the {CHUNK} job {task.id} made"
         in raised.value.__notes__
     )
 

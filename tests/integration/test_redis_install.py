@@ -32,7 +32,7 @@ from fleet.state.tokens import TokenStore
 from tests.conftest import FleetProcs, need
 from tests.integration.test_acl import _answers
 from tests.integration.test_control_plane import sleeper
-from tests.support import until, wait_for
+from tests.support import redis_once, until, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +166,7 @@ def test_redis_from_the_installed_files_restarts_with_nothing_lost(
         assert done.logs() == "kept"
         # And nothing but the fleet's users can log in: not the default user, not without a password
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=installed.port).ping()
+            redis_once(port=installed.port).ping()
         assert admin.acl_log() == [], procs.logs()
     finally:
         client.close()
