@@ -23,6 +23,7 @@ noise scale's estimate for the next size::
 from __future__ import annotations
 
 import argparse
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -69,6 +70,8 @@ def main() -> None:
     nodes, node = fw.num_nodes(), fw.node_rank()
     if nodes == 1:  # one member: its workers meet here (a gang's meet at rank 0's MASTER_ADDR)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    if local > 1:  # DDP's constructor imports torch's compiler (torch 2.13: ~1.5 s of CPU): once, here
+        importlib.import_module("torch._dynamo")
     fork = multiprocessing.get_context("fork")  # torch is imported once, here, not once per worker
     workers = [
         fork.Process(target=worker, args=(args, node * local + i, local * nodes)) for i in range(local)
