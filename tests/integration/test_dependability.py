@@ -1,7 +1,9 @@
 """Every failure requeues the job, which resumes from its last checkpoint: nothing lost, nothing twice.
 
-Real agents and controllers as processes, real SIGKILLs, the process runtime, and the torch example
-that resumes bit-for-bit (so "resumed correctly" is checked on the final weights).
+Real agents and controllers as processes, real SIGKILLs, the process runtime. A crash runs the torch
+example, which resumes bit-for-bit (so "resumed correctly" is checked on the final weights); the
+other failures run its torch-free stand-in (tests/fixtures/steps.py), whose digest chain is checked
+the same way without importing torch in every attempt.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "workers" / "examples" / "train_regression.py")
+#: the example's torch-free stand-in: same flags, same lines (``--resumed-sleep``: its own)
+STEPS = str(Path(__file__).resolve().parents[1] / "fixtures" / "steps.py")
 
 
 @pytest.fixture
@@ -38,15 +42,16 @@ def runtime() -> str:
     return "process"
 
 
-def train(*args: str, **fields: object) -> JobSpec:
-    command = [sys.executable, EXAMPLE, "--steps", "120", "--every", "10", *args]
+def train(*args: str, script: str = EXAMPLE, **fields: object) -> JobSpec:
+    """120 steps of ``script`` (the torch example; ``STEPS``: its stand-in), checkpointing every 10."""
+    command = [sys.executable, script, "--steps", "120", "--every", "10", *args]
     return JobSpec.parse({"name": "train", "command": command, "gpus": 1, **fields})
 
 
-def uninterrupted_digest(tmp: Path) -> str:
+def uninterrupted_digest(tmp: Path, script: str = EXAMPLE) -> str:
     env = {**os.environ, "FLEET_CHECKPOINT_DIR": str(tmp / "reference")}
     out = subprocess.run(
-        [sys.executable, EXAMPLE, "--steps", "120", "--every", "10"],
+        [sys.executable, script, "--steps", "120", "--every", "10"],
         env=env,
         capture_output=True,
         text=True,
@@ -89,7 +94,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:
     procs.one_node(client, "t-a", gpus=1)
-    job = client.submit(train("--sleep", "0.05"))
+    job = client.submit(train("--sleep", "0.05", "--resumed-sleep", "0", script=STEPS))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 30, what="30 steps on t-a")
     procs.agent("t-b", gpus=1)
     procs.wait_nodes(client, 2)
@@ -108,7 +113,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
     assert resumed >= 30
     lost = [e for e in job.history() if e.state == "QUEUED" and e.attempt == 1]
     assert lost[0].reason == "node t-a down (lease expired); requeued (retry budget not spent)"
-    assert digest(job.logs()) == uninterrupted_digest(tmp_path)
+    assert digest(job.logs()) == uninterrupted_digest(tmp_path, STEPS)
     assert detected_in < 3 + 2 + 5  # lease TTL 3s + a reconcile pass + start; a bound, not a benchmark
     assert max(progress(client, job.id, 1)) >= 30  # attempt 1's logs outlive its node
     assert client.nodes()[0].name == "t-a" and not client.nodes()[0].alive
@@ -116,7 +121,7 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
 
 def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: Client) -> None:
     procs.one_node(client, "t-a", gpus=1, **LASTING_LEASE)
-    job = client.submit(train("--sleep", "0.05"))
+    job = client.submit(train("--sleep", "0.05", script=STEPS))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 20, what="20 steps")
     # When the agent alone is SIGKILLed (its jobs keep running) and restarted within the lease TTL
     procs.procs["t-a"].send_signal(signal.SIGKILL)
@@ -134,7 +139,7 @@ def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: 
 
 def test_stale_and_duplicate_messages_change_nothing(procs: FleetProcs, client: Client) -> None:
     procs.one_node(client, "t-a", gpus=1)
-    job = client.submit(train("--sleep", "0.03", "--fail-at", "15"))
+    job = client.submit(train("--sleep", "0.03", "--fail-at", "15", script=STEPS))
     wait_for(lambda: job.status().attempt == 2 and job.status().state == JobState.RUNNING, what="attempt 2")
     status = job.status()
     bus = Bus(procs.settings())
@@ -215,12 +220,14 @@ def proxy(redis_url: str) -> Iterator[CuttableProxy]:
     p.close()
 
 
+#: a tick a line, 50 ms apart in attempt 1 (long enough to be cut off mid-run), 5 ms after
 TICKER = (
     "import os, time\n"
     "path = os.path.join(os.environ['TICKS'], 'attempt-' + os.environ['FLEET_ATTEMPT'])\n"
+    "pause = 0.05 if os.environ['FLEET_ATTEMPT'] == '1' else 0.005\n"
     "for _ in range(int(os.environ['N'])):\n"
     "    with open(path, 'a') as f: f.write(repr(time.time()) + '\\n')\n"
-    "    time.sleep(0.05)\n"
+    "    time.sleep(pause)\n"
 )
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fleet import Client, JobSpec, JobState, NodeState
-from tests.conftest import FleetProcs, need_torch
-from tests.integration.test_dependability import EXAMPLE, progress
+from tests.conftest import FleetProcs
+from tests.integration.test_dependability import STEPS, progress
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def runtime() -> str:
-    need_torch()
     return "process"
 
 
@@ -37,7 +36,8 @@ def test_drain_lets_a_short_job_finish_and_moves_a_long_one_from_its_checkpoint(
     short = client.submit(
         JobSpec(name="short", gpus=1, command=[sys.executable, "-c", "import time; time.sleep(1)"])
     )
-    train = [sys.executable, EXAMPLE, "--steps", "400", "--every", "10", "--sleep", "0.05"]
+    train = [sys.executable, STEPS, "--steps", "400", "--every", "10", "--sleep", "0.05"]
+    train += ["--resumed-sleep", "0"]  # a resumed attempt runs through: nothing is waited for then
     long = client.submit(JobSpec(name="long", gpus=1, command=train))
     wait_for(lambda: max(progress(client, long.id, 1), default=0) >= 20, what="long job checkpointing")
     procs.agent("t-b", gpus=2)
@@ -117,7 +117,7 @@ def test_the_documented_maintenance_script_runs_as_written(
     job = client.submit(JobSpec(name="j", gpus=1, command=["sleep", "300"]))
     wait_for(lambda: job.status().state == JobState.RUNNING, what="running")
     marker = tmp_path / "maintained"
-    script = Path(EXAMPLE).parents[2] / "config" / "examples" / "maintain-node.sh"
+    script = Path(__file__).resolve().parents[2] / "config" / "examples" / "maintain-node.sh"
     env = procs.cli_env(DEADLINE="1s", GRACE="1s", TIMEOUT="60s")
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     argv = ["bash", str(script), "t-a", "touch", str(marker)]

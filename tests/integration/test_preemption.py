@@ -13,8 +13,8 @@ from fleet import Client, JobSpec, JobState
 from fleet.keys import Keys
 from fleet.models import Tenant
 from fleet.state.tenants import TenantStore
-from tests.conftest import FleetProcs, need_torch
-from tests.integration.test_dependability import EXAMPLE, progress
+from tests.conftest import FleetProcs
+from tests.integration.test_dependability import STEPS, progress
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,6 @@ GRACE_S = 20.0
 
 @pytest.fixture
 def runtime() -> str:
-    need_torch()
     return "process"
 
 
@@ -42,7 +41,8 @@ def test_a_tenant_below_its_guarantee_preempts_one_above_its_share_and_the_victi
     procs.wait_nodes(client, 2)
     # And a's 40 jobs: four training jobs filling all 4 GPUs, checkpointing every 10 steps, and 36
     # short ones queued behind them
-    train = [sys.executable, EXAMPLE, "--steps", "200", "--every", "10", "--sleep", "0.05"]
+    train = [sys.executable, STEPS, "--steps", "200", "--every", "10", "--sleep", "0.05"]
+    train += ["--resumed-sleep", "0"]  # a resumed attempt runs through: nothing is waited for then
     a_jobs = [client.submit(JobSpec(name=f"a{i}", gpus=1, command=train, tenant="a")) for i in range(4)]
     wait_for(
         lambda: all(max(progress(client, j.id, 1), default=0) >= 20 for j in a_jobs),
