@@ -6,6 +6,7 @@ Integration tests skip when redis-server or Docker is missing locally and fail u
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import os
 import shutil
@@ -19,7 +20,6 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -101,10 +101,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (``make test``), tests that share something host-wide run on one worker,
     one after another (``--dist loadgroup``); the rest spread over the workers, each of which has
     a Redis, an API and temp dirs (so cgroup parents) of its own. Tests marked ``alone`` change
-    the host for everyone and run in a pytest of their own (``-m alone``)."""
+    the host for everyone and run in a pytest of their own (``-m alone``).
+
+    xdist hands tests out in their order: the unit tests last, whose many short ones keep every
+    worker busy until all end at about the same time, where a torch gang of a minute (tests/workers),
+    last, would keep one running alone."""
     for item in items:
         if group := _shared(item):
             item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path.parent.name == "unit")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -132,16 +137,24 @@ def _shared(item: pytest.Item) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    """tests/workers/test_ddp.py's job trained by one plain process, once a session (what every gang
-    of it must train): the finished member and its checkpoint directory."""
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """tests/workers/test_ddp.py's job trained by one plain process, once a run (what every gang of
+    it must train): what it printed, and its checkpoint directory. The first pytest-xdist worker to
+    need it trains it; any other waits for that one and reads what it left (seconds of CPU each)."""
     need_torch()
     from tests.workers.test_ddp import JOB, finish_ok, start_gang
 
-    root, started = tmp_path_factory.mktemp("one-process"), list[Any]()
-    (single,) = start_gang(root, started, nodes=1, plain=True)
-    finish_ok([single])
-    return single, root / JOB
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if base.name.startswith("popen-") else base
+    root, printed = shared / "one-process", shared / "one-process" / "printed.txt"
+    with open(shared / "one-process.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            root.mkdir(exist_ok=True)
+            (single,) = start_gang(root, [], nodes=1, plain=True)
+            finish_ok([single])
+            printed.write_text(single.output)
+    return printed.read_text(), root / JOB
 
 
 def need_torch() -> None:

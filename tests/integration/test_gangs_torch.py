@@ -57,7 +57,7 @@ def steps(text: str) -> list[int]:
     return [int(s) for s in re.findall(r"^step (\d+) loss", text, re.MULTILINE)]
 
 
-def assert_trains_what_one_process_trains(checkpoint_dir: Path, one_process: tuple[object, Path]) -> None:
+def assert_trains_what_one_process_trains(checkpoint_dir: Path, one_process: tuple[str, Path]) -> None:
     """Final weights within 1e-5 of one plain process on the same global batch (why 1e-5:
     tests/workers/test_ddp.py, test_a_two_member_gang_trains_what_one_process_trains)."""
     import torch
@@ -69,7 +69,7 @@ def assert_trains_what_one_process_trains(checkpoint_dir: Path, one_process: tup
 
 
 def test_a_two_node_ddp_job_trains_what_one_process_trains(
-    procs: FleetProcs, client: Client, one_process: tuple[object, Path]
+    procs: FleetProcs, client: Client, one_process: tuple[str, Path]
 ) -> None:
     # Given two nodes of 2 GPUs and a DDP job of 2 GPUs on 2 nodes (one torchrun per node)
     fleet_of(procs, client, 2)
@@ -85,11 +85,11 @@ def test_a_two_node_ddp_job_trains_what_one_process_trains(
 
 
 def test_killing_a_members_node_resumes_the_gang_from_its_checkpoint_without_repeating_a_step(
-    procs: FleetProcs, client: Client, one_process: tuple[object, Path]
+    procs: FleetProcs, client: Client, one_process: tuple[str, Path]
 ) -> None:
-    # Given three nodes and the DDP job on two of them, a tenth of a second per step
+    # Given three nodes and the DDP job on two of them, 50 ms a step
     fleet_of(procs, client, 3)
-    job = client.submit(ddp("--sleep", "0.1", gpus=2))
+    job = client.submit(ddp("--sleep", "0.05", gpus=2))
     deadline = time.monotonic() + 120
     while max(steps(job.logs(rank=0)), default=0) < 3 * EVERY:
         assert time.monotonic() < deadline, procs.logs()

@@ -153,8 +153,8 @@ def start_gang(
     return gang
 
 
-def logged_steps(member: Member) -> list[int]:
-    return [int(s) for s in re.findall(r"^step (\d+) loss", member.output, re.MULTILINE)]
+def logged_steps(output: str) -> list[int]:
+    return [int(s) for s in re.findall(r"^step (\d+) loss", output, re.MULTILINE)]
 
 
 def checkpoint_step(directory: Path) -> int:
@@ -194,17 +194,17 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Me
 
 
 def test_a_two_member_gang_trains_what_one_process_trains(
-    straight: tuple[list[Member], Path], one_process: tuple[Member, Path]
+    straight: tuple[list[Member], Path], one_process: tuple[str, Path]
 ) -> None:
     # Given a two-member gang run (torchrun on each "node") and one plain process, same global batch
     gang, directory = straight
-    single, alone = one_process
+    printed, alone = one_process
     # Then each worker joined as the rank of its node in a world of two, and rank 0 logged every step
     for member in gang:
         assert f"rank {member.node} of 2 local_rank 0 node {member.node} of 2 attempt 1" in member.output
-    assert "rank 0 of 1 local_rank 0 node 0 of 1" in single.output
-    assert logged_steps(gang[0]) == logged_steps(single) == list(range(1, STEPS + 1))
-    assert logged_steps(gang[1]) == []
+    assert "rank 0 of 1 local_rank 0 node 0 of 1" in printed
+    assert logged_steps(gang[0].output) == logged_steps(printed) == list(range(1, STEPS + 1))
+    assert logged_steps(gang[1].output) == []
     # And the models agree to atol 1e-5. Not bit for bit: each rank averages the loss over its half
     # of the batch and the all-reduce averages the halves, where one process averages over the whole
     # batch, so the float32 sums round differently, by an ulp or so per step. The regression
@@ -235,16 +235,17 @@ def test_a_killed_member_fails_the_gang_and_the_next_attempt_resumes(
     assert gang[1 - victim].finish(timeout=FAIL_WITHIN_S) != 0
     gang[victim].finish()
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
-    # When the agent starts attempt 2 of the whole gang from the latest checkpoint
+    # When the agent starts attempt 2 of the whole gang from the latest checkpoint (its members
+    # without torchrun: the ranks, world and shards are the same, and each torchrun costs seconds)
     resumed = checkpoint_step(tmp_path / JOB)
-    assert saved <= resumed <= max(logged_steps(gang[0])) < STEPS
-    again = start_gang(tmp_path, members, attempt=2)
+    assert saved <= resumed <= max(logged_steps(gang[0].output)) < STEPS
+    again = start_gang(tmp_path, members, attempt=2, plain=True)
     finish_ok(again)
     # Then every rank resumed from that checkpoint, no step up to it ran again, and the model is the
     # uninterrupted run's, bit for bit (same world size, same shards, same reduction order)
     for member in again:
         assert f"rank {member.node} resumed from step {resumed} (attempt 2)" in member.output
-    assert logged_steps(again[0]) == list(range(resumed + 1, STEPS + 1))
+    assert logged_steps(again[0].output) == list(range(resumed + 1, STEPS + 1))
     assert digest(again[0]) == digest(straight[0][0])
 
 
@@ -281,14 +282,15 @@ def test_sigterm_to_one_member_stops_the_gang_at_one_checkpoint(
         assert "stopping on SIGTERM after checkpoint (exit 143)" in member.output, member.output
     # torchrun reports a worker's 143 as its own exit 1 (ChildFailedError, or the signal on node 1)
     assert codes == [1, 1]
-    last = logged_steps(gang[0])[-1]
+    last = logged_steps(gang[0].output)[-1]
     assert 20 < last < STEPS
     assert checkpoints.read_marker(tmp_path / JOB) == checkpoints.Marker(f"step-{last:010d}.ckpt", 1)
 
 
 def test_a_stale_gang_stops_at_its_next_checkpoint(tmp_path: Path, members: list[Member]) -> None:
-    # Given attempt 1 of a gang still running after checkpoint 10 when the agent starts attempt 2
-    gang = start_gang(tmp_path, members, "--sleep", "0.02")
+    # Given attempt 1 of a gang (members without torchrun) still running after checkpoint 10 when
+    # the agent starts attempt 2
+    gang = start_gang(tmp_path, members, "--sleep", "0.02", plain=True)
     gang[0].wait_for(r'fleet-progress \{"step": 10\b')
     checkpoints.prepare(tmp_path, JOB, 2, None, None)
     # Then at its next checkpoint rank 0 refuses to write, every rank raises StaleAttempt (none waits
@@ -298,4 +300,4 @@ def test_a_stale_gang_stops_at_its_next_checkpoint(tmp_path: Path, members: list
         assert "StaleAttempt: attempt 1 is stale: attempt 2 of this job has started" in member.output
     marker = checkpoints.read_marker(tmp_path / JOB)
     assert marker is not None and marker.attempt == 1
-    assert max(logged_steps(gang[0])) == checkpoint_step(tmp_path / JOB) + EVERY
+    assert max(logged_steps(gang[0].output)) == checkpoint_step(tmp_path / JOB) + EVERY
