@@ -127,11 +127,12 @@ class FleetProcs:
         self.wait_nodes(client, 1)
 
     def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.01
         while time.monotonic() < deadline:
             if sum(n.alive for n in client.nodes()) >= count:
                 return
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.1)
         raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
 
     def kill_node(self, node: str) -> None:
