@@ -48,13 +48,14 @@ class FleetProcs:
 
     def __init__(self, redis_url: str, root: Path, runtime: str, api: ApiEnv | None = None) -> None:
         self.redis_url, self.root, self.runtime, self.api = redis_url, root, runtime, api
+        self.checkpoints = root / "checkpoints"
         self.cgroup_parent = f"fleet-test/{hashlib.sha256(str(root).encode()).hexdigest()[:16]}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nodes: set[str] = set()
         self.env = dict(os.environ)
         self.env.update(
             FLEET_REDIS_URL=redis_url,
-            FLEET_CHECKPOINT_ROOT=str(root / "checkpoints"),
+            FLEET_CHECKPOINT_ROOT=str(self.checkpoints),
             FLEET_DEFAULT_IMAGE=TEST_IMAGE,
             FLEET_RETRY_BACKOFF_S="0.5",
             FLEET_CONTROLLER__SCHEDULE_INTERVAL_S="0.5",
@@ -86,6 +87,12 @@ class FleetProcs:
             # the tenants' unprivileged uids cannot exec it, so a benchmark run from there runs its
             # jobs as root (the tests refuse such a checkout instead: tests/conftest.py)
             self.env.update(FLEET_AGENT__JOB_USER="0:0", FLEET_AGENT__ALLOW_ROOT_JOBS="true")
+
+    def share_checkpoints(self, root: Path) -> None:
+        """Keep the jobs' checkpoints and outputs in ``root`` (one an API already reads), not in the
+        fleet's own directory: for services started after this."""
+        self.checkpoints = root
+        self.env["FLEET_CHECKPOINT_ROOT"] = str(root)
 
     def settings(self) -> Settings:
         return load_settings(redis_url=self.redis_url)

@@ -349,25 +349,43 @@ def docker_procs(redis_url: str, docker_runtime: None, tmp_path: Path, api: Api)
     yield from _fleet(redis_url, "docker", tmp_path, api)
 
 
-@pytest.fixture(scope="session")
-def api_server(redis_server: str) -> Iterator[str]:
-    """One ``fleet api`` for the session, on its Redis: stateless, so a flush between tests is
-    all a test needs (and a token made after it: ``api``)."""
+def serve_api(redis_url: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``fleet api`` on ``redis_url`` (``env``: settings of its own), and its URL once it listens."""
     port = free_port()
-    env = {**os.environ, "FLEET_REDIS_URL": redis_server, **OPERATOR_ALLOWS}
+    env = {**os.environ, "FLEET_REDIS_URL": redis_url, **OPERATOR_ALLOWS, **env}
     argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return proc, f"http://127.0.0.1:{port}"
         except OSError:
             assert proc.poll() is None, f"fleet api exited with code {proc.returncode}"
             assert time.monotonic() < deadline, "fleet api did not listen within 30s"
             time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def api_server(redis_server: str) -> Iterator[str]:
+    """One ``fleet api`` for the session, on its Redis: stateless, so a flush between tests is
+    all a test needs (and a token made after it: ``api``)."""
+    proc, url = serve_api(redis_server)
     yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def storage_api(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """An API for a module whose fleets keep their checkpoints in one place
+    (``FleetProcs.share_checkpoints``), and that place: the API that serves a job's kept outputs
+    or a call's result reads the fleet's checkpoint storage, and one started per test costs a
+    second of CPU. Over the session's Redis, as ``api_server``."""
+    root = tmp_path_factory.mktemp("storage")
+    root.chmod(0o755)  # the jobs, as their tenants' users, write their checkpoints under it
+    proc, url = serve_api(redis_server, FLEET_CHECKPOINT_ROOT=str(root))
+    yield url, root
     proc.terminate()
     proc.wait(timeout=10)
 

@@ -112,12 +112,14 @@ def calc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType
 
 
 @pytest.fixture
-def ready(procs: FleetProcs, api: Api) -> Client:
-    """A fleet of one node, and a client of an API of its own (it reads the fleet's checkpoint
-    storage, where a call's outcome is kept with the job's outputs)."""
+def ready(procs: FleetProcs, api: Api, storage_api: tuple[str, Path]) -> Client:
+    """A fleet of one node, and a client of the API that reads its checkpoint storage (a call's
+    outcome is kept there with the job's outputs), shared by the module's fleets."""
+    url, storage = storage_api
+    procs.share_checkpoints(storage)
     procs.controller()
     procs.agent("t-fn", gpus=2)
-    client = Client(start_api(procs, "api-functions"), api.token)
+    client = Client(url, api.token)
     api.clients.append(client)
     procs.wait_nodes(client, 1)
     return client

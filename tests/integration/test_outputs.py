@@ -39,21 +39,32 @@ def runtime() -> str:
 
 
 @pytest.fixture
-def fleet_cli(procs: FleetProcs, client: Client, api: Api) -> Run:
-    """A fleet with one node and an API of its own, which sees the fleet's checkpoint_root."""
-    return _fleet_cli(procs, client, api, "t-outputs")
+def fleet_cli(procs: FleetProcs, client: Client, api: Api, storage_api: tuple[str, Path]) -> Run:
+    """A fleet with one node and an API that sees its checkpoint_root (the module's fleets share it)."""
+    return _fleet_cli(procs, client, api, "t-outputs", storage=storage_api)
 
 
 @pytest.fixture
-def docker_cli(docker_procs: FleetProcs, client: Client, api: Api) -> Run:
+def docker_cli(docker_procs: FleetProcs, client: Client, api: Api, storage_api: tuple[str, Path]) -> Run:
     """The same on the Docker runtime (a node name of its own: the daemon is shared)."""
-    return _fleet_cli(docker_procs, client, api, "t-outputs-docker")
+    return _fleet_cli(docker_procs, client, api, "t-outputs-docker", storage=storage_api)
 
 
-def _fleet_cli(procs: FleetProcs, client: Client, api: Api, node: str, **agent_env: str) -> Run:
+def _fleet_cli(
+    procs: FleetProcs,
+    client: Client,
+    api: Api,
+    node: str,
+    storage: tuple[str, Path] | None = None,
+    **agent_env: str,
+) -> Run:
+    """The fleet's ``fleet`` command, through an API that reads its checkpoint storage: the
+    module's (``storage``), or one of the fleet's own."""
+    if storage:
+        procs.share_checkpoints(storage[1])
     procs.controller()
     procs.agent(node, gpus=1, **agent_env)
-    url = start_api(procs, "api-outputs")
+    url = storage[0] if storage else start_api(procs, "api-outputs")
     procs.wait_nodes(client, 1)
 
     def run(
