@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fleet.agent.cgroups import detect
 from fleet.agent.supervision import stop_supervisor
@@ -35,6 +36,9 @@ TEST_IMAGE = "localhost/fleet/busybox:latest"
 LASTING_LEASE = {"FLEET_AGENT__NODE_LEASE_TTL_S": "10"}
 #: coverage is measured in the services this harness starts (``make coverage``)
 MEASURED = bool(os.environ.get("COVERAGE_PROCESS_CONFIG") or os.environ.get("COVERAGE_PROCESS_START"))
+
+
+T = TypeVar("T")
 
 
 class ApiEnv(Protocol):
@@ -134,13 +138,10 @@ class FleetProcs:
         self.wait_nodes(client, 1)
 
     def wait_nodes(self, client: Client, count: int, timeout: float = 20) -> None:
-        deadline, pause = time.monotonic() + timeout, 0.01
-        while time.monotonic() < deadline:
-            if sum(n.alive for n in client.nodes()) >= count:
-                return
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.1)
-        raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}")
+        try:
+            until(lambda: sum(n.alive for n in client.nodes()) >= count, f"{count} nodes up", timeout)
+        except AssertionError:
+            raise AssertionError(f"{count} nodes did not come up:\n{self.logs()}") from None
 
     def kill_node(self, node: str) -> None:
         """A machine losing power: the agent, its supervisor and every job process, SIGKILLed at once."""
@@ -174,6 +175,18 @@ class FleetProcs:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
         remove_cgroups(self.cgroup_parent)
+
+
+def until(check: Callable[[], T | None], why: str = "condition", timeout: float = 30) -> T:
+    """What ``check()`` returns once it is truthy; fail after ``timeout`` seconds naming ``why``.
+    Asked 10 ms after the first try, then half as late again each time, at most every 0.1 s: a
+    quick condition is seen at once, and a long wait does not keep the fleet's API busy answering."""
+    deadline, pause = time.monotonic() + timeout, 0.01
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{why} not met within {timeout}s"
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+    return found
 
 
 def remove_cgroups(parent: str) -> None:

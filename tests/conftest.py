@@ -11,7 +11,6 @@ import gc
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from fleet.keys import Keys
 from fleet.models import Role
 from fleet.ops.local import free_port
 from fleet.state.tokens import TokenStore
+from tests.support import listening
 
 IN_CI = os.environ.get("CI") == "true"
 _FAILED = pytest.StashKey[bool]()
@@ -355,15 +355,7 @@ def serve_api(redis_url: str, **env: str) -> tuple[subprocess.Popen[bytes], str]
     env = {**os.environ, "FLEET_REDIS_URL": redis_url, **OPERATOR_ALLOWS, **env}
     argv = [sys.executable, "-m", "fleet", "api", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            assert proc.poll() is None, f"fleet api exited with code {proc.returncode}"
-            assert time.monotonic() < deadline, "fleet api did not listen within 30s"
-            time.sleep(0.05)
+    return proc, listening(proc, port, "fleet api")
 
 
 @pytest.fixture(scope="session")

@@ -7,34 +7,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.procs import FleetProcs
+from bench.procs import FleetProcs, until
 from fleet.models import JobSpec
 from fleet.ops.local import free_port
-
-T = TypeVar("T")
 
 
 def sh(name: str, script: str, **fields: object) -> JobSpec:
     """A job of ``sh -c script`` that makes one attempt (a failure ends it), with ``fields``."""
     return JobSpec.parse({"name": name, "command": ["sh", "-c", script], "max_attempts": 1, **fields})
-
-
-def until(check: Callable[[], T | None], why: str = "condition", timeout: float = 30) -> T:
-    """What ``check()`` returns once it is truthy; fail after ``timeout`` seconds naming ``why``.
-    Asked 10 ms after the first try, then half as late again each time, at most every 0.1 s: a
-    quick condition is seen at once, and a long wait does not keep the fleet's API busy answering."""
-    deadline, pause = time.monotonic() + timeout, 0.01
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"{why} not met within {timeout}s"
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.1)
-    return found
 
 
 def wait_for(
@@ -58,13 +44,23 @@ def start_api(procs: FleetProcs, name: str, **popen: Any) -> str:
     with open(procs.root / f"{name}.log", "ab") as log:
         proc = subprocess.Popen(argv, env=procs.env, stdout=log, stderr=subprocess.STDOUT, **popen)
     procs.procs[name] = proc
-    deadline = time.monotonic() + 30
+    try:
+        return listening(proc, port, "fleet api")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{procs.logs()}") from None
+
+
+def listening(proc: subprocess.Popen[Any], port: int, what: str, timeout: float = 30) -> str:
+    """The URL of ``proc``'s server on ``port`` once it accepts connections; fail naming ``what``
+    if it exits first or does not listen within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return f"http://127.0.0.1:{port}"
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, procs.logs()
+            assert proc.poll() is None, f"{what} exited with code {proc.returncode}"
+            assert time.monotonic() < deadline, f"{what} did not listen within {timeout}s"
             time.sleep(0.05)
 
 
