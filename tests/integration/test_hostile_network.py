@@ -231,11 +231,16 @@ def test_two_tenants_jobs_cannot_reach_each_other(
     server.cancel()
 
 
-#: a member of a 2-node job: rank 0 greets at MASTER_ADDR:MASTER_PORT, rank 1 tries until it is
-#: greeted; then each probes what it is given
+#: a member of a 2-node job: rank 0 greets at MASTER_ADDR:MASTER_PORT until rank 1 thanks it (a
+#: connection that took the greeting unread, or came from elsewhere, does not end its wait), rank 1
+#: tries for two minutes (its node may start it long before rank 0's starts rank 0); then each
+#: probes what it is given
 MEMBER = PROBE + (
-    'if [ "$FLEET_NODE_RANK" = 0 ]; then echo "hello from rank 0" | nc -l -p "$MASTER_PORT"; else '
-    'for i in $(seq 100); do got=$(nc -w 3 "$MASTER_ADDR" "$MASTER_PORT" </dev/null 2>/dev/null); '
+    'if [ "$FLEET_NODE_RANK" = 0 ]; then for i in $(seq 240); do '
+    'said=$(echo "hello from rank 0" | nc -l -p "$MASTER_PORT") || echo "rank 0 could not listen"; '
+    '[ "$said" = thanks ] && break; sleep 0.5; done; else '
+    "end=$(($(date +%s) + 120)); while [ $(date +%s) -lt $end ]; do "
+    'got=$(echo thanks | nc -w 3 "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null); '
     '[ -n "$got" ] && break; sleep 0.2; done; echo "rank 0 said: $got"; fi; probe "$@"'
 )
 
