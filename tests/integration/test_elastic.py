@@ -92,6 +92,7 @@ def running_at(job: JobHandle, gpus: int, attempt: int | None = None) -> bool:
     return bool(logged) and logged[-1][2] == gpus and "fleet-progress" in logs  # it has checkpointed
 
 
+@pytest.mark.timeout(300)  # its own waits allow this long on a slow machine, the suite's 120 s guard not
 def test_the_controller_resizes_a_training_job_1_2_4_2_as_the_fleet_changes(
     procs: FleetProcs, client: Client, api: Api, tmp_path: Path
 ) -> None:
@@ -213,6 +214,7 @@ def test_a_user_resizes_their_elastic_job_by_hand_within_its_range(
     ]
 
 
+@pytest.mark.timeout(300)  # its own waits allow this long on a slow machine, the suite's 120 s guard not
 def test_an_elastic_job_larger_than_a_node_runs_as_a_gang_and_is_resized_whole(
     procs: FleetProcs, client: Client, tmp_path: Path
 ) -> None:

@@ -23,6 +23,9 @@ TICKER = (
     'for i in $(seq 120); do cut -d" " -f1 /proc/uptime >> "$FLEET_CHECKPOINT_DIR/ticks-$FLEET_ATTEMPT"; '
     "sleep 0.05; done"
 )
+#: the same, but the first attempt ticks for minutes: it is still running when its agent dies however
+#: slowly the machine starts a second node (else it may end on its own, and there is nothing to fence)
+FIRST_TICKS_LONG = TICKER.replace("$(seq 120)", '$(seq $([ "$FLEET_ATTEMPT" = 1 ] && echo 6000 || echo 120))')
 
 
 def ticks(ckpt: Path, attempt: int) -> list[float]:
@@ -37,7 +40,7 @@ def test_a_killed_agent_never_leaves_its_attempt_running_past_the_lease(
 ) -> None:
     # Given a job running on t-a, and a second node t-b
     procs.one_node(client, "t-a", gpus=1)
-    job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", TICKER]))
+    job = client.submit(JobSpec(name="tick", gpus=1, command=["sh", "-c", FIRST_TICKS_LONG]))
     ckpt = procs.root / "checkpoints" / job.id
     wait_for(lambda: len(ticks(ckpt, 1)) > 5, 30, "attempt 1 ticking")
     procs.agent("t-b", gpus=1)

@@ -68,6 +68,7 @@ def assert_trains_what_one_process_trains(checkpoint_dir: Path, one_process: tup
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-5, msg=name)
 
 
+@pytest.mark.timeout(300)  # its own waits allow this long on a slow machine, the suite's 120 s guard not
 def test_a_two_node_ddp_job_trains_what_one_process_trains(
     procs: FleetProcs, client: Client, one_process: tuple[str, Path]
 ) -> None:
@@ -84,6 +85,7 @@ def test_a_two_node_ddp_job_trains_what_one_process_trains(
     assert_trains_what_one_process_trains(procs.root / "checkpoints" / job.id, one_process)
 
 
+@pytest.mark.timeout(300)  # its own waits allow this long on a slow machine, the suite's 120 s guard not
 def test_killing_a_members_node_resumes_the_gang_from_its_checkpoint_without_repeating_a_step(
     procs: FleetProcs, client: Client, one_process: tuple[str, Path]
 ) -> None:
