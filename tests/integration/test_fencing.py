@@ -19,13 +19,20 @@ from fleet import Client, JobSpec, JobState
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
-TICKER = (
-    'for i in $(seq 120); do cut -d" " -f1 /proc/uptime >> "$FLEET_CHECKPOINT_DIR/ticks-$FLEET_ATTEMPT"; '
-    "sleep 0.05; done"
-)
+
+
+def ticker(count: str) -> str:
+    """A job that writes the host's uptime into its checkpoint directory ``count`` times, 50 ms apart."""
+    return (
+        f"for i in $(seq {count}); do "
+        'cut -d" " -f1 /proc/uptime >> "$FLEET_CHECKPOINT_DIR/ticks-$FLEET_ATTEMPT"; sleep 0.05; done'
+    )
+
+
+TICKER = ticker("120")
 #: the same, but the first attempt ticks for minutes: it is still running when its agent dies however
 #: slowly the machine starts a second node (else it may end on its own, and there is nothing to fence)
-FIRST_TICKS_LONG = TICKER.replace("$(seq 120)", '$(seq $([ "$FLEET_ATTEMPT" = 1 ] && echo 6000 || echo 120))')
+FIRST_TICKS_LONG = ticker('$([ "$FLEET_ATTEMPT" = 1 ] && echo 6000 || echo 120)')
 
 
 def ticks(ckpt: Path, attempt: int) -> list[float]:
