@@ -121,7 +121,9 @@ def test_node_death_moves_the_job_to_another_node_without_spending_retries(
 
 def test_an_agent_restart_reattaches_without_requeue(procs: FleetProcs, client: Client) -> None:
     procs.one_node(client, "t-a", gpus=1, **LASTING_LEASE)
-    job = client.submit(train("--sleep", "0.05", script=STEPS))
+    # 200 ms a step: the 100 steps left outlast a restarted agent's start on a slow, busy machine (at 50 ms,
+    # the job could end before the new agent was up, and there was nothing to reattach)
+    job = client.submit(train("--sleep", "0.2", script=STEPS))
     wait_for(lambda: max(progress(client, job.id, 1), default=0) >= 20, what="20 steps")
     # When the agent alone is SIGKILLed (its jobs keep running) and restarted within the lease TTL
     procs.procs["t-a"].send_signal(signal.SIGKILL)
