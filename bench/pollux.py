@@ -47,7 +47,7 @@ from fleet.models import Job as StoredJob
 from fleet.models import JobSpec, JobState, Range
 from fleet.scheduler.capacity import even_split
 from fleet.scheduler.profiles import Profile, named_profile
-from fleet.scheduler.resizing import Elastic, decide, smaller_sizes
+from fleet.scheduler.resizing import Elastic, decide, smaller_growth, smaller_sizes
 from fleet.state.profiles import learned
 
 SIM = Path(__file__).parent / "pollux_sim"
@@ -310,7 +310,14 @@ class FleetPolicy:
         free = collections.Counter({i: int(n.resources["nvidia.com/gpu"]) for i, n in nodes.items()})
         free.subtract(collections.Counter(i for alloc in kept.values() for i in alloc))
         out = dict(kept)
-        for step in steps:
+
+        def grows(step: Elastic) -> bool:
+            return step.running and step.id in changes and changes[step.id].gpus > step.size.gpus
+
+        # as the controller's pass: those that shrink, start or keep their GPU count placed first,
+        # then the growing ones, each as large as fits above the size it runs at, else left where it
+        # is (passes._fit_growth) if nothing placed before took its GPUs
+        for step in [s for s in steps if not grows(s)] + [s for s in steps if grows(s)]:
             size = changes.get(step.id)
             if step.id in same and size is not None:
                 self.on_batch(step.id, size.batch, True)
@@ -319,7 +326,18 @@ class FleetPolicy:
                 continue
             # what the controller's pass does with a size that does not fit now: a smaller one that
             # does (passes._fit_misfits), else the job waits
-            for choice in [size, *smaller_sizes(step, size.gpus, PER_NODE)]:
+            tried = [size, *smaller_sizes(step, size.gpus, PER_NODE)]
+            mine = collections.Counter(prev.get(step.id, []))
+            if grows(step) and all(free[n] >= k for n, k in mine.items()):
+                tried = [
+                    size,
+                    *smaller_growth(step, size.gpus, now, resize_cost_s=RESTART_S, gpus_per_node=PER_NODE),
+                ]
+                if all(place(s.gpus, collections.Counter(free)) is None for s in tried):
+                    free.subtract(mine)
+                    out[step.id] = list(prev[step.id])
+                    continue
+            for choice in tried:
                 alloc = place(choice.gpus, free)
                 if alloc is not None:
                     out[step.id] = alloc

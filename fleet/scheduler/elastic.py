@@ -187,19 +187,27 @@ def options(
     keep = (job.gpus, job.batch, current / ref)
     if _locked(job, now, min_interval_s) and job.gpus <= most:
         return [keep]
-    # how long a new size will last: as long as the job has been in the fleet (job lengths are
-    # heavy-tailed: one that ran long will run long again), unless told
-    horizon = horizon_s if horizon_s is not None else max(now - job.arrived_at, 0.0)
     # a size no faster than a smaller one (learned since it started there) holds GPUs for nothing
     worth = any(g == job.gpus for g, _, _ in curve)
     out = [keep] if job.gpus <= most and worth else []
     for g, b, t in curve:
         if g > most or (g, b) == (job.gpus, job.batch):
             continue
-        span = min(horizon, job.remaining / t)  # or what is left of the job, if shorter
-        share = restart_penalty(span, job.restarts, resize_cost_s)
-        out.append((g, b, t * share * (1 - MIN_GAIN) / ref))
+        out.append((g, b, resized_rate(job, t, now, resize_cost_s, horizon_s) / ref))
     return out
+
+
+def resized_rate(
+    job: ElasticJob, rate: float, now: float, resize_cost_s: float, horizon_s: float | None
+) -> float:
+    """What running ``job`` restarted at a size of ``rate`` (:func:`rate`'s units) is worth against
+    what it makes now: ``rate`` times the share of the span ahead it would make progress
+    (:func:`restart_penalty`) and ``1 - MIN_GAIN``. The span is ``horizon_s``, else as long as the
+    job has been in the fleet (job lengths are heavy-tailed: one that ran long will run long again),
+    or what is left of it if shorter."""
+    horizon = horizon_s if horizon_s is not None else max(now - job.arrived_at, 0.0)
+    span = min(horizon, job.remaining / rate)
+    return rate * restart_penalty(span, job.restarts, resize_cost_s) * (1 - MIN_GAIN)
 
 
 def restart_penalty(span: float, restarts: int, resize_cost_s: float) -> float:

@@ -17,7 +17,9 @@ take no part: not sized, not placed, not preempted for.
    they are held for. The step sizes by GPU count, not by the shape the free GPUs are in: a queued
    elastic job that found no room at its size takes the largest of its smaller sizes that places
    now (a gang of whole nodes while the running jobs are spread over them would otherwise wait,
-   and reserve the nodes, until they end; the next step may grow it again).
+   and reserve the nodes, until they end; the next step may grow it again). A running job the
+   step grows is checked the same way before it is stopped: it grows as far as the nodes will
+   hold once every resized job has left its GPUs, or keeps running where it is.
 4. Preemption (``preempt.preemptions``) for the first ``MAX_BLOCKED`` jobs placement could not place
    (none that already has a hold, nor one that fits once this pass's running resizes gave their
    GPUs back), against what runs plus what this pass placed.
@@ -45,9 +47,11 @@ from fleet.scheduler.resizing import (
     decide,
     elastic_gpus,
     largest_node,
+    smaller_growth,
     smaller_sizes,
     starting_sizes,
 )
+from fleet.scheduler.sizing import Size
 from fleet.scheduler.snapshot import UNSIZED, NodeView, PendingJob, Placement, Plan, taken
 
 #: how long past its victims' grace a hold lasts (their agents report the exit, GPUs are released)
@@ -157,9 +161,7 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
             views = _taken(views, fitted.placements)
     else:
         plan.blocked = list(inp.blocked)
-    for job_id in _unplaceable_growth(inp, plan, views):  # it keeps running at its size: no restart
-        plan.resizes = [r for r in plan.resizes if r.job_id != job_id]
-        running[job_id] = inp.running[job_id]
+    _fit_growth(inp, plan, running, views, now)
     if settings.preemption and plan.blocked:
         plan.preemptions = _preemptions(inp, plan, running, views, now)
     return plan
@@ -195,24 +197,56 @@ def _fit_misfits(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> Plan:
     return fitted
 
 
-def _unplaceable_growth(inp: PassInput, plan: PassPlan, views: list[NodeView]) -> list[str]:
+def _fit_growth(
+    inp: PassInput, plan: PassPlan, running: dict[str, RunningJob], views: Sequence[NodeView], now: float
+) -> None:
     """Running elastic jobs the step grows that the nodes could not hold at their new size once every
     job it resizes has left its GPUs (those that shrink or keep their GPU count placed first, then
-    the growing ones in the step's order), after this pass's placements: a restart that would find
-    no room (its GPUs spread over nodes a whole-node gang cannot use) is not made."""
+    the growing ones in the step's order), after this pass's placements: each grows to the largest
+    of its sizes above the one it runs at that they could hold and that still pays for the restart
+    (``resizing.smaller_growth``), else keeps running at its size and
+    on its GPUs (back in ``running``, its resize out of ``plan``). A restart that would find no room
+    (its GPUs spread over nodes a whole-node gang cannot use) is not made, nor one that lands it on
+    other GPUs at the size it had."""
     moving = [r for r in plan.resizes if r.running and r.new.gpus and r.job_id in inp.running]
     if not any(r.new.gpus > r.old.gpus for r in moving):
-        return []
+        return
     capacity = Capacity(without(views, [inp.running[r.job_id] for r in moving]))
-    out = []
+    steps, per_node = {e.id: e for e in inp.elastic}, largest_node(views)
+    out: dict[str, Size | None] = {}
     for r in sorted(moving, key=lambda r: r.new.gpus > r.old.gpus):
-        job = inp.running[r.job_id]
-        again = PendingJob(
-            r.job_id, job.priority, 0, r.new.gpus, cpus=job.cpus, memory=job.memory, tenant=job.tenant
-        )
-        if capacity.place(again) is None and r.new.gpus > r.old.gpus:
-            out.append(r.job_id)
-    return out
+        job, growing = inp.running[r.job_id], r.new.gpus > r.old.gpus
+        step = steps.get(r.job_id)
+        tried = [r.new]
+        if growing and step is not None:
+            tried += smaller_growth(
+                step,
+                r.new.gpus,
+                now,
+                resize_cost_s=inp.settings.resize_cost_s,
+                gpus_per_node=per_node,
+                horizon_s=inp.settings.horizon_s,
+            )
+        for size in tried:
+            again = PendingJob(
+                r.job_id, job.priority, 0, size.gpus, cpus=job.cpus, memory=job.memory, tenant=job.tenant
+            )
+            if capacity.place(again) is not None:
+                if size != r.new:
+                    out[r.job_id] = size
+                break
+        else:
+            if growing:
+                out[r.job_id] = None
+                capacity.withhold(set(job.uuids))  # it stays where it is
+    resizes = []
+    for r in plan.resizes:
+        fitted = out.get(r.job_id, r.new)
+        if fitted is None:  # it keeps running at its size: no restart
+            running[r.job_id] = inp.running[r.job_id]
+        else:
+            resizes.append(r if fitted == r.new else dataclasses.replace(r, new=fitted))
+    plan.resizes = resizes
 
 
 def _resizes(inp: PassInput, now: float) -> list[Resize]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from fleet.models import Job, Range
 from fleet.scheduler.capacity import Capacity
-from fleet.scheduler.elastic import SPEEDUP, ElasticJob, allocate, sizes
+from fleet.scheduler.elastic import SPEEDUP, ElasticJob, allocate, rate, resized_rate, sizes
 from fleet.scheduler.learned import LearnedProfile
 from fleet.scheduler.profiles import MEASURED_GPUS_PER_NODE, Profile
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
@@ -180,6 +180,27 @@ def decide(
 def smaller_sizes(job: Elastic, below: int, gpus_per_node: int) -> list[Size]:
     """``job``'s sizes worth running at on fewer than ``below`` GPUs, the largest first."""
     return [Size(g, _batch(job, g, b)) for g, b, _ in reversed(sizes(_job(job), gpus_per_node)) if g < below]
+
+
+def smaller_growth(
+    job: Elastic,
+    below: int,
+    now: float,
+    *,
+    resize_cost_s: float,
+    gpus_per_node: int,
+    horizon_s: float | None = None,
+) -> list[Size]:
+    """For running ``job`` the step grows to ``below`` GPUs: its sizes between that and the one it
+    runs at that would pay for their restart by the step's own rule (``elastic.resized_rate``), the
+    largest first."""
+    j = _job(job)
+    now_rate = rate(j, j.gpus, j.batch, gpus_per_node)
+    return [
+        Size(g, _batch(job, g, b))
+        for g, b, t in reversed(sizes(j, gpus_per_node))
+        if j.gpus < g < below and resized_rate(j, t, now, resize_cost_s, horizon_s) > now_rate
+    ]
 
 
 def unrunnable(job: Elastic) -> str:

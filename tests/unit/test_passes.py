@@ -9,7 +9,7 @@ from fleet.models import Tenant
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue, RunningJob
 from fleet.scheduler import profiles as policy
 from fleet.scheduler.passes import MAX_BLOCKED, Hold, PassInput, PassSettings, run_pass
-from fleet.scheduler.resizing import Elastic
+from fleet.scheduler.resizing import Elastic, smaller_growth
 from fleet.scheduler.sizing import Size
 from fleet.scheduler.snapshot import UNSIZED, held_reason
 from fleet.sim import SimConfig, Simulation
@@ -178,6 +178,36 @@ def test_a_sized_elastic_job_the_free_gpus_cannot_hold_starts_smaller_instead_of
     assert [(r.job_id, r.old.gpus, r.new.gpus, r.running) for r in plan.resizes] == [("e", 4, 3, False)]
     assert [(p.job_id, len(p.gpus)) for p in plan.placements] == [("e", 3)]
     assert "e" not in queue and plan.blocked == [] and "e" not in plan.placed.waiting
+
+
+def grown(fixed: dict[str, str]) -> list[tuple[str, int, int]]:
+    """The resizes of a pass for ``e``, an elastic cifar10 job running long on 2 GPUs of n0 (the
+    step grows it to 4), with fixed jobs holding the GPUs ``fixed`` names (GPU -> job)."""
+    views = nodes(2, holders={"n0-g0": "e", "n0-g1": "e", **fixed})
+    held: dict[str, list[str]] = {"e": ["n0-g0", "n0-g1"]}
+    for gpu, job in fixed.items():
+        held.setdefault(job, []).append(gpu)
+    running = {job: on(job, "t", gpus) for job, gpus in held.items()}
+    e = replace(elastic("e", "t"), size=Size(2, 256), running=True, changed_at=0.0)
+    plan = run_pass(PassInput(PendingQueue([]), views, {}, running, {}, {}, elastic=[e], resize=True), NOW)
+    return [(r.job_id, r.old.gpus, r.new.gpus) for r in plan.resizes]
+
+
+def test_a_running_elastic_job_grows_as_far_as_the_nodes_hold_or_stays_where_it_is() -> None:
+    # 6 GPUs for elastic jobs, the step grows e to 4: no node has 4 once e leaves its 2, but n0 has 3
+    assert grown({}) == [("e", 2, 4)]
+    assert grown({"n0-g2": "f0", "n1-g0": "f1"}) == [("e", 2, 3)]
+    # nowhere more than 2: e keeps running where it is, not restarted at 2 elsewhere
+    assert grown({"n0-g2": "f0", "n0-g3": "f0", "n1-g0": "f1", "n1-g1": "f1"}) == []
+
+
+def test_a_smaller_growth_is_made_only_where_it_pays_for_its_restart() -> None:
+    e = replace(elastic("e", "t"), size=Size(2, 256), running=True, arrived_at=NOW - 3600.0)
+    assert [s.gpus for s in smaller_growth(e, 4, NOW, resize_cost_s=30.0, gpus_per_node=4)] == [3]
+    # resized so often already that 30 s more would not pay within the hour it is expected to run
+    worn = replace(e, restarts=120)
+    assert smaller_growth(worn, 4, NOW, resize_cost_s=30.0, gpus_per_node=4) == []
+    assert smaller_growth(e, 3, NOW, resize_cost_s=30.0, gpus_per_node=4) == []  # only above its size
 
 
 def test_a_job_the_elastic_step_makes_room_for_stops_nobody_else() -> None:
