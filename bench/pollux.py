@@ -326,24 +326,25 @@ class FleetPolicy:
                 continue
             # what the controller's pass does with a size that does not fit now: a smaller one that
             # does (passes._fit_misfits), else the job waits
-            tried = [size, *smaller_sizes(step, size.gpus, PER_NODE)]
             mine = collections.Counter(prev.get(step.id, []))
-            if grows(step) and all(free[n] >= k for n, k in mine.items()):
-                tried = [
-                    size,
-                    *smaller_growth(step, size.gpus, now, resize_cost_s=RESTART_S, gpus_per_node=PER_NODE),
-                ]
-                if all(place(s.gpus, collections.Counter(free)) is None for s in tried):
-                    free.subtract(mine)
-                    out[step.id] = list(prev[step.id])
-                    continue
-            for choice in tried:
+            stays = grows(step) and all(free[n] >= k for n, k in mine.items())
+            if stays:
+                smaller = smaller_growth(
+                    step, size.gpus, now, resize_cost_s=RESTART_S, gpus_per_node=PER_NODE
+                )
+            else:
+                smaller = smaller_sizes(step, size.gpus, PER_NODE)
+            for choice in [size, *smaller]:
                 alloc = place(choice.gpus, free)
                 if alloc is not None:
                     out[step.id] = alloc
                     # placed where it was: the simulator sees no change, but a new batch restarts it
                     self.on_batch(step.id, choice.batch, alloc == prev.get(step.id))
                     break
+            else:
+                if stays:  # no growth fits: it keeps its GPUs
+                    free.subtract(mine)
+                    out[step.id] = list(prev[step.id])
         return out, len(nodes)
 
 

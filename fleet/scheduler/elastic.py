@@ -198,16 +198,16 @@ def options(
 
 
 def resized_rate(
-    job: ElasticJob, rate: float, now: float, resize_cost_s: float, horizon_s: float | None
+    job: ElasticJob, new_rate: float, now: float, resize_cost_s: float, horizon_s: float | None
 ) -> float:
-    """What running ``job`` restarted at a size of ``rate`` (:func:`rate`'s units) is worth against
-    what it makes now: ``rate`` times the share of the span ahead it would make progress
-    (:func:`restart_penalty`) and ``1 - MIN_GAIN``. The span is ``horizon_s``, else as long as the
-    job has been in the fleet (job lengths are heavy-tailed: one that ran long will run long again),
-    or what is left of it if shorter."""
+    """What running ``job`` restarted at a size that makes ``new_rate`` (:func:`rate`'s units) is
+    worth against what it makes now: ``new_rate`` times the share of the span ahead it would make
+    progress (:func:`restart_penalty`) and ``1 - MIN_GAIN``. The span is ``horizon_s``, else as long
+    as the job has been in the fleet (job lengths are heavy-tailed: one that ran long will run long
+    again), or what is left of it if shorter."""
     horizon = horizon_s if horizon_s is not None else max(now - job.arrived_at, 0.0)
-    span = min(horizon, job.remaining / rate)
-    return rate * restart_penalty(span, job.restarts, resize_cost_s) * (1 - MIN_GAIN)
+    span = min(horizon, job.remaining / new_rate)
+    return new_rate * restart_penalty(span, job.restarts, resize_cost_s) * (1 - MIN_GAIN)
 
 
 def restart_penalty(span: float, restarts: int, resize_cost_s: float) -> float:

@@ -204,10 +204,10 @@ def _fit_growth(
     job it resizes has left its GPUs (those that shrink or keep their GPU count placed first, then
     the growing ones in the step's order), after this pass's placements: each grows to the largest
     of its sizes above the one it runs at that they could hold and that still pays for the restart
-    (``resizing.smaller_growth``), else keeps running at its size and
-    on its GPUs (back in ``running``, its resize out of ``plan``). A restart that would find no room
-    (its GPUs spread over nodes a whole-node gang cannot use) is not made, nor one that lands it on
-    other GPUs at the size it had."""
+    (``resizing.smaller_growth``), else keeps running at its size and on its GPUs (back in
+    ``running``, its resize out of ``plan``). A restart that would find no room (its GPUs spread
+    over nodes a whole-node gang cannot use) is not made, nor one that lands it on other GPUs at the
+    size it had."""
     moving = [r for r in plan.resizes if r.running and r.new.gpus and r.job_id in inp.running]
     if not any(r.new.gpus > r.old.gpus for r in moving):
         return
