@@ -10,6 +10,9 @@ import math
 from fleet.models import Progress
 
 PREFIX = "fleet-progress "
+#: the metric by which a report says its attempt follows a batch change while it runs (an elastic
+#: job's ``fleet_worker.batch_size(follow=True)``): fleet changes its batch alone without a restart
+FOLLOWS_BATCH = "follows_batch"
 #: metrics kept with a report: the first this many numeric ones, names this long at most
 METRICS_MAX, METRIC_NAME_MAX = 16, 64
 
@@ -46,6 +49,11 @@ def last_report(lines: list[str], now: float) -> Progress | None:
         if (found := parse_line(line, now)) is not None:
             return found
     return None
+
+
+def follows_batch(progress: Progress | None) -> bool:
+    """Whether the attempt that made this report follows a batch change while it runs."""
+    return bool(progress and progress.metrics.get(FOLLOWS_BATCH))
 
 
 def label(progress: Progress | None) -> str:

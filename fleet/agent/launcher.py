@@ -240,6 +240,7 @@ class Launcher:
             workdir=self._workdir(job),
             outputs=spec.outputs,
             batch_size=job.global_batch,
+            control=job.spec.elastic,
             stdin=spec.stdin and rank == 0,
             call=self._call(job),
             inputs=passed_results(job, self.p.jobs, settings.checkpoint_root),

@@ -25,6 +25,9 @@ class Buckets:
     stop: list[AttemptStatus] = field(default_factory=list)
     #: current running attempts nobody ships logs for (a restarted agent): follow them again
     reattach: list[AttemptStatus] = field(default_factory=list)
+    #: current running attempts of elastic jobs, with the batch their record says they run at (one
+    #: told another, a lost ``Rebatch``, is told again)
+    rebatch: list[tuple[AttemptStatus, int]] = field(default_factory=list)
     #: jobs placed here whose launch message may have been lost
     launch: list[Job] = field(default_factory=list)
     #: jobs Redis says run here, of which the runtime holds nothing
@@ -90,7 +93,10 @@ def _held(node: str, status: AttemptStatus, job: Job | None, shipping: bool, out
     elif status.running and job is not None:
         if job.cancel_requested or job.preempt:
             out.stop.append(status)
-        elif not shipping:
+            return
+        if not shipping:
             out.reattach.append(status)
+        if job.spec.elastic and job.state == JobState.RUNNING and job.batch_size:
+            out.rebatch.append((status, job.batch_size))
     elif status.exit is not None:
         out.finish.append(status)

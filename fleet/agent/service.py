@@ -32,12 +32,12 @@ from fleet.agent.launcher import Launcher
 from fleet.agent.logship import LogShipper
 from fleet.agent.parts import Parts
 from fleet.agent.runtime import Runtime
-from fleet.agent.runtime.base import status_of
+from fleet.agent.runtime.base import Batched, status_of
 from fleet.agent.shells import Shells
 from fleet.agent.stdin import StdinPumps
 from fleet.agent.supervision import SupervisorClient
 from fleet.agent.sweep import sweep
-from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, ShellOpen, Stop, node_queue
+from fleet.bus import CONTROLLER_QUEUE, Bus, Launch, NodeChanged, Rebatch, ShellOpen, Stop, node_queue
 from fleet.bus.hints import Hints
 from fleet.config import Settings
 from fleet.errors import FleetError, LaunchError
@@ -148,6 +148,7 @@ class Agent:
         queue = node_queue(self.node)
         self.bus.handle(queue, Launch, self.on_launch)
         self.bus.handle(queue, Stop, self.on_stop)
+        self.bus.handle(queue, Rebatch, self.on_rebatch)
         self.bus.handle(queue, ShellOpen, self.shells.open)
         worker = self.bus.worker(queue, self.cfg.worker_threads)
         self.logs.start()
@@ -272,6 +273,18 @@ class Agent:
         finally:
             self.inflight.stopping.discard(key)
 
+    def on_rebatch(self, msg: Rebatch) -> None:
+        """Tell the attempt its new batch (it follows such a change while it runs); a reconcile tells
+        it again from the job's record when this message is lost."""
+        self._tell_batch(msg.job_id, msg.attempt, msg.batch_size)
+
+    def _tell_batch(self, job_id: str, attempt: int, batch: int) -> None:
+        runtime = self.runtime
+        if not isinstance(runtime, Batched) or runtime.batch_of(job_id, attempt) in (None, batch):
+            return
+        if runtime.set_batch(job_id, attempt, batch):
+            event(log, "attempt_rebatched", job=job_id, attempt=attempt, batch=batch)
+
     def _end_loop(self) -> None:
         """Finish the attempts the runtime says ended, ``worker_threads`` at a time: one attempt's
         Redis round trips and last log lines do not hold up the next one's end (and its GPUs). One
@@ -324,6 +337,8 @@ class Agent:
             self.logs.follow(status.job_id, status.attempt, rank)
             if job is not None:
                 self.pumps.follow(job, status.attempt, rank)
+        for status, batch in todo.rebatch:
+            self._tell_batch(status.job_id, status.attempt, batch)
         for status in todo.finish:
             assert status.exit is not None
             self.exits.finish(status.job_id, status.attempt, status.exit)

@@ -16,6 +16,7 @@ from fleet.bus.messages import (
     Launch,
     NodeChanged,
     QueueLeft,
+    Rebatch,
     ShellOpen,
     Stop,
     node_queue,
@@ -32,9 +33,11 @@ __all__ = [
     "Launch",
     "NodeChanged",
     "QueueLeft",
+    "Rebatch",
     "ShellOpen",
     "Stop",
     "node_queue",
+    "rebatch_attempt",
     "stop_attempt",
 ]
 
@@ -47,6 +50,14 @@ def stop_attempt(
     stop = Stop(job_id=job_id, attempt=attempt, reason=reason, grace_s=grace_s)
     for node in nodes:
         bus.send(node_queue(node), stop)
+
+
+def rebatch_attempt(bus: Bus, job_id: str, attempt: int, nodes: Iterable[str], batch: int) -> None:
+    """Tell attempt ``attempt`` of ``job_id``, on every node it holds, its new global ``batch``: it
+    follows a batch change while it runs (the record, written first, says so too)."""
+    rebatch = Rebatch(job_id=job_id, attempt=attempt, batch_size=batch)
+    for node in nodes:
+        bus.send(node_queue(node), rebatch)
 
 
 def __getattr__(name: str) -> Any:

@@ -39,6 +39,16 @@ class Stop(Message):
     grace_s: float = Field(default=10.0, ge=0)
 
 
+class Rebatch(Message):
+    """controller -> agent: job J attempt A, which follows a batch change while it runs, now runs at
+    global batch B (its agents tell the attempt: ``fleet_worker.batch_size(follow=True)`` reads it)."""
+
+    actor: str = "rebatch"
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+
+
 class JobSubmitted(Message):
     """client -> controller: a job was queued; run a scheduling pass."""
 

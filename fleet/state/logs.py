@@ -8,6 +8,7 @@ from typing import Any
 
 from fleet.keys import Keys
 from fleet.models import LogLine, Progress
+from fleet.progress import FOLLOWS_BATCH
 from fleet.state.connection import translated
 
 
@@ -43,9 +44,12 @@ class JobLogs:
                 pipe.xadd(key, {"l": line, "c": cursor}, maxlen=cap, approximate=True)
         for (job_id, attempt), report in (progress or {}).items():
             stored = json.dumps({"attempt": attempt, **report.model_dump(mode="json")})
-            rate, gns = report.metrics.get("samples_per_s", ""), report.metrics.get("gns", "")
+            found = report.metrics
+            rate, gns = found.get("samples_per_s", ""), found.get("gns", "")
+            # one that follows a batch change in place may report the batch it had before the change
+            batch = found.get("batch_size", "") if found.get(FOLLOWS_BATCH) else ""
             self._scripts["progress"](
-                keys=[self.keys.job(job_id)], args=[attempt, stored, rate, gns], client=pipe
+                keys=[self.keys.job(job_id)], args=[attempt, stored, rate, gns, batch], client=pipe
             )
         pipe.execute()
 

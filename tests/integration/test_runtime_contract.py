@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.procs import TEST_IMAGE
-from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, Runtime
+from fleet.agent.runtime.base import AttemptStatus, Batched, LaunchSpec, Runtime
 from fleet.agent.runtime.fake import FakeRuntime
 from fleet.agent.supervision import SupervisorClient
 from tests.conftest import remove_containers
@@ -246,6 +246,34 @@ def test_what_an_attempt_leaves_in_its_outputs_is_on_the_host_until_it_is_remove
     # and once it is removed, nothing of it is left there
     runtime.remove(spec.job_id, 1)
     assert not work.exists() and runtime.work_dir(spec.job_id, 1) in (None, work)
+
+
+def test_an_elastic_attempt_is_told_a_new_batch_while_it_runs(runtime: Runtime) -> None:
+    assert isinstance(runtime, Batched)
+    # Given an elastic job's attempt at batch 64 that waits to be told batch 512, as it reads its batch
+    told = '"$FLEET_CONTROL_DIR/batch_size"'
+    waits = f"until grep -qx 512 {told}; do sleep 0.05; done; echo told $(cat {told})"
+    spec = LaunchSpec(
+        job_id=f"c{uuid.uuid4().hex[:8]}",
+        attempt=1,
+        image=TEST_IMAGE,
+        command=("sh", "-c", "sleep 30" if runtime.name == "fake" else waits),
+        env={},
+        batch_size=64,
+        control=True,
+    )
+    runtime.start(spec)
+    assert runtime.batch_of(spec.job_id, 1) == 64
+    # When it is told batch 512
+    assert runtime.set_batch(spec.job_id, 1, 512)
+    # Then it reads 512, where it runs (the fake runs no command: it only keeps what it was told)
+    assert runtime.batch_of(spec.job_id, 1) == 512
+    if runtime.name != "fake":
+        wait_for(lambda: ended(runtime, spec), timeout=30, what="the attempt to see its new batch")
+        assert lines(runtime, spec) == ["told 512"]
+    # And an attempt that is not elastic has nothing to be told
+    plain = launch(runtime, "sleep 30", attempt=2)
+    assert runtime.batch_of(plain.job_id, 2) is None and not runtime.set_batch(plain.job_id, 2, 512)
 
 
 @pytest.mark.parametrize("runtime", ["docker"], indirect=True)

@@ -106,3 +106,25 @@ def test_an_attempt_that_ended_after_the_reconcile_looked_is_not_lost() -> None:
     # nor once the attempt ended, or another began
     assert not still_lost(NODE, seen, seen.model_copy(update={"state": JobState.SUCCEEDED}))
     assert not still_lost(NODE, seen, seen.model_copy(update={"attempt": 2, "state": JobState.QUEUED}))
+
+
+def test_a_running_elastic_attempt_is_told_the_batch_its_record_says() -> None:
+    elastic = JobSpec.parse(
+        {
+            "name": "e",
+            "command": ["t"],
+            "gpus": {"min": 1, "max": 2},
+            "batch_size": {"min": 64, "max": 512},
+            "profile": "learn",
+        }
+    )
+    running = Job(id="e", spec=elastic, state=JobState.RUNNING, attempt=1, node=NODE, batch_size=256)
+    starting = running.model_copy(update={"id": "s", "state": JobState.STARTING})
+    plain = Job(id="p", spec=SPEC, state=JobState.RUNNING, attempt=1, node=NODE)
+    leaving = running.model_copy(update={"id": "l", "preempt": "resize"})
+    held = [AttemptStatus(j.id, 1, True) for j in (running, starting, plain, leaving)]
+    jobs = {j.id: j for j in (running, starting, plain, leaving)}
+    out = reconcile(NODE, held, jobs, list(jobs.values()), set(), set())
+    # only the running elastic attempt that stays: one leaving is stopped, not told
+    assert [(s.job_id, batch) for s, batch in out.rebatch] == [("e", 256)]
+    assert keys(out.stop) == [("l", 1)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleet.models import Progress
-from fleet.progress import bar, label, last_report, parse_line
+from fleet.progress import bar, follows_batch, label, last_report, parse_line
 from fleet_worker.signals import progress
 
 
@@ -56,3 +58,35 @@ def test_the_newest_readable_report_wins_and_odd_metrics_are_dropped() -> None:
     ]
     report = last_report(lines, now=0.0)
     assert report is not None and report.step == 2 and report.metrics == {"lr": 0.001}
+
+
+def test_a_job_that_follows_its_batch_reads_it_again_and_its_reports_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet_worker import env
+    from fleet_worker.signals import report
+
+    # Given an elastic attempt launched at batch 64, its control folder saying the same
+    (tmp_path / "batch_size").write_text("64\n")
+    monkeypatch.setenv("FLEET_BATCH_SIZE", "64")
+    monkeypatch.setenv("FLEET_CONTROL_DIR", str(tmp_path))
+    monkeypatch.setattr(env, "_followed", None)
+    # A job that only reads its batch at start reports no promise to follow
+    assert env.batch_size(32) == 64
+    report(samples=0)
+    assert not follows_batch(parse_line(capsys.readouterr().out.strip(), now=1.0))
+    # When it follows, and fleet changes its batch to 256 where it runs
+    assert env.batch_size(32, follow=True) == 64
+    (tmp_path / "batch_size").write_text("256\n")
+    # Then the next read gives 256, and its reports say it follows, at 256
+    assert env.batch_size(32, follow=True) == 256
+    report(samples=0)
+    found = parse_line(capsys.readouterr().out.strip(), now=1.0)
+    assert follows_batch(found) and found is not None and found.metrics["batch_size"] == 256
+    # And a file it cannot read (half a write is never seen: fleet replaces it) keeps the last one
+    (tmp_path / "batch_size").write_text("")
+    assert env.batch_size(32, follow=True) == 256
+    # Outside an elastic attempt of fleet's, no promise is reported: nothing could change it
+    monkeypatch.delenv("FLEET_CONTROL_DIR")
+    report(samples=0)
+    assert not follows_batch(parse_line(capsys.readouterr().out.strip(), now=1.0))

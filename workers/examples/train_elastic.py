@@ -6,7 +6,9 @@ fleet may restart an elastic job at another GPU count and global batch size (``g
 ``MASTER_ADDR``), ``FLEET_BATCH_SIZE`` samples per step over all of them. It resumes from the
 checkpoint at whatever size it now has: the step count, the model and the optimizer's state carry
 over; the learning rate is rescaled to the new batch (``fw.scale_lr``: the linear scaling rule, or
-``--lr-rule sqrt|adascale``).
+``--lr-rule sqrt|adascale``). A change of its batch alone it takes up where it runs, without a
+restart: at each checkpoint every worker reads the batch fleet wants now (``fw.dist.batch_agreed``)
+and switches to it at the same step (``--no-follow``: only at start, and fleet restarts it instead).
 
 An MLP learns a fixed random teacher; step ``i``'s global batch comes from a generator seeded with
 ``(seed, i)`` and is split over the workers as evenly as it goes, each worker's loss weighted by its
@@ -55,6 +57,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (to make runs last)")
     parser.add_argument(
         "--no-gns", action="store_true", help="report samples/s only: fleet sizes the job by throughput"
+    )
+    parser.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="read the batch at start only: fleet restarts the job to change it (else it follows in place)",
     )
     parser.add_argument("--done-file", type=Path, help="end (exit 0) at the next checkpoint once it exists")
     return parser.parse_args()
@@ -170,7 +177,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def train(args: argparse.Namespace) -> None:
-    world, batch = tdist.get_world_size(), fw.batch_size(args.batch) or args.batch
+    world, batch = tdist.get_world_size(), start_batch(args)
     cuda = tdist.get_backend() == "nccl"
     device = torch.device("cuda", fw.dist.local_rank()) if cuda else torch.device("cpu")
     teacher = torch.randn(16, 1, generator=torch.Generator().manual_seed(args.seed)) / 4
@@ -214,8 +221,8 @@ def train(args: argparse.Namespace) -> None:
                 noise = None if args.no_gns else gns
                 fw.report(samples=samples, step=done, gns=noise, batch_size=batch, loss=round(global_loss, 6))
             samples = 0
-            if args.lr_rule == "adascale":  # its gain follows the noise scale: every worker sets it
-                set_lr(optimizer, fw.scale_lr(args.lr, args.base_batch, batch, "adascale", gns))
+            if not (finished or stopping):
+                batch = follow(args, batch, done, optimizer, gns)
         if stopping:
             fw.exit_after_checkpoint()
         if finished:
@@ -223,6 +230,29 @@ def train(args: argparse.Namespace) -> None:
         time.sleep(args.sleep)
     if fw.dist.is_rank0():
         print(f"finished at step {done}", flush=True)
+
+
+def start_batch(args: argparse.Namespace) -> int:
+    """The batch it starts at: its launch's, or (following) fleet's now, which may have changed since."""
+    batch = fw.batch_size(args.batch) or args.batch
+    return batch if args.no_follow else fw.dist.batch_agreed(batch)
+
+
+def follow(
+    args: argparse.Namespace,
+    batch: int,
+    done: int,
+    optimizer: torch.optim.Optimizer,
+    gns: fw.GradientNoiseScale,
+) -> int:
+    """The batch to go on at (fleet's now, the same on every worker, unless ``--no-follow``), with
+    the learning rate set for it (AdaScale's each time: its gain follows the noise scale)."""
+    new = batch if args.no_follow else fw.dist.batch_agreed(batch)
+    if new != batch and fw.dist.is_rank0():
+        print(f"batch {batch} -> {new} in place at step {done}", flush=True)
+    if args.lr_rule == "adascale" or new != batch:
+        set_lr(optimizer, fw.scale_lr(args.lr, args.base_batch, new, args.lr_rule, gns))
+    return new
 
 
 def agreed(value: bool) -> bool:

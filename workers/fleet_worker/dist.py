@@ -143,6 +143,27 @@ def stop_agreed(stop: threading.Event) -> bool:
     return bool(flag.item())
 
 
+def batch_agreed(current: int) -> int:
+    """The global batch every rank runs at from now on: what fleet wants now, as rank 0 reads it
+    (``fw.batch_size(current, follow=True)``), the same on every rank (one one-element broadcast).
+
+    Call it every few steps (where the job reports, say); when it returns another batch than
+    ``current``, every rank switches at the same step: take its share (``fw.elastic.shard``) and
+    rescale the learning rate. Calling it tells fleet the job follows a batch change in place.
+    """
+    from fleet_worker.env import batch_size
+
+    if not _initialized():
+        return batch_size(current, follow=True) or current
+    import torch
+    import torch.distributed as tdist
+
+    found = (batch_size(current, follow=True) or current) if is_rank0() else current
+    value = torch.tensor([found], dtype=torch.int64, device=_device())
+    tdist.broadcast(value, src=0)
+    return int(value.item())
+
+
 def save(state: Any, step: int, keep: int = 2) -> Path:
     """Rank 0 saves ``state`` (see ``fleet_worker.save``); every rank returns once it is written.
 

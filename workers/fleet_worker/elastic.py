@@ -9,6 +9,18 @@ rescales its learning rate with the batch::
     batch = fw.batch_size(256)
     lr = fw.scale_lr(0.1, base_batch=256, batch=batch)      # linear scaling: 0.2 at batch 512
 
+When only its batch changes (it keeps its GPUs), fleet need not restart a job that takes the new
+batch up as it runs: one that reads ``fw.batch_size(follow=True)`` every few steps (in a distributed
+job, ``fw.dist.batch_agreed``, so that every rank switches at the same step) says so in its reports,
+and fleet then gives it the batch of most goodput at its GPUs as its noise scale changes, without a
+restart (``FLEET_CONTROL_DIR`` holds the batch now)::
+
+    if step % 20 == 0:
+        new = fw.dist.batch_agreed(batch)                   # the same on every rank
+        if new != batch:                                    # fleet changed it in place
+            batch, lr = new, fw.scale_lr(0.1, base_batch=256, batch=new)
+            set_lr(optimizer, lr)                           # and take this rank's new share
+
 Three rules (``rule=``), for a rate ``base_lr`` tuned at ``base_batch``:
 
 - ``"linear"`` (the default; Goyal et al., "Accurate, Large Minibatch SGD", 2017): multiply the rate

@@ -63,21 +63,27 @@ def report(
     many the job processed since then (all its GPUs together). ``step`` defaults to the count of
     reports so far. Returns the samples/s; the first report of a process has none (0.0: what came
     before it was start-up, not training). Elastic jobs report what they run at too (``num_gpus``,
-    and ``batch_size``: ``FLEET_BATCH_SIZE`` unless the job says it runs another), and fleet learns
-    their scaling from it (``profile: learn``). ``gns``: the job's gradient noise scale in samples (a
+    and ``batch_size``: ``FLEET_BATCH_SIZE``, or what ``batch_size(follow=True)`` last gave, unless
+    the job says it runs another), and fleet learns their scaling from it (``profile: learn``). A job
+    that asked ``batch_size(follow=True)`` reports ``follows_batch`` too: fleet then changes its batch
+    alone while it runs, without a restart. ``gns``: the job's gradient noise scale in samples (a
     number, or its ``fw.GradientNoiseScale``), reported as ``gns`` once known: fleet weighs the
     job's samples/s by how much each is worth at its batch (its goodput)."""
     from fleet_worker.env import batch_size as env_batch_size
-    from fleet_worker.env import num_gpus, num_nodes
+    from fleet_worker.env import followed_batch, num_gpus, num_nodes
 
     now = time.monotonic()
     elapsed, _reported.since = (None if _reported.since is None else now - _reported.since), now
     _reported.steps += 1
     rate = samples / elapsed if elapsed else 0.0
+    followed = followed_batch()
+    now_at = followed if followed is not None else env_batch_size()
     sized: dict[str, Any] = {
         "num_gpus": num_gpus() * num_nodes(),
-        "batch_size": batch_size if batch_size is not None else env_batch_size(),
+        "batch_size": batch_size if batch_size is not None else now_at,
     }
+    if followed is not None:
+        sized["follows_batch"] = 1
     if elapsed:
         sized["samples_per_s"] = round(rate, 3)
     noise = getattr(gns, "noise_scale", gns)

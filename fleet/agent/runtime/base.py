@@ -13,6 +13,8 @@ from fleet.models import Exit, Mount
 
 #: where the Docker runtime mounts a job's checkpoint directory
 CONTAINER_CHECKPOINT_DIR = "/fleet/checkpoint"
+#: where the Docker runtime mounts an elastic attempt's control folder (read-only): its batch now
+CONTAINER_CONTROL_DIR = "/fleet/control"
 #: where the Docker runtime mounts the attempt's writable copy of a job's shipped directory, its
 #: working directory
 CONTAINER_WORKDIR = "/fleet/workdir"
@@ -61,6 +63,9 @@ class LaunchSpec:
     outputs: str = "outputs"
     #: the job's global batch size (``FLEET_BATCH_SIZE``): an elastic job's at its current size
     batch_size: int | None = None
+    #: an elastic job: fleet may change its batch while it runs, through a control folder
+    #: (``FLEET_CONTROL_DIR``; :func:`fleet.agent.runtime.workspace.make_control`)
+    control: bool = False
     #: the job's stdin is forwarded input (``spec.stdin``), a named pipe, not /dev/null
     stdin: bool = False
     #: a function job's call (``spec.call``'s bytes), written where its runner reads it (:data:`CALL_FILE`)
@@ -82,9 +87,10 @@ class LaunchSpec:
         member = f"-rank{self.rank}" if self.members > 1 else ""
         return f"fleet-{self.job_id}-{self.attempt}{member}"
 
-    def fleet_env(self, checkpoint_dir: str | None) -> dict[str, str]:
+    def fleet_env(self, checkpoint_dir: str | None, control_dir: str | None = None) -> dict[str, str]:
         """The job's env plus what fleet promises every attempt: ids, GPUs (``FLEET_NUM_GPUS``: this
-        member's), the global batch size when the job has one, checkpoint paths."""
+        member's), the global batch size when the job has one (and where an elastic one reads it
+        again while it runs), checkpoint paths."""
         visible = ",".join(self.gpus)
         env = dict(self.env)
         env.update(
@@ -96,6 +102,8 @@ class LaunchSpec:
         )
         if self.batch_size is not None:
             env["FLEET_BATCH_SIZE"] = str(self.batch_size)
+        if control_dir and self.control:
+            env["FLEET_CONTROL_DIR"] = control_dir
         if self.array_index is not None:
             env["FLEET_ARRAY_INDEX"] = str(self.array_index)
         if self.members > 1:  # what torchrun and torch.distributed read, and fleet's own names
@@ -132,6 +140,19 @@ class Piped(Protocol):
 
     def running(self, job_id: str, attempt: int) -> bool:
         """Whether the attempt still runs (False once it ended, or when it is not there)."""
+        ...
+
+
+@runtime_checkable
+class Batched(Protocol):
+    """A runtime that tells an elastic attempt a new batch while it runs (``LaunchSpec.control``)."""
+
+    def set_batch(self, job_id: str, attempt: int, batch: int) -> bool:
+        """Tell the attempt to run at global ``batch`` now; False when it has no control folder."""
+        ...
+
+    def batch_of(self, job_id: str, attempt: int) -> int | None:
+        """The batch the attempt was last told (None: it has no control folder)."""
         ...
 
 

@@ -21,7 +21,8 @@ of the container. With a shipped directory, ``work`` is its copy and is mounted 
 (``/`` when it names none), and only ``work/<outputs>`` is mounted there, at
 ``<WORKDIR>/<outputs>``: the image's files stay as they are. A job that reads forwarded stdin has a
 named pipe beside ``work``, mounted read-only at ``/fleet/stdin``, which ``/bin/sh`` opens as the
-stdin of the image's entrypoint and command (:mod:`fleet.agent.stdin`).
+stdin of the image's entrypoint and command (:mod:`fleet.agent.stdin`). An elastic job's control
+folder (its batch now) is mounted read-only at ``/fleet/control``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from fleet.agent.checkpoints import traversable
 from fleet.agent.netguard import NetGuard
 from fleet.agent.runtime.base import (
     CONTAINER_CHECKPOINT_DIR,
+    CONTAINER_CONTROL_DIR,
     CONTAINER_STDIN,
     CONTAINER_WORKDIR,
     LABEL_ATTEMPT,
@@ -58,7 +60,7 @@ from fleet.agent.runtime.base import (
     AttemptStatus,
     LaunchSpec,
 )
-from fleet.agent.runtime.workspace import make_stdin_pipe, make_work
+from fleet.agent.runtime.workspace import AttemptFolders, make_control, make_stdin_pipe, make_work
 from fleet.agent.supervision import SupervisorClient
 from fleet.config_sections import AgentSettings
 from fleet.errors import ConfigError, ImageNotFound, LaunchError, RuntimeUnavailable
@@ -78,7 +80,7 @@ OOM_SETTLE_S = 3.0
 _TAIL = 1000
 
 
-class DockerRuntime:
+class DockerRuntime(AttemptFolders):
     name = "docker"
 
     def __init__(
@@ -109,9 +111,6 @@ class DockerRuntime:
 
     def _filters(self, **extra: str) -> dict[str, Any]:
         return {"label": [f"{LABEL_NODE}={self.node}", *(f"{k}={v}" for k, v in extra.items())]}
-
-    def _dir(self, job_id: str, attempt: int) -> Path:
-        return self.root / f"{job_id}.{attempt}"
 
     def _listed(self, labels: dict[str, str] | None = None, every: bool = True) -> list[Any]:
         """This node's containers with ``labels`` (``every``: exited too); one gone meanwhile left out."""
@@ -202,6 +201,11 @@ class DockerRuntime:
             work = make_work(folder, None, spec.user, spec.outputs, files=spec.work_files())
             cwd = (image.attrs.get("Config") or {}).get("WorkingDir") or "/"
             mounts.append(Mount(posixpath.join(cwd, spec.outputs), str(work / spec.outputs), type="bind"))
+        control = None
+        if spec.control and spec.batch_size:  # its batch now, which fleet may change while it runs
+            made = make_control(folder, spec.user, spec.batch_size)
+            mounts.append(Mount(CONTAINER_CONTROL_DIR, str(made), type="bind", read_only=True))
+            control = CONTAINER_CONTROL_DIR
         # no user of its own: this agent's (it may not hand out another), as in the process runtime
         user = spec.user or (os.getuid(), os.getgid())
         devices = (
@@ -223,7 +227,7 @@ class DockerRuntime:
             entrypoint=entrypoint,
             name=spec.name,
             labels={LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(spec.attempt), LABEL_NODE: self.node},
-            environment={**spec.fleet_env(checkpoint), KILL_PROCESS_GROUP: "1"},
+            environment={**spec.fleet_env(checkpoint, control), KILL_PROCESS_GROUP: "1"},
             init=True,
             privileged=False,
             cap_drop=["ALL"],
@@ -355,14 +359,6 @@ class DockerRuntime:
     def running(self, job_id: str, attempt: int) -> bool:
         container = self._container(job_id, attempt)
         return container is not None and container.status in ("running", "created", "restarting")
-
-    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
-        """The named pipe an attempt started with ``stdin`` reads as its stdin (mounted read-only)."""
-        return self._dir(job_id, attempt) / "stdin"
-
-    def work_dir(self, job_id: str, attempt: int) -> Path | None:
-        work = self._dir(job_id, attempt) / "work"
-        return work if work.is_dir() else None
 
     def remove(self, job_id: str, attempt: int) -> None:
         self._names.pop((job_id, attempt), None)

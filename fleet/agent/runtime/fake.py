@@ -63,6 +63,8 @@ class _Attempt:
     #: (signal name, clock) of every signal it was sent
     signals: list[tuple[str, float]] = field(default_factory=list)
     seen: bool = False
+    #: the batch it was last told (``set_batch``; an elastic one's starts at its launch batch)
+    batch: int | None = None
 
 
 class FakeRuntime:
@@ -99,6 +101,7 @@ class FakeRuntime:
             if (spec.job_id, spec.attempt) in self._held:
                 return
             run = _Attempt(spec, self.clock(), next(self._pids), interpret(spec.command))
+            run.batch = spec.batch_size if spec.control else None
             self._held[(spec.job_id, spec.attempt)] = run
             self.started.append(spec)
 
@@ -129,6 +132,19 @@ class FakeRuntime:
 
     def work_dir(self, job_id: str, attempt: int) -> Path | None:
         return None
+
+    def set_batch(self, job_id: str, attempt: int, batch: int) -> bool:
+        with self._lock:
+            run = self._held.get((job_id, attempt))
+            if run is None or run.batch is None:
+                return False
+            run.batch = batch
+            return True
+
+    def batch_of(self, job_id: str, attempt: int) -> int | None:
+        with self._lock:
+            run = self._held.get((job_id, attempt))
+            return None if run is None else run.batch
 
     def remove(self, job_id: str, attempt: int) -> None:
         with self._lock:

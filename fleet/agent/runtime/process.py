@@ -4,9 +4,9 @@ The node supervisor (``fleet/agent/supervisor.py``) starts them, as the job's us
 their exit, so an agent restarted later learns how an attempt it did not start ended, and an
 attempt is fenced even while no agent runs. Each attempt lives in ``<root>/<job>.<attempt>/``
 (root-owned, 0711 as ``<root>`` is: ``meta.json`` with the pid, ``output.log``, ``exit`` once it
-ended, each 0600, and ``stdin``, a named pipe, for a job that reads forwarded input) with a
-``work`` directory the job owns (0700) as its working and home directory
-(:mod:`fleet.agent.runtime.workspace`): a job passes through to its own, and reads nothing of
+ended, each 0600, ``stdin``, a named pipe, for a job that reads forwarded input, and ``control``,
+an elastic job's batch now) with a ``work`` directory the job owns (0700) as its working and home
+directory (:mod:`fleet.agent.runtime.workspace`): a job passes through to its own, and reads nothing of
 another's, not even its output. Each attempt runs in a cgroup of its own (``fleet.agent.cgroups``)
 with its memory, CPU and pids limits; killing it kills every process it started. Where cgroups
 cannot be used, attempts are killed by process group and not limited.
@@ -28,7 +28,7 @@ import psutil
 from fleet.agent.cgroups import Cgroups, Layout, Limits
 from fleet.agent.checkpoints import traversable
 from fleet.agent.runtime.base import AttemptStatus, LaunchSpec, exit_reason
-from fleet.agent.runtime.workspace import make_work
+from fleet.agent.runtime.workspace import AttemptFolders, make_control, make_work
 from fleet.agent.supervision import SupervisorClient
 from fleet.errors import LaunchError
 from fleet.models import Exit
@@ -41,7 +41,7 @@ _READ_MAX = 1 << 20
 _LINE_MAX = 64 << 10
 
 
-class ProcessRuntime:
+class ProcessRuntime(AttemptFolders):
     name = "process"
 
     def __init__(
@@ -51,19 +51,20 @@ class ProcessRuntime:
         self.cgroups = cgroups or Cgroups(Layout("none", why="not given"), "fleet", node)
         traversable(self.root)
 
-    def _dir(self, job_id: str, attempt: int) -> Path:
-        return self.root / f"{job_id}.{attempt}"
-
     def start(self, spec: LaunchSpec) -> None:
         folder = self._dir(spec.job_id, spec.attempt)
         if (folder / "meta.json").exists():
             return
         # a copy of its own, writable by the job
         work = make_work(folder, spec.workdir, spec.user, files=spec.work_files())
+        control = None
+        if spec.control and spec.batch_size:  # its batch now, which fleet may change while it runs
+            control = make_control(folder, spec.user, spec.batch_size)
         uid, gid = spec.user if spec.user else (None, None)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))
-        env.update(spec.fleet_env(str(spec.checkpoint_dir) if spec.checkpoint_dir else None))
+        checkpoint = str(spec.checkpoint_dir) if spec.checkpoint_dir else None
+        env.update(spec.fleet_env(checkpoint, str(control) if control else None))
         key = f"{spec.job_id}.{spec.attempt}"
         joined = self.cgroups.create(key, Limits(spec.memory, spec.cpus, spec.pids_limit))
         try:
@@ -136,13 +137,6 @@ class ProcessRuntime:
     def running(self, job_id: str, attempt: int) -> bool:
         status = self.status(job_id, attempt)
         return status is not None and status.running
-
-    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
-        """The named pipe an attempt started with ``stdin`` reads as its stdin (the supervisor's)."""
-        return self._dir(job_id, attempt) / "stdin"
-
-    def work_dir(self, job_id: str, attempt: int) -> Path | None:
-        return self._dir(job_id, attempt) / "work"
 
     def remove(self, job_id: str, attempt: int) -> None:
         key = f"{job_id}.{attempt}"

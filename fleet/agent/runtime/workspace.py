@@ -6,7 +6,11 @@ The process runtime starts the job in it; the Docker runtime bind-mounts it into
 (:mod:`fleet.agent.runtime.docker`). When the attempt ends the agent keeps the spec's ``outputs``
 from it (:mod:`fleet.agent.outputs`), then the runtime removes the whole attempt directory. A Docker
 attempt that reads forwarded input also has ``stdin`` there, a named pipe the job's user alone may
-read (0600), mounted into its container.
+read (0600), mounted into its container. An elastic job's attempt has ``control`` there too (root's,
+readable by the job's group, 0750), which holds ``batch_size``, the global batch it is to run at
+(0644), made at its start and replaced whenever fleet changes its batch while it runs: the job reads
+it through ``FLEET_CONTROL_DIR`` (``fleet_worker.batch_size(follow=True)``), the Docker runtime
+mounts it read-only.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -71,3 +76,70 @@ def make_stdin_pipe(folder: Path, user: tuple[int, int] | None) -> Path:
         os.chown(pipe, user[0], user[1], follow_symlinks=False)
     os.chmod(pipe, 0o600)  # past the umask
     return pipe
+
+
+#: an attempt's folder for what fleet tells it while it runs, and the file in it with its batch
+CONTROL, BATCH_FILE = "control", "batch_size"
+
+
+def make_control(folder: Path, user: tuple[int, int] | None, batch: int) -> Path:
+    """``folder/control`` holding ``batch_size`` = ``batch`` (both made when not there yet): root's
+    where this runs as root, the job's ``user``'s group may read it (0750), nobody but root writes."""
+    traversable(folder)
+    control = folder / CONTROL
+    control.mkdir(mode=0o750, exist_ok=True)
+    if user is not None and os.geteuid() == 0:
+        os.chown(control, 0, user[1], follow_symlinks=False)
+    control.chmod(0o750)
+    if not (control / BATCH_FILE).exists():
+        write_batch(folder, batch)
+    return control
+
+
+def write_batch(folder: Path, batch: int) -> bool:
+    """Replace the attempt's ``control/batch_size`` with ``batch`` at once (a reader sees the old
+    value or the new one, never part of one); False when the attempt has no control folder."""
+    control = folder / CONTROL
+    if not control.is_dir():
+        return False
+    temp = control / f".{BATCH_FILE}.{os.getpid()}.{threading.get_ident()}"
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{batch}\n")
+    os.chmod(temp, 0o644)  # past the umask
+    os.replace(temp, control / BATCH_FILE)
+    return True
+
+
+def read_batch(folder: Path) -> int | None:
+    """The batch the attempt's ``control/batch_size`` holds; None without one (or unreadable)."""
+    try:
+        return int((folder / CONTROL / BATCH_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class AttemptFolders:
+    """What a runtime whose attempts each live in ``<root>/<job>.<attempt>/`` finds there: the stdin
+    pipe, the working directory, the control folder (``base.Piped``, ``base.Batched``)."""
+
+    root: Path
+
+    def _dir(self, job_id: str, attempt: int) -> Path:
+        return self.root / f"{job_id}.{attempt}"
+
+    def stdin_pipe(self, job_id: str, attempt: int) -> Path:
+        """The named pipe an attempt started with ``stdin`` reads as its stdin (the supervisor's)."""
+        return self._dir(job_id, attempt) / "stdin"
+
+    def work_dir(self, job_id: str, attempt: int) -> Path | None:
+        work = self._dir(job_id, attempt) / "work"
+        return work if work.is_dir() else None
+
+    def set_batch(self, job_id: str, attempt: int, batch: int) -> bool:
+        return write_batch(self._dir(job_id, attempt), batch)
+
+    def batch_of(self, job_id: str, attempt: int) -> int | None:
+        return read_batch(self._dir(job_id, attempt))
