@@ -133,12 +133,19 @@ def check_elastic(spec: JobSpec, profiles: ProfileStore) -> None:
 
 def resize_target(job: Job, gpus: int, batch: int | None) -> Size:
     """The size a resize asks for, checked against the job's ranges (a :class:`SpecError` names the
-    field and what is allowed)."""
+    field and what is allowed) and where it stands (queued or running, not leaving its node)."""
     spec = job.spec
     if not isinstance(spec.gpus, Range):
         raise SpecError(
             f"job {job.id} is not elastic: only a job submitted with a range of GPUs "
             "(gpus: {min, max}, fleet submit --gpus 1-4) can be resized"
+        )
+    if job.state.final:
+        raise SpecError(f"job {job.id} is {job.state.value}: only a queued or running job can be resized")
+    if job.resize_gpus is not None or job.preempt or job.cancel_requested:
+        raise SpecError(
+            f"job {job.id} is already leaving its node ({job.preempt or 'cancelled'}); "
+            "resize it once it is queued again"
         )
     if not spec.gpus.min <= gpus <= spec.gpus.max:
         raise SpecError(f"gpus: {gpus} is outside job {job.id}'s range {spec.gpus}")

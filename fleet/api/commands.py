@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleet.api import admission
 from fleet.api.placeable import Shapes
 from fleet.api.queries import Queries, known_id
-from fleet.bus import stop_attempt
+from fleet.bus import rebatch_attempt, stop_attempt
 from fleet.bus.hints import Hints
 from fleet.bus.messages import CONTROLLER_QUEUE, MAX_NAMED, NodeChanged, QueueLeft
 from fleet.config import Settings
@@ -35,6 +35,7 @@ from fleet.models import (
     check_job_id,
 )
 from fleet.models.arrays import check_indices, parse_indices, task_id
+from fleet.progress import follows_batch
 from fleet.scheduler.sizing import Size, change
 from fleet.state import Stores
 
@@ -267,27 +268,26 @@ class Commands(Queries):
         """Give an elastic job ``gpus`` GPUs (within its range) and global batch ``batch`` (default: the
         current one scaled with the GPUs, within its range). A queued job starts at that size; a running
         one checkpoints on SIGTERM (its tenant's ``preempt_grace_s``) and is requeued at it without
-        spending a retry. With the controller's elastic step on, the allocator may size it again
-        ``controller.elastic_min_interval_s`` later."""
+        spending a retry, unless only its batch changes and it follows that while it runs (it takes
+        it up there). With the controller's elastic step on, the allocator may size it again later."""
         job = self.get(job_id)
         new = admission.resize_target(job, gpus, batch)
-        if job.state.final:
-            raise SpecError(f"job {job_id} is {job.state.value}: only a queued or running job can be resized")
-        if job.resize_gpus is not None or job.preempt or job.cancel_requested:
-            raise SpecError(
-                f"job {job_id} is already leaving its node ({job.preempt or 'cancelled'}); "
-                "resize it once it is queued again"
-            )
         old = Size(job.gpu_count, job.global_batch or 0)
         if new == old:
             return job
-        reason = f"resized {change(old, new)}" + (f" by {who}" if who else "")
+        by, now = f" by {who}" if who else "", time.time()
         grace = self._tenants.policy(job.spec.tenant).preempt_grace_s
-        if not self._jobs.resize(job, new.gpus, new.batch, reason, grace, time.time()):
-            raise SpecError(
-                f"job {job_id} changed state meanwhile ({self._jobs.get(job_id).state.value}); try again"
-            )
-        if job.state.on_node:
+        reason = f"resized {change(old, new)}{by}"
+        if in_place := job.state == JobState.RUNNING and new.gpus == old.gpus and follows_batch(job.progress):
+            done = self._jobs.rebatch(job, new.batch, f"batch {old.batch} -> {new.batch} in place{by}", now)
+        else:
+            done = self._jobs.resize(job, new.gpus, new.batch, reason, grace, now)
+        if not done:
+            state = self._jobs.get(job_id).state.value
+            raise SpecError(f"job {job_id} changed state meanwhile ({state}); try again")
+        if in_place:
+            rebatch_attempt(self.bus, job.id, job.attempt, job.nodes_held, new.batch)
+        elif job.state.on_node:
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
         else:
             self._notify_submitted(job_id)  # the controller reads it again: placed at its new size

@@ -9,7 +9,8 @@ import click
 from fleet.cli.common import CONTEXT, Globals, output_option, pass_globals
 from fleet.cli.output import emit_json
 from fleet.cli.view import Field
-from fleet.models import LEARN, Job, Range
+from fleet.models import LEARN, Job, JobState, Range
+from fleet.progress import follows_batch
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*\Z")
 
@@ -25,9 +26,10 @@ _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*\Z")
 @pass_globals
 def resize(globals_: Globals, job: str, gpus: int, batch_size: int | None, output: str) -> int:
     """Resize an elastic job (one submitted with --gpus MIN-MAX) within its range. A queued job starts
-    at the new size; a running one checkpoints on SIGTERM and starts again at it, spending no retry.
-    Its owner or an operator may resize it. With the controller's elastic step on, fleet may size it
-    again after controller.elastic_min_interval_s."""
+    at the new size; a running one checkpoints on SIGTERM and starts again at it, spending no retry,
+    unless only its batch changes and it follows that as it runs (fw.batch_size(follow=True)): then
+    it takes the new batch up where it runs. Its owner or an operator may resize it. With the
+    controller's elastic step on, fleet may size it again after controller.elastic_min_interval_s."""
     found = globals_.client().resize(job, gpus, batch_size)
     if output == "json":
         emit_json(found)
@@ -71,6 +73,8 @@ def fields(job: Job) -> list[Field]:
     profile = spec.profile or ""
     ranges = f"gpus {spec.gpus}, batch size {spec.batch_size}, profile {profile[:19]}"  # sha256:<12 hex>
     times = f"resized {job.resizes} time{'' if job.resizes == 1 else 's'}"
+    if job.state == JobState.RUNNING and follows_batch(job.progress):
+        times += "; its batch changes in place"
     shown = [Field("Elastic", f"{now}{going} ({ranges}); {times}")]
     from fleet.scheduler.goodput import job_goodput  # the profiles' module: only for elastic jobs
 

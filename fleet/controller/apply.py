@@ -2,7 +2,8 @@
 then the messages that act on them.
 
 In the plan's order: resizes (a queued elastic job's size is written before it is placed; a running
-one is asked to leave and stopped, and its agent requeues it at the new size), placements (one
+one is asked to leave and stopped, and its agent requeues it at the new size; one whose batch alone
+changes and that follows that in place has its batch written and its agents told), placements (one
 ``place_many``, then a Launch to each member's node) and waiting reasons, preemptions (all the
 victims or none: each read again, asked to leave and stopped; the GPUs they free are held for the
 job they are for). Every write is fenced by the leader token: a refused one raises ``NotLeader`` and
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fleet.bus import Bus, Launch, node_queue, stop_attempt
+from fleet.bus import Bus, Launch, node_queue, rebatch_attempt, stop_attempt
 from fleet.config_sections import ControllerSettings
 from fleet.controller.elasticity import Elasticity
 from fleet.controller.tenancy import Tenancy
@@ -58,6 +59,8 @@ class Applier:
         """A queued job gets its size; a running one SIGTERM with its tenant's grace to checkpoint, and
         its agent requeues it at the new size. False when the job moved on meanwhile."""
         job, new = self.elasticity.jobs[change.job_id], change.new
+        if change.in_place:
+            return self._rebatch(job, change, now)
         what = f"resized {sizing.change(change.old, new)}" if change.old.gpus else f"sized {new}"
         reason = f"{what} by the elastic step"
         grace = self.tenancy.policy(job.spec.tenant).preempt_grace_s
@@ -76,6 +79,18 @@ class Applier:
         )
         if change.running:
             stop_attempt(self.bus, job.id, job.attempt, job.nodes_held, reason, grace)
+        return True
+
+    def _rebatch(self, job: Job, change: Resize, now: float) -> bool:
+        """A running job that follows a batch change in place takes up its new batch where it runs:
+        its record says it, and its agents tell the attempt (``fleet.bus.rebatch_attempt``)."""
+        reason = f"batch {change.old.batch} -> {change.new.batch} in place by the elastic step"
+        if not self.jobs.rebatch(job, change.new.batch, reason, now, self.token()):
+            self.views.touch(jobs=[job.id])
+            return False
+        job = self.elasticity.resized(job, change, now)
+        event(log, "job_rebatched", job=job.id, attempt=job.attempt, old=str(change.old), new=str(change.new))
+        rebatch_attempt(self.bus, job.id, job.attempt, job.nodes_held, change.new.batch)
         return True
 
     # -- placements --------------------------------------------------------------------

@@ -66,7 +66,9 @@ class Elasticity:
 
     def resized(self, job: Job, change: Resize, now: float) -> Job:
         """``job`` as the store now holds it after ``change`` was written (until it is read again)."""
-        if change.running:
+        if change.in_place:
+            updated = job.model_copy(update={"batch_size": change.new.batch})
+        elif change.running:
             updated = job.model_copy(
                 update={"resize_gpus": change.new.gpus, "resize_batch": change.new.batch, "preempt": "resize"}
             )

@@ -12,7 +12,8 @@ take no part: not sized, not placed, not preempted for.
    placed or leaves the queue, or the hold runs out (its victims' grace plus ``HOLD_SLACK_S``).
 2. The elastic step (``resizing.decide``, with each tenant's ``max_gpus`` left after its other
    jobs): queued elastic jobs are sized (they take that size in the queue at once, so this pass
-   places them), running ones are to stop and restart at a new size.
+   places them), running ones are to stop and restart at a new size, or, when only the batch of
+   one that follows such a change in place changes, to take it up where they run.
 3. Placement (``PendingQueue.schedule``): tenants in fair-share order, held GPUs first for the job
    they are held for. The step sizes by GPU count, not by the shape the free GPUs are in: a queued
    elastic job that found no room at its size takes the largest of its smaller sizes that places
@@ -112,6 +113,7 @@ class PassInput:
 @dataclass
 class PassPlan:
     #: the elastic step's decisions, in its order: queued jobs sized, running jobs to restart resized
+    #: (or, ``in_place``, given a new batch where they run)
     resizes: list[Resize] = field(default_factory=list)
     #: placement's plan: placements (launches), waiting reasons that changed, jobs blocked
     placed: Plan = field(default_factory=Plan)
@@ -144,7 +146,7 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
                 place = True
     running = dict(inp.running)
     for change in plan.resizes:  # asked to leave for a resize: its GPUs come free anyway, not a victim
-        if change.running and change.job_id in running:
+        if change.running and not change.in_place and change.job_id in running:
             running[change.job_id] = dataclasses.replace(running[change.job_id], stopping=True)
     views = list(inp.views)
     if place:
@@ -208,7 +210,9 @@ def _fit_growth(
     ``running``, its resize out of ``plan``). A restart that would find no room (its GPUs spread
     over nodes a whole-node gang cannot use) is not made, nor one that lands it on other GPUs at the
     size it had."""
-    moving = [r for r in plan.resizes if r.running and r.new.gpus and r.job_id in inp.running]
+    moving = [
+        r for r in plan.resizes if r.running and not r.in_place and r.new.gpus and r.job_id in inp.running
+    ]
     if not any(r.new.gpus > r.old.gpus for r in moving):
         return
     capacity = Capacity(without(views, [inp.running[r.job_id] for r in moving]))
@@ -340,7 +344,9 @@ def _preemptions(
     waiting = [queue.jobs[j] for j in plan.blocked if j in queue.jobs and j not in plan.holds][:MAX_BLOCKED]
     # a job that fits once this pass's running resizes gave their GPUs back waits for those: the
     # elastic step shrank them to make room, a victim stopped too would be placed again at once
-    resized = [running[r.job_id] for r in plan.resizes if r.running and r.job_id in running]
+    resized = [
+        running[r.job_id] for r in plan.resizes if r.running and not r.in_place and r.job_id in running
+    ]
     if resized:
         freed = without(views, resized)
         waiting = [j for j in waiting if Capacity(freed).place(j) is None]

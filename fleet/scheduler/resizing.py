@@ -6,7 +6,10 @@ job that arrives makes the elastic ones shrink, instead of waiting behind them).
 elastic jobs get at most what its ``max_gpus`` leaves after its other jobs. The optimizer
 (``elastic.allocate``) chooses every job's GPUs and global batch; this turns its answer into
 :class:`Resize` decisions the controller carries out: a queued job is given the size it starts at,
-a running one is stopped to restart at its new one. A job already on its way off its node (a
+a running one is stopped to restart at its new one. A running job that follows a batch change in
+place (its reports say so: ``fleet_worker.batch_size(follow=True)``) is first given the batch of most
+goodput at the GPUs it holds, without a restart, and any other change of its batch alone is made in
+place too (:attr:`Resize.in_place`). A job already on its way off its node (a
 resize, a drain, a preemption, a cancel under way) is left alone and its GPUs counted as held.
 """
 
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet.models import Job, Range
+from fleet.progress import follows_batch
 from fleet.scheduler.capacity import Capacity
 from fleet.scheduler.elastic import SPEEDUP, ElasticJob, allocate, rate, resized_rate, sizes
 from fleet.scheduler.learned import LearnedProfile
@@ -59,6 +63,9 @@ class Elastic:
     #: when it was submitted and how often it was resized (the restart penalty; see ``ElasticJob``)
     arrived_at: float = 0.0
     restarts: int = 0
+    #: it follows a change of its batch while it runs (``fleet_worker.batch_size(follow=True)``, as
+    #: its attempt's reports say): such a change needs no restart
+    follows_batch: bool = False
 
     @classmethod
     def of(cls, job: Job, profile: Profile, now: float = 0.0) -> Elastic:
@@ -85,6 +92,7 @@ class Elastic:
             attained=job.attained_gpu_s(now),
             arrived_at=job.created_at,
             restarts=job.resizes,
+            follows_batch=running and follows_batch(job.progress),
         )
 
     @property
@@ -100,6 +108,8 @@ class Resize:
     new: Size
     #: a running job (stopped to restart at ``new``); else a queued one (placed at ``new``)
     running: bool
+    #: a running job's batch alone changes, and it follows that while it runs: no restart
+    in_place: bool = False
 
 
 def elastic_gpus(
@@ -150,7 +160,8 @@ def decide(
 ) -> list[Resize]:
     """The resizes that put every elastic job (in queue order: running first, then by rank) at the
     size the allocator chooses for it, with ``gpus`` GPUs among them."""
-    moving = [j for j in jobs if not j.stopping]
+    before = [j for j in jobs if not j.stopping]
+    moving = [_rebatched(j, gpus_per_node) for j in before]
     held = sum(j.held for j in jobs if j.stopping)
     caps = dict(tenant_gpus or {})
     for j in jobs:
@@ -169,12 +180,24 @@ def decide(
         service_s=service_s,
     )
     out = []
-    for j in moving:
+    for was, j in zip(before, moving, strict=True):
         g, b = targets.get(j.id, (0, 0))
         new = Size(g, _batch(j, g, b)) if g else Size(0, 0)
-        if new != j.size:
-            out.append(Resize(j.id, j.size, new, j.running))
+        if new != was.size:
+            in_place = was.running and was.follows_batch and new.gpus == was.size.gpus
+            out.append(Resize(j.id, was.size, new, was.running, in_place))
     return out
+
+
+def _rebatched(job: Elastic, gpus_per_node: int) -> Elastic:
+    """``job`` at the batch of most goodput at the GPUs it holds, where it runs, follows a batch change
+    in place and has a noise scale (the allocator then sizes it from there); else as it is."""
+    if not (job.running and job.follows_batch and job.noise_scale is not None and not job.fixed_batch):
+        return job
+    for g, b, _ in sizes(_job(job), gpus_per_node):
+        if g == job.size.gpus:
+            return replace(job, size=Size(g, _batch(job, g, b)))
+    return job
 
 
 def smaller_sizes(job: Elastic, below: int, gpus_per_node: int) -> list[Size]:

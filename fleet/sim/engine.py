@@ -109,16 +109,8 @@ class Simulation:
         return "default" if self.cfg.policy == "fifo" else job.tenant
 
     def _pending(self, job: SimJob, gpus: int) -> PendingJob:
-        hold = UNSIZED if job.elastic and not gpus else ""
-        return PendingJob(
-            id=job.id,
-            priority=0,
-            seq=job.seq,
-            gpus=gpus,
-            tenant=self._tenant(job),
-            elastic=job.elastic,
-            hold=hold,
-        )
+        hold, tenant = UNSIZED if job.elastic and not gpus else "", self._tenant(job)
+        return PendingJob(job.id, 0, job.seq, gpus, tenant=tenant, elastic=job.elastic, hold=hold)
 
     def _elastic(self, job: SimJob) -> Elastic:
         """``job`` as the elastic step sees it (as ``Elastic.of`` a stored job, live)."""
@@ -159,6 +151,7 @@ class Simulation:
             attained=job.attained,
             arrived_at=job.trace.arrival,
             restarts=job.resizes,
+            follows_batch=running and job.elastic,
         )
 
     # -- nodes --------------------------------------------------------------------------
@@ -363,8 +356,15 @@ class Simulation:
 
     def _resize(self, change: Resize) -> bool:
         """A waiting job was sized (the pass placed it, or it waits at that size); a running one
-        restarts at its new size (it is stopped, and queued at it). True when a job was stopped."""
+        restarts at its new size (it is stopped, and queued at it), or takes a new batch up where it
+        runs (``in_place``: every elastic job here follows, as with ``fw.batch_size(follow=True)``).
+        True when a job was stopped."""
         job = self.jobs[change.job_id]
+        if change.in_place:
+            job.advance(self.now)
+            job.batch = change.new.batch
+            self._rerate(job)
+            return False
         job.batch = change.new.batch
         if not change.running:
             return False

@@ -244,6 +244,20 @@ class JobTransitions:
             )
         return self.ask_to_leave(job, reason, grace_s, now, leader, resize_to=(gpus, batch))
 
+    def rebatch(self, job: Job, batch: int, reason: str, now: float, leader: str = "") -> bool:
+        """Give running elastic ``job`` a new global batch where it runs (it follows such a change in
+        place: the caller tells its agents, which tell the attempt). False when it moved on."""
+        return self.transition(
+            job.id,
+            attempt=job.attempt,
+            to=None,
+            allowed=[JobState.RUNNING],
+            now=now,
+            reason=reason,
+            fields={"batch_size": batch},
+            leader=leader,
+        )
+
     def ask_to_leave(
         self,
         job: Job,

@@ -1,6 +1,7 @@
 """An elastic torch job's gradient noise scale, live: the DDP example (two gloo workers on CPU)
 estimates it from its own gradients, reports it with its samples/s, and fleet keeps it with the job,
-across a resize, and shows the job's efficiency and goodput at its batch."""
+across a resize, and shows the job's efficiency and goodput at its batch; one that follows a batch
+change while it runs takes a new batch up in place, without a restart."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
     # Given a node of 2 GPUs and a controller that leaves elastic jobs at the size they are given
     procs.env.update(FLEET_CONTROLLER__ELASTIC="false")
     procs.one_node(client, "gns-a", gpus=2)
-    # When the example runs on 2 GPUs (two DDP workers) at batch 64, its smallest
+    # When the example runs on 2 GPUs (two DDP workers) at batch 64, its smallest, reading its batch
+    # at start only (so that a change of its batch restarts it)
     command = [sys.executable, EXAMPLE, "--steps", "100000", "--every", "5", "--sleep", "0.02"]
-    command += ["--done-file", str(tmp_path / "done")]
+    command += ["--done-file", str(tmp_path / "done"), "--no-follow"]
     spec = {"name": "gns", "command": command, "gpus": {"min": 2, "max": 2}, "profile": "learn"}
     job = client.submit(JobSpec.parse({**spec, "batch_size": {"min": 64, "max": 512}}))
     # Then its reports carry a noise scale, and fleet keeps it with the job
@@ -80,3 +82,52 @@ def test_a_ddp_job_reports_its_noise_scale_and_fleet_shows_its_goodput(
     )
     (tmp_path / "done").touch()
     assert job.wait(timeout=60).state == JobState.SUCCEEDED
+
+
+def test_a_job_that_follows_its_batch_takes_a_new_one_up_where_it_runs(
+    procs: FleetProcs, client: Client, tmp_path: Path
+) -> None:
+    # Given the example on 2 GPUs (two DDP workers) at batch 64, following its batch as it runs
+    procs.env.update(FLEET_CONTROLLER__ELASTIC="false")
+    procs.one_node(client, "follow-a", gpus=2)
+    command = [sys.executable, EXAMPLE, "--steps", "100000", "--every", "5", "--sleep", "0.02"]
+    command += ["--done-file", str(tmp_path / "done")]
+    spec = {"name": "follow", "command": command, "gpus": {"min": 2, "max": 2}, "profile": "learn"}
+    job = client.submit(JobSpec.parse({**spec, "batch_size": {"min": 64, "max": 512}}))
+    wait_for(
+        lambda: (
+            (p := job.status().progress) is not None
+            and p.metrics.get("follows_batch") == 1
+            and "samples_per_s" in p.metrics
+        ),
+        timeout=90,
+        what="a report of its speed that says it follows its batch",
+    )
+    # When its batch alone is changed, to 256
+    changed = client.resize(job.id, 2, batch_size=256)
+    assert (changed.state, changed.attempt, changed.batch_size, changed.resize_gpus) == (
+        JobState.RUNNING,
+        1,
+        256,
+        None,
+    )
+    # Then the same attempt, on the same GPUs, goes on at batch 256 from the next checkpoint on
+    wait_for(
+        lambda: (p := job.status().progress) is not None and p.metrics.get("batch_size") == 256,
+        timeout=90,
+        what="reports at batch 256",
+    )
+    logs = job.logs(attempt=1)
+    switched = re.search(r"^batch 64 -> 256 in place at step (\d+)$", logs, re.M)
+    assert switched, logs[-2000:]
+    after = [m for m in re.finditer(r"^step (\d+) loss \S+ \(workers 2, batch (\d+)\)$", logs, re.M)]
+    assert {int(m[2]) for m in after if int(m[1]) > int(switched[1])} == {256}
+    assert {int(m[2]) for m in after if int(m[1]) <= int(switched[1])} == {64}
+    (tmp_path / "done").touch()
+    done = job.wait(timeout=60)
+    assert (done.state, done.attempt, done.resizes, done.batch_size) == (JobState.SUCCEEDED, 1, 0, 256)
+    # And its history says what changed, and fleet learnt its speed at the new batch
+    assert [e.reason for e in job.history() if "in place" in e.reason] == [
+        "batch 64 -> 256 in place by tester"
+    ]
+    assert {"2x64", "2x256"} <= done.speeds.keys()

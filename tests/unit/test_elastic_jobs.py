@@ -4,6 +4,7 @@ decisions, and a resize's end (requeued at the new size, no retry spent)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from fleet.models import PROFILES, Exit, ExitKind, Fault, Job, JobSpec, JobState
 from fleet.scheduler import GpuSlot, NodeView, PendingJob, PendingQueue
 from fleet.scheduler import profiles as policy
 from fleet.scheduler.passes import PassInput, PassPlan, PassSettings, run_pass
-from fleet.scheduler.resizing import Elastic, Resize, elastic_gpus
+from fleet.scheduler.resizing import Elastic, Resize, _job, elastic_gpus
 from fleet.scheduler.resizing import decide as decide_sizes
 from fleet.scheduler.sizing import Size, fit_batch, scaled_batch
 from fleet.state.profiles import ProfileStore
@@ -272,3 +273,26 @@ def test_the_step_weighs_jobs_by_the_gpu_seconds_their_attempts_ran() -> None:
     assert got == {"r": 8_200.0, "q": 0.0}
     # the controller's default weighs them (least attained service first)
     assert ControllerSettings().elastic_service_s > 0
+
+
+def test_a_running_job_that_follows_its_batch_gets_its_best_batch_in_place() -> None:
+    from fleet.scheduler.elastic import rate
+
+    # Given a job running on 2 GPUs at batch 128, in its minimum interval (no restart allowed now),
+    # whose noise scale says a larger batch makes more progress per second
+    base = Elastic("r", "t", 1, 4, 128, 1024, policy.named_profile("cifar10"), Size(2, 128), True)
+    now, running = 100.0, replace(base, changed_at=95.0, noise_scale=4096.0)
+
+    def step(j: Elastic) -> list[Resize]:
+        return decide_sizes([j], 2, now, resize_cost_s=30, min_interval_s=60, gpus_per_node=4)
+
+    # When it does not follow a batch change while it runs: nothing happens until its interval ends
+    assert step(running) == []
+    # When it does: its batch changes at once, in place, on its 2 GPUs, to the one of most goodput
+    (change,) = step(replace(running, follows_batch=True))
+    assert change.in_place and change.running and change.old == Size(2, 128) and change.new.gpus == 2
+    as_job = _job(running)
+    best = max(rate(as_job, 2, b, 4) for b in range(128, 1025, 2))
+    assert rate(as_job, 2, change.new.batch, 4) >= 0.99 * best > rate(as_job, 2, 128, 4)
+    # And at that batch, nothing more changes
+    assert step(replace(running, follows_batch=True, size=change.new)) == []
