@@ -265,7 +265,8 @@ def stored(known: Known) -> StoredJob:
 class FleetPolicy:
     """fleet's elastic step as a policy of the artifact's simulator: ``optimize`` has the signature
     of the artifact's policies; ``on_batch(job, batch, restart)`` is told each placed job's global
-    batch, and whether it restarts on the GPUs it holds (its batch alone changed)."""
+    batch, and whether it restarts on the GPUs it holds (placed where it was at a new batch; a change
+    of its batch alone the step makes in place, without a restart)."""
 
     def __init__(self, now: Callable[[], float], profile: str = "learn") -> None:
         self.now, self.profile = now, profile
@@ -277,8 +278,11 @@ class FleetPolicy:
         return learned(job.spec, job.measured)
 
     def elastic(self, known: Known) -> Elastic:
+        """A job as the step sees it: a running one follows a change of its batch alone where it runs
+        (as the artifact's AdaptDL jobs do, and a job of ``fw.batch_size(follow=True)``)."""
         job = stored(known)
-        return Elastic.of(job, self._profile(job, known), self.now())
+        step = Elastic.of(job, self._profile(job, known), self.now())
+        return dataclasses.replace(step, follows_batch=step.running)
 
     def optimize(
         self, jobs: Mapping[str, Known], nodes: Mapping[int, Any], prev: Mapping[str, list[int]], _: Any
@@ -288,20 +292,18 @@ class FleetPolicy:
         order = sorted(jobs.values(), key=lambda k: (k.gpus == 0, k.submitted, k.name))
         steps = [self.elastic(k) for k in order]
         total = sum(int(n.resources["nvidia.com/gpu"]) for n in nodes.values())
-        changes = {
-            r.job_id: r.new
-            for r in decide(
-                steps,
-                total,
-                now,
-                resize_cost_s=RESTART_S,
-                min_interval_s=SETTINGS.elastic_min_interval_s,
-                gpus_per_node=PER_NODE,
-                service_s=SETTINGS.elastic_service_s,
-            )
-        }
-        # a running job whose batch alone changes restarts on the GPUs it holds
-        same = {s.id for s in steps if s.id in changes and s.running and changes[s.id].gpus == s.size.gpus}
+        resizes = decide(
+            steps,
+            total,
+            now,
+            resize_cost_s=RESTART_S,
+            min_interval_s=SETTINGS.elastic_min_interval_s,
+            gpus_per_node=PER_NODE,
+            service_s=SETTINGS.elastic_service_s,
+        )
+        changes = {r.job_id: r.new for r in resizes}
+        # a running job whose batch alone changes takes it up where it runs (in place: no restart)
+        same = {r.job_id for r in resizes if r.in_place}
         kept = {
             k.name: list(prev[k.name])
             for k in order
@@ -320,7 +322,7 @@ class FleetPolicy:
         for step in [s for s in steps if not grows(s)] + [s for s in steps if grows(s)]:
             size = changes.get(step.id)
             if step.id in same and size is not None:
-                self.on_batch(step.id, size.batch, True)
+                self.on_batch(step.id, size.batch, False)
                 continue
             if size is None or not size.gpus:
                 continue
