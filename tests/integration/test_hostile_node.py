@@ -117,6 +117,35 @@ def test_another_tenants_job_cannot_read_anything_of_a_running_job(
 
 
 @pytest.mark.parametrize("runtime", ["process"])
+def test_an_elastic_jobs_batch_is_read_only_to_it_and_hidden_from_another_tenant(
+    as_root: None, procs: FleetProcs, tenants: tuple[Client, Client], client: Client
+) -> None:
+    # Given alice's elastic job, which reads its batch from its control folder and tries to change it
+    alice, bob = tenants
+    procs.one_node(client, "t-control", gpus=1, **PER_TENANT)
+    own = '"$FLEET_CONTROL_DIR/batch_size"'
+    script = (
+        f"echo batch $(cat {own}); echo 4096 > {own} 2>/dev/null && echo WROTE;"
+        ' touch "$FLEET_CONTROL_DIR/x" 2>/dev/null && echo CREATED; echo done; sleep 300'
+    )
+    spec = {"name": "alice", "command": ["sh", "-c", script], "gpus": {"min": 1, "max": 1}}
+    hers = alice.submit(JobSpec.parse({**spec, "batch_size": {"min": 64, "max": 128}, "profile": "learn"}))
+    wait_for(lambda: "done" in hers.logs(), what="alice's job tried its control folder")
+    # Then it read its batch and could change nothing there
+    said = hers.logs().splitlines()
+    assert said[0] == "batch 64" and said[-1] == "done" and not {"WROTE", "CREATED"} & set(said), said
+    control = procs.root / "t-control" / "attempts" / f"{hers.id}.1" / "control"
+    assert (control / "batch_size").read_text() == "64\n"
+    assert (stat.S_IMODE(control.stat().st_mode), control.stat().st_uid) == (0o750, 0)
+    # When bob's job, on the same node, tries to read it
+    his = bob.submit(JobSpec(name="bob", command=_probe({"control": str(control / "batch_size")})))
+    # Then it is denied
+    assert his.wait(timeout=60).state == JobState.SUCCEEDED, procs.logs()
+    assert his.logs().splitlines()[1:] == ["DENIED control"], his.logs()
+    alice.cancel(hers.id)
+
+
+@pytest.mark.parametrize("runtime", ["process"])
 @pytest.mark.parametrize("user", ["102:105", "65534:0"])
 def test_a_host_user_the_tenant_was_not_allowed_is_refused_at_submit(
     procs: FleetProcs, tenants: tuple[Client, Client], client: Client, tmp_path: Path, user: str
