@@ -47,7 +47,8 @@ POLICIES = ("fifo", "fair", "elastic-fixed-batch", "elastic")
     type=click.Choice(["completion", "speedup"]),
     default="completion",
     show_default=True,
-    help="elastic: what the optimizer maximises",
+    help="elastic: what the optimizer maximises (completion: each job's share of its work left a second; "
+    "speedup: the live controller's, a power mean of speedups)",
 )
 @click.option(
     "--model",

@@ -11,9 +11,9 @@ running and each waiting job starts if its smallest size fits in what is left (s
 a big one may start: backfill). Sizes: a dynamic program over the admitted jobs x GPUs (a
 multiple-choice knapsack, exact) maximises the fleet's useful throughput: each job's samples/s in
 units of its own samples/s at its smallest size (its *speedup*, so an ncf sample and an imagenet
-sample are not compared), or with ``objective=COMPLETION`` its samples/s as a share of the samples
-it has left (shortest-remaining-first in spirit: lower average completion time; it needs each
-job's ``remaining``). Beyond one node a size is whole nodes (a gang of equal members that packs).
+sample are not compared; to the power ``SPEEDUP_POWER``, a power mean), or with ``objective=COMPLETION``
+its samples/s as a share of the samples it has left (shortest-remaining-first; it needs each job's
+``remaining``). Beyond one node a size is whole nodes (a gang of equal members that packs).
 A job whose batch is fixed (``fixed_batch``, the paper's baseline) changes only its GPU count,
 within what its batch allows per GPU (with gradient accumulation if ``accumulate``).
 
@@ -75,6 +75,9 @@ MIN_GAIN = 0.1
 #: yolov3 and imagenet made all of fleet's gap to Pollux; a tenth cut the mean avg JCT by 2.4 % at
 #: 1x and 1.5 % at 2x)
 SERVICE_FLOOR = 0.1
+#: a job's value is its speedup to this power (``objective="speedup"``): a power mean, as Pollux's (p = -1)
+#: but nearer throughput (p = 1); in Pollux's simulator 0.5 beat 1 at 1x and 2x (BENCHMARKS.md)
+SPEEDUP_POWER = 0.5
 
 
 @dataclass(frozen=True)
@@ -168,11 +171,12 @@ def options(
     service_s: float = 0.0,
 ) -> list[Option]:
     """The sizes ``job`` may take (at most ``most`` GPUs) and the value of each: its samples/s in
-    units of its samples/s at its smallest size (its speedup; with ``objective="completion"``, in
-    units of the samples it has left, its ``remaining`` or else a whole run of its profile), times
-    its weight; for a running job that would change, times the share of the span ahead it would
-    make progress (:func:`restart_penalty`) and ``1 - MIN_GAIN``. A running job inside its minimum
-    interval keeps its size; outside, it keeps it only if no smaller size is as fast."""
+    units of its samples/s at its smallest size (its speedup, to the power ``SPEEDUP_POWER``; with
+    ``objective="completion"``, in units of the samples it has left, its ``remaining`` or else a
+    whole run of its profile), times its weight; for a running job that would change, the same of
+    its rate times the share of the span ahead it would make progress (:func:`restart_penalty`) and
+    ``1 - MIN_GAIN``. A running job inside its minimum interval keeps its size; outside, it keeps it
+    only if no smaller size is as fast."""
     curve = sizes(job, gpus_per_node)
     ref = curve[0][2] if curve else 1.0
     if objective == COMPLETION:
@@ -180,11 +184,16 @@ def options(
         ref = max(left, 1.0)  # value: weight x samples/s / samples left
     elif objective != SPEEDUP:
         raise ValueError(f"objective {objective!r}: {SPEEDUP!r} or {COMPLETION!r}")
-    ref /= job.weight * service_weight(job.attained, service_s)
+    weight = job.weight * service_weight(job.attained, service_s)
+    power = SPEEDUP_POWER if objective == SPEEDUP else 1.0
+
+    def value(made: float) -> float:
+        return float(weight * max(made / ref, 0.0) ** power)
+
     if job.gpus <= 0:
-        return [(g, b, t / ref) for g, b, t in curve if g <= most]
+        return [(g, b, value(t)) for g, b, t in curve if g <= most]
     current = rate(job, job.gpus, job.batch, gpus_per_node)
-    keep = (job.gpus, job.batch, current / ref)
+    keep = (job.gpus, job.batch, value(current))
     if _locked(job, now, min_interval_s) and job.gpus <= most:
         return [keep]
     # a size no faster than a smaller one (learned since it started there) holds GPUs for nothing
@@ -193,7 +202,7 @@ def options(
     for g, b, t in curve:
         if g > most or (g, b) == (job.gpus, job.batch):
             continue
-        out.append((g, b, resized_rate(job, t, now, resize_cost_s, horizon_s) / ref))
+        out.append((g, b, value(resized_rate(job, t, now, resize_cost_s, horizon_s))))
     return out
 
 
