@@ -28,6 +28,7 @@ from fleet.bus import (
     Launch,
     NodeChanged,
     QueueLeft,
+    Rebatch,
     Stop,
     node_queue,
 )
@@ -98,6 +99,7 @@ class MemFleet:
         )
         self.bus.handle(node_queue(name), Launch, agent.on_launch)
         self.bus.handle(node_queue(name), Stop, agent.on_stop)
+        self.bus.handle(node_queue(name), Rebatch, agent.on_rebatch)
         runtime.watch(agent.on_exit, agent.stop_event)
         agent.logs.start()
         self.agents[name], self.runtimes[name] = agent, runtime

@@ -151,3 +151,37 @@ def test_an_error_finishing_an_exit_leaves_it_to_the_next_reconcile(
     assert fleet.job(job_id).state == JobState.SUCCEEDED and len(tries) == 2
     assert "exit_not_recorded" in caplog.text and "RuntimeError: 404 Client Error" in caplog.text
     assert fleet.nodes.get("m-node1").claims == {}
+
+
+def test_the_elastic_step_changes_a_following_jobs_batch_where_it_runs(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Given an elastic job on 2 GPUs, started at the batch of most samples/s there (nothing else known),
+    # under a controller that reads every job on a node (a report reaches it so) at each pass
+    quick = {"resync_interval_s": 0.001, "elastic_interval_s": 0.001}
+    fleet = MemFleet(redis_url, tmp_path, {"m-node1": 2}, controller=quick)
+    try:
+        # whose report then says it follows its batch, with a noise scale small enough that a
+        # smaller batch makes more progress (each of a large batch's samples is worth less)
+        report = '{"step": 10, "samples_per_s": 900, "gns": 200, "batch_size": 726, "follows_batch": 1}'
+        spec = sh(
+            f"echo 'fleet-progress {report}'; sleep 3600",
+            gpus={"min": 2, "max": 2},
+            batch_size={"min": 128, "max": 1024},
+            profile="cifar10",
+        )
+        job_id = fleet.submit(spec)
+        fleet.settle()
+        # When its report reaches its record, the controller reads it and the elastic step runs
+        fleet.agents["m-node1"].logs.ship_logs()
+        fleet.advance(1)
+        # Then its batch shrank where it runs: the same attempt on the same GPUs, told its new batch
+        job = fleet.job(job_id)
+        assert (job.state, job.attempt, job.num_gpus, job.resizes) == (JobState.RUNNING, 1, 2, 0)
+        assert 128 <= job.batch_size < 726 and job.resize_gpus is None and job.noise_scale == 200
+        assert fleet.runtimes["m-node1"].batch_of(job_id, 1) == job.batch_size
+        reasons = [e.reason for e in fleet.jobs.history(job_id)]
+        assert "sized 2 GPUs, batch 726 by the elastic step" in reasons
+        assert f"batch 726 -> {job.batch_size} in place by the elastic step" in reasons
+    finally:
+        fleet.close()
