@@ -56,8 +56,10 @@ class ControllerSettings(_Section):
     elastic: bool = True
     #: how often the elastic step runs when nothing changed (a change runs it at the next pass)
     elastic_interval_s: float = Field(default=10.0, gt=0)
-    #: no elastic job is resized again sooner than this after it started or was resized
-    elastic_min_interval_s: float = Field(default=120.0, ge=0)
+    #: no elastic job is resized again sooner than this after it started or was resized (a minute,
+    #: as Pollux's rounds: the restart penalty already keeps a young job at its size unless a resize
+    #: pays well; in Pollux's simulator 60 s beat 120 s at 1x and 2x, BENCHMARKS.md)
+    elastic_min_interval_s: float = Field(default=60.0, ge=0)
     #: what one resize costs a job (SIGTERM, checkpoint, requeue, restart, restore): a resize is made
     #: only when the throughput it gains outweighs it
     resize_cost_s: float = Field(default=30.0, ge=0)
