@@ -146,7 +146,7 @@ def run_pass(inp: PassInput, now: float) -> PassPlan:
                 place = True
     running = dict(inp.running)
     for change in plan.resizes:  # asked to leave for a resize: its GPUs come free anyway, not a victim
-        if change.running and not change.in_place and change.job_id in running:
+        if change.restarts and change.job_id in running:
             running[change.job_id] = dataclasses.replace(running[change.job_id], stopping=True)
     views = list(inp.views)
     if place:
@@ -210,9 +210,7 @@ def _fit_growth(
     ``running``, its resize out of ``plan``). A restart that would find no room (its GPUs spread
     over nodes a whole-node gang cannot use) is not made, nor one that lands it on other GPUs at the
     size it had."""
-    moving = [
-        r for r in plan.resizes if r.running and not r.in_place and r.new.gpus and r.job_id in inp.running
-    ]
+    moving = [r for r in plan.resizes if r.restarts and r.new.gpus and r.job_id in inp.running]
     if not any(r.new.gpus > r.old.gpus for r in moving):
         return
     capacity = Capacity(without(views, [inp.running[r.job_id] for r in moving]))
@@ -344,9 +342,7 @@ def _preemptions(
     waiting = [queue.jobs[j] for j in plan.blocked if j in queue.jobs and j not in plan.holds][:MAX_BLOCKED]
     # a job that fits once this pass's running resizes gave their GPUs back waits for those: the
     # elastic step shrank them to make room, a victim stopped too would be placed again at once
-    resized = [
-        running[r.job_id] for r in plan.resizes if r.running and not r.in_place and r.job_id in running
-    ]
+    resized = [running[r.job_id] for r in plan.resizes if r.restarts and r.job_id in running]
     if resized:
         freed = without(views, resized)
         waiting = [j for j in waiting if Capacity(freed).place(j) is None]

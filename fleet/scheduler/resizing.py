@@ -111,6 +111,11 @@ class Resize:
     #: a running job's batch alone changes, and it follows that while it runs: no restart
     in_place: bool = False
 
+    @property
+    def restarts(self) -> bool:
+        """A running job stopped to restart at ``new``: its GPUs come free (not one rebatched in place)."""
+        return self.running and not self.in_place
+
 
 def elastic_gpus(
     views: Iterable[NodeView], elastic: Iterable[str], pending: Iterable[PendingJob], limit: int = 256

@@ -102,7 +102,7 @@ class LaunchSpec:
         )
         if self.batch_size is not None:
             env["FLEET_BATCH_SIZE"] = str(self.batch_size)
-        if control_dir and self.control:
+        if control_dir:
             env["FLEET_CONTROL_DIR"] = control_dir
         if self.array_index is not None:
             env["FLEET_ARRAY_INDEX"] = str(self.array_index)

@@ -202,8 +202,7 @@ class DockerRuntime(AttemptFolders):
             cwd = (image.attrs.get("Config") or {}).get("WorkingDir") or "/"
             mounts.append(Mount(posixpath.join(cwd, spec.outputs), str(work / spec.outputs), type="bind"))
         control = None
-        if spec.control and spec.batch_size:  # its batch now, which fleet may change while it runs
-            made = make_control(folder, spec.user, spec.batch_size)
+        if made := make_control(folder, spec):  # an elastic job's batch now, which may change as it runs
             mounts.append(Mount(CONTAINER_CONTROL_DIR, str(made), type="bind", read_only=True))
             control = CONTAINER_CONTROL_DIR
         # no user of its own: this agent's (it may not hand out another), as in the process runtime

@@ -57,9 +57,7 @@ class ProcessRuntime(AttemptFolders):
             return
         # a copy of its own, writable by the job
         work = make_work(folder, spec.workdir, spec.user, files=spec.work_files())
-        control = None
-        if spec.control and spec.batch_size:  # its batch now, which fleet may change while it runs
-            control = make_control(folder, spec.user, spec.batch_size)
+        control = make_control(folder, spec)  # an elastic job's batch now, which may change as it runs
         uid, gid = spec.user if spec.user else (None, None)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work))

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.agent.checkpoints import traversable
+from fleet.agent.runtime.base import LaunchSpec
 from fleet.workdir import parent_folder
 
 
@@ -82,9 +83,13 @@ def make_stdin_pipe(folder: Path, user: tuple[int, int] | None) -> Path:
 CONTROL, BATCH_FILE = "control", "batch_size"
 
 
-def make_control(folder: Path, user: tuple[int, int] | None, batch: int) -> Path:
-    """``folder/control`` holding ``batch_size`` = ``batch`` (both made when not there yet): root's
-    where this runs as root, the job's ``user``'s group may read it (0750), nobody but root writes."""
+def make_control(folder: Path, spec: LaunchSpec) -> Path | None:
+    """For an elastic attempt (``spec.control``, with a batch), ``folder/control`` holding
+    ``batch_size`` (both made when not there yet): root's where this runs as root, the job's group
+    may read it (0750), nobody but root writes; None for any other attempt."""
+    if not (spec.control and spec.batch_size):
+        return None
+    user, batch = spec.user, spec.batch_size
     traversable(folder)
     control = folder / CONTROL
     control.mkdir(mode=0o750, exist_ok=True)
@@ -103,12 +108,8 @@ def write_batch(folder: Path, batch: int) -> bool:
     if not control.is_dir():
         return False
     temp = control / f".{BATCH_FILE}.{os.getpid()}.{threading.get_ident()}"
-    with contextlib.suppress(FileNotFoundError):
-        temp.unlink()
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"{batch}\n")
-    os.chmod(temp, 0o644)  # past the umask
+    _write_new(temp, f"{batch}\n".encode())
+    os.chmod(temp, 0o644)  # the job's group reads it
     os.replace(temp, control / BATCH_FILE)
     return True
 
