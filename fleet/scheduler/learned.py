@@ -24,7 +24,9 @@ class LearnedProfile(Profile):
     every report at once (:func:`_fit`): ``fixed`` is what a step costs whatever its batch (why a
     finer split gains less than its share of samples), ``sync`` 0 at one GPU, linear between the GPU
     counts it ran at, past the largest the same as there if the job ran faster there than at the
-    count before (else along the last two). Optimistic where nothing was seen, so the job is tried
+    count before (else along the last two). Within one node and across nodes are learned apart
+    (Pollux's intra- and inter-node terms): a size across nodes follows the counts run across nodes
+    only, or, before any, those within one. Optimistic where nothing was seen, so the job is tried
     bigger; never beyond ``EXPLORE`` x the most GPUs it ran at (``least``, its smallest size, before
     any report), and never a larger per-GPU batch than ``max_local`` (what the job declared fits a
     GPU's memory) or, undeclared, than it ran at, in one pass: sized by goodput (``accumulate``), a
@@ -70,14 +72,16 @@ class LearnedProfile(Profile):
             return 0.0, 0
         return self.throughput(gpus, batch, gpus_per_node), batch
 
-    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
+    def _step_time(
+        self, placement: tuple[int, ...], local: float, accumulate: bool, gpus_per_node: int
+    ) -> float | None:
         largest = self.largest_local
         steps = max(1, math.ceil(local / largest - 1e-9)) if accumulate and self.observed else 1
         local /= steps
         if not self.smallest_local * (1 - 1e-9) <= local <= largest * (1 + 1e-9):
             return None
         fixed, per_sample, _, _ = self._model
-        return steps * (fixed + per_sample * local) + self._sync(sum(placement))
+        return steps * (fixed + per_sample * local) + self._sync(sum(placement), gpus_per_node)
 
     @property
     def _model(self) -> Model:
@@ -86,17 +90,35 @@ class LearnedProfile(Profile):
             found = self._cache[("model",)] = _fit(self.observed)
         return found
 
-    def _sync(self, gpus: int) -> float:
-        points = self._model.syncs  # starts (1, 0.0)
-        i = bisect.bisect_left(points, (gpus, -math.inf))
-        if i < len(points) and points[i][0] == gpus:
-            return points[i][1]
-        if len(points) == 1:
-            return 0.0  # never ran on more than one GPU: optimistic
-        if i == len(points) and self._model.flat:
+    def _sync(self, gpus: int, per_node: int) -> float:
+        """The synchronisation of a step on ``gpus`` GPUs, from the counts run at on the same side of
+        a node's edge (within one node of ``per_node`` GPUs, or across nodes: Pollux's intra- and
+        inter-node terms); across nodes before any run there, as within (Pollux's prior)."""
+        model = self._model
+        across = gpus > per_node
+        points = [(g, s) for g, s in model.syncs if (g > per_node) == across]
+        if not points:
+            points = [(g, s) for g, s in model.syncs if g <= per_node]
+        rates = {g: r for g, r in model.rates if g in dict(points)}
+        return _along(points, rates, gpus)
+
+
+def _along(points: list[tuple[int, float]], rates: Mapping[int, float], gpus: int) -> float:
+    """The synchronisation at ``gpus`` from ``points`` (GPU count, seconds), ascending: linear between
+    two; below the first, as there; past the last, as there when it is the only one or ran faster
+    than the one before (``rates``: the best samples/s at each count run at), else along the line
+    through the last two (a job that did not gain is not pushed further)."""
+    i = bisect.bisect_left(points, (gpus, -math.inf))
+    if i < len(points) and points[i][0] == gpus:
+        return points[i][1]
+    if i == 0 or len(points) == 1:
+        return points[0][1]
+    if i == len(points):
+        counted = sorted(rates)
+        if len(counted) < 2 or rates[counted[-1]] > rates[counted[-2]]:
             return points[-1][1]
-        (g0, s0), (g1, s1) = points[i - 1 : i + 1] if i < len(points) else points[-2:]
-        return max(s0 + (s1 - s0) * (gpus - g0) / (g1 - g0), 0.0)
+    (g0, s0), (g1, s1) = points[i - 1 : i + 1] if i < len(points) else points[-2:]
+    return max(s0 + (s1 - s0) * (gpus - g0) / (g1 - g0), 0.0)
 
 
 class Model(NamedTuple):
@@ -108,12 +130,12 @@ class Model(NamedTuple):
     per_sample: float
     #: the synchronisation's seconds at each GPU count it ran at, with (1, 0.0)
     syncs: tuple[tuple[int, float], ...]
-    #: past the largest GPU count it ran at, the same synchronisation as there (Pollux's model with no
-    #: growth seen beyond), rather than growth along the line through the last two counts: only when
-    #: the largest count was faster than the one before it (a job that did not gain is not pushed
-    #: further). Drawn along the line, a job whose batch grew with its GPUs (cifar10 in Pollux's
-    #: simulator) looked slower on twice the GPUs and was never tried there
-    flat: bool
+    #: the best samples/s it reported at each GPU count it ran at: past the largest count on its side
+    #: of a node's edge, the synchronisation stays as there (Pollux's model with no growth seen
+    #: beyond) only when that count was faster than the one before. Drawn along the line, a job whose
+    #: batch grew with its GPUs (cifar10 in Pollux's simulator) looked slower on twice the GPUs and
+    #: was never tried there
+    rates: tuple[tuple[int, float], ...]
 
 
 def _fit(observed: Mapping[tuple[int, int], float]) -> Model:
@@ -124,7 +146,7 @@ def _fit(observed: Mapping[tuple[int, int], float]) -> Model:
     that way where they are few."""
     seen = [(g, b / g, b / rate) for (g, b), rate in observed.items() if rate > 0]  # (GPUs, local, step)
     if not seen:
-        return Model(0.0, 1.0, ((1, 0.0),), False)
+        return Model(0.0, 1.0, ((1, 0.0),), ())
     least = min(g for g, _, _ in seen)
     counts = sorted({g for g, _, _ in seen if g > least})
     rows, wanted = [], []
@@ -145,9 +167,7 @@ def _fit(observed: Mapping[tuple[int, int], float]) -> Model:
     syncs = [(c, max(float(v), 0.0)) for c, v in zip(counts, solved[2:], strict=True)]
     start = [(least, 0.0)] if least > 1 else []
     rates = {g: max(rate for (n, _), rate in observed.items() if n == g) for g, _, _ in seen}
-    counted = sorted(rates)
-    flat = len(counted) >= 2 and rates[counted[-1]] > rates[counted[-2]]
-    return Model(fixed, per_sample, ((1, 0.0), *start, *syncs), flat)
+    return Model(fixed, per_sample, ((1, 0.0), *start, *syncs), tuple(sorted(rates.items())))
 
 
 #: the weight of the prior on ``fixed`` against one report's (1: as much as a report), chosen in

@@ -101,7 +101,8 @@ class Profile:
         key = ("t", gpus, batch, gpus_per_node, accumulate)
         found = self._cache.get(key)
         if found is None:
-            step = self._step_time(self.placement(gpus, gpus_per_node), batch / gpus, accumulate)
+            placement = self.placement(gpus, gpus_per_node)
+            step = self._step_time(placement, batch / gpus, accumulate, gpus_per_node)
             found = self._cache[key] = batch / step if step else 0.0
         return float(found)
 
@@ -162,8 +163,11 @@ class Profile:
         w = (replicas - below) / (above - below)
         return ((1 - w, self.scalability[(group, below)]), (w, self.scalability[(group, above)]))
 
-    def _step_time(self, placement: tuple[int, ...], local: float, accumulate: bool) -> float | None:
-        """Seconds per optimizer step at per-GPU batch ``local``, None where not measured."""
+    def _step_time(
+        self, placement: tuple[int, ...], local: float, accumulate: bool, gpus_per_node: int
+    ) -> float | None:
+        """Seconds per optimizer step at per-GPU batch ``local`` (``placement``: GPUs on each measured
+        node; ``gpus_per_node``: the fleet's nodes), None where not measured."""
         blend = self._blend(placement)
         if not blend:
             return None

@@ -182,6 +182,30 @@ def test_a_learned_sync_stays_at_its_one_measured_count_until_a_second_says_how_
     assert stalled.throughput(8, 512) == pytest.approx(512 / (3 * step[4] - 2 * step[2]), rel=1e-6)
 
 
+def test_a_learned_sync_across_nodes_is_learned_apart_from_within_one() -> None:
+    # Given 1, 2 and 4 GPUs on one node of 4, each faster than the last
+    within = {(1, 64): 100.0, (2, 128): 190.0, (4, 256): 360.0}
+    one = LearnedProfile(name="learned", min_batch=64, max_batch=4096, least=1, observed=within)
+    step = {g: 64 * g / rate for (g, _), rate in within.items()}
+    # Then 8 GPUs (two nodes) are expected to synchronise as 4 do (Pollux's prior), optimistic
+    assert one.throughput(8, 512, gpus_per_node=4) == pytest.approx(512 / step[4], rel=1e-6)
+    # and once 8 ran slower than 4 (a slow link between nodes), 16 are expected to synchronise as 8
+    # did, not along the line from 4 to 8: across nodes is a term of its own, with no growth seen yet
+    slow = replace(one, observed={**within, (8, 512): 240.0})
+    assert slow.throughput(16, 1024, gpus_per_node=4) == pytest.approx(2 * 240.0, rel=1e-6)
+    assert slow.throughput(16, 1024, gpus_per_node=4) > one.throughput(4, 256, gpus_per_node=4)
+    # within a node the counts across nodes say nothing: 3 GPUs sit between 2 and 4
+    assert slow.throughput(3, 192, gpus_per_node=4) == pytest.approx(
+        192 / ((step[2] + step[4]) / 2), rel=0.02
+    )
+    # on nodes of 8 GPUs the same 8 ran on one node and gained nothing over 4: 16, never run across
+    # nodes, follow the line through 4 and 8 within one
+    step[8] = 512 / 240.0
+    assert slow.throughput(16, 1024, gpus_per_node=8) == pytest.approx(
+        1024 / (3 * step[8] - 2 * step[4]), rel=1e-6
+    )
+
+
 def test_max_batch_per_gpu_caps_a_measured_profile_and_is_refused_when_nothing_fits() -> None:
     from fleet.api.admission import check_elastic
     from fleet.errors import SpecError
