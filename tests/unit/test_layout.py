@@ -97,6 +97,16 @@ def test_the_services_and_the_cli_start_without_numpy_or_torch() -> None:
     assert done.stdout.split() == ["[]"]
 
 
+def test_each_fleet_worker_module_is_an_attribute_before_anything_imported_it() -> None:
+    # a job's launcher that only waits for its workers reads fw.signals.TERMINATED first thing: in a
+    # fresh interpreter, where no other name has imported the module yet
+    modules = ("checkpoint", "dist", "elastic", "env", "gns", "signals")
+    code = f"import fleet_worker as fw\nprint([getattr(fw, m).__name__ for m in {modules!r}], fw.signals.TERMINATED)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    names = [f"'fleet_worker.{m}'" for m in modules]
+    assert done.stdout.strip() == f"[{', '.join(names)}] 143"
+
+
 def test_the_formatter_is_not_switched_off() -> None:
     """The code is written so that ``ruff format`` lays it out well: no ``# fmt: skip``."""
     marker = "# fmt: " + "skip"

@@ -26,7 +26,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleet_worker import dist, elastic, gns
+    from fleet_worker import checkpoint, dist, elastic, env, gns, signals
     from fleet_worker.checkpoint import StaleAttempt, checkpoint_dir, latest_name, load_latest, save
     from fleet_worker.elastic import scale_lr
     from fleet_worker.env import attempt, batch_size, job_id, node_rank, num_gpus, num_nodes
@@ -42,7 +42,7 @@ _HOME = {
     **dict.fromkeys(("GradientNoiseScale", "NoiseScale"), "gns"),
     **dict.fromkeys(("exit_after_checkpoint", "progress", "report", "stop_requested"), "signals"),
 }
-_MODULES = ("dist", "elastic", "gns")
+_MODULES = ("checkpoint", "dist", "elastic", "env", "gns", "signals")
 
 
 def __getattr__(name: str) -> Any:
