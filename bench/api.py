@@ -24,7 +24,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ import redis
 
 from bench.dispatch import machine_line, redis_server, with_replica
 from bench.harness import REPO, Result, cpu_seconds, pythonpath, until
-from bench.procs import FleetProcs
+from bench.procs import FleetProcs, job_root
 from bench.scale import DEFAULTS
 from fleet.api.backend import Backend
 from fleet.client import Client, JobHandle
@@ -60,8 +59,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--replica", action="store_true", help="a replica, every acknowledged write waiting")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="fleet-bench-api-"))
-    root.chmod(0o755)  # jobs of the real agent run as an unprivileged user and need their checkpoint dir
+    root = job_root("fleet-bench-api-")
     out = Result()
     where = ", primary + replica (WAIT 1)" if args.replica else ""
     print(machine_line("api" + where) + f"; logs in {root}")

@@ -35,7 +35,7 @@ import redis
 from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
 from bench.inprocess import in_process_fleet
-from bench.procs import FleetProcs
+from bench.procs import FleetProcs, job_root
 from fleet.agent.runtime.base import LaunchSpec
 from fleet.agent.runtime.process import ProcessRuntime
 from fleet.api.backend import Backend
@@ -253,7 +253,7 @@ def main() -> None:
     parser.add_argument("--poll-ms", type=int, default=None, help="bus_poll_ms (default: the setting's)")
     parser.add_argument("--replica", action="store_true", help="a replica, every acknowledged write waiting")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    root = job_root("fleet-bench-")
     with redis_server() as url, with_replica(url, args.replica):
         r = latency(url, args.jobs, root, args.poll_ms)
         print(machine_line("dispatch latency" + (", primary + replica (WAIT 1)" if args.replica else "")))

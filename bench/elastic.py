@@ -5,7 +5,10 @@ resizes happen when the benchmark asks, through ``Backend.resize``, the path ``f
 the elastic step's resizes take the same one). The job is workers/examples/train_elastic.py (a small
 MLP: its checkpoint is tiny, so this is the mechanism's cost, not a model's): resized 1 -> 2 -> 4 -> 2
 -> 1 GPUs, each leg timed from the resize call to the old attempt's end (checkpointed and requeued),
-to the new attempt running, and to its first training step logged.
+to the new attempt running, and to its first training step logged. Then its batch alone changes at
+the GPUs it holds (``fleet resize JOB --gpus 1 --batch-size 512``): the job follows it in place
+(``fw.batch_size(follow=True)``), so that leg is timed to the step it logs the switch at, in the
+same attempt.
 
 Run: ``python -m bench.elastic`` (results go to BENCHMARKS.md by hand).
 """
@@ -22,9 +25,12 @@ from bench.dispatch import machine_line, redis_server
 from bench.procs import DirectClient
 from bench.recovery import fleet, until
 from fleet import JobSpec, JobState
+from fleet.progress import follows_batch
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "workers" / "examples" / "train_elastic.py")
 SIZES = (2, 4, 2, 1)
+#: the batch the last leg changes to in place (the job starts at the range's smallest, 128)
+IN_PLACE_BATCH = 512
 
 
 def spec(done: Path) -> JobSpec:
@@ -63,9 +69,11 @@ def checkpointed(client: DirectClient, job_id: str, attempt: int) -> bool:
     return any(line.line.startswith("fleet-progress") for line in client.logs(job_id, attempt))
 
 
-def legs(client: DirectClient, job_id: str, done: Path) -> list[tuple[str, float, float, float]]:
+def legs(
+    client: DirectClient, job_id: str, done: Path
+) -> list[tuple[str, float | None, float | None, float]]:
     """(what, to requeued, to running, to training) seconds of each resize."""
-    out = []
+    out: list[tuple[str, float | None, float | None, float]] = []
     old = 1
     for attempt, gpus in enumerate(SIZES, start=1):
         until(lambda a=attempt: checkpointed(client, job_id, a), timeout=120)
@@ -77,11 +85,44 @@ def legs(client: DirectClient, job_id: str, done: Path) -> list[tuple[str, float
         requeued = next(e.at for e in events if e.state == JobState.QUEUED and e.attempt == attempt)
         running = next(e.at for e in events if e.state == JobState.RUNNING and e.attempt == attempt + 1)
         training = first_step(client, job_id, attempt + 1) or 0.0
-        out.append((f"{old} -> {gpus}", requeued - asked, running - asked, training - asked))
+        out.append((f"{old} -> {gpus} GPUs", requeued - asked, running - asked, training - asked))
         old = gpus
+    out.append(in_place(client, job_id, len(SIZES) + 1, old, IN_PLACE_BATCH))
     done.touch()
     assert client.wait(job_id, timeout=120).state == JobState.SUCCEEDED
     return out
+
+
+def switched(client: DirectClient, job_id: str, attempt: int, batch: int) -> float | None:
+    """When the attempt logged its switch to ``batch`` in place (unix seconds), or None yet."""
+    for line in client.logs(job_id, attempt):
+        if re.match(rf"batch \d+ -> {batch} in place", line.line):
+            return line.at
+    return None
+
+
+def in_place(
+    client: DirectClient, job_id: str, attempt: int, gpus: int, batch: int
+) -> tuple[str, float | None, float | None, float]:
+    """A change of the batch alone, at the GPUs it holds: no requeue and no new attempt (None), to
+    training at the new batch. Asked once the attempt has said it follows (its first report): until
+    then fleet cannot know it would, and restarts it instead."""
+    until(lambda: follows_batch(client.get(job_id).progress), timeout=120)
+    asked = time.time()
+    client.resize(job_id, gpus, batch)
+    until(lambda: switched(client, job_id, attempt, batch) is not None, timeout=120)
+    job = client.get(job_id)
+    assert job.attempt == attempt and job.batch_size == batch, (job.attempt, job.batch_size)
+    return (
+        f"batch -> {batch} at {gpus} GPU, in place",
+        None,
+        None,
+        (switched(client, job_id, attempt, batch) or 0.0) - asked,
+    )
+
+
+def cell(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
 
 
 def main() -> None:
@@ -100,9 +141,10 @@ def main() -> None:
         print("| resize | to checkpointed and requeued s | to running again s | to training again s |")
         print("|---|---|---|---|")
         for what, requeued, running, training in rows:
-            print(f"| {what} GPUs | {requeued:.2f} | {running:.2f} | {training:.2f} |")
-        medians = [statistics.median(r[i] for r in rows) for i in (1, 2, 3)]
-        print(f"| median | {medians[0]:.2f} | {medians[1]:.2f} | {medians[2]:.2f} |")
+            print(f"| {what} | {cell(requeued)} | {cell(running)} | {training:.2f} |")
+        restarts = rows[: len(SIZES)]
+        medians = [statistics.median(r[i] or 0.0 for r in restarts) for i in (1, 2, 3)]
+        print(f"| median of the restarts | {medians[0]:.2f} | {medians[1]:.2f} | {medians[2]:.2f} |")
 
 
 if __name__ == "__main__":

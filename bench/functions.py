@@ -42,7 +42,7 @@ import fleet
 from bench.api import SPEC, api_fleet, drain
 from bench.dispatch import machine_line, redis_server
 from bench.harness import REPO, Result, cpu_seconds, pythonpath
-from bench.procs import FleetProcs
+from bench.procs import FleetProcs, job_root
 from fleet.api.backend import Backend
 from fleet.client import Client
 
@@ -73,8 +73,7 @@ def main() -> None:
     if args.submitit:
         submitit_rows(args, out)
     else:
-        root = Path(tempfile.mkdtemp(prefix="fleet-bench-functions-"))
-        root.chmod(0o755)  # jobs run as an unprivileged user and need their checkpoint dir
+        root = job_root("fleet-bench-functions-")
         print(machine_line("functions") + f"; load average {load()}; logs in {root}")
         print("| what | result | notes |\n|---|---|---|", flush=True)
         with redis_server() as url:

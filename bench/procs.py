@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -175,6 +176,14 @@ class FleetProcs:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(json.loads(meta.read_text())["pid"], signal.SIGKILL)
         remove_cgroups(self.cgroup_parent)
+
+
+def job_root(prefix: str) -> Path:
+    """A new temporary directory for a benchmark's fleet that its jobs can reach: they run as an
+    unprivileged user and write their checkpoints under it (``mkdtemp`` makes it 0700)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    return root
 
 
 def until(check: Callable[[], T | None], why: str = "condition", timeout: float = 30) -> T:

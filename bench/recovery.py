@@ -13,12 +13,10 @@ from __future__ import annotations
 import signal
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from bench.dispatch import machine_line
-from bench.procs import DirectClient, FleetProcs
+from bench.procs import DirectClient, FleetProcs, job_root
 from fleet import JobSpec, JobState
 
 DEFAULTS = {
@@ -53,7 +51,7 @@ def until(condition: object, timeout: float = 60) -> float:
 
 
 def fleet(redis_url: str, env: dict[str, str]) -> tuple[FleetProcs, DirectClient]:
-    procs = FleetProcs(redis_url, Path(tempfile.mkdtemp(prefix="fleet-bench-")), "process")
+    procs = FleetProcs(redis_url, job_root("fleet-bench-"), "process")
     procs.env.update(env)
     client = DirectClient(redis_url)
     client._jobs.redis.flushall()

@@ -46,7 +46,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +65,7 @@ from bench.harness import (
     redis_pid,
     until,
 )
-from bench.procs import FleetProcs
+from bench.procs import FleetProcs, job_root
 from bench.profile import summarise
 from bench.simfleet import SECONDS_LABEL
 from fleet.api.backend import Backend
@@ -552,8 +551,7 @@ def main() -> None:
     parser.add_argument("--skip", action="append", default=[], choices=["sim", "scale", "throughput"])
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="fleet-bench-scale-"))
-    root.chmod(0o755)  # jobs of the real agent run as an unprivileged user and need their checkpoint dir
+    root = job_root("fleet-bench-scale-")
     out = Result()
     print(
         machine_line("scale") + f"; --nodes {args.nodes} --queued {args.queued} "

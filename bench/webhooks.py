@@ -19,7 +19,6 @@ import platform
 import shutil
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.inprocess import in_process_fleet
+from bench.procs import job_root
 from fleet.api.backend import Backend
 from fleet.config import Settings, load_settings
 from fleet.models import JobSpec, JobState
@@ -103,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     binary = shutil.which("redis-server")
     assert binary, "redis-server not installed"
-    port, root = free_port(), Path(tempfile.mkdtemp(prefix="fleet-bench-webhooks-"))
+    port, root = free_port(), job_root("fleet-bench-webhooks-")
     redis_proc = subprocess.Popen(
         [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
     )
