@@ -99,8 +99,8 @@ class LearnedProfile(Profile):
         points = [(g, s) for g, s in model.syncs if (g > per_node) == across]
         if not points:
             points = [(g, s) for g, s in model.syncs if g <= per_node]
-        rates = {g: r for g, r in model.rates if g in dict(points)}
-        return _along(points, rates, gpus)
+        counts = {g for g, _ in points}
+        return _along(points, {g: r for g, r in model.rates if g in counts}, gpus)
 
 
 def _along(points: list[tuple[int, float]], rates: Mapping[int, float], gpus: int) -> float:
