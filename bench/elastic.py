@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from bench.dispatch import machine_line, redis_server
-from bench.procs import DirectClient
-from bench.recovery import fleet, until
+from bench.procs import DirectClient, until
+from bench.recovery import fleet
 from fleet import JobSpec, JobState
 from fleet.progress import follows_batch
 
@@ -76,15 +76,14 @@ def legs(
     out: list[tuple[str, float | None, float | None, float]] = []
     old = 1
     for attempt, gpus in enumerate(SIZES, start=1):
-        until(lambda a=attempt: checkpointed(client, job_id, a), timeout=120)
+        until(lambda a=attempt: checkpointed(client, job_id, a), "a checkpoint", timeout=120)
         asked = time.time()
         client.resize(job_id, gpus)
-        until(lambda a=attempt: client.get(job_id).attempt > a, timeout=120)
-        until(lambda a=attempt: first_step(client, job_id, a + 1) is not None, timeout=120)
+        until(lambda a=attempt: client.get(job_id).attempt > a, "a new attempt", timeout=120)
+        training = until(lambda a=attempt: first_step(client, job_id, a + 1), "a first step", timeout=120)
         events = client.history(job_id)
         requeued = next(e.at for e in events if e.state == JobState.QUEUED and e.attempt == attempt)
         running = next(e.at for e in events if e.state == JobState.RUNNING and e.attempt == attempt + 1)
-        training = first_step(client, job_id, attempt + 1) or 0.0
         out.append((f"{old} -> {gpus} GPUs", requeued - asked, running - asked, training - asked))
         old = gpus
     out.append(in_place(client, job_id, len(SIZES) + 1, old, IN_PLACE_BATCH))
@@ -107,18 +106,13 @@ def in_place(
     """A change of the batch alone, at the GPUs it holds: no requeue and no new attempt (None), to
     training at the new batch. Asked once the attempt has said it follows (its first report): until
     then fleet cannot know it would, and restarts it instead."""
-    until(lambda: follows_batch(client.get(job_id).progress), timeout=120)
+    until(lambda: follows_batch(client.get(job_id).progress), "a report that it follows", timeout=120)
     asked = time.time()
     client.resize(job_id, gpus, batch)
-    until(lambda: switched(client, job_id, attempt, batch) is not None, timeout=120)
+    at = until(lambda: switched(client, job_id, attempt, batch), "the switch in place", timeout=120)
     job = client.get(job_id)
     assert job.attempt == attempt and job.batch_size == batch, (job.attempt, job.batch_size)
-    return (
-        f"batch -> {batch} at {gpus} GPU, in place",
-        None,
-        None,
-        (switched(client, job_id, attempt, batch) or 0.0) - asked,
-    )
+    return (f"batch -> {batch} at {gpus} GPU, in place", None, None, at - asked)
 
 
 def cell(seconds: float | None) -> str:
